@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/timeline"
+	"dispatchmesh/schemas"
+	"dispatchmesh/services"
+)
+
+var stdout io.Writer = os.Stdout
+
+func clientJS(cfg Config) (jetstream.JetStream, func(), error) {
+	nc, err := cfg.connect("", "dispatch")
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, nc.Close, nil
+}
+
+func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("submit", flag.ContinueOnError)
+	typ := fs.String("type", "", "task type (required), e.g. css_fix")
+	subject := fs.String("subject", "", "what the task is about (required): a file, a ticket, a URL")
+	payload := fs.String("payload", "", "JSON payload for the prompt template")
+	id := fs.String("id", "", "task id (default: generated); the same id twice makes one task")
+	maxRetries := fs.Int("max-retries", 0, "attempts before a human is asked (default: the type's)")
+	wait := fs.Bool("wait", false, "print each stage as it happens; exit non-zero unless the task succeeds")
+	timeout := fs.Duration("timeout", 10*time.Minute, "how long -wait waits")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sub := events.Submit{ID: *id, Type: *typ, Subject: *subject, MaxRetries: *maxRetries}
+	if *payload != "" {
+		sub.Payload = json.RawMessage(*payload)
+	}
+	if sub.ID == "" {
+		sub.ID = nuid.Next()
+	}
+	body, err := json.Marshal(sub)
+	if err != nil {
+		return fmt.Errorf("payload: %w", err) // json.RawMessage that is not JSON
+	}
+	if _, err := events.DecodeSubmit(body, ""); err != nil {
+		return err
+	}
+	js, closeFn, err := clientJS(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if _, err := js.Publish(ctx, events.SubmitSubject(sub.Type), body, jetstream.WithMsgID("submit:"+sub.ID)); err != nil {
+		return fmt.Errorf("submit: %w", err)
+	}
+	fmt.Fprintln(stdout, sub.ID)
+	if !*wait {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	return waitFor(wctx, js, sub.ID)
+}
+
+// waitFor prints the task's events until it ends; a non-success end is an
+// exit code 1, a timeout 2.
+func waitFor(ctx context.Context, js jetstream.JetStream, id string) error {
+	var last timeline.Entry
+	var ended, ok bool
+	err := timeline.Follow(ctx, js, id, true, func(e timeline.Entry) bool {
+		fmt.Fprintf(stdout, "%s  %-18s %s\n", e.Time.Local().Format("15:04:05.000"), e.Stage, e.Summary())
+		last = e
+		ended, ok = e.Final()
+		return !ended
+	})
+	switch {
+	case ended && ok:
+		return nil
+	case ended:
+		return &exitError{1, fmt.Errorf("task %s ended with %s", id, last.Stage)}
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return &exitError{2, fmt.Errorf("task %s: gave up waiting", id)}
+	}
+	return err
+}
+
+func cmdStatus(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	output := fs.String("o", "text", "output: text or json")
+	if err := fs.Parse(reorder(args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: dispatch status ID [-o json]")
+	}
+	js, closeFn, err := clientJS(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	kv, err := js.KeyValue(ctx, services.BucketTasks)
+	if err != nil {
+		return fmt.Errorf("no task store (is the mesh provisioned?): %w", err)
+	}
+	st, err := services.NewTaskStore(kv).Get(ctx, fs.Arg(0))
+	if err != nil {
+		return fmt.Errorf("task %s: %w", fs.Arg(0), err)
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "id\t%s\ntype\t%s\nsubject\t%s\nstatus\t%s\nattempts\t%d\n", st.ID, st.Type, st.Subject, st.Status, st.Attempts)
+	if st.Reason != "" {
+		fmt.Fprintf(w, "reason\t%s\n", st.Reason)
+	}
+	if st.LastError != "" {
+		fmt.Fprintf(w, "last error\t%s\n", st.LastError)
+	}
+	fmt.Fprintf(w, "tokens\t%d in, %d out\ncost\t$%.4f\ncreated\t%s\nupdated\t%s\n", st.TokensIn, st.TokensOut, st.Cost,
+		st.CreatedAt.Local().Format(time.RFC3339), st.UpdatedAt.Local().Format(time.RFC3339))
+	for _, a := range st.History {
+		fmt.Fprintf(w, "attempt %d\t%s %s %s\n", a.Attempt, a.Outcome, a.Rung, strings.TrimSpace(a.Approach+" "+a.Reason))
+	}
+	return w.Flush()
+}
+
+// reorder moves flags after positional arguments in front of them, so
+// `status ID -o json` parses like `status -o json ID`.
+func reorder(args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		if strings.HasPrefix(args[i], "-") {
+			flags = append(flags, args[i])
+			if !strings.Contains(args[i], "=") && i+1 < len(args) {
+				flags = append(flags, args[i+1])
+				i++
+			}
+			continue
+		}
+		pos = append(pos, args[i])
+	}
+	return append(flags, pos...)
+}
+
+// ReviewItem is one record on a review subject.
+type ReviewItem struct {
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"`
+	Reason  string    `json:"reason"`
+	Key     string    `json:"key"`
+	Type    string    `json:"type,omitempty"`
+	Error   string    `json:"error,omitempty"`
+	Subject string    `json:"subject"`
+}
+
+func cmdReview(ctx context.Context, cfg Config, args []string) error {
+	if len(args) == 0 || args[0] != "list" {
+		return fmt.Errorf("usage: dispatch review list [-reason R] [-type T] [-o json]")
+	}
+	fs := flag.NewFlagSet("review list", flag.ContinueOnError)
+	reason := fs.String("reason", "", "only this reason: rejected, gated, escalated, poison, stuck")
+	typ := fs.String("type", "", "only this task type")
+	output := fs.String("o", "text", "output: text or json")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	js, closeFn, err := clientJS(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	items, err := listReview(ctx, js, *reason, *typ)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(items)
+	}
+	counts := map[string]int{}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "TIME\tREASON\tTASK\tTYPE\tWHY")
+	for _, it := range items {
+		counts[it.Reason]++
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", it.Time.Local().Format("2006-01-02 15:04:05"), it.Reason, it.Key, it.Type, oneLine(it.Error, 100))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	var sum []string
+	for _, r := range reasons {
+		sum = append(sum, fmt.Sprintf("%s=%d", r, counts[r]))
+	}
+	fmt.Fprintf(stdout, "\n%d records (%s); records older than the stream's max age are removed by JetStream\n", len(items), strings.Join(sum, " "))
+	return nil
+}
+
+func listReview(ctx context.Context, js jetstream.JetStream, reason, typ string) ([]ReviewItem, error) {
+	filter := events.ReviewFilter
+	if reason != "" {
+		filter = events.ReviewRoot + "." + reason + ".>"
+	}
+	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		return nil, err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	items := []ReviewItem{}
+	for pending := info.NumPending; pending > 0; {
+		batch, err := cons.Fetch(int(min(pending, 500)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			it := reviewItem(msg)
+			if typ == "" || it.Type == typ {
+				items = append(items, it)
+			}
+		}
+		if n == 0 {
+			break
+		}
+		pending -= uint64(n)
+	}
+	return items, nil
+}
+
+func reviewItem(msg jetstream.Msg) ReviewItem {
+	it := ReviewItem{Subject: msg.Subject(), Error: msg.Headers().Get(events.HeaderError)}
+	it.Reason, it.Key, _ = events.ParseReviewSubject(msg.Subject())
+	if md, err := msg.Metadata(); err == nil {
+		it.Seq, it.Time = md.Sequence.Stream, md.Timestamp
+	}
+	var body struct {
+		Task events.Task `json:"task"`
+		Type string      `json:"type"`
+	}
+	if json.Unmarshal(msg.Data(), &body) == nil {
+		it.Type = body.Task.Type
+		if it.Type == "" {
+			it.Type = body.Type // a rejected submission's own type field
+		}
+	}
+	return it
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func cmdSchema(args []string) error {
+	if len(args) == 0 {
+		for _, n := range schemas.Names() {
+			fmt.Fprintln(stdout, n)
+		}
+		return nil
+	}
+	b, err := schemas.Get(args[0])
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(b)
+	return err
+}

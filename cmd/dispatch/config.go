@@ -1,0 +1,150 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
+)
+
+// Config is read from the environment, prefix DISPATCH_ (e.g. DISPATCH_NATS_URL).
+type Config struct {
+	// NATSURL is where client commands and single services connect.
+	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222"`
+	// NATSCreds is a credentials file; NATSUser/NATSPassword a plain login.
+	NATSCreds    string `envconfig:"NATS_CREDS"`
+	NATSUser     string `envconfig:"NATS_USER"`
+	NATSPassword string `envconfig:"NATS_PASSWORD"`
+	// NATSListen is where `dispatch up` runs its embedded NATS server.
+	NATSListen string `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222"`
+	// DataDir holds the embedded server's JetStream store.
+	DataDir string `envconfig:"DATA_DIR" default:"./dispatch-data"`
+
+	// OpenAIBaseURL is any OpenAI-compatible endpoint (OpenAI, Azure, Ollama, vLLM, LiteLLM).
+	OpenAIBaseURL string `envconfig:"OPENAI_BASE_URL" default:"https://api.openai.com/v1"`
+	// OpenAIAPIKey enables the real model; without it the executor uses the
+	// built-in simulated model.
+	OpenAIAPIKey string `envconfig:"OPENAI_API_KEY"`
+	// Model is the default model; a type's policy may name another.
+	Model string `envconfig:"MODEL" default:"gpt-4o-mini"`
+	// Prices per model, USD per million tokens input/output: "gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6".
+	Prices string `envconfig:"PRICES" default:"gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6"`
+	// PolicyFile holds the per-type policies (JSON); reloaded when it changes.
+	PolicyFile string `envconfig:"POLICY_FILE"`
+
+	// MetricsListen serves /metrics and /healthz when set.
+	MetricsListen string `envconfig:"METRICS_LISTEN"`
+	// Replicas of the stream and buckets (3 in a cluster).
+	Replicas int `envconfig:"REPLICAS" default:"1"`
+	// MaxAge is how long events are kept (the audit horizon).
+	MaxAge time.Duration `envconfig:"MAX_AGE" default:"720h"`
+	// Duplicates is the Msg-Id deduplication window.
+	Duplicates time.Duration `envconfig:"DUPLICATES" default:"2h"`
+	// MaxDeliver bounds deliveries of one message before it goes to review.
+	MaxDeliver int `envconfig:"MAX_DELIVER" default:"10"`
+	// AckWait is how long a worker owns a message without a heartbeat.
+	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s"`
+	// Concurrency is how many messages each service instance handles at once
+	// (0: the service's default — 16 for the executor, 8 for the others).
+	Concurrency int `envconfig:"CONCURRENCY"`
+	// Grace is how long in-flight work may finish after SIGTERM.
+	Grace time.Duration `envconfig:"GRACE" default:"25s"`
+	// LogLevel is debug, info, warn or error; LogFormat text or json.
+	LogLevel  string `envconfig:"LOG_LEVEL" default:"info"`
+	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+}
+
+func loadConfig() (Config, error) {
+	var c Config
+	if err := envconfig.Process("dispatch", &c); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	if _, err := parsePrices(c.Prices); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("DISPATCH_REPLICAS must be 1-5, got %d", c.Replicas))
+	}
+	if c.MaxDeliver < 2 {
+		errs = append(errs, fmt.Errorf("DISPATCH_MAX_DELIVER must be at least 2, got %d", c.MaxDeliver))
+	}
+	if c.Duplicates > c.MaxAge {
+		errs = append(errs, fmt.Errorf("DISPATCH_DUPLICATES (%s) must not exceed DISPATCH_MAX_AGE (%s)", c.Duplicates, c.MaxAge))
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("DISPATCH_LOG_FORMAT must be text or json, got %q", c.LogFormat))
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("DISPATCH_LOG_LEVEL: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Price is USD per million tokens.
+type Price struct{ In, Out float64 }
+
+func parsePrices(s string) (map[string]Price, error) {
+	prices := map[string]Price{}
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		model, pair, ok := strings.Cut(item, "=")
+		in, out, ok2 := strings.Cut(pair, "/")
+		pin, err1 := strconv.ParseFloat(in, 64)
+		pout, err2 := strconv.ParseFloat(out, 64)
+		if !ok || !ok2 || err1 != nil || err2 != nil || model == "" {
+			return nil, fmt.Errorf("DISPATCH_PRICES: %q is not model=input/output (USD per million tokens)", item)
+		}
+		prices[model] = Price{pin, pout}
+	}
+	return prices, nil
+}
+
+func (c Config) logger() *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.LogLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// connect opens a client connection to DISPATCH_NATS_URL (or url).
+func (c Config) connect(url, name string) (*nats.Conn, error) {
+	if url == "" {
+		url = c.NATSURL
+	}
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	switch {
+	case c.NATSCreds != "":
+		opts = append(opts, nats.UserCredentials(c.NATSCreds))
+	case c.NATSUser != "":
+		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
+	}
+	if name != "" && name != "dispatch" {
+		opts = append(opts, nats.CustomInboxPrefix("_INBOX."+name))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is the mesh up? run `dispatch up`)", url, err)
+	}
+	return nc, nil
+}

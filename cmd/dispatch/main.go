@@ -1,0 +1,86 @@
+// Command dispatch runs the dispatchmesh services and talks to a running mesh.
+//
+//	dispatch up                          embedded NATS + every service, one process
+//	dispatch intake|verifier|gate|prompt|executor|recorder
+//	                                     one service against DISPATCH_NATS_URL
+//	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait]
+//	dispatch status ID [-o json]
+//	dispatch review list [-reason R] [-o json]
+//	dispatch schema [NAME]
+//
+// Configuration comes from DISPATCH_* environment variables (see README).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `dispatch — supervised dispatch of tasks to LLM agents over NATS JetStream
+
+Usage:
+  dispatch up                         start an embedded NATS server and every service
+  dispatch intake|verifier|gate|prompt|executor|recorder
+                                      run one service against DISPATCH_NATS_URL
+  dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait]
+  dispatch status ID [-o json]        a task's current state
+  dispatch review list [-reason R] [-type T] [-o json]
+                                      what is waiting for a human
+  dispatch schema [NAME]              print the embedded JSON Schemas
+
+Configuration: DISPATCH_* environment variables (see README.md).
+`
+
+// exitError carries a process exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dispatch:", err)
+		var ee *exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Print(usage)
+		return nil
+	}
+	cmd, rest := args[0], args[1:]
+	if cmd == "schema" {
+		return cmdSchema(rest)
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	switch cmd {
+	case "up":
+		return cmdUp(ctx, cfg, rest)
+	case "intake", "verifier", "gate", "prompt", "executor", "recorder":
+		return cmdService(ctx, cfg, cmd, rest)
+	case "submit":
+		return cmdSubmit(ctx, cfg, rest)
+	case "status":
+		return cmdStatus(ctx, cfg, rest)
+	case "review":
+		return cmdReview(ctx, cfg, rest)
+	}
+	return fmt.Errorf("unknown command %q\n\n%s", cmd, usage)
+}

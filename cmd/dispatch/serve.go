@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"dispatchmesh/internal/mesh"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/services/executor"
+)
+
+const version = "0.1.0"
+
+// cmdUp runs an embedded NATS server that listens on DISPATCH_NATS_LISTEN and
+// every service in this process.
+func cmdUp(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := cfg.logger()
+	ns, err := startServer(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}()
+	url := ns.ClientURL()
+	dataDir, _ := filepath.Abs(cfg.DataDir)
+	fmt.Printf("dispatchmesh %s is up\n", version)
+	fmt.Printf("  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
+	fmt.Printf("  data dir: %s\n", dataDir)
+	fmt.Printf("  model:    %s\n", modelLabel(cfg))
+	if cfg.PolicyFile != "" {
+		fmt.Printf("  policy:   %s (reloaded on change)\n", cfg.PolicyFile)
+	}
+	if cfg.MetricsListen != "" {
+		fmt.Printf("  metrics:  http://%s/metrics\n", cfg.MetricsListen)
+	}
+	fmt.Printf("  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
+	fmt.Printf("            dispatch submit -type css_fix -subject src/app.css -wait\n")
+	return serve(ctx, cfg, log, url, "dispatch-up", mesh.All)
+}
+
+func startServer(cfg Config) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(cfg.NATSListen)
+	if err != nil {
+		return nil, fmt.Errorf("DISPATCH_NATS_LISTEN %q: %w", cfg.NATSListen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("DISPATCH_NATS_LISTEN %q: bad port", cfg.NATSListen)
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "dispatch-up",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(cfg.DataDir, "jetstream"),
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded NATS server did not start on %s (port in use?)", cfg.NATSListen)
+	}
+	return ns, nil
+}
+
+func modelLabel(cfg Config) string {
+	if cfg.OpenAIAPIKey == "" {
+		return "SIMULATED (no DISPATCH_OPENAI_API_KEY set: answers are made up, deterministic, succeed unless a type's simulated_success_rate says otherwise)"
+	}
+	return fmt.Sprintf("%s at %s", cfg.Model, cfg.OpenAIBaseURL)
+}
+
+// cmdService runs one service against DISPATCH_NATS_URL.
+func cmdService(ctx context.Context, cfg Config, name string, args []string) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return serve(ctx, cfg, cfg.logger(), "", name, []string{name})
+}
+
+// serve connects and runs the named services until ctx ends.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName string, names []string) error {
+	nc, err := cfg.connect(url, connName)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	nc.SetErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		log.Error("nats error", "err", err)
+	})
+	pol, err := policy.Open(cfg.PolicyFile, log)
+	if err != nil {
+		return err
+	}
+	go pol.Watch(ctx.Done(), 2*time.Second)
+
+	prices, _ := parsePrices(cfg.Prices)
+	table := map[string]executor.Price{}
+	for m, p := range prices {
+		table[m] = executor.Price{InputPerMTok: p.In, OutputPerMTok: p.Out}
+	}
+	var model executor.Model
+	if cfg.OpenAIAPIKey == "" {
+		model = executor.Simulated{Rate: executor.RateFromPolicy(pol)}
+		if contains(names, mesh.Executor) {
+			log.Warn("no DISPATCH_OPENAI_API_KEY: the executor uses the SIMULATED model; answers are made up")
+		}
+	} else {
+		model = executor.NewOpenAI(executor.OpenAIConfig{BaseURL: cfg.OpenAIBaseURL, APIKey: cfg.OpenAIAPIKey})
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.MetricsListen != "" {
+		stop, err := serveMetrics(cfg.MetricsListen, reg, nc, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	err = mesh.Run(ctx, mesh.Options{
+		NC: nc, Services: names, Policy: pol, Model: model, DefaultModel: cfg.Model, Prices: table,
+		Stream: services.StreamConfig{MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas},
+		Log:    log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
+		Concurrency: cfg.Concurrency, Grace: cfg.Grace, Version: version,
+	})
+	if err == nil || errors.Is(err, context.Canceled) {
+		log.Info("stopped cleanly")
+		return nil
+	}
+	return err
+}
+
+func serveMetrics(addr string, reg *prometheus.Registry, nc *nats.Conn, log *slog.Logger) (func(), error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if !nc.IsConnected() {
+			http.Error(w, "nats: "+nc.Status().String(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("DISPATCH_METRICS_LISTEN: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,95 @@
+package events
+
+import "strings"
+
+// Subject roots.
+const (
+	Root          = "dispatch"
+	SubmitRoot    = Root + ".submit" // dispatch.submit.<type>
+	TaskRoot      = Root + ".task"   // dispatch.task.<id>.<stage>
+	ReviewRoot    = Root + ".review" // dispatch.review.<reason>.<id>
+	SubmitAPI     = Root + ".api.submit"
+	AllSubjects   = Root + ".>"
+	SubmitFilter  = SubmitRoot + ".>"
+	ReviewFilter  = ReviewRoot + ".>"
+	taskWildcard  = TaskRoot + ".*."
+	reviewSubject = ReviewRoot + "."
+)
+
+// Stages are the last token of a task subject. Each stage is published by one
+// service and consumed by the next.
+const (
+	StageQueued    = "queued"    // intake → verifier (first attempt)
+	StageRetry     = "retry"     // recorder → verifier (next attempt)
+	StageVerified  = "verified"  // verifier → gate
+	StageAdmitted  = "admitted"  // gate → prompt builder
+	StagePrompted  = "prompted"  // prompt builder → executor
+	StageExecuted  = "executed"  // executor → recorder
+	StageSucceeded = "succeeded" // recorder: terminal
+	StageCancelled = "cancelled" // verifier: terminal (stale)
+)
+
+// Review reasons are the third token of a review subject.
+const (
+	ReviewRejected  = "rejected"  // bad input, original bytes kept
+	ReviewGated     = "gated"     // trust gate: needs_human_review
+	ReviewEscalated = "escalated" // retries exhausted: blocked
+	ReviewPoison    = "poison"    // a message exhausted its deliveries
+	ReviewStuck     = "stuck"     // skip budget exhausted
+)
+
+// SubmitSubject is where clients publish a task of the given type.
+func SubmitSubject(taskType string) string { return SubmitRoot + "." + taskType }
+
+// TaskSubject is the subject of one stage event of one task.
+func TaskSubject(id, stage string) string { return TaskRoot + "." + id + "." + stage }
+
+// StageFilter matches one stage of every task (a consumer's filter).
+func StageFilter(stage string) string { return taskWildcard + stage }
+
+// TaskFilter matches every stage event of one task.
+func TaskFilter(id string) string { return TaskRoot + "." + id + ".>" }
+
+// ReviewSubject is the review (dead-letter) subject for a reason and a key
+// (the task id when there is one).
+func ReviewSubject(reason, key string) string { return reviewSubject + reason + "." + key }
+
+// ReviewTaskFilter matches every review record of one task.
+func ReviewTaskFilter(id string) string { return reviewSubject + "*." + id }
+
+// ParseTaskSubject splits dispatch.task.<id>.<stage>.
+func ParseTaskSubject(subject string) (id, stage string, ok bool) {
+	rest, found := strings.CutPrefix(subject, TaskRoot+".")
+	if !found {
+		return "", "", false
+	}
+	id, stage, found = strings.Cut(rest, ".")
+	if !found || id == "" || stage == "" || strings.Contains(stage, ".") {
+		return "", "", false
+	}
+	return id, stage, true
+}
+
+// ParseReviewSubject splits dispatch.review.<reason>.<key>.
+func ParseReviewSubject(subject string) (reason, key string, ok bool) {
+	rest, found := strings.CutPrefix(subject, reviewSubject)
+	if !found {
+		return "", "", false
+	}
+	reason, key, found = strings.Cut(rest, ".")
+	if !found || reason == "" || key == "" || strings.Contains(key, ".") {
+		return "", "", false
+	}
+	return reason, key, true
+}
+
+// Headers carried by every message the mesh publishes.
+const (
+	HeaderEvent    = "Dispatch-Event"   // versioned event name, e.g. task.queued.v1
+	HeaderTaskID   = "Dispatch-Task-Id" // the task the message belongs to
+	HeaderReason   = "Dispatch-Reason"  // review reason (rejected, gated, …)
+	HeaderError    = "Dispatch-Error"   // human-readable error text
+	HeaderService  = "Dispatch-Service" // service instance that published it
+	HeaderOrigSubj = "Dispatch-Orig-Subject"
+	HeaderOrigSeq  = "Dispatch-Orig-Seq"
+)

@@ -1,0 +1,162 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Task is one unit of work for an agent.
+type Task struct {
+	// ID is client-supplied or generated. Submitting the same id twice makes one task.
+	ID string `json:"id"`
+	// Type selects the policy: template, model, verifier, pipeline, thresholds.
+	Type string `json:"type"`
+	// Subject is what the task is about (a file path, a ticket, a URL). Outcome
+	// history and recurring-error detection are keyed by (Type, Subject).
+	Subject string `json:"subject"`
+	// Payload is free JSON handed to the prompt template.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// MaxRetries overrides the type's attempt limit when > 0.
+	MaxRetries int `json:"max_retries,omitempty"`
+	// Priority is informational metadata for now.
+	Priority int `json:"priority,omitempty"`
+	// Metadata is free string metadata carried with the task.
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// SubmittedAt is set by intake.
+	SubmittedAt time.Time `json:"submitted_at"`
+}
+
+// Limits on submitted input. They bound what one bad client can do.
+const (
+	MaxSubmitBytes   = 256 << 10 // whole submit message
+	MaxSubjectLen    = 1024
+	MaxIDLen         = 128
+	MaxTypeLen       = 64
+	MaxMetadataPairs = 32
+)
+
+var (
+	idPattern   = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+	typePattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
+)
+
+// ErrInvalid marks every validation error of submitted input.
+var ErrInvalid = errors.New("invalid task")
+
+// InvalidError says what is wrong with a submission, field by field.
+type InvalidError struct {
+	Problems []string
+}
+
+func (e *InvalidError) Error() string {
+	msg := "invalid task"
+	for i, p := range e.Problems {
+		if i == 0 {
+			msg += ": " + p
+		} else {
+			msg += "; " + p
+		}
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrInvalid) true.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+// Submit is the message a client publishes on dispatch.submit.<type> (or sends
+// to the dispatch.api.submit endpoint). Schema: schemas/submit.v1.json.
+type Submit struct {
+	ID         string            `json:"id,omitempty"`
+	Type       string            `json:"type"`
+	Subject    string            `json:"subject"`
+	Payload    json.RawMessage   `json:"payload,omitempty"`
+	MaxRetries int               `json:"max_retries,omitempty"`
+	Priority   int               `json:"priority,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+}
+
+// DecodeSubmit parses and validates a submission. subjectType is the <type>
+// token of the subject it arrived on ("" when it came through the API); when
+// both are given they must agree, and a missing "type" field is taken from the
+// subject. The error is an *InvalidError listing every problem found.
+func DecodeSubmit(data []byte, subjectType string) (Submit, error) {
+	var s Submit
+	if len(data) > MaxSubmitBytes {
+		return s, &InvalidError{Problems: []string{fmt.Sprintf("message is %d bytes, limit is %d", len(data), MaxSubmitBytes)}}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return s, &InvalidError{Problems: []string{"malformed JSON: " + describeJSONError(err)}}
+	}
+	if dec.More() {
+		return s, &InvalidError{Problems: []string{"malformed JSON: trailing data after the object"}}
+	}
+	if s.Type == "" {
+		s.Type = subjectType
+	}
+	var problems []string
+	switch {
+	case s.Type == "":
+		problems = append(problems, `"type" is required`)
+	case len(s.Type) > MaxTypeLen || !typePattern.MatchString(s.Type):
+		problems = append(problems, fmt.Sprintf(`"type" %q must be 1-%d characters of a-z, 0-9, _ or -`, s.Type, MaxTypeLen))
+	case subjectType != "" && s.Type != subjectType:
+		problems = append(problems, fmt.Sprintf(`"type" %q does not match the subject's type %q`, s.Type, subjectType))
+	}
+	if s.ID != "" && (len(s.ID) > MaxIDLen || !idPattern.MatchString(s.ID)) {
+		problems = append(problems, fmt.Sprintf(`"id" %q must be 1-%d characters of A-Z, a-z, 0-9, _ or -`, s.ID, MaxIDLen))
+	}
+	if s.Subject == "" {
+		problems = append(problems, `"subject" is required`)
+	} else if len(s.Subject) > MaxSubjectLen {
+		problems = append(problems, fmt.Sprintf(`"subject" is %d characters, limit is %d`, len(s.Subject), MaxSubjectLen))
+	}
+	if len(s.Payload) > 0 && !json.Valid(s.Payload) {
+		problems = append(problems, `"payload" is not valid JSON`)
+	}
+	if s.MaxRetries < 0 {
+		problems = append(problems, `"max_retries" must not be negative`)
+	}
+	if len(s.Metadata) > MaxMetadataPairs {
+		problems = append(problems, fmt.Sprintf(`"metadata" has %d entries, limit is %d`, len(s.Metadata), MaxMetadataPairs))
+	}
+	if problems != nil {
+		return s, &InvalidError{Problems: problems}
+	}
+	return s, nil
+}
+
+// Task turns a valid submission into a task with the given id and time.
+func (s Submit) Task(id string, at time.Time) Task {
+	if s.ID != "" {
+		id = s.ID
+	}
+	return Task{
+		ID: id, Type: s.Type, Subject: s.Subject, Payload: s.Payload,
+		MaxRetries: s.MaxRetries, Priority: s.Priority, Metadata: s.Metadata,
+		SubmittedAt: at.UTC(),
+	}
+}
+
+// ValidID reports whether id can be used as a task id (a subject token and a KV key).
+func ValidID(id string) bool {
+	return id != "" && len(id) <= MaxIDLen && idPattern.MatchString(id)
+}
+
+// ValidType reports whether t can be used as a task type.
+func ValidType(t string) bool {
+	return t != "" && len(t) <= MaxTypeLen && typePattern.MatchString(t)
+}
+
+func describeJSONError(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		return fmt.Sprintf("field %q must be %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	}
+	return err.Error()
+}

@@ -1,0 +1,231 @@
+// Package mesh wires the services together on a NATS connection: it
+// provisions the stream and buckets, builds the stores and the selected
+// services, and runs each under the shared router until the context ends.
+// `dispatch up` runs every service in one process; `dispatch <service>` runs one.
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/services/executor"
+	"dispatchmesh/services/gate"
+	"dispatchmesh/services/intake"
+	"dispatchmesh/services/prompt"
+	"dispatchmesh/services/recorder"
+	"dispatchmesh/services/verifier"
+	"dispatchmesh/trust"
+)
+
+// Service names, as accepted by Options.Services and the CLI.
+const (
+	Intake   = "intake" // also serves the micro API and runs the reaper
+	Verifier = "verifier"
+	Gate     = "gate"
+	Prompt   = "prompt"
+	Executor = "executor"
+	Recorder = "recorder"
+)
+
+// All is every service, in pipeline order.
+var All = []string{Intake, Verifier, Gate, Prompt, Executor, Recorder}
+
+// Options configure a mesh process.
+type Options struct {
+	NC *nats.Conn // required
+	JS jetstream.JetStream
+	// Services to run. Default All.
+	Services []string
+	// Stream sizes what is provisioned at start.
+	Stream services.StreamConfig
+	// Policy holds per-type policies. Default: built-in defaults.
+	Policy *policy.Source
+	// Model answers prompts. Default: the simulated model, rates from Policy.
+	Model executor.Model
+	// DefaultModel is the model name when a type names none.
+	DefaultModel string
+	Prices       map[string]executor.Price
+	// Scoring overrides trust scoring defaults (window 50, min 10, threshold 0.15).
+	Scoring trust.Policy
+	// HTTPClient is used by http verifiers.
+	HTTPClient *http.Client
+	// Instance identifies this process (default host:pid); services publish as
+	// <service>@<Instance>.
+	Instance string
+	Log      *slog.Logger
+	// Registry receives Prometheus metrics when set.
+	Registry prometheus.Registerer
+	// Router settings, per service (zero: the defaults of services.Spec).
+	MaxDeliver  int
+	AckWait     time.Duration
+	Concurrency int
+	Grace       time.Duration
+	// Version is reported by the micro service.
+	Version string
+}
+
+// Run provisions, starts the selected services and blocks until ctx ends and
+// every service has drained.
+func Run(ctx context.Context, o Options) error {
+	if o.NC == nil {
+		return errors.New("mesh: NC is required")
+	}
+	var err error
+	if o.JS == nil {
+		if o.JS, err = jetstream.New(o.NC); err != nil {
+			return err
+		}
+	}
+	if len(o.Services) == 0 {
+		o.Services = All
+	}
+	for _, s := range o.Services {
+		if !slices.Contains(All, s) {
+			return fmt.Errorf("mesh: unknown service %q", s)
+		}
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Instance == "" {
+		host, _ := os.Hostname()
+		o.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if o.Model == nil {
+		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
+	}
+	if o.Version == "" {
+		o.Version = "0.1.0"
+	}
+
+	stores, err := services.Provision(ctx, o.JS, o.Stream)
+	if err != nil {
+		return fmt.Errorf("provision: %w", err)
+	}
+	specs, err := o.build(stores)
+	if err != nil {
+		return err
+	}
+	var metrics *services.Metrics
+	if o.Registry != nil {
+		metrics = services.NewMetrics(o.Registry)
+	}
+
+	if slices.Contains(o.Services, Intake) {
+		api := &intake.API{JS: o.JS, Tasks: services.NewTaskStore(stores.Tasks)}
+		svc, err := api.Start(o.NC, o.Version)
+		if err != nil {
+			return fmt.Errorf("micro api: %w", err)
+		}
+		defer svc.Stop()
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, len(specs))
+	for _, spec := range specs {
+		spec.MaxDeliver = orDefault(o.MaxDeliver, spec.MaxDeliver)
+		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
+		spec.Concurrency = orDefault(o.Concurrency, spec.Concurrency)
+		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(ctx, spec); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v != zero {
+		return v
+	}
+	return def
+}
+
+// build makes the router spec of every selected service.
+func (o Options) build(st *services.Stores) ([]services.Spec, error) {
+	tasks := services.NewTaskStore(st.Tasks)
+	trustStore := trust.NewStore(st.Trust, o.Scoring)
+	hist := history.NewStore(st.History, 0)
+	inst := func(name string) string { return name + "@" + o.Instance }
+	var specs []services.Spec
+	for _, name := range o.Services {
+		switch name {
+		case Intake:
+			s, err := intake.New(intake.Config{Tasks: tasks, Instance: inst(name), Log: o.Log})
+			if err != nil {
+				return nil, err
+			}
+			specs = append(specs, s.Spec(), services.ReaperSpec(o.JS))
+		case Verifier:
+			s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: tasks, Instance: inst(name), Log: o.Log})
+			if err != nil {
+				return nil, err
+			}
+			specs = append(specs, services.Spec{
+				Name:    services.ConsumerVerifier,
+				Filters: []string{events.StageFilter(events.StageQueued), events.StageFilter(events.StageRetry)},
+				Handler: s.Handle, Concurrency: 8,
+			})
+		case Gate:
+			s, err := gate.New(gate.Config{Trust: trustStore, Tasks: tasks, Policy: o.Policy, Scoring: o.Scoring, Instance: inst(name), Log: o.Log})
+			if err != nil {
+				return nil, err
+			}
+			specs = append(specs, s.Spec())
+		case Prompt:
+			s, err := prompt.New(prompt.Config{History: hist, Policy: o.Policy, DefaultModel: o.DefaultModel, Instance: inst(name), Log: o.Log})
+			if err != nil {
+				return nil, err
+			}
+			specs = append(specs, services.Spec{
+				Name: services.ConsumerPrompt, Filters: []string{events.StageFilter(events.StageAdmitted)},
+				Handler: s.Handle, Concurrency: 8,
+			})
+		case Executor:
+			s, err := executor.New(executor.Config{
+				Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
+				Tasks: tasks, Instance: inst(name), Log: o.Log,
+			})
+			if err != nil {
+				return nil, err
+			}
+			specs = append(specs, services.Spec{
+				Name: services.ConsumerExecutor, Filters: []string{events.StageFilter(events.StagePrompted)},
+				Handler: s.Handle, Concurrency: 16,
+			})
+		case Recorder:
+			s, err := recorder.New(recorder.Config{Tasks: tasks, Trust: trustStore, History: hist, Policy: o.Policy, Scoring: o.Scoring, Instance: inst(name), Log: o.Log})
+			if err != nil {
+				return nil, err
+			}
+			specs = append(specs, s.Spec())
+		}
+	}
+	return specs, nil
+}

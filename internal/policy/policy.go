@@ -1,0 +1,265 @@
+// Package policy holds the per-task-type policies read from the policy file
+// (DISPATCH_POLICY_FILE, JSON) and reloaded while the mesh runs.
+//
+//	{
+//	  "defaults": {"model": "gpt-4o-mini", "max_retries": 3},
+//	  "types": {
+//	    "css_fix": {
+//	      "model": "gpt-4o",
+//	      "verifier": {"kind": "command", "command": ["./still-broken.sh"], "timeout": "10s"},
+//	      "simulated_success_rate": 0.05
+//	    }
+//	  }
+//	}
+//
+// A type's policy is its entry merged over "defaults"; a field left out takes
+// the default's value.
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Verifier kinds.
+const (
+	VerifierNone    = "none"
+	VerifierNATS    = "nats"
+	VerifierHTTP    = "http"
+	VerifierCommand = "command"
+)
+
+// Duration is a time.Duration written as a Go duration string ("10s") in JSON.
+type Duration time.Duration
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Verifier says how to check that a task's problem still exists.
+type Verifier struct {
+	// Kind is none (default), nats, http or command.
+	Kind string `json:"kind"`
+	// Subject is the NATS request-reply subject (kind nats). The request is the
+	// task JSON; the reply is {"exists": bool, "detail": "..."}.
+	Subject string `json:"subject,omitempty"`
+	// URL is the HTTP endpoint (kind http). The task JSON is POSTed; 2xx means
+	// the problem exists, 404 or 410 mean it is gone, anything else is an error.
+	URL string `json:"url,omitempty"`
+	// Command is the argv to run (kind command), with the task JSON on stdin:
+	// exit 0 means the problem exists, exit 1 means it is gone, anything else
+	// is an error.
+	Command []string `json:"command,omitempty"`
+	// Timeout bounds one check. Default 10s.
+	Timeout Duration `json:"timeout,omitempty"`
+	// FailClosed cancels the task when the verifier errors or times out.
+	// Default false: the error is recorded and the task goes on (fail-open).
+	FailClosed bool `json:"fail_closed,omitempty"`
+}
+
+// Type is the policy of one task type. Pointer fields distinguish "not set"
+// (take the default) from an explicit zero.
+type Type struct {
+	// Model is the model name sent to the OpenAI-compatible endpoint.
+	// Default: DISPATCH_MODEL.
+	Model string `json:"model,omitempty"`
+	// Template is an inline Go text/template for the user prompt.
+	Template string `json:"template,omitempty"`
+	// TemplateFile is a file holding the template (read at load time).
+	TemplateFile string `json:"template_file,omitempty"`
+	// Verifier checks staleness before every attempt. Default: none.
+	Verifier *Verifier `json:"verifier,omitempty"`
+	// MaxRetries is how many failed attempts a task gets before it is
+	// escalated to a human. Default 3; a task's own max_retries wins.
+	MaxRetries int `json:"max_retries,omitempty"`
+	// Exempt types are never gated. Default: triage_fix, security_fix,
+	// service_restart are exempt.
+	Exempt *bool `json:"exempt,omitempty"`
+	// Threshold is the trust score below which the type is gated. Default 0.15.
+	Threshold *float64 `json:"threshold,omitempty"`
+	// SimulatedSuccessRate is the share of attempts the built-in simulated
+	// model (used when no API key is configured) reports as successes.
+	// Default 1. Decided deterministically from the task id and attempt.
+	SimulatedSuccessRate *float64 `json:"simulated_success_rate,omitempty"`
+}
+
+// File is the policy file.
+type File struct {
+	Defaults Type            `json:"defaults"`
+	Types    map[string]Type `json:"types"`
+}
+
+// DefaultMaxRetries applies when neither the task nor its policy sets one.
+const DefaultMaxRetries = 3
+
+// DefaultExempt are the self-repair types the gate never blocks.
+var DefaultExempt = []string{"triage_fix", "security_fix", "service_restart"}
+
+// Parse reads a policy file's bytes and validates them.
+func Parse(data []byte) (*File, error) {
+	var f File
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// Load reads and parses a policy file; template files are read relative to
+// the working directory.
+func Load(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	f, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := f.readTemplates(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+func (f *File) readTemplates() error {
+	read := func(t *Type) error {
+		if t.TemplateFile == "" {
+			return nil
+		}
+		b, err := os.ReadFile(t.TemplateFile)
+		if err != nil {
+			return err
+		}
+		t.Template = string(b)
+		return nil
+	}
+	if err := read(&f.Defaults); err != nil {
+		return err
+	}
+	for name, t := range f.Types {
+		if err := read(&t); err != nil {
+			return err
+		}
+		f.Types[name] = t
+	}
+	return nil
+}
+
+// Validate reports every problem in the file at once.
+func (f *File) Validate() error {
+	var errs []error
+	check := func(where string, t Type) {
+		if t.MaxRetries < 0 {
+			errs = append(errs, fmt.Errorf("%s: max_retries must not be negative", where))
+		}
+		if t.Threshold != nil && (*t.Threshold < 0 || *t.Threshold > 1) {
+			errs = append(errs, fmt.Errorf("%s: threshold must be within [0, 1]", where))
+		}
+		if r := t.SimulatedSuccessRate; r != nil && (*r < 0 || *r > 1) {
+			errs = append(errs, fmt.Errorf("%s: simulated_success_rate must be within [0, 1]", where))
+		}
+		if v := t.Verifier; v != nil {
+			switch v.Kind {
+			case "", VerifierNone:
+			case VerifierNATS:
+				if v.Subject == "" {
+					errs = append(errs, fmt.Errorf("%s: nats verifier needs a subject", where))
+				}
+			case VerifierHTTP:
+				if v.URL == "" {
+					errs = append(errs, fmt.Errorf("%s: http verifier needs a url", where))
+				}
+			case VerifierCommand:
+				if len(v.Command) == 0 {
+					errs = append(errs, fmt.Errorf("%s: command verifier needs a command", where))
+				}
+			default:
+				errs = append(errs, fmt.Errorf("%s: unknown verifier kind %q (none, nats, http, command)", where, v.Kind))
+			}
+		}
+	}
+	check("defaults", f.Defaults)
+	for name, t := range f.Types {
+		check("types."+name, t)
+	}
+	return errors.Join(errs...)
+}
+
+// For returns the merged policy of a task type.
+func (f *File) For(taskType string) Type {
+	if f == nil {
+		return Type{}.withDefaults(taskType)
+	}
+	t := f.Types[taskType]
+	d := f.Defaults
+	if t.Model == "" {
+		t.Model = d.Model
+	}
+	if t.Template == "" {
+		t.Template = d.Template
+	}
+	if t.Verifier == nil {
+		t.Verifier = d.Verifier
+	}
+	if t.MaxRetries == 0 {
+		t.MaxRetries = d.MaxRetries
+	}
+	if t.Exempt == nil {
+		t.Exempt = d.Exempt
+	}
+	if t.Threshold == nil {
+		t.Threshold = d.Threshold
+	}
+	if t.SimulatedSuccessRate == nil {
+		t.SimulatedSuccessRate = d.SimulatedSuccessRate
+	}
+	return t.withDefaults(taskType)
+}
+
+func (t Type) withDefaults(taskType string) Type {
+	if t.MaxRetries == 0 {
+		t.MaxRetries = DefaultMaxRetries
+	}
+	if t.Exempt == nil {
+		exempt := false
+		for _, e := range DefaultExempt {
+			exempt = exempt || e == taskType
+		}
+		t.Exempt = &exempt
+	}
+	if t.Verifier == nil {
+		t.Verifier = &Verifier{Kind: VerifierNone}
+	}
+	return t
+}
+
+// IsExempt reports whether the gate lets every task of this type through.
+func (t Type) IsExempt() bool { return t.Exempt != nil && *t.Exempt }
+
+// SuccessRate is the simulated model's success rate (default 1).
+func (t Type) SuccessRate() float64 {
+	if t.SimulatedSuccessRate == nil {
+		return 1
+	}
+	return *t.SimulatedSuccessRate
+}

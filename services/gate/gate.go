@@ -1,0 +1,116 @@
+// Package gate is the trust gate: before a task is dispatched it checks the
+// trust score of the task's type (SPEC §4). A type scoring below the
+// threshold is not dispatched: the task goes to dispatch.review.gated with
+// status needs_human_review and the reason. Exempt types always pass, and
+// after ProbeAfter consecutive blocks one task is let through as a probe to
+// re-measure the type.
+package gate
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
+)
+
+// Config of the gate.
+type Config struct {
+	// Trust is the trust stats store (required).
+	Trust *trust.Store
+	// Tasks, when set, gets status needs_human_review for blocked tasks.
+	Tasks *services.TaskStore
+	// Policy supplies per-type exemption and threshold overrides.
+	Policy *policy.Source
+	// Trust scoring defaults (window 50, minimum 10, threshold 0.15, probe
+	// after 5 blocks); a type's policy threshold overrides Threshold.
+	Scoring trust.Policy
+	// Instance names this process in events.
+	Instance string
+	Log      *slog.Logger
+	Now      func() time.Time
+}
+
+// Service is the gate handler.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New checks cfg and returns the gate.
+func New(cfg Config) (*Service, error) {
+	if cfg.Trust == nil {
+		return nil, fmt.Errorf("gate: Trust store is required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate")}, nil
+}
+
+// Spec is the gate's consumer: verified tasks.
+func (s *Service) Spec() services.Spec {
+	return services.Spec{Name: services.ConsumerGate, Filters: []string{events.StageFilter(events.StageVerified)}, Handler: s.Handle, Concurrency: 8}
+}
+
+// Handle decides whether one verified task may be dispatched.
+func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+	var ev events.Verified
+	if err := services.Decode(m, &ev); err != nil {
+		return nil, err
+	}
+	b := ev.Base
+	b.At, b.By = s.cfg.Now().UTC(), s.cfg.Instance
+
+	pol := s.cfg.Policy.For(b.Task.Type)
+	scoring := s.cfg.Scoring
+	if pol.Threshold != nil {
+		scoring.Threshold = *pol.Threshold
+	}
+	scoring.Exempt = []string{}
+	stats, err := s.cfg.Trust.Get(ctx, b.Task.Type)
+	if err != nil {
+		return nil, err
+	}
+	v := scoring.Evaluate(b.Task.Type, stats)
+	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
+
+	key := services.MsgID(b.Task.ID, b.Run.Pass, "gate")
+	switch {
+	case d.Exempt:
+	case !v.Below:
+		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
+			if _, _, err := s.cfg.Trust.Gate(ctx, b.Task.Type, key, false); err != nil {
+				return nil, err
+			}
+		}
+	default:
+		probe, streak, err := s.cfg.Trust.Gate(ctx, b.Task.Type, key, true)
+		if err != nil {
+			return nil, err
+		}
+		if probe {
+			d.Probe = true
+			s.log.Info("exploration probe let through", "task", b.Task.ID, "type", b.Task.Type, "score", v.Score)
+			break
+		}
+		d.Blocked, d.Reason = true, v.Reason
+		s.log.Info("task gated", "task", b.Task.ID, "type", b.Task.Type, "reason", v.Reason, "streak", streak)
+		if s.cfg.Tasks != nil {
+			if _, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, v.Reason); err != nil {
+				return nil, err
+			}
+		}
+		out, err := services.ToReview(b, events.ReviewGated, events.EventGated, v.Reason, events.Gated{Base: b, Trust: d, Reason: v.Reason})
+		return []services.Out{out}, err
+	}
+	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d})
+	return []services.Out{out}, err
+}

@@ -1,0 +1,101 @@
+// Package intake accepts tasks. Clients publish to dispatch.submit.<type>
+// (fire and forget, any language); the intake service validates each
+// submission, creates the task's state once (the same id submitted twice
+// makes one task) and publishes task.queued for the verifier. Bad input is
+// kept on dispatch.review.rejected with its original bytes and the error.
+//
+// The same package serves the synchronous submit endpoint (a micro service on
+// dispatch.api.submit) that answers the task id or the validation error.
+package intake
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/services"
+)
+
+// Config of the intake service.
+type Config struct {
+	// Tasks is the task state store (required).
+	Tasks *services.TaskStore
+	// Instance names this process in events (service@host:pid).
+	Instance string
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+}
+
+// Service is the intake handler.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New checks cfg and returns the service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Tasks == nil {
+		return nil, fmt.Errorf("intake: Tasks store is required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Service{cfg: cfg, log: cfg.Log.With("service", "intake")}, nil
+}
+
+// Spec is the service's consumer: every submission.
+func (s *Service) Spec() services.Spec {
+	return services.Spec{Name: services.ConsumerIntake, Filters: []string{events.SubmitFilter}, Handler: s.Handle, Concurrency: 8}
+}
+
+// GeneratedID is the id of a submission that did not bring one: derived from
+// the message's place in the stream, so a redelivery yields the same id.
+func GeneratedID(seq uint64, stored time.Time) string {
+	return "t" + strconv.FormatInt(stored.UnixNano(), 36) + "-" + strconv.FormatUint(seq, 36)
+}
+
+// Handle accepts one submission.
+func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+	subjectType := strings.TrimPrefix(m.Subject, events.SubmitRoot+".")
+	sub, err := events.DecodeSubmit(m.Data, subjectType)
+	if err != nil {
+		key := ""
+		if events.ValidID(sub.ID) {
+			key = sub.ID
+		}
+		return nil, services.DeadKey(events.ReviewRejected, key, err)
+	}
+	task := sub.Task(GeneratedID(m.Seq, m.Time), m.Time)
+
+	publish := false
+	_, err = s.cfg.Tasks.Update(ctx, task.ID, func(st *events.TaskState, found bool) error {
+		if found {
+			// Our own earlier delivery created it: publish again (the Msg-Id
+			// deduplicates). Otherwise it is a second submission of the id.
+			publish = st.SubmitSeq == m.Seq
+			return kvcas.ErrNoChange
+		}
+		*st = services.NewState(task)
+		st.SubmitSeq = m.Seq
+		publish = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !publish {
+		s.log.Info("duplicate submission ignored", "task", task.ID, "seq", m.Seq)
+		return nil, nil
+	}
+	b := events.Base{Task: task, Run: events.Run{Pass: 1, Attempt: 1}, At: time.Now().UTC(), By: s.cfg.Instance}
+	out, err := services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
+	if err != nil {
+		return nil, err
+	}
+	return []services.Out{out}, nil
+}

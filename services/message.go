@@ -1,0 +1,77 @@
+package services
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"dispatchmesh/events"
+)
+
+// Msg is what a handler sees of a consumed message.
+type Msg struct {
+	Subject string
+	Header  nats.Header
+	Data    []byte
+	// Seq is the message's stream sequence.
+	Seq uint64
+	// Delivered counts deliveries of this message, 1 on the first.
+	Delivered int
+	// Time is when the stream stored the message.
+	Time time.Time
+}
+
+// Out is a message a handler wants published.
+type Out struct {
+	Subject string
+	// MsgID is the Nats-Msg-Id: deterministic, so a redelivered input
+	// republishes the same id and the stream keeps one copy.
+	MsgID  string
+	Header nats.Header
+	Data   []byte
+}
+
+// MsgID is the deterministic id of a task's event for one pass.
+func MsgID(taskID string, pass int, stage string) string {
+	return fmt.Sprintf("%s:%d:%s", taskID, pass, stage)
+}
+
+// Emit builds an output carrying event v (JSON) under the given name.
+func Emit(subject, msgID, name, taskID string, v any) (Out, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return Out{}, fmt.Errorf("encode %s: %w", name, err)
+	}
+	h := nats.Header{}
+	h.Set(events.HeaderEvent, name)
+	if taskID != "" {
+		h.Set(events.HeaderTaskID, taskID)
+	}
+	return Out{Subject: subject, MsgID: msgID, Header: h, Data: data}, nil
+}
+
+// Next builds the event of the next stage of the task in b.
+func Next(b events.Base, stage, name string, v any) (Out, error) {
+	return Emit(events.TaskSubject(b.Task.ID, stage), MsgID(b.Task.ID, b.Run.Pass, stage), name, b.Task.ID, v)
+}
+
+// ToReview builds a review record for the task in b.
+func ToReview(b events.Base, reason, name, text string, v any) (Out, error) {
+	out, err := Emit(events.ReviewSubject(reason, b.Task.ID), MsgID(b.Task.ID, b.Run.Pass, reason), name, b.Task.ID, v)
+	if err == nil {
+		out.Header.Set(events.HeaderReason, reason)
+		out.Header.Set(events.HeaderError, text)
+	}
+	return out, err
+}
+
+// Decode unmarshals a message body into v. Its error is permanent: the same
+// bytes will never decode, so the message goes to review as poison.
+func Decode(m *Msg, v any) error {
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return Dead(events.ReviewPoison, fmt.Errorf("undecodable %s: %w", m.Subject, err))
+	}
+	return nil
+}

@@ -1,0 +1,26 @@
+package services
+
+// Names of everything the mesh provisions. deploy/ grants permissions on them.
+const (
+	// Stream holds every task event and every review record (Limits retention).
+	Stream = "DISPATCH"
+	// AdvisoryStream captures max-delivery advisories of Stream's consumers, so
+	// a message whose worker died on its last delivery still reaches review.
+	AdvisoryStream = "DISPATCH_ADVISORIES"
+
+	BucketTasks   = "dispatch_tasks"   // task state by task id
+	BucketTrust   = "dispatch_trust"   // trust stats by task type
+	BucketHistory = "dispatch_history" // outcome history by (type, subject)
+
+	// Durable consumer names, one per stage; instances of a stage share it.
+	ConsumerIntake   = "intake"
+	ConsumerVerifier = "verifier"
+	ConsumerGate     = "gate"
+	ConsumerPrompt   = "prompt"
+	ConsumerExecutor = "executor"
+	ConsumerRecorder = "recorder"
+	ConsumerReaper   = "reaper"
+
+	// MicroService is the name of the request-reply service (synchronous submit).
+	MicroService = "dispatch"
+)

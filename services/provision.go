@@ -1,0 +1,125 @@
+package services
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+)
+
+// StreamConfig sizes what Provision creates.
+type StreamConfig struct {
+	// MaxAge is how long events are kept: the audit horizon. Default 30 days.
+	MaxAge time.Duration
+	// Duplicates is the Nats-Msg-Id deduplication window. It must exceed the
+	// longest a message can take to be redelivered and republished (deliveries
+	// × (backoff cap + AckWait), transient snoozes included). Default 2h.
+	Duplicates time.Duration
+	// Replicas for the stream and buckets: 1 on a single node, 3 in a cluster.
+	// Default 1.
+	Replicas int
+	// HistoryKeep is how many revisions of a task state the bucket keeps.
+	// Default 5.
+	HistoryKeep int
+}
+
+func (c StreamConfig) withDefaults() StreamConfig {
+	if c.MaxAge <= 0 {
+		c.MaxAge = 30 * 24 * time.Hour
+	}
+	if c.Duplicates <= 0 {
+		c.Duplicates = 2 * time.Hour
+	}
+	c.Duplicates = min(c.Duplicates, c.MaxAge)
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.HistoryKeep <= 0 {
+		c.HistoryKeep = 5
+	}
+	return c
+}
+
+// Stores are the KV buckets the services use.
+type Stores struct {
+	Tasks, Trust, History jetstream.KeyValue
+}
+
+// StreamSubjects are the subjects kept on Stream. dispatch.api.> (request-
+// reply) is deliberately not among them: the stream would answer requests.
+var StreamSubjects = []string{events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
+
+// AdvisorySubject captures max-delivery advisories of Stream's consumers.
+const AdvisorySubject = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + Stream + ".>"
+
+// Provision creates or updates the stream, the advisory stream and the KV
+// buckets. It is idempotent: every service may call it at start.
+func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*Stores, error) {
+	cfg = cfg.withDefaults()
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Stream,
+		Description: "dispatchmesh: every submission, task event and review record",
+		Subjects:    StreamSubjects,
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.Duplicates,
+		Replicas:    cfg.Replicas,
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", Stream, err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        AdvisoryStream,
+		Description: "max-delivery advisories of " + Stream + " consumers, for the reaper",
+		Subjects:    []string{AdvisorySubject},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", AdvisoryStream, err)
+	}
+	var st Stores
+	for _, b := range []struct {
+		kv      *jetstream.KeyValue
+		name    string
+		history int
+		ttl     time.Duration
+	}{
+		{&st.Tasks, BucketTasks, cfg.HistoryKeep, cfg.MaxAge},
+		{&st.Trust, BucketTrust, 1, 0},
+		{&st.History, BucketHistory, 1, 0},
+	} {
+		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,
+			Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
+		}
+		*b.kv = kv
+	}
+	return &st, nil
+}
+
+// OpenStores binds to buckets that already exist (a service that does not provision).
+func OpenStores(ctx context.Context, js jetstream.JetStream) (*Stores, error) {
+	var st Stores
+	var err error
+	if st.Tasks, err = js.KeyValue(ctx, BucketTasks); err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketTasks, err)
+	}
+	if st.Trust, err = js.KeyValue(ctx, BucketTrust); err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketTrust, err)
+	}
+	if st.History, err = js.KeyValue(ctx, BucketHistory); err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketHistory, err)
+	}
+	return &st, nil
+}

@@ -1,0 +1,70 @@
+package services
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/kvcas"
+)
+
+// ErrTaskNotFound is returned for an unknown task id.
+var ErrTaskNotFound = errors.New("task not found")
+
+// TaskStore keeps each task's current state in the dispatch_tasks bucket.
+type TaskStore struct {
+	kv jetstream.KeyValue
+}
+
+// NewTaskStore wraps the task bucket.
+func NewTaskStore(kv jetstream.KeyValue) *TaskStore { return &TaskStore{kv: kv} }
+
+// KV is the underlying bucket.
+func (s *TaskStore) KV() jetstream.KeyValue { return s.kv }
+
+// Get returns a task's state.
+func (s *TaskStore) Get(ctx context.Context, id string) (events.TaskState, error) {
+	st, _, found, err := kvcas.Get[events.TaskState](ctx, s.kv, id)
+	if err == nil && !found {
+		err = ErrTaskNotFound
+	}
+	return st, err
+}
+
+// Update changes a task's state with a compare-and-set loop (see kvcas.Update).
+// found is false when the task has no state yet.
+func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *events.TaskState, found bool) error) (events.TaskState, error) {
+	return kvcas.Update(ctx, s.kv, id, mutate)
+}
+
+// SetStatus moves a task to status for the given pass, unless the state has
+// moved past that pass or the task already ended: a late redelivery of an old
+// message never rewinds a task. It returns whether it wrote.
+func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) (bool, error) {
+	wrote := false
+	_, err := s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status) {
+			return kvcas.ErrNoChange
+		}
+		if !found {
+			*st = NewState(b.Task)
+		}
+		st.Status, st.Pass, st.UpdatedAt = status, b.Run.Pass, b.At
+		if reason != "" {
+			st.Reason = reason
+		}
+		wrote = true
+		return nil
+	})
+	return wrote, err
+}
+
+// NewState is the state of a task that has just been accepted.
+func NewState(t events.Task) events.TaskState {
+	return events.TaskState{
+		ID: t.ID, Type: t.Type, Subject: t.Subject, Status: events.StatusPending,
+		Pass: 1, CreatedAt: t.SubmittedAt, UpdatedAt: t.SubmittedAt,
+	}
+}
