@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"time"
 )
@@ -93,7 +94,7 @@ func DecodeSubmit(data []byte, subjectType string) (Submit, error) {
 	if err := dec.Decode(&s); err != nil {
 		return s, &InvalidError{Problems: []string{"malformed JSON: " + describeJSONError(err)}}
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return s, &InvalidError{Problems: []string{"malformed JSON: trailing data after the object"}}
 	}
 	if s.Type == "" {
