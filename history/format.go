@@ -1,0 +1,145 @@
+package history
+
+import (
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Entry is the outcome of one attempt on a (task type, subject).
+type Entry struct {
+	// Key is the idempotency key, e.g. "taskid:pass".
+	Key     string `json:"key"`
+	TaskID  string `json:"task_id"`
+	Attempt int    `json:"attempt"`
+	Rung    string `json:"rung,omitempty"`
+	Step    string `json:"step,omitempty"`
+	// Outcome is "success" or "failure" (events.OutcomeSuccess, events.OutcomeFailure).
+	Outcome  string    `json:"outcome"`
+	Approach string    `json:"approach,omitempty"`
+	Summary  string    `json:"summary,omitempty"`
+	Error    string    `json:"error,omitempty"`
+	At       time.Time `json:"at"`
+}
+
+// Format renders entries as the <previous_attempts> block of a prompt, in the
+// given order (oldest first), numbered from 1:
+//
+//	<previous_attempts>
+//	  <attempt n="1" outcome="failure" at="2026-05-18T14:22:00Z" rung="REFINE" task="t1">
+//	    Tried adding null check in handleResponse() -- error: wrong location
+//	  </attempt>
+//	</previous_attempts>
+//
+// The body is the approach, the summary and the error, the empty ones left
+// out. at, rung, step and task appear only when set. Every attribute value and
+// the body are escaped, and characters XML cannot carry become U+FFFD, so the
+// block is always well-formed. Format returns "" when there are no entries.
+func Format(entries []Entry) string {
+	if len(entries) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("<previous_attempts>\n")
+	for i, e := range entries {
+		b.WriteString(`  <attempt n="`)
+		b.WriteString(strconv.Itoa(i + 1))
+		b.WriteString(`"`)
+		attr(&b, "outcome", e.Outcome)
+		if !e.At.IsZero() {
+			attr(&b, "at", e.At.UTC().Format(time.RFC3339))
+		}
+		attr(&b, "rung", e.Rung)
+		attr(&b, "step", e.Step)
+		attr(&b, "task", e.TaskID)
+		body := e.body()
+		if body == "" {
+			b.WriteString("/>\n")
+			continue
+		}
+		b.WriteString(">\n    ")
+		b.WriteString(escape(body, false))
+		b.WriteString("\n  </attempt>\n")
+	}
+	b.WriteString("</previous_attempts>\n")
+	return b.String()
+}
+
+// body joins the entry's non-empty texts, each line after the first indented
+// to sit under the first.
+func (e Entry) body() string {
+	var parts []string
+	for _, p := range []string{e.Approach, e.Summary, prefixed("error: ", e.Error)} {
+		if p = strings.TrimSpace(p); p != "" {
+			parts = append(parts, p)
+		}
+	}
+	text := strings.Join(parts, " -- ")
+	text = strings.ReplaceAll(text, "\r\n", "\n")
+	text = strings.ReplaceAll(text, "\r", "\n")
+	return strings.ReplaceAll(text, "\n", "\n    ")
+}
+
+func prefixed(prefix, s string) string {
+	if s = strings.TrimSpace(s); s == "" {
+		return ""
+	}
+	return prefix + s
+}
+
+// attr writes ` name="value"` when value is not empty.
+func attr(b *strings.Builder, name, value string) {
+	if value == "" {
+		return
+	}
+	b.WriteString(" ")
+	b.WriteString(name)
+	b.WriteString(`="`)
+	b.WriteString(escape(value, true))
+	b.WriteString(`"`)
+}
+
+// escape makes s safe as XML character data, or as an attribute value when
+// attr is set (quotes and whitespace other than space are then escaped too,
+// so a parser reads back exactly s). Invalid UTF-8 and characters outside
+// the XML character range become U+FFFD.
+func escape(s string, attr bool) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s { // an invalid byte ranges as utf8.RuneError, U+FFFD
+		switch {
+		case r == '&':
+			b.WriteString("&amp;")
+		case r == '<':
+			b.WriteString("&lt;")
+		case r == '>':
+			b.WriteString("&gt;")
+		case attr && r == '"':
+			b.WriteString("&quot;")
+		case attr && r == '\'':
+			b.WriteString("&apos;")
+		case attr && r == '\n':
+			b.WriteString("&#xA;")
+		case attr && r == '\r':
+			b.WriteString("&#xD;")
+		case attr && r == '\t':
+			b.WriteString("&#x9;")
+		case r == '\r': // character data: keep it as a character reference
+			b.WriteString("&#xD;")
+		case !xmlChar(r):
+			b.WriteRune(utf8.RuneError)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// xmlChar reports whether r may appear in an XML 1.0 document.
+func xmlChar(r rune) bool {
+	return r == 0x09 || r == 0x0A || r == 0x0D ||
+		r >= 0x20 && r <= 0xD7FF ||
+		r >= 0xE000 && r <= 0xFFFD ||
+		r >= 0x10000 && r <= 0x10FFFF
+}

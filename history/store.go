@@ -1,0 +1,187 @@
+package history
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+)
+
+// DefaultLimit is the number of entries kept per (type, subject) when
+// NewStore is given no limit.
+const DefaultLimit = 50
+
+// ErrInvalid marks a call the store refuses: a task type that is not valid,
+// or an entry without an idempotency key.
+var ErrInvalid = errors.New("history: invalid input")
+
+// Record is the value stored under Key(Type, Subject). It carries the type
+// and subject so tools can list what the bucket holds without the hash.
+type Record struct {
+	Type    string `json:"type"`
+	Subject string `json:"subject"`
+	// Entries are ordered by At, oldest first.
+	Entries []Entry `json:"entries"`
+}
+
+// Key is the KV key of (taskType, subject): the type, a dot and the first 32
+// hex digits of the SHA-256 of the subject (subjects are file paths, URLs…,
+// not valid keys).
+func Key(taskType, subject string) string {
+	sum := sha256.Sum256([]byte(subject))
+	return taskType + "." + hex.EncodeToString(sum[:16])
+}
+
+// Store keeps the recent entries of each (type, subject) in a KV bucket.
+type Store struct {
+	kv    jetstream.KeyValue
+	limit int
+}
+
+// NewStore returns a store on kv keeping at most limit entries per
+// (type, subject); limit <= 0 means DefaultLimit.
+func NewStore(kv jetstream.KeyValue, limit int) *Store {
+	if limit <= 0 {
+		limit = DefaultLimit
+	}
+	return &Store{kv: kv, limit: limit}
+}
+
+// Append adds e to the history of (taskType, subject), in At order, dropping
+// the oldest entries beyond the limit. It is a compare-and-set retried on
+// conflict, and idempotent: an entry whose Key is already kept changes nothing.
+func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) error {
+	if e.Key == "" {
+		return fmt.Errorf("%w: entry without a key", ErrInvalid)
+	}
+	key, err := validKey(taskType, subject)
+	if err != nil {
+		return err
+	}
+	for {
+		rec, rev, err := s.get(ctx, key, taskType, subject)
+		if err != nil {
+			return err
+		}
+		if slices.ContainsFunc(rec.Entries, func(x Entry) bool { return x.Key == e.Key }) {
+			return nil
+		}
+		// After every entry not later than e, so equal times keep arrival order.
+		i := len(rec.Entries)
+		for i > 0 && rec.Entries[i-1].At.After(e.At) {
+			i--
+		}
+		rec.Entries = slices.Insert(rec.Entries, i, e)
+		rec.Entries = lastN(rec.Entries, s.limit)
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return fmt.Errorf("history: encode %s: %w", key, err)
+		}
+		if rev == 0 {
+			_, err = s.kv.Create(ctx, key, data)
+		} else {
+			_, err = s.kv.Update(ctx, key, data, rev)
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			continue // another writer got there first: reread and reapply
+		default:
+			return fmt.Errorf("history: write %s: %w", key, err)
+		}
+	}
+}
+
+// Recent returns the last n entries of (taskType, subject), oldest first; all
+// kept entries when n <= 0, none when there is no history.
+func (s *Store) Recent(ctx context.Context, taskType, subject string, n int) ([]Entry, error) {
+	key, err := validKey(taskType, subject)
+	if err != nil {
+		return nil, err
+	}
+	rec, _, err := s.get(ctx, key, taskType, subject)
+	if err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return rec.Entries, nil
+	}
+	return lastN(rec.Entries, n), nil
+}
+
+// FailuresSince counts the kept failures of (taskType, subject) at or after
+// since (recurring-error detection, SPEC §8).
+func (s *Store) FailuresSince(ctx context.Context, taskType, subject string, since time.Time) (int, error) {
+	entries, err := s.Recent(ctx, taskType, subject, 0)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Outcome == events.OutcomeFailure && !e.At.Before(since) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Put writes the history of (taskType, subject) unconditionally (for
+// rebuilding the bucket): entries as given, oldest first, the newest limit kept.
+func (s *Store) Put(ctx context.Context, taskType, subject string, entries []Entry) error {
+	key, err := validKey(taskType, subject)
+	if err != nil {
+		return err
+	}
+	rec := Record{Type: taskType, Subject: subject, Entries: lastN(entries, s.limit)}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("history: encode %s: %w", key, err)
+	}
+	if _, err := s.kv.Put(ctx, key, data); err != nil {
+		return fmt.Errorf("history: put %s: %w", key, err)
+	}
+	return nil
+}
+
+// get returns the record under key and its revision (0 when absent).
+func (s *Store) get(ctx context.Context, key, taskType, subject string) (Record, uint64, error) {
+	e, err := s.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Record{Type: taskType, Subject: subject}, 0, nil
+	}
+	if err != nil {
+		return Record{}, 0, fmt.Errorf("history: get %s: %w", key, err)
+	}
+	var rec Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return Record{}, 0, fmt.Errorf("history: decode %s: %w", key, err)
+	}
+	rec.Type, rec.Subject = taskType, subject
+	return rec, e.Revision(), nil
+}
+
+func validKey(taskType, subject string) (string, error) {
+	if !events.ValidType(taskType) {
+		return "", fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
+	}
+	return Key(taskType, subject), nil
+}
+
+func lastN[T any](s []T, n int) []T {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

@@ -1,0 +1,132 @@
+package prompt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+)
+
+// History is the outcome history the builder reads: the last n entries for
+// (taskType, subject), oldest first. *history.Store implements it.
+type History interface {
+	Recent(ctx context.Context, taskType, subject string, n int) ([]history.Entry, error)
+}
+
+// DefaultHistoryN is how many previous outcomes a prompt carries by default.
+const DefaultHistoryN = 5
+
+// Config configures the prompt builder.
+type Config struct {
+	// History is the outcome history. Required.
+	History History
+	// Policy gives each task type's template and model. Nil serves the
+	// built-in defaults: DefaultTemplate and DefaultModel.
+	Policy *policy.Source
+	// HistoryN is how many previous outcomes for (type, subject) a prompt
+	// carries. Default 5 (DefaultHistoryN).
+	HistoryN int
+	// DefaultModel is the prompt's model when the type's policy names none.
+	// Default "": the executor then uses its own default model.
+	DefaultModel string
+	// Instance names this instance in the events it publishes (By).
+	// Default "".
+	Instance string
+	// Log receives the service's logs. Default slog.Default().
+	Log *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Validate reports every problem with the config at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.History == nil {
+		errs = append(errs, errors.New("prompt: config: History is required"))
+	}
+	if c.HistoryN < 0 {
+		errs = append(errs, fmt.Errorf("prompt: config: HistoryN %d must not be negative", c.HistoryN))
+	}
+	return errors.Join(errs...)
+}
+
+// Service is the prompt builder.
+type Service struct {
+	cfg       Config
+	templates templates
+}
+
+// New returns a prompt builder with cfg's defaults filled in.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.HistoryN == 0 {
+		cfg.HistoryN = DefaultHistoryN
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// Handle turns an admitted task into its prompt. A history that cannot be
+// read, or a template that does not parse or execute, is a plain error: the
+// router retries (the policy may be fixed meanwhile), then sends the message
+// to review as poison. A task the history refuses outright (history.ErrInvalid)
+// goes to review as poison at once.
+func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var in events.Admitted
+	if err := services.Decode(m, &in); err != nil {
+		return nil, err
+	}
+	t := in.Task
+	pol := s.cfg.Policy.For(t.Type)
+	tmpl, err := s.templates.get(pol.Template)
+	if err != nil {
+		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
+	}
+	previous, err := s.cfg.History.Recent(ctx, t.Type, t.Subject, s.cfg.HistoryN)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		err = fmt.Errorf("prompt: history of %s %q: %w", t.Type, t.Subject, err)
+		if errors.Is(err, history.ErrInvalid) {
+			return nil, services.Dead(events.ReviewPoison, err) // the same task will never be valid
+		}
+		return nil, err
+	}
+	msgs, err := Build(tmpl, NewData(in.Base, previous))
+	if err != nil {
+		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
+	}
+	model := pol.Model
+	if model == "" {
+		model = s.cfg.DefaultModel
+	}
+	base := in.Base
+	base.At, base.By = s.cfg.Now().UTC(), s.cfg.Instance
+	out, err := services.Next(base, events.StagePrompted, events.EventPrompted, events.Prompted{
+		Base:   base,
+		Prompt: events.Prompt{Model: model, Messages: msgs},
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.cfg.Log.Debug("prompt built", "task", t.ID, "type", t.Type, "pass", base.Run.Pass,
+		"attempt", base.Run.Attempt, "rung", base.Run.Rung, "previous", len(previous), "model", model)
+	return []services.Out{out}, nil
+}

@@ -1,0 +1,212 @@
+package prompt
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+)
+
+// fakeHistory serves fixed entries and records what it was asked.
+type fakeHistory struct {
+	mu      sync.Mutex
+	entries []history.Entry
+	err     error
+	asked   []string
+}
+
+func (f *fakeHistory) Recent(ctx context.Context, taskType, subject string, n int) ([]history.Entry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked = append(f.asked, fmt.Sprintf("%s|%s|%d", taskType, subject, n))
+	if f.err != nil {
+		return nil, f.err
+	}
+	if len(f.entries) > n {
+		return f.entries[len(f.entries)-n:], nil
+	}
+	return f.entries, nil
+}
+
+var now = time.Date(2026, 5, 20, 8, 0, 0, 0, time.UTC)
+
+func newService(t *testing.T, cfg Config) *Service {
+	t.Helper()
+	if cfg.History == nil {
+		cfg.History = &fakeHistory{}
+	}
+	cfg.Now = func() time.Time { return now }
+	if cfg.Instance == "" {
+		cfg.Instance = "prompt@test"
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func admittedMsg(t testing.TB, b events.Base) *services.Msg {
+	t.Helper()
+	data, err := json.Marshal(events.Admitted{Base: b, Trust: events.TrustDecision{Score: 0.9, Outcomes: 12, Threshold: 0.15}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &services.Msg{Subject: events.TaskSubject(b.Task.ID, events.StageAdmitted), Data: data, Delivered: 1}
+}
+
+// handle runs Handle and decodes its one output.
+func handle(t *testing.T, s *Service, b events.Base) (services.Out, events.Prompted) {
+	t.Helper()
+	outs, err := s.Handle(context.Background(), admittedMsg(t, b))
+	if err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	if len(outs) != 1 {
+		t.Fatalf("Handle returned %d outputs, want 1", len(outs))
+	}
+	var p events.Prompted
+	if err := json.Unmarshal(outs[0].Data, &p); err != nil {
+		t.Fatalf("decode Prompted: %v", err)
+	}
+	return outs[0], p
+}
+
+func TestHandle(t *testing.T) {
+	h := &fakeHistory{entries: []history.Entry{
+		entry(1, "failure", "a1", "s1", "e1"), entry(2, "failure", "a2", "s2", "e2"),
+		entry(3, "failure", "a3", "s3", "e3"), entry(4, "failure", "a4", "s4", "e4"),
+		entry(5, "failure", "a5", "s5", "e5"), entry(6, "failure", "a6", "s6", "e6"),
+	}}
+	s := newService(t, Config{History: h})
+	b := testBase()
+	b.Run = events.Run{Pass: 7, Attempt: 7, Rung: RungPivot, Step: "execute", Context: "still overflowing"}
+	out, p := handle(t, s, b)
+
+	if out.Subject != events.TaskSubject("t1", events.StagePrompted) || out.MsgID != services.MsgID("t1", 7, events.StagePrompted) {
+		t.Errorf("subject %q, msg id %q", out.Subject, out.MsgID)
+	}
+	if got := out.Header.Get(events.HeaderEvent); got != events.EventPrompted {
+		t.Errorf("event header = %q", got)
+	}
+	if !p.At.Equal(now) || p.By != "prompt@test" || p.Task.ID != "t1" || p.Run != b.Run {
+		t.Errorf("base = %+v", p.Base)
+	}
+	if p.Prompt.Model != "" {
+		t.Errorf("model = %q, want empty for the executor's default", p.Prompt.Model)
+	}
+	if len(h.asked) != 1 || h.asked[0] != "css_fix|src/app.css|5" {
+		t.Errorf("history asked %v, want css_fix|src/app.css|5", h.asked)
+	}
+	msgs := p.Prompt.Messages
+	if len(msgs) != 2 || msgs[0].Content != SystemPrompt {
+		t.Fatalf("messages = %+v", msgs)
+	}
+	es := parseUser(t, msgs[1].Content)
+	if n := len(find(es, "attempt")); n != 5 {
+		t.Errorf("%d attempts in the prompt, want the last 5", n)
+	}
+	if strings.Contains(msgs[1].Content, "s1") || !strings.Contains(msgs[1].Content, "s6") {
+		t.Errorf("prompt does not hold the last 5 outcomes:\n%s", msgs[1].Content)
+	}
+	if len(find(es, "last_error")) != 1 || len(find(es, "instructions")) != 1 {
+		t.Errorf("prompt lacks last_error or instructions:\n%s", msgs[1].Content)
+	}
+
+	// A redelivery republishes the same message.
+	again, _ := handle(t, s, b)
+	if again.MsgID != out.MsgID || string(again.Data) != string(out.Data) {
+		t.Error("a redelivered message built a different output")
+	}
+}
+
+func TestHandlePolicy(t *testing.T) {
+	src := policy.Static(&policy.File{
+		Defaults: policy.Type{Model: "default-model"},
+		Types: map[string]policy.Type{
+			"css_fix": {Model: "gpt-4o", Template: `Fix {{xml .Task.Subject}} for the {{.Run.Attempt}}. time.`},
+			"broken":  {Template: `{{if}}`},
+			"unknown": {Template: `{{.Nope}}`},
+		},
+	})
+	s := newService(t, Config{Policy: src, HistoryN: 2, DefaultModel: "fallback"})
+
+	_, p := handle(t, s, testBase())
+	if p.Prompt.Model != "gpt-4o" || p.Prompt.Messages[1].Content != "Fix src/app.css for the 1. time." {
+		t.Errorf("custom type: model %q, user %q", p.Prompt.Model, p.Prompt.Messages[1].Content)
+	}
+
+	b := testBase()
+	b.Task.Type = "other"
+	_, p = handle(t, s, b)
+	if p.Prompt.Model != "default-model" || !strings.HasPrefix(p.Prompt.Messages[1].Content, `<task type="other"`) {
+		t.Errorf("default type: model %q, user %q", p.Prompt.Model, p.Prompt.Messages[1].Content)
+	}
+
+	for _, typ := range []string{"broken", "unknown"} {
+		b.Task.Type = typ
+		_, err := s.Handle(context.Background(), admittedMsg(t, b))
+		var dead *services.DeadError
+		if err == nil || !strings.Contains(err.Error(), `"`+typ+`"`) || errors.As(err, &dead) {
+			t.Errorf("type %s: err = %v, want a plain error naming the type", typ, err)
+		}
+	}
+}
+
+func TestHandleDefaultModel(t *testing.T) {
+	s := newService(t, Config{DefaultModel: "fallback"})
+	if _, p := handle(t, s, testBase()); p.Prompt.Model != "fallback" {
+		t.Errorf("model = %q, want fallback", p.Prompt.Model)
+	}
+}
+
+func TestHandleErrors(t *testing.T) {
+	boom := errors.New("kv down")
+	s := newService(t, Config{History: &fakeHistory{err: boom}})
+	_, err := s.Handle(context.Background(), admittedMsg(t, testBase()))
+	if !errors.Is(err, boom) {
+		t.Errorf("history error: err = %v, want it wrapped", err)
+	}
+	if _, snooze := services.IsSnooze(err); snooze {
+		t.Error("history error snoozed instead of being retried")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Handle(ctx, admittedMsg(t, testBase())); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: err = %v, want context.Canceled", err)
+	}
+
+	_, err = s.Handle(context.Background(), &services.Msg{Subject: "dispatch.task.x.admitted", Data: []byte(`{"task":`)})
+	var dead *services.DeadError
+	if !errors.As(err, &dead) || dead.Reason != events.ReviewPoison {
+		t.Errorf("undecodable: err = %v, want dead poison", err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "History") {
+		t.Errorf("New without History: err = %v", err)
+	}
+	if _, err := New(Config{History: &fakeHistory{}, HistoryN: -1}); err == nil {
+		t.Error("New accepted a negative HistoryN")
+	}
+}
+
+func TestHandleInvalidForHistory(t *testing.T) {
+	s := newService(t, Config{History: &fakeHistory{err: fmt.Errorf("%w: bad type", history.ErrInvalid)}})
+	_, err := s.Handle(context.Background(), admittedMsg(t, testBase()))
+	var dead *services.DeadError
+	if !errors.As(err, &dead) || dead.Reason != events.ReviewPoison {
+		t.Errorf("err = %v, want dead poison", err)
+	}
+}

@@ -1,0 +1,71 @@
+package prompt
+
+import (
+	"fmt"
+	"sync"
+	"text/template"
+)
+
+// DefaultTemplate renders the user message of a task type whose policy sets
+// no template. A policy template gets the same Data and the same functions:
+// xml escapes a string for XML text or an attribute value (Data's Context,
+// Note and PreviousAttempts are escaped already; Task fields are not).
+const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Subject}}"
+{{- with .Run.Step}} step="{{xml .}}"{{end}}>
+{{- with .Payload}}
+<payload>{{.}}</payload>
+{{- end}}
+</task>
+{{- with .PreviousAttempts}}
+{{.}}
+{{- end}}
+{{- with .Context}}
+<last_error>{{.}}</last_error>
+{{- end}}
+{{- with .Note}}
+<reviewer_note>{{.}}</reviewer_note>
+{{- end}}
+{{- with .RungInstructions}}
+<instructions rung="{{xml $.Run.Rung}}">{{.}}</instructions>
+{{- end}}
+{{if .Run.Attempt}}This is attempt {{.Run.Attempt}}. {{end}}Act on the task above, then answer with the JSON result only.
+`
+
+// funcs are the functions every prompt template can call.
+var funcs = template.FuncMap{"xml": escape}
+
+// Parse parses a prompt template with the functions prompt templates get.
+// Executing it with a field Data does not have is an error.
+func Parse(text string) (*template.Template, error) {
+	return template.New("prompt").Funcs(funcs).Option("missingkey=error").Parse(text)
+}
+
+// templates caches parsed templates by their text. The policy can change
+// while the mesh runs, so the text, not the task type, is the key; a text
+// that does not parse is cached with its error, which never changes either.
+type templates struct {
+	m sync.Map // text → parsed
+}
+
+type parsed struct {
+	t   *template.Template
+	err error
+}
+
+// get returns the parsed template for text ("" means DefaultTemplate).
+func (c *templates) get(text string) (*template.Template, error) {
+	if text == "" {
+		text = DefaultTemplate
+	}
+	if v, ok := c.m.Load(text); ok {
+		p := v.(parsed)
+		return p.t, p.err
+	}
+	t, err := Parse(text)
+	if err != nil {
+		err = fmt.Errorf("parse template: %w", err)
+	}
+	v, _ := c.m.LoadOrStore(text, parsed{t: t, err: err})
+	p := v.(parsed)
+	return p.t, p.err
+}

@@ -1,0 +1,273 @@
+package services_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/natstest"
+	"dispatchmesh/services"
+)
+
+const patience = 30 * time.Second
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func setup(t *testing.T) *natstest.Server {
+	t.Helper()
+	s := natstest.Start(t)
+	if _, err := services.Provision(context.Background(), s.JS, services.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// run starts a router for spec and returns a stop function that waits for it.
+func run(t *testing.T, js jetstream.JetStream, spec services.Spec) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	r := &services.Router{JS: js, Instance: "test@here", Log: quiet, Grace: 10 * time.Second}
+	go func() { done <- r.Run(ctx, spec) }()
+	var once atomic.Bool
+	stop = func() {
+		if once.CompareAndSwap(false, true) {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("router: %v", err)
+			}
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// next waits for the next message on subject (a core subscription).
+func subscribe(t *testing.T, nc *nats.Conn, subject string) func() *nats.Msg {
+	t.Helper()
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() *nats.Msg {
+		t.Helper()
+		m, err := sub.NextMsg(patience)
+		if err != nil {
+			t.Fatalf("nothing on %s: %v", subject, err)
+		}
+		return m
+	}
+}
+
+func publish(t *testing.T, js jetstream.JetStream, subject, data string) {
+	t.Helper()
+	msg := nats.NewMsg(subject)
+	msg.Data = []byte(data)
+	msg.Header.Set(events.HeaderTaskID, "t1")
+	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func spec(h services.Handler) services.Spec {
+	return services.Spec{
+		Name: "test", Filters: []string{events.StageFilter("in")}, Handler: h,
+		MaxDeliver: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+	}
+}
+
+func TestRouterPublishesOutputsThenAcks(t *testing.T) {
+	s := setup(t)
+	out := subscribe(t, s.NC, events.StageFilter("out"))
+	var calls atomic.Int32
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		calls.Add(1)
+		o, err := services.Emit(events.TaskSubject("t1", "out"), "t1:1:out", "test.v1", "t1", map[string]string{"got": string(m.Data)})
+		return []services.Out{o}, err
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "hello")
+	m := out()
+	if string(m.Data) != `{"got":"hello"}` || m.Header.Get(events.HeaderService) != "test@here" || m.Header.Get("Nats-Msg-Id") != "t1:1:out" {
+		t.Fatalf("output %s %v", m.Data, m.Header)
+	}
+	// Acked: the consumer has nothing pending or outstanding.
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+	if calls.Load() != 1 {
+		t.Fatalf("handler called %d times", calls.Load())
+	}
+}
+
+func TestRouterRepublishIsDeduplicated(t *testing.T) {
+	s := setup(t)
+	var calls atomic.Int32
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		o, _ := services.Emit(events.TaskSubject("t1", "out"), "t1:1:out", "test.v1", "t1", "x")
+		if calls.Add(1) == 1 {
+			// Publish succeeds, then the worker "fails" before it acks: the
+			// retry republishes the same Msg-Id.
+			if _, err := s.JS.PublishMsg(ctx, &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}, jetstream.WithMsgID(o.MsgID)); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("crashed after publishing")
+		}
+		return []services.Out{o}, nil
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool {
+		return ci.NumAckPending == 0 && ci.NumPending == 0 && calls.Load() == 2
+	})
+	st, _ := s.JS.Stream(context.Background(), services.Stream)
+	info, _ := st.Info(context.Background(), jetstream.WithSubjectFilter(events.StageFilter("out")))
+	if n := info.State.Subjects[events.TaskSubject("t1", "out")]; n != 1 {
+		t.Fatalf("%d copies of the output stored, want 1", n)
+	}
+}
+
+func TestRouterSnoozeRedelivers(t *testing.T) {
+	s := setup(t)
+	seen := make(chan int, 4)
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		seen <- m.Delivered
+		if m.Delivered == 1 {
+			return nil, services.Snooze(50*time.Millisecond, errors.New("rate limited"))
+		}
+		return nil, nil
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+	if a, b := <-seen, <-seen; a != 1 || b != 2 {
+		t.Fatalf("deliveries %d, %d", a, b)
+	}
+}
+
+func TestRouterDeadLettersWithOriginalBytes(t *testing.T) {
+	s := setup(t)
+	review := subscribe(t, s.NC, events.ReviewFilter)
+	var calls atomic.Int32
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		calls.Add(1)
+		return nil, services.Dead(events.ReviewRejected, errors.New("no good"))
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "\x00not json")
+	m := review()
+	if m.Subject != events.ReviewSubject(events.ReviewRejected, "t1") || string(m.Data) != "\x00not json" {
+		t.Fatalf("review record %s %q", m.Subject, m.Data)
+	}
+	if m.Header.Get(events.HeaderError) != "no good" || m.Header.Get(events.HeaderOrigSubj) != events.TaskSubject("t1", "in") {
+		t.Fatalf("headers %v", m.Header)
+	}
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 })
+	if calls.Load() != 1 {
+		t.Fatalf("terminated message handled %d times", calls.Load())
+	}
+}
+
+func TestRouterPoisonAfterMaxDeliver(t *testing.T) {
+	s := setup(t)
+	review := subscribe(t, s.NC, events.ReviewFilter)
+	var calls atomic.Int32
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		if calls.Add(1) == 2 {
+			panic("boom") // a panic is a failure like any other
+		}
+		return nil, fmt.Errorf("failure %d", m.Delivered)
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "payload")
+	m := review()
+	if m.Subject != events.ReviewSubject(events.ReviewPoison, "t1") || string(m.Data) != "payload" {
+		t.Fatalf("poison record %s %q", m.Subject, m.Data)
+	}
+	if got := m.Header.Get(events.HeaderError); got != "failed 3 deliveries, last error: failure 3" {
+		t.Fatalf("reason %q", got)
+	}
+	if calls.Load() != 3 {
+		t.Fatalf("handled %d times, want MaxDeliver=3", calls.Load())
+	}
+}
+
+// A worker that dies on the last delivery never dead-letters the message
+// itself; the reaper catches the server's max-deliveries advisory.
+func TestReaperKeepsMessagesWhoseWorkerDied(t *testing.T) {
+	s := setup(t)
+	review := subscribe(t, s.NC, events.ReviewFilter)
+	run(t, s.JS, services.ReaperSpec(s.JS))
+	ctx := context.Background()
+	cons, err := s.JS.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{
+		Durable: "doomed", FilterSubject: events.StageFilter("in"), AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: 200 * time.Millisecond, MaxDeliver: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "lost soul")
+	for range 2 { // take it twice, never settle it: a worker dying each time
+		if _, err := cons.Next(jetstream.FetchMaxWait(patience)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server notices the exhausted message when a worker asks for more
+	// (as live instances always do): that emits the advisory.
+	if _, err := cons.Next(jetstream.FetchMaxWait(time.Second)); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("a message past MaxDeliver was delivered again: %v", err)
+	}
+	m := review()
+	if m.Subject != events.ReviewSubject(events.ReviewPoison, "t1") || string(m.Data) != "lost soul" {
+		t.Fatalf("reaped record %s %q", m.Subject, m.Data)
+	}
+}
+
+func TestRouterShutdownFinishesInFlightWork(t *testing.T) {
+	s := setup(t)
+	out := subscribe(t, s.NC, events.StageFilter("out"))
+	started, release := make(chan struct{}), make(chan struct{})
+	stop := run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		close(started)
+		<-release
+		o, err := services.Emit(events.TaskSubject("t1", "out"), "t1:1:out", "test.v1", "t1", "done")
+		return []services.Out{o}, err
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+	<-started
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }() // SIGTERM while the handler runs
+	close(release)
+	<-stopped
+	if m := out(); string(m.Data) != `"done"` {
+		t.Fatalf("output %q", m.Data)
+	}
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumRedelivered == 0 })
+}
+
+func TestExpBackoff(t *testing.T) {
+	b := services.ExpBackoff(time.Second, 5*time.Second)
+	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 5 * time.Second, 40: 5 * time.Second} {
+		if got := b(n); got != want {
+			t.Errorf("backoff(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
+
+func waitConsumer(t *testing.T, js jetstream.JetStream, name string, ok func(*jetstream.ConsumerInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		c, err := js.Consumer(context.Background(), services.Stream, name)
+		if err == nil {
+			if ci, err := c.Info(context.Background()); err == nil && ok(ci) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumer %s never reached the expected state", name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,71 @@
+package trust
+
+import "slices"
+
+// Stats is what the store keeps for one task type.
+type Stats struct {
+	Type string `json:"type"`
+	// Outcomes is the window, oldest first, at most Policy.Window entries.
+	Outcomes []Outcome `json:"outcomes"`
+	// Successes and Failures are lifetime totals, not windowed.
+	Successes int `json:"successes"`
+	Failures  int `json:"failures"`
+	// BlockStreak counts consecutive gate blocks of this type.
+	BlockStreak int `json:"block_streak"`
+	// LastGateKey and LastGateProbe are the last gate decision, so a
+	// redelivered gate call gets the same answer.
+	LastGateKey   string `json:"last_gate_key,omitempty"`
+	LastGateProbe bool   `json:"last_gate_probe,omitempty"`
+}
+
+// Record returns s with outcome o appended, the window trimmed to p.Window
+// and the lifetime totals bumped. When an outcome with o.Key is already in
+// the window it returns s unchanged and changed=false. (An outcome already
+// trimmed out of the window would be counted again.) s is not modified.
+func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
+	p = p.WithDefaults()
+	if slices.ContainsFunc(s.Outcomes, func(x Outcome) bool { return x.Key == o.Key }) {
+		return s, false
+	}
+	next = s
+	next.Outcomes = append(slices.Clone(lastN(s.Outcomes, p.Window-1)), o)
+	if o.Success {
+		next.Successes++
+	} else {
+		next.Failures++
+	}
+	return next, true
+}
+
+// Gate returns the stats after a gate decision for the task identified by
+// key, where below is Evaluate's Verdict.Below:
+//
+//   - key is the last gate key: a redelivery, the stored decision is returned
+//     and nothing changes;
+//   - not below: the block streak is reset (changed=false when it already
+//     was 0, so the hot path needs no write);
+//   - below, after ProbeAfter consecutive blocks: probe=true, streak reset;
+//   - below otherwise: the streak grows by one.
+//
+// s is not modified.
+func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, changed bool) {
+	p = p.WithDefaults()
+	if s.LastGateKey == key {
+		return s, s.LastGateProbe, false
+	}
+	next = s
+	switch {
+	case !below && s.BlockStreak == 0:
+		return s, false, false
+	case !below:
+		next.BlockStreak = 0
+	case s.BlockStreak >= p.ProbeAfter:
+		next.BlockStreak = 0
+		probe = true
+	default:
+		next.BlockStreak++
+	}
+	next.LastGateKey = key
+	next.LastGateProbe = probe
+	return next, probe, true
+}

@@ -1,0 +1,100 @@
+package trust_test
+
+import (
+	"slices"
+	"testing"
+
+	"dispatchmesh/trust"
+)
+
+func TestPolicyRecord(t *testing.T) {
+	p := trust.Policy{Window: 3}
+	var st trust.Stats
+	for i, o := range seq("SFSF") {
+		next, changed := p.Record(st, o)
+		if !changed {
+			t.Fatalf("outcome %d not recorded", i)
+		}
+		st = next
+	}
+	if st.Successes != 2 || st.Failures != 2 {
+		t.Errorf("totals = %d/%d, want 2/2", st.Successes, st.Failures)
+	}
+	keys := func(s trust.Stats) []string {
+		var k []string
+		for _, o := range s.Outcomes {
+			k = append(k, o.Key)
+		}
+		return k
+	}
+	if got, want := keys(st), []string{"t1:1", "t2:1", "t3:1"}; !slices.Equal(got, want) {
+		t.Errorf("window = %v, want %v", got, want)
+	}
+
+	before := slices.Clone(st.Outcomes)
+	same, changed := p.Record(st, seq("SFSF")[3])
+	if changed || same.Successes != 2 || same.Failures != 2 || len(same.Outcomes) != 3 {
+		t.Errorf("duplicate key recorded: changed=%v %+v", changed, same)
+	}
+	if _, changed := p.Record(st, trust.Outcome{Key: "new", Success: true}); !changed {
+		t.Error("new key not recorded")
+	}
+	if !slices.Equal(st.Outcomes, before) {
+		t.Errorf("Record modified its input: %v, was %v", st.Outcomes, before)
+	}
+}
+
+func TestPolicyGate(t *testing.T) {
+	type step struct {
+		key     string
+		below   bool
+		probe   bool
+		streak  int
+		changed bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"admit on a clean type writes nothing", []step{{"a", false, false, 0, false}}},
+		{"five blocks then a probe", []step{
+			{"a", true, false, 1, true}, {"b", true, false, 2, true}, {"c", true, false, 3, true},
+			{"d", true, false, 4, true}, {"e", true, false, 5, true},
+			{"f", true, true, 0, true},
+			{"g", true, false, 1, true},
+		}},
+		{"redelivery keeps the decision", []step{
+			{"a", true, false, 1, true}, {"a", true, false, 1, false}, {"a", false, false, 1, false},
+		}},
+		{"admit resets the streak", []step{
+			{"a", true, false, 1, true}, {"b", true, false, 2, true}, {"c", false, false, 0, true}, {"d", false, false, 0, false},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p trust.Policy
+			st := trust.Stats{Type: "css_fix"}
+			for i, s := range tt.steps {
+				next, probe, changed := p.Gate(st, s.key, s.below)
+				if probe != s.probe || next.BlockStreak != s.streak || changed != s.changed {
+					t.Fatalf("step %d (%s, below=%v): probe=%v streak=%d changed=%v; want %v %d %v",
+						i, s.key, s.below, probe, next.BlockStreak, changed, s.probe, s.streak, s.changed)
+				}
+				st = next
+			}
+		})
+	}
+}
+
+func TestPolicyGateProbeRedelivery(t *testing.T) {
+	var p trust.Policy
+	st := trust.Stats{BlockStreak: 5, LastGateKey: "e"}
+	st, probe, _ := p.Gate(st, "f", true)
+	if !probe {
+		t.Fatal("no probe after 5 blocks")
+	}
+	_, again, changed := p.Gate(st, "f", true)
+	if !again || changed {
+		t.Errorf("redelivered probe: probe=%v changed=%v, want true false", again, changed)
+	}
+}

@@ -1,0 +1,179 @@
+package trust
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+)
+
+// ErrInvalid marks a call the store refuses: a task type that is not a valid
+// key, or an outcome or gate call without an idempotency key.
+var ErrInvalid = errors.New("trust: invalid input")
+
+// Store keeps one Stats per task type in a KV bucket, keyed by the type.
+// Every update is a compare-and-set on the key's revision, retried on
+// conflict, so concurrent writers never lose an update.
+type Store struct {
+	kv     jetstream.KeyValue
+	policy Policy
+}
+
+// NewStore returns a store on kv that applies p (zero fields are defaults).
+func NewStore(kv jetstream.KeyValue, p Policy) *Store {
+	return &Store{kv: kv, policy: p.WithDefaults()}
+}
+
+// Get returns the stats of taskType, or Stats{Type: taskType} when there are none.
+func (s *Store) Get(ctx context.Context, taskType string) (Stats, error) {
+	st, _, err := s.get(ctx, taskType)
+	return st, err
+}
+
+// Record adds outcome o to taskType's stats and returns the stats after it.
+// It is idempotent: an outcome whose key is already in the window changes nothing.
+func (s *Store) Record(ctx context.Context, taskType string, o Outcome) (Stats, error) {
+	if o.Key == "" {
+		return Stats{}, fmt.Errorf("%w: outcome without a key", ErrInvalid)
+	}
+	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		return s.policy.Record(cur, o)
+	})
+}
+
+// Gate records the gate decision for the task identified by key (see
+// Policy.Gate) and reports whether the task goes through as a probe and the
+// block streak after the decision. A redelivered call with the same key gets
+// the same answer. When below is false and the streak is already 0 nothing is
+// written.
+func (s *Store) Gate(ctx context.Context, taskType, key string, below bool) (probe bool, streak int, err error) {
+	if key == "" {
+		return false, 0, fmt.Errorf("%w: gate call without a key", ErrInvalid)
+	}
+	st, err := s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		next, p, changed := s.policy.Gate(cur, key, below)
+		probe = p
+		return next, changed
+	})
+	if err != nil {
+		return false, 0, err
+	}
+	return probe, st.BlockStreak, nil
+}
+
+// Put writes st unconditionally under st.Type (for rebuilding the bucket).
+func (s *Store) Put(ctx context.Context, st Stats) error {
+	if !events.ValidType(st.Type) {
+		return fmt.Errorf("%w: task type %q", ErrInvalid, st.Type)
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("trust: encode %s: %w", st.Type, err)
+	}
+	if _, err := s.kv.Put(ctx, st.Type, data); err != nil {
+		return fmt.Errorf("trust: put %s: %w", st.Type, err)
+	}
+	return nil
+}
+
+// All returns the stats of every task type in the bucket, sorted by type.
+func (s *Store) All(ctx context.Context) ([]Stats, error) {
+	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("trust: watch: %w", err)
+	}
+	defer w.Stop()
+	byType := map[string]Stats{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("trust: watch stopped before the initial values")
+			}
+			if e == nil { // every current value has been delivered
+				all := make([]Stats, 0, len(byType))
+				for _, st := range byType {
+					all = append(all, st)
+				}
+				slices.SortFunc(all, func(a, b Stats) int { return strings.Compare(a.Type, b.Type) })
+				return all, nil
+			}
+			st, err := decode(e.Key(), e.Value())
+			if err != nil {
+				return nil, err
+			}
+			byType[e.Key()] = st
+		}
+	}
+}
+
+// update applies fn to the current stats of taskType under compare-and-set,
+// retrying on conflict. When fn reports no change nothing is written and the
+// current stats are returned.
+func (s *Store) update(ctx context.Context, taskType string, fn func(Stats) (Stats, bool)) (Stats, error) {
+	for {
+		cur, rev, err := s.get(ctx, taskType)
+		if err != nil {
+			return Stats{}, err
+		}
+		next, changed := fn(cur)
+		if !changed {
+			return cur, nil
+		}
+		data, err := json.Marshal(next)
+		if err != nil {
+			return Stats{}, fmt.Errorf("trust: encode %s: %w", taskType, err)
+		}
+		if rev == 0 {
+			_, err = s.kv.Create(ctx, taskType, data)
+		} else {
+			_, err = s.kv.Update(ctx, taskType, data, rev)
+		}
+		switch {
+		case err == nil:
+			return next, nil
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+			if err := ctx.Err(); err != nil {
+				return Stats{}, err
+			}
+			continue // another writer got there first: reread and reapply
+		default:
+			return Stats{}, fmt.Errorf("trust: write %s: %w", taskType, err)
+		}
+	}
+}
+
+// get returns the stats of taskType and their revision (0 when absent).
+func (s *Store) get(ctx context.Context, taskType string) (Stats, uint64, error) {
+	if !events.ValidType(taskType) {
+		return Stats{}, 0, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
+	}
+	e, err := s.kv.Get(ctx, taskType)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Stats{Type: taskType}, 0, nil
+	}
+	if err != nil {
+		return Stats{}, 0, fmt.Errorf("trust: get %s: %w", taskType, err)
+	}
+	st, err := decode(taskType, e.Value())
+	return st, e.Revision(), err
+}
+
+func decode(key string, data []byte) (Stats, error) {
+	var st Stats
+	if err := json.Unmarshal(data, &st); err != nil {
+		return Stats{}, fmt.Errorf("trust: decode %s: %w", key, err)
+	}
+	if st.Type == "" {
+		st.Type = key
+	}
+	return st, nil
+}
