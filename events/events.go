@@ -18,6 +18,8 @@ const (
 	EventEscalated = "review.escalated.v1"
 	EventRejected  = "review.rejected.v1"
 	EventPoison    = "review.poison.v1"
+	EventStuck     = "review.stuck.v1"
+	EventAction    = "review.action.v1"
 )
 
 // Run is the dispatch context that travels with a task from stage to stage.
@@ -37,6 +39,71 @@ type Run struct {
 	Context string `json:"context,omitempty"`
 	// Note is a human reviewer's note for the next prompt.
 	Note string `json:"note,omitempty"`
+	// LastErrorClass classifies the previous attempt's failure (ErrorClass*);
+	// after a deterministic failure the prompt asks the model to state what
+	// it changes before it acts.
+	LastErrorClass string `json:"last_error_class,omitempty"`
+	// DeadEnds are the approaches that already failed; the PIVOT rung must
+	// not repeat them.
+	DeadEnds []DeadEnd `json:"dead_ends,omitempty"`
+	// Reviewed is set when a human requeued the task: the gate lets it through.
+	Reviewed bool `json:"reviewed,omitempty"`
+}
+
+// DeadEnd is an approach that failed, kept so later attempts avoid it.
+type DeadEnd struct {
+	Approach string `json:"approach"`
+	Reason   string `json:"reason"`
+	Attempt  int    `json:"attempt"`
+	Rung     string `json:"rung"`
+}
+
+// Escalation rungs (SPEC §8).
+const (
+	RungRefine   = "REFINE"
+	RungPivot    = "PIVOT"
+	RungResearch = "RESEARCH"
+	RungHandoff  = "HANDOFF"
+)
+
+// Error classes of a failed attempt (Result.ErrorClass).
+const (
+	// ErrorClassTask: the model answered and reported that the task failed.
+	ErrorClassTask = "task"
+	// ErrorClassInvalidOutput: the answer was not the structured result asked for.
+	ErrorClassInvalidOutput = "invalid_output"
+	// ErrorClassModel: the model call failed in a way not classified further.
+	ErrorClassModel = "model"
+	// ErrorClassTransient: 5xx, timeouts, resets, 429 with Retry-After. Never
+	// an attempt, except when a task's transient budget is spent
+	// ("provider unavailable").
+	ErrorClassTransient = "transient"
+	// ErrorClassDeterministic: 400, 404, 422 …: the identical request is never sent again.
+	ErrorClassDeterministic = "deterministic"
+	// ErrorClassAuth and ErrorClassQuota short-circuit to a human (401/403, quota exhausted).
+	ErrorClassAuth  = "auth"
+	ErrorClassQuota = "quota"
+	// ErrorClassTimeout: an agent command timed out; short-circuits to a human.
+	ErrorClassTimeout = "timeout"
+	// ErrorClassRefused: the request was identical to one that already failed
+	// deterministically, so it was not sent.
+	ErrorClassRefused = "refused"
+	// ErrorClassDeadEnd: on PIVOT the declared approach repeated a dead end.
+	ErrorClassDeadEnd = "dead_end"
+	// ErrorClassStep: a command step (validator, test runner) failed.
+	ErrorClassStep = "step"
+	// ErrorClassBudget: the task spent more than its budget.
+	ErrorClassBudget = "budget"
+)
+
+// ShortCircuits reports whether a failure of this class goes straight to a
+// human: retrying cannot help.
+func ShortCircuits(class string) bool {
+	switch class {
+	case ErrorClassAuth, ErrorClassQuota, ErrorClassTimeout:
+		return true
+	}
+	return false
 }
 
 // Base is embedded in every task event.
@@ -54,11 +121,15 @@ type Queued struct {
 	Base
 }
 
-// Retry is published by the recorder to send a task through the pipeline again.
+// Retry is published by the recorder to send a task through the pipeline
+// again (and by a human's requeue).
 type Retry struct {
 	Base
 	// Reason is why the previous pass did not finish the task.
 	Reason string `json:"reason"`
+	// WakeAt, when set, parks the task until then (a skipped pipeline task
+	// comes back later): the verifier holds it with a delayed nak.
+	WakeAt time.Time `json:"wake_at,omitzero"`
 }
 
 // Verdicts of a staleness check.
@@ -148,13 +219,25 @@ type Result struct {
 	// Error says why a failed attempt failed.
 	Error string `json:"error,omitempty"`
 	// ErrorClass classifies Error (model, invalid_output, …).
-	ErrorClass string  `json:"error_class,omitempty"`
-	Model      string  `json:"model,omitempty"`
-	Simulated  bool    `json:"simulated,omitempty"`
-	TokensIn   int     `json:"tokens_in"`
-	TokensOut  int     `json:"tokens_out"`
-	Cost       float64 `json:"cost"`
-	DurationMS int64   `json:"duration_ms"`
+	ErrorClass string `json:"error_class,omitempty"`
+	Model      string `json:"model,omitempty"`
+	Simulated  bool   `json:"simulated,omitempty"`
+	// RequestHash identifies the request sent (model + normalised messages +
+	// parameters); a deterministic failure bans it for the task.
+	RequestHash string `json:"request_hash,omitempty"`
+	// Refused is set when the request was not sent: it repeated a request
+	// that already failed deterministically. No tokens were spent.
+	Refused bool `json:"refused,omitempty"`
+	// TransientRetries counts the transient failures this attempt rode out.
+	TransientRetries int `json:"transient_retries,omitempty"`
+	// ToolCalls and ToolRefusals count the attempt's tool calls and the
+	// calls refused for repeating an identical failed call.
+	ToolCalls    int     `json:"tool_calls,omitempty"`
+	ToolRefusals int     `json:"tool_refusals,omitempty"`
+	TokensIn     int     `json:"tokens_in"`
+	TokensOut    int     `json:"tokens_out"`
+	Cost         float64 `json:"cost"`
+	DurationMS   int64   `json:"duration_ms"`
 }
 
 // Executed is published by the executor with the attempt's result.
@@ -203,4 +286,30 @@ type Rejected struct {
 	Error           string `json:"error"`
 	OriginalSubject string `json:"original_subject"`
 	Original        []byte `json:"original"`
+}
+
+// Stuck is the review record of a pipeline task that was skipped as often as
+// its skip budget allows and still could not finish.
+type Stuck struct {
+	Base
+	Reason   string          `json:"reason"`
+	Skips    int             `json:"skips"`
+	Attempts []AttemptRecord `json:"attempts"`
+}
+
+// Human review actions.
+const (
+	ActionResolve = "resolve" // the human fixed it: task succeeded
+	ActionReject  = "reject"  // not worth doing: task failed
+	ActionRequeue = "requeue" // run it again, the note reaches the prompt
+)
+
+// Action is a human's decision on a task under review. Every action is an
+// event on dispatch.review.action.<id>, so the audit trail shows who did what.
+type Action struct {
+	TaskID string    `json:"task_id"`
+	Action string    `json:"action"`
+	Note   string    `json:"note,omitempty"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
 }

@@ -40,6 +40,29 @@ type TaskState struct {
 	TokensIn  int             `json:"tokens_in"`
 	TokensOut int             `json:"tokens_out"`
 	Cost      float64         `json:"cost"`
+	// Rung is the escalation rung of the next attempt; PivotCount counts
+	// attempts made on PIVOT; DeadEnds is the log the ladder reads.
+	Rung       string    `json:"rung,omitempty"`
+	PivotCount int       `json:"pivot_count,omitempty"`
+	DeadEnds   []DeadEnd `json:"dead_ends,omitempty"`
+	// RoundStart is the attempt count when the current round began: a human
+	// requeue starts a new round with a full attempt allowance.
+	RoundStart int `json:"round_start,omitempty"`
+	// FailedRequests are hashes of requests that failed deterministically:
+	// the executor refuses to send them again.
+	FailedRequests []string `json:"failed_requests,omitempty"`
+	// Refused counts requests refused for repeating a failed one;
+	// TransientRetries counts transient failures ridden out.
+	Refused          int `json:"refused,omitempty"`
+	TransientRetries int `json:"transient_retries,omitempty"`
+	// Pipeline progress: the current step, retries per step, loops per
+	// goto edge ("from>to"), and how often the task was skipped.
+	Step        string         `json:"step,omitempty"`
+	StepRetries map[string]int `json:"step_retries,omitempty"`
+	Loops       map[string]int `json:"loops,omitempty"`
+	Skips       int            `json:"skips,omitempty"`
+	// Notes are the human review actions taken on the task.
+	Actions []Action `json:"actions,omitempty"`
 	// SubmitSeq is the stream sequence of the submission that created the task:
 	// a redelivery of that submission is told apart from a second submission.
 	SubmitSeq uint64    `json:"submit_seq"`

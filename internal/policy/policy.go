@@ -92,10 +92,107 @@ type Type struct {
 	Exempt *bool `json:"exempt,omitempty"`
 	// Threshold is the trust score below which the type is gated. Default 0.15.
 	Threshold *float64 `json:"threshold,omitempty"`
+	// Executor is "model" (default: an OpenAI-compatible chat completion) or
+	// "command" (an agent CLI: Command run with the prompt on stdin).
+	Executor string `json:"executor,omitempty"`
+	// Command is the agent CLI argv when Executor is "command".
+	Command []string `json:"command,omitempty"`
+	// CommandTimeout bounds one command run. Default 10m. A timeout
+	// short-circuits the task to a human.
+	CommandTimeout Duration `json:"command_timeout,omitempty"`
+	// Tools the model may call (OpenAI function calling); each is a NATS
+	// request-reply endpoint, e.g. a micro service written in any language.
+	Tools []Tool `json:"tools,omitempty"`
+	// ResearchTools are offered on the RESEARCH rung only, for that attempt.
+	ResearchTools []Tool `json:"research_tools,omitempty"`
+	// MaxToolCalls bounds the tool loop of one attempt. Default 8.
+	MaxToolCalls int `json:"max_tool_calls,omitempty"`
+	// TransientBudget is how many transient failures a task rides out before
+	// its attempt fails with "provider unavailable". Default 8.
+	TransientBudget int `json:"transient_budget,omitempty"`
+	// Budget caps what one task may spend; past it the task goes to a human.
+	// Default: no cap.
+	Budget *Budget `json:"budget,omitempty"`
+	// DailyBudget caps what the type may spend per UTC day; past it the gate
+	// blocks the type's tasks with reason "budget". Default: no cap.
+	DailyBudget *Budget `json:"daily_budget,omitempty"`
+	// Steps make the type a pipeline (SPEC §7); without them a task is one
+	// step, "execute".
+	Steps []Step `json:"steps,omitempty"`
+	// SkipBudget is how often a pipeline task that exhausted its loops with
+	// final "skip" is parked and re-queued before it is flagged stuck.
+	// Default 2.
+	SkipBudget int `json:"skip_budget,omitempty"`
+	// SkipDelay is how long a skipped task stays parked. Default 10m.
+	SkipDelay Duration `json:"skip_delay,omitempty"`
 	// SimulatedSuccessRate is the share of attempts the built-in simulated
 	// model (used when no API key is configured) reports as successes.
 	// Default 1. Decided deterministically from the task id and attempt.
 	SimulatedSuccessRate *float64 `json:"simulated_success_rate,omitempty"`
+}
+
+// Budget is a spending cap in tokens (input + output) and/or USD; zero
+// fields do not cap.
+type Budget struct {
+	Tokens int     `json:"tokens,omitempty"`
+	Cost   float64 `json:"cost,omitempty"`
+}
+
+// Exceeded reports whether tokens or cost is past the cap.
+func (b *Budget) Exceeded(tokens int, cost float64) bool {
+	return b != nil && ((b.Tokens > 0 && tokens > b.Tokens) || (b.Cost > 0 && cost > b.Cost))
+}
+
+// Tool is a function the model may call, served over NATS request-reply:
+// the request body is the call's JSON arguments, the reply its result. An
+// error reply carries the micro error headers (Nats-Service-Error-Code such
+// as 400, Nats-Service-Error) and a body the model sees in full.
+type Tool struct {
+	// Name is the function name the model sees.
+	Name string `json:"name"`
+	// Subject is the NATS subject the call is requested on.
+	Subject     string `json:"subject"`
+	Description string `json:"description,omitempty"`
+	// Parameters is the JSON Schema of the arguments.
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+	// Timeout bounds one call. Default 30s.
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// Step is one step of a pipeline.
+type Step struct {
+	// Name identifies the step (goto targets name it).
+	Name string `json:"name"`
+	// Run is "model" (default) or "command".
+	Run string `json:"run,omitempty"`
+	// Command is the argv of a command step (e.g. ["go", "vet", "./..."]),
+	// run in Dir with the task JSON on stdin; exit 0 passes.
+	Command []string `json:"command,omitempty"`
+	Dir     string   `json:"dir,omitempty"`
+	// Timeout bounds a command step. Default 10m.
+	Timeout Duration `json:"timeout,omitempty"`
+	// OnFail says what a failure leads to.
+	OnFail OnFail `json:"on_fail"`
+}
+
+// OnFail is a step's failure policy: retry the step, then go back to earlier
+// steps in order (each edge at most Max times), then Final.
+type OnFail struct {
+	// Retry is how often the step itself is retried. Default 3 for model
+	// steps, 0 for command steps (a deterministic check gives the same answer).
+	Retry *int `json:"retry,omitempty"`
+	// Goto lists the steps to go back to, nearest first (nested fallbacks).
+	Goto []Goto `json:"goto,omitempty"`
+	// Final is "fail" (default: the task goes to a human) or "skip" (park
+	// the task and bring it back later, up to the skip budget).
+	Final string `json:"final,omitempty"`
+}
+
+// Goto is one go-back edge.
+type Goto struct {
+	Step string `json:"step"`
+	// Max is how often this edge may be taken. Default 3.
+	Max int `json:"max,omitempty"`
 }
 
 // File is the policy file.
@@ -104,8 +201,9 @@ type File struct {
 	Types    map[string]Type `json:"types"`
 }
 
-// DefaultMaxRetries applies when neither the task nor its policy sets one.
-const DefaultMaxRetries = 3
+// DefaultMaxRetries applies when neither the task nor its policy sets one:
+// the attempt at which the escalation ladder hands off to a human.
+const DefaultMaxRetries = 7
 
 // DefaultExempt are the self-repair types the gate never blocks.
 var DefaultExempt = []string{"triage_fix", "security_fix", "service_restart"}
