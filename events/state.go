@@ -61,7 +61,7 @@ type TaskState struct {
 	StepRetries map[string]int `json:"step_retries,omitempty"`
 	Loops       map[string]int `json:"loops,omitempty"`
 	Skips       int            `json:"skips,omitempty"`
-	// Notes are the human review actions taken on the task.
+	// Actions are the human review actions taken on the task.
 	Actions []Action `json:"actions,omitempty"`
 	// SubmitSeq is the stream sequence of the submission that created the task:
 	// a redelivery of that submission is told apart from a second submission.

@@ -36,6 +36,8 @@ const (
 	ReviewEscalated = "escalated" // retries exhausted: blocked
 	ReviewPoison    = "poison"    // a message exhausted its deliveries
 	ReviewStuck     = "stuck"     // skip budget exhausted
+	// ReviewAction records a human's action on a task (not a reason to review).
+	ReviewAction = "action"
 )
 
 // SubmitSubject is where clients publish a task of the given type.

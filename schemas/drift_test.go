@@ -40,6 +40,8 @@ var messages = []struct {
 	{events.EventSucceeded, events.Succeeded{}},
 	{events.EventGated, events.Gated{}},
 	{events.EventEscalated, events.Escalated{}},
+	{events.EventStuck, events.Stuck{}},
+	{events.EventAction, events.Action{}},
 	{"task_state.v1", events.TaskState{}},
 	{"model_result.v1", modelResult{}},
 }

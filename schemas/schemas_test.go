@@ -106,6 +106,8 @@ func TestEnumsMatchConstants(t *testing.T) {
 		{events.EventExecuted, "#/$defs/result/properties/outcome", "Outcome"},
 		{events.EventSucceeded, "#/$defs/result/properties/outcome", "Outcome"},
 		{"model_result.v1", "#/properties/status", "Outcome"},
+		{events.EventAction, "#/properties/action", "Action"},
+		{"task_state.v1", "#/$defs/action/properties/action", "Action"},
 	} {
 		v, err := loadSchema(c.schema)
 		if err != nil {

@@ -21,6 +21,10 @@ var (
 	run = events.Run{
 		Pass: 2, Attempt: 3, Rung: "PIVOT", Step: "implement",
 		Context: "FAIL: TestButton", Note: "try the theme file",
+		LastErrorClass: events.ErrorClassDeterministic, DeadEnds: []events.DeadEnd{deadEnd}, Reviewed: true,
+	}
+	deadEnd = events.DeadEnd{
+		Approach: "inline the style", Reason: "the linter forbids inline styles", Attempt: 2, Rung: events.RungRefine,
 	}
 	base         = events.Base{Task: task, Run: run, At: at, By: "recorder@host:42"}
 	verification = events.Verification{
@@ -32,11 +36,15 @@ var (
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",
 		Changes: []string{"src/app.css"}, Error: "tests failed", ErrorClass: "model", Model: "gpt-4o",
-		Simulated: true, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, DurationMS: 4200,
+		Simulated: true, RequestHash: "sha256:9f86d081884c7d65", Refused: true, TransientRetries: 2,
+		ToolCalls: 9, ToolRefusals: 1, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, DurationMS: 4200,
 	}
 	attempt = events.AttemptRecord{
 		Attempt: 3, Pass: 2, Rung: "PIVOT", Step: "implement", Approach: "move the rule",
 		Outcome: events.OutcomeFailure, Reason: "tests failed", TokensIn: 1200, TokensOut: 300, Cost: 0.0123, At: at,
+	}
+	action = events.Action{
+		TaskID: "t-42", Action: events.ActionRequeue, Note: "try the theme file", By: "alice", At: at,
 	}
 )
 
@@ -51,7 +59,7 @@ var populated = []struct {
 		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
 	}},
 	{events.EventQueued, events.Queued{Base: base}},
-	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed"}},
+	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute)}},
 	{events.EventVerified, events.Verified{Base: base, Verification: verification}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
 	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust}},
@@ -65,10 +73,18 @@ var populated = []struct {
 		Base: base, Reason: "attempts exhausted", TrustScore: 0.3,
 		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
 	}},
+	{events.EventStuck, events.Stuck{
+		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt},
+	}},
+	{events.EventAction, action},
 	{"task_state.v1", events.TaskState{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Status: events.StatusBlocked,
 		Attempts: 7, Pass: 2, LastError: "tests failed", Reason: "attempts exhausted",
 		History: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
+		Rung: events.RungPivot, PivotCount: 1, DeadEnds: []events.DeadEnd{deadEnd}, RoundStart: 7,
+		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, TransientRetries: 4,
+		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
+		Skips: 1, Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}},
 	{"model_result.v1", modelResult{
@@ -162,7 +178,17 @@ func TestSchemasRejectBadEvents(t *testing.T) {
 		{events.EventExecuted, func(m map[string]any) { obj(m, "result")["cost"] = -1 }, `/result/cost: -1 is less than 0`},
 		{events.EventPrompted, func(m map[string]any) { obj(m, "prompt")["messages"] = []any{map[string]any{"role": "user"}} }, `/prompt/messages/0: "content" is required`},
 		{events.EventEscalated, func(m map[string]any) { m["attempts"] = nil }, `/attempts: is null, want array`},
+		{events.EventQueued, func(m map[string]any) { obj(m, "run")["dead_ends"] = []any{map[string]any{"approach": "x"}} }, `/run/dead_ends/0: "reason" is required`},
+		{events.EventQueued, func(m map[string]any) { obj(m, "run")["reviewed"] = "yes" }, `/run/reviewed: is string, want boolean`},
+		{events.EventRetry, func(m map[string]any) { m["wake_at"] = "later" }, `/wake_at: "later" is not a date-time`},
+		{events.EventExecuted, func(m map[string]any) { obj(m, "result")["tool_calls"] = -1 }, `/result/tool_calls: -1 is less than 0`},
+		{events.EventStuck, func(m map[string]any) { delete(m, "skips") }, `/: "skips" is required`},
+		{events.EventAction, func(m map[string]any) { m["action"] = "ignore" }, `/action: "ignore" is not one of`},
+		{events.EventAction, func(m map[string]any) { m["task_id"] = "a.b" }, `/task_id: "a.b" does not match`},
 		{"task_state.v1", func(m map[string]any) { m["status"] = "done" }, `/status: "done" is not one of`},
+		{"task_state.v1", func(m map[string]any) { m["step_retries"] = map[string]any{"implement": "2"} }, `/step_retries/implement: is string, want integer`},
+		{"task_state.v1", func(m map[string]any) { m["loops"] = map[string]any{"test>implement": -1} }, `/loops/test>implement: -1 is less than 0`},
+		{"task_state.v1", func(m map[string]any) { m["actions"] = []any{map[string]any{}} }, `/actions/0: "task_id" is required`},
 		{"model_result.v1", func(m map[string]any) { delete(m, "approach") }, `/: "approach" is required`},
 		{"model_result.v1", func(m map[string]any) { m["status"] = "partial" }, `/status: "partial" is not one of`},
 	} {

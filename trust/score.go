@@ -12,6 +12,9 @@ type Outcome struct {
 	Key     string    `json:"key"`
 	Success bool      `json:"success"`
 	At      time.Time `json:"at"`
+	// Tokens and Cost the attempt spent, added to the type's daily spend.
+	Tokens int     `json:"tokens,omitempty"`
+	Cost   float64 `json:"cost,omitempty"`
 }
 
 // Score scores the last p.Window outcomes (oldest first):

@@ -1,6 +1,9 @@
 package trust
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // Stats is what the store keeps for one task type.
 type Stats struct {
@@ -16,7 +19,25 @@ type Stats struct {
 	// redelivered gate call gets the same answer.
 	LastGateKey   string `json:"last_gate_key,omitempty"`
 	LastGateProbe bool   `json:"last_gate_probe,omitempty"`
+	// Daily is what the type spent per UTC day ("2006-01-02"), the last
+	// SpendDays days kept; the gate enforces a type's daily budget with it.
+	Daily map[string]Spend `json:"daily,omitempty"`
 }
+
+// Spend is tokens (input + output) and USD.
+type Spend struct {
+	Tokens int     `json:"tokens"`
+	Cost   float64 `json:"cost"`
+}
+
+// SpendDays is how many days of spend Stats keeps.
+const SpendDays = 7
+
+// Day is the key of t's UTC day in Stats.Daily.
+func Day(t time.Time) string { return t.UTC().Format("2006-01-02") }
+
+// SpentOn is what the type spent on t's UTC day.
+func (s Stats) SpentOn(t time.Time) Spend { return s.Daily[Day(t)] }
 
 // Record returns s with outcome o appended, the window trimmed to p.Window
 // and the lifetime totals bumped. When an outcome with o.Key is already in
@@ -33,6 +54,19 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 		next.Successes++
 	} else {
 		next.Failures++
+	}
+	if o.Tokens != 0 || o.Cost != 0 {
+		next.Daily = make(map[string]Spend, len(s.Daily)+1)
+		oldest := Day(o.At.AddDate(0, 0, -SpendDays+1))
+		for day, sp := range s.Daily {
+			if day >= oldest {
+				next.Daily[day] = sp
+			}
+		}
+		sp := next.Daily[Day(o.At)]
+		sp.Tokens += o.Tokens
+		sp.Cost += o.Cost
+		next.Daily[Day(o.At)] = sp
 	}
 	return next, true
 }

@@ -1,0 +1,180 @@
+// Package ladder is the escalation ladder (SPEC §8) and pipeline step routing
+// (SPEC §7) as pure functions: given a task's state and an attempt's outcome
+// they say what happens next. The recorder persists what they return.
+//
+// The ladder, for one round of attempts (a human requeue starts a new round):
+//
+//	failed attempt   1      2      3      4      5         6 …
+//	next rung        REFINE PIVOT  PIVOT  RESEARCH PIVOT … HANDOFF at max_retries
+//
+// REFINE retries the same approach adjusted; PIVOT requires an approach not in
+// the dead-ends log; RESEARCH (once — its used flag is read from the dead-ends
+// log) offers research tools; HANDOFF stops and asks a human. The HANDOFF
+// guard is checked first, so the machine always ends. Auth, quota and command
+// timeouts short-circuit to HANDOFF. A task whose subject failed 3+ times in
+// the last 7 days starts on PIVOT.
+package ladder
+
+import (
+	"strings"
+	"time"
+	"unicode"
+
+	"dispatchmesh/events"
+)
+
+// Config holds the ladder's numbers. The zero value means the defaults.
+type Config struct {
+	// MaxRetries is the HANDOFF threshold: failed attempts per round. Default 7.
+	MaxRetries int
+	// RefineAttempts is how many attempts REFINE gets. Default 2.
+	RefineAttempts int
+	// PivotAttempts is how many PIVOT attempts come before RESEARCH. Default 2.
+	PivotAttempts int
+	// RecurringFailures on the same subject within RecurringWindow make a new
+	// task start on PIVOT. Defaults 3 and 7 days.
+	RecurringFailures int
+	RecurringWindow   time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxRetries <= 0 {
+		c.MaxRetries = 7
+	}
+	if c.RefineAttempts <= 0 {
+		c.RefineAttempts = 2
+	}
+	if c.PivotAttempts <= 0 {
+		c.PivotAttempts = 2
+	}
+	if c.RecurringFailures <= 0 {
+		c.RecurringFailures = 3
+	}
+	if c.RecurringWindow <= 0 {
+		c.RecurringWindow = 7 * 24 * time.Hour
+	}
+	return c
+}
+
+// Window is how far back recurring failures are counted.
+func (c Config) Window() time.Duration { return c.withDefaults().RecurringWindow }
+
+// StartRung is the rung of a new task's first attempt, given how often its
+// (type, subject) failed within the recurring window.
+func (c Config) StartRung(recentFailures int) string {
+	if recentFailures >= c.withDefaults().RecurringFailures {
+		return events.RungPivot
+	}
+	return events.RungRefine
+}
+
+// State is the ladder's part of a task's state.
+type State struct {
+	// Failed counts failed attempts in the current round, this one excluded.
+	Failed     int
+	Rung       string
+	PivotCount int
+	DeadEnds   []events.DeadEnd
+}
+
+// Outcome is one attempt's result as the ladder sees it.
+type Outcome struct {
+	Attempt    int // the attempt's number (recorded in dead ends)
+	Success    bool
+	Approach   string
+	Reason     string
+	ErrorClass string
+}
+
+// Decision is what the ladder says after an attempt.
+type Decision struct {
+	// Next is the rung of the next attempt, or RungHandoff: stop.
+	Next  string
+	State State
+	// Reason explains a HANDOFF.
+	Reason string
+}
+
+// Handoff reports whether the task stops here.
+func (d Decision) Handoff() bool { return d.Next == events.RungHandoff }
+
+// Next climbs the ladder after an attempt made on s.Rung.
+func (c Config) Next(s State, o Outcome) Decision {
+	c = c.withDefaults()
+	if s.Rung == "" {
+		s.Rung = events.RungRefine
+	}
+	if o.Success {
+		s.Rung = events.RungRefine // a success at any rung resets the ladder
+		return Decision{Next: events.RungRefine, State: s}
+	}
+	s.DeadEnds = append(append([]events.DeadEnd(nil), s.DeadEnds...), events.DeadEnd{
+		Approach: o.Approach, Reason: o.Reason, Attempt: o.Attempt, Rung: s.Rung,
+	})
+	if s.Rung == events.RungPivot {
+		s.PivotCount++ // attempts made on PIVOT, not transitions into it
+	}
+	s.Failed++
+	switch {
+	case s.Failed >= c.MaxRetries: // the guard comes first: the ladder always ends
+		s.Rung = events.RungHandoff
+		return Decision{Next: events.RungHandoff, State: s, Reason: "attempt limit reached"}
+	case events.ShortCircuits(o.ErrorClass):
+		s.Rung = events.RungHandoff
+		return Decision{Next: events.RungHandoff, State: s, Reason: o.ErrorClass + " failure: retrying cannot help"}
+	case s.Rung == events.RungRefine && s.Failed < c.RefineAttempts:
+		s.Rung = events.RungRefine
+	case s.PivotCount < c.PivotAttempts:
+		s.Rung = events.RungPivot
+	case !ResearchUsed(s.DeadEnds):
+		s.Rung = events.RungResearch
+	default:
+		s.Rung = events.RungPivot
+	}
+	return Decision{Next: s.Rung, State: s}
+}
+
+// ResearchUsed reports whether the one RESEARCH pass has been made: derived
+// from the dead-ends log, never from a counter that can drift.
+func ResearchUsed(deadEnds []events.DeadEnd) bool {
+	for _, d := range deadEnds {
+		if d.Rung == events.RungResearch {
+			return true
+		}
+	}
+	return false
+}
+
+// RepeatsDeadEnd returns the dead end an approach repeats, if any. Approaches
+// are compared normalised: case, punctuation and spacing do not matter.
+func RepeatsDeadEnd(approach string, deadEnds []events.DeadEnd) (events.DeadEnd, bool) {
+	n := Normalize(approach)
+	if n == "" {
+		return events.DeadEnd{}, false
+	}
+	for _, d := range deadEnds {
+		if Normalize(d.Approach) == n {
+			return d, true
+		}
+	}
+	return events.DeadEnd{}, false
+}
+
+// Normalize lowercases s and collapses everything but letters and digits to
+// single spaces.
+func Normalize(s string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range strings.ToLower(s) {
+		if unicode.IsLetter(r) || unicode.IsDigit(r) {
+			if space && b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteRune(r)
+			space = false
+		} else {
+			space = true
+		}
+	}
+	return b.String()
+}
