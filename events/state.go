@@ -15,6 +15,16 @@ const (
 	StatusParked           = "parked"
 )
 
+// Recorder decisions after an attempt (TaskState.Decision).
+const (
+	DecisionSucceeded = "succeeded" // done
+	DecisionRetry     = "retry"     // another attempt (or the next pipeline step)
+	DecisionHandoff   = "handoff"   // escalated to a human: status blocked
+	DecisionFail      = "fail"      // a pipeline's final "fail": status failed
+	DecisionPark      = "park"      // a pipeline's final "skip": parked, comes back at WakeAt
+	DecisionStuck     = "stuck"     // skipped as often as allowed: status blocked
+)
+
 // Terminal reports whether a task in this status stays there unless a human acts.
 func Terminal(status string) bool {
 	switch status {
@@ -61,6 +71,11 @@ type TaskState struct {
 	StepRetries map[string]int `json:"step_retries,omitempty"`
 	Loops       map[string]int `json:"loops,omitempty"`
 	Skips       int            `json:"skips,omitempty"`
+	// Decision is what the recorder decided after the latest attempt: one of
+	// the Decision* constants.
+	Decision string `json:"decision,omitempty"`
+	// WakeAt is when a parked task comes back.
+	WakeAt time.Time `json:"wake_at,omitzero"`
 	// Actions are the human review actions taken on the task.
 	Actions []Action `json:"actions,omitempty"`
 	// SubmitSeq is the stream sequence of the submission that created the task:

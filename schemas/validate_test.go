@@ -84,7 +84,7 @@ var populated = []struct {
 		Rung: events.RungPivot, PivotCount: 1, DeadEnds: []events.DeadEnd{deadEnd}, RoundStart: 7,
 		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, TransientRetries: 4,
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
-		Skips: 1, Actions: []events.Action{action},
+		Skips: 1, Decision: events.DecisionHandoff, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}},
 	{"model_result.v1", modelResult{

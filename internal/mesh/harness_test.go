@@ -228,6 +228,8 @@ func fail(n int, _ openaitest.Request) openaitest.Reply {
 	return openaitest.Reply{Content: openaitest.Failure("approach "+strings.Repeat("x", n%3), "still broken")}
 }
 
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 func isNotFound(err error) bool { return errors.Is(err, services.ErrTaskNotFound) }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -156,29 +156,6 @@ func TestSecondPromptCarriesFirstAttempt(t *testing.T) {
 	}
 }
 
-func TestFailuresEscalateAfterTheCap(t *testing.T) {
-	e := newEnv(t, fail, nil)
-	e.start()
-	id := e.submit(events.Submit{ID: "hopeless", Type: "bug_fix", Subject: "a.go"})
-	all := e.waitEnd(id)
-	if got := last(all).Stage; got != "review.escalated" {
-		t.Fatalf("ended with %s (%v)", got, stages(all))
-	}
-	if n := e.model.Calls(); n != policy.DefaultMaxRetries {
-		t.Fatalf("model calls = %d, want %d", n, policy.DefaultMaxRetries)
-	}
-	if got := count(all, events.StageVerified); got != 3 {
-		t.Errorf("verifier ran %d times, want before every attempt (3)", got)
-	}
-	esc := e.reviews(events.ReviewEscalated)
-	if len(esc) != 1 || !bytes.Contains(esc[0].Data, []byte(`"attempts":[`)) {
-		t.Fatalf("escalation records: %d", len(esc))
-	}
-	if st := e.state(id); st.Status != events.StatusBlocked || len(st.History) != 3 {
-		t.Errorf("state = %s with %d attempts", st.Status, len(st.History))
-	}
-}
-
 func TestSameIDTwiceMakesOneTask(t *testing.T) {
 	e := newEnv(t, succeed, nil)
 	e.start()

@@ -3,7 +3,8 @@
 // threshold is not dispatched: the task goes to dispatch.review.gated with
 // status needs_human_review and the reason. Exempt types always pass, and
 // after ProbeAfter consecutive blocks one task is let through as a probe to
-// re-measure the type.
+// re-measure the type. A type over its daily budget is blocked with reason
+// "budget"; a task a human requeued is let through.
 package gate
 
 import (
@@ -83,7 +84,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 
 	key := services.MsgID(b.Task.ID, b.Run.Pass, "gate")
+	spent := stats.SpentOn(b.At)
 	switch {
+	case b.Run.Reviewed:
+		d.Reason = "requeued by a human reviewer"
+	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
+		reason := fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", b.Task.Type, spent.Tokens, spent.Cost)
+		d.Blocked, d.Reason = true, reason
+		return s.block(ctx, b, d)
 	case d.Exempt:
 	case !v.Below:
 		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
@@ -103,14 +111,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 		d.Blocked, d.Reason = true, v.Reason
 		s.log.Info("task gated", "task", b.Task.ID, "type", b.Task.Type, "reason", v.Reason, "streak", streak)
-		if s.cfg.Tasks != nil {
-			if _, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, v.Reason); err != nil {
-				return nil, err
-			}
-		}
-		out, err := services.ToReview(b, events.ReviewGated, events.EventGated, v.Reason, events.Gated{Base: b, Trust: d, Reason: v.Reason})
-		return []services.Out{out}, err
+		return s.block(ctx, b, d)
 	}
 	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d})
+	return []services.Out{out}, err
+}
+
+// block files the task for human review with status needs_human_review.
+func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+	if s.cfg.Tasks != nil {
+		if _, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason); err != nil {
+			return nil, err
+		}
+	}
+	out, err := services.ToReview(b, events.ReviewGated, events.EventGated, d.Reason, events.Gated{Base: b, Trust: d, Reason: d.Reason})
 	return []services.Out{out}, err
 }

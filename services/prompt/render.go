@@ -43,6 +43,47 @@ type Data struct {
 	// RungInstructions tells the model how this rung differs (RungInstructions);
 	// "" when the run has no rung.
 	RungInstructions string
+	// DeadEnds is the <dead_ends> block (escaped) listing the approaches that
+	// already failed; set on every rung but REFINE, "" when there are none.
+	DeadEnds string
+	// PreCommit asks the model to state what failed and exactly what it
+	// changes before acting; set after a deterministic failure, a refused
+	// identical request or a repeated dead end.
+	PreCommit string
+}
+
+// PreCommitInstruction is the pre-commit asked for after a failure that the
+// identical request would only repeat.
+const PreCommitInstruction = "The previous request failed for the reason given as the last error and will not be accepted again unchanged. " +
+	"Before acting, state in the summary's first sentence what failed and exactly what you change (which field, value, file or approach); " +
+	"your next action must visibly differ from the failed one."
+
+// needsPreCommit reports whether a failure of this class means the next
+// request must change.
+func needsPreCommit(class string) bool {
+	switch class {
+	case events.ErrorClassDeterministic, events.ErrorClassRefused, events.ErrorClassDeadEnd, events.ErrorClassInvalidOutput:
+		return true
+	}
+	return false
+}
+
+// FormatDeadEnds renders the dead-ends log for a prompt, escaped.
+func FormatDeadEnds(ends []events.DeadEnd) string {
+	if len(ends) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("<dead_ends>\n")
+	for _, d := range ends {
+		fmt.Fprintf(&b, "  <dead_end attempt=\"%d\" rung=\"%s\">%s", d.Attempt, escape(d.Rung), escape(d.Approach))
+		if d.Reason != "" {
+			b.WriteString(" -- failed: " + escape(d.Reason))
+		}
+		b.WriteString("</dead_end>\n")
+	}
+	b.WriteString("</dead_ends>")
+	return b.String()
 }
 
 // NewData assembles the template data for the task and run in b, with
@@ -56,7 +97,23 @@ func NewData(b events.Base, previous []history.Entry) Data {
 		Context:          escape(b.Run.Context),
 		Note:             escape(b.Run.Note),
 		RungInstructions: RungInstructions(b.Run.Rung),
+		DeadEnds:         deadEndsFor(b.Run),
+		PreCommit:        preCommitFor(b.Run),
 	}
+}
+
+func deadEndsFor(r events.Run) string {
+	if r.Rung == "" || strings.EqualFold(r.Rung, events.RungRefine) {
+		return ""
+	}
+	return FormatDeadEnds(r.DeadEnds)
+}
+
+func preCommitFor(r events.Run) string {
+	if needsPreCommit(r.LastErrorClass) {
+		return PreCommitInstruction
+	}
+	return ""
 }
 
 // Render executes a prompt template. A template that refers to something

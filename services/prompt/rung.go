@@ -13,10 +13,12 @@ const (
 var rungInstructions = map[string]string{
 	RungRefine: "Keep the same approach as the previous attempt and adjust it, " +
 		"using the last error to fix what went wrong.",
-	RungPivot: "The previous approaches are dead ends: do not repeat them. " +
-		"Use a fundamentally different approach and name it in the approach field.",
-	RungResearch: "Research the problem first (read the relevant code, documentation " +
-		"and logs with the tools you have) before acting, then act on what you found.",
+	RungPivot: "The approaches listed as dead ends failed: do not repeat any of them. " +
+		"Use a fundamentally different approach and name it in the approach field; " +
+		"an answer whose approach repeats a dead end is rejected.",
+	RungResearch: "Research the problem first, your knowledge may be stale (read the relevant code, " +
+		"documentation and logs with the research tools offered for this attempt) and verify what you find " +
+		"before acting, then act on it with an approach that is not a dead end.",
 }
 
 // RungInstructions returns the instruction for an escalation rung: "" when

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -98,7 +99,7 @@ func TestHandle(t *testing.T) {
 	if got := out.Header.Get(events.HeaderEvent); got != events.EventPrompted {
 		t.Errorf("event header = %q", got)
 	}
-	if !p.At.Equal(now) || p.By != "prompt@test" || p.Task.ID != "t1" || p.Run != b.Run {
+	if !p.At.Equal(now) || p.By != "prompt@test" || p.Task.ID != "t1" || !reflect.DeepEqual(p.Run, b.Run) {
 		t.Errorf("base = %+v", p.Base)
 	}
 	if p.Prompt.Model != "" {

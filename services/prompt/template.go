@@ -25,8 +25,14 @@ const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Su
 {{- with .Note}}
 <reviewer_note>{{.}}</reviewer_note>
 {{- end}}
+{{- with .DeadEnds}}
+{{.}}
+{{- end}}
 {{- with .RungInstructions}}
 <instructions rung="{{xml $.Run.Rung}}">{{.}}</instructions>
+{{- end}}
+{{- with .PreCommit}}
+<pre_commit>{{.}}</pre_commit>
 {{- end}}
 {{if .Run.Attempt}}This is attempt {{.Run.Attempt}}. {{end}}Act on the task above, then answer with the JSON result only.
 `

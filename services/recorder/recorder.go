@@ -3,6 +3,8 @@
 // happens next: success ends the task; a failure sends it back through the
 // verifier for another attempt until the task's attempt limit, then one
 // escalation record goes to dispatch.review.escalated and the task is blocked.
+// Failures climb the escalation ladder (package ladder); a pipeline type
+// routes between its steps instead.
 //
 // Every write is idempotent (keyed by the task's pass), and the decision is
 // derived from the stored state, so a redelivered outcome republishes the
@@ -11,6 +13,7 @@ package recorder
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -18,6 +21,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -82,27 +86,34 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	b, res := ev.Base, ev.Result
 	t := b.Task
 	now := s.cfg.Now().UTC()
+	pol := s.cfg.Policy.For(t.Type)
+
+	prev, err := s.cfg.Tasks.Get(ctx, t.ID)
+	if err != nil && !errors.Is(err, services.ErrTaskNotFound) {
+		return nil, fmt.Errorf("task state: %w", err)
+	}
+	if !recorded(&prev, b.Run.Pass) {
+		res = Judge(b.Run, res, prev.DeadEnds, len(pol.Steps) > 0)
+	} else if r, ok := recordOf(&prev, b.Run.Pass); ok && r.Outcome != res.Outcome {
+		res.Outcome, res.Error, res.ErrorClass = r.Outcome, r.Reason, events.ErrorClassDeadEnd // judged before
+	}
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
 	success := res.Outcome == events.OutcomeSuccess
 
-	err := s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
+	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	stats, err := s.cfg.Trust.Record(ctx, t.Type, trust.Outcome{Key: key, Success: success, At: now})
+	stats, err := s.cfg.Trust.Record(ctx, t.Type, trust.Outcome{
+		Key: key, Success: success, At: now, Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
 	}
 
-	limit := MaxRetries(t, s.cfg.Policy.For(t.Type))
-	rec := events.AttemptRecord{
-		Attempt: b.Run.Attempt, Pass: b.Run.Pass, Rung: b.Run.Rung, Step: b.Run.Step,
-		Approach: res.Approach, Outcome: res.Outcome, Reason: res.Error,
-		TokensIn: res.TokensIn, TokensOut: res.TokensOut, Cost: res.Cost, At: now,
-	}
 	st, err := s.cfg.Tasks.Update(ctx, t.ID, func(st *events.TaskState, found bool) error {
 		if !found {
 			*st = services.NewState(t)
@@ -110,64 +121,78 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if recorded(st, b.Run.Pass) || st.Pass > b.Run.Pass {
 			return kvcas.ErrNoChange // a redelivery, or an old pass
 		}
-		apply(st, rec, limit, now)
+		Apply(st, t, b.Run, res, pol, now)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("task state: %w", err)
 	}
-	if !recorded(&st, b.Run.Pass) {
-		s.log.Warn("outcome of an old pass ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass)
+	if last, ok := lastRecord(&st); !ok || last.Pass != b.Run.Pass {
+		// The task moved on (or this is an old pass): whatever this attempt
+		// led to was published when it was first recorded.
+		s.log.Warn("outcome of an earlier pass ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass)
 		return nil, nil
 	}
 
 	b.At, b.By = now, s.cfg.Instance
 	var out services.Out
-	switch {
-	case success:
+	switch st.Decision {
+	case events.DecisionSucceeded:
 		out, err = services.Next(b, events.StageSucceeded, events.EventSucceeded, events.Succeeded{Base: b, Result: res})
-	case b.Run.Attempt >= limit:
-		reason := fmt.Sprintf("gave up after %d attempts; last error: %s", b.Run.Attempt, res.Error)
-		score, _, _ := trust.Score(stats.Outcomes, s.cfg.Scoring)
-		esc := events.Escalated{
-			Base: b, Reason: reason, TrustScore: score, Attempts: st.History,
-			TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
-		}
-		s.log.Warn("task escalated", "task", t.ID, "attempts", b.Run.Attempt)
-		out, err = services.ToReview(b, events.ReviewEscalated, events.EventEscalated, reason, esc)
-	default:
+	case events.DecisionRetry, events.DecisionPark:
 		next := b
-		next.Run = events.Run{Pass: b.Run.Pass + 1, Attempt: b.Run.Attempt + 1, Step: b.Run.Step, Context: res.Error}
-		out, err = services.Next(next, events.StageRetry, events.EventRetry, events.Retry{Base: next, Reason: res.Error})
+		next.Run = NextRun(&st, b.Run, res, pol)
+		retry := events.Retry{Base: next, Reason: oneLine(res.Error), WakeAt: st.WakeAt}
+		if st.Decision == events.DecisionPark {
+			retry.Reason = st.Reason
+		}
+		out, err = services.Next(next, events.StageRetry, events.EventRetry, retry)
+	case events.DecisionStuck:
+		s.log.Warn("task stuck", "task", t.ID, "skips", st.Skips)
+		out, err = services.ToReview(b, events.ReviewStuck, events.EventStuck, st.Reason,
+			events.Stuck{Base: b, Reason: st.Reason, Skips: st.Skips, Attempts: st.History})
+	default: // handoff, fail
+		score, _, _ := trust.Score(stats.Outcomes, s.cfg.Scoring)
+		s.log.Warn("task escalated", "task", t.ID, "attempts", st.Attempts, "reason", st.Reason)
+		out, err = services.ToReview(b, events.ReviewEscalated, events.EventEscalated, st.Reason, events.Escalated{
+			Base: b, Reason: st.Reason, TrustScore: score, Attempts: st.History,
+			TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
+		})
 	}
 	return []services.Out{out}, err
 }
 
-func recorded(st *events.TaskState, pass int) bool {
-	for _, r := range st.History {
-		if r.Pass == pass {
-			return true
-		}
+// Judge applies the PIVOT rule: an answer whose declared approach repeats a
+// dead end is rejected — a failed attempt, not progress.
+func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipeline bool) events.Result {
+	if pipeline || run.Rung != events.RungPivot {
+		return res
 	}
-	return false
+	if d, ok := ladder.RepeatsDeadEnd(res.Approach, deadEnds); ok {
+		res.Outcome, res.ErrorClass = events.OutcomeFailure, events.ErrorClassDeadEnd
+		res.Error = fmt.Sprintf("rejected: approach %q repeats the dead end of attempt %d (%s); PIVOT requires a different approach",
+			res.Approach, d.Attempt, oneLine(d.Reason))
+	}
+	return res
 }
 
-// apply folds one attempt into the task state.
-func apply(st *events.TaskState, rec events.AttemptRecord, limit int, now time.Time) {
-	st.History = append(st.History, rec)
-	st.Attempts = max(st.Attempts, rec.Attempt)
-	st.TokensIn += rec.TokensIn
-	st.TokensOut += rec.TokensOut
-	st.Cost += rec.Cost
-	st.UpdatedAt = now
-	switch {
-	case rec.Outcome == events.OutcomeSuccess:
-		st.Status, st.LastError, st.Reason = events.StatusSucceeded, "", ""
-	case rec.Attempt >= limit:
-		st.Status, st.LastError = events.StatusBlocked, rec.Reason
-		st.Reason = fmt.Sprintf("gave up after %d attempts", rec.Attempt)
-	default:
-		st.Status, st.LastError = events.StatusPending, rec.Reason
-		st.Pass = rec.Pass + 1
+func recorded(st *events.TaskState, pass int) bool {
+	_, ok := recordOf(st, pass)
+	return ok
+}
+
+func recordOf(st *events.TaskState, pass int) (events.AttemptRecord, bool) {
+	for _, r := range st.History {
+		if r.Pass == pass {
+			return r, true
+		}
 	}
+	return events.AttemptRecord{}, false
+}
+
+func lastRecord(st *events.TaskState) (events.AttemptRecord, bool) {
+	if len(st.History) == 0 {
+		return events.AttemptRecord{}, false
+	}
+	return st.History[len(st.History)-1], true
 }

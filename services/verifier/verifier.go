@@ -106,10 +106,12 @@ func (s *Service) checkPolicy(f *policy.File) error {
 	return errors.Join(errs...)
 }
 
-// input is a queued or a retry event: both carry Base, retry adds Reason.
+// input is a queued or a retry event: both carry Base, retry adds Reason and,
+// for a parked task, WakeAt.
 type input struct {
 	events.Base
-	Reason string `json:"reason"`
+	Reason string    `json:"reason"`
+	WakeAt time.Time `json:"wake_at,omitzero"`
 }
 
 // Handle checks the task of a queued or retry event and publishes its verdict.
@@ -122,7 +124,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("%s: invalid task id %q", m.Subject, in.Task.ID))
 	}
 	b := in.Base
-	b.At, b.By = s.now().UTC(), s.instance
+	now := s.now().UTC()
+	if wait := in.WakeAt.Sub(now); wait > 0 {
+		// A parked task: hold it (a delayed nak) until it is due.
+		return nil, services.Snooze(wait, fmt.Errorf("task %s parked until %s", b.Task.ID, in.WakeAt.Format(time.RFC3339)))
+	}
+	b.At, b.By = now, s.instance
 	pv := *s.policy.For(b.Task.Type).Verifier
 	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)

@@ -1,0 +1,131 @@
+package recorder_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services/recorder"
+)
+
+var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func failed(class, why string) events.Result {
+	return events.Result{Outcome: events.OutcomeFailure, Approach: "a", Error: why, ErrorClass: class, TokensIn: 10, TokensOut: 5, Cost: 0.01}
+}
+
+func ok() events.Result {
+	return events.Result{Outcome: events.OutcomeSuccess, Approach: "b", Summary: "fixed", TokensIn: 10, TokensOut: 5}
+}
+
+func TestApplyLadder(t *testing.T) {
+	task := events.Task{ID: "t", Type: "bug_fix", Subject: "a.go"}
+	cases := []struct {
+		name     string
+		pol      policy.Type
+		task     events.Task
+		attempts int // failed attempts before this one
+		rung     string
+		res      events.Result
+		status   string
+		decision string
+		next     string
+	}{
+		{"success", policy.Type{}, task, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},
+		{"first failure retries on REFINE", policy.Type{}, task, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungRefine},
+		{"task max_retries wins", policy.Type{MaxRetries: 9}, events.Task{ID: "t", Type: "bug_fix", MaxRetries: 2}, 1, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"type max_retries", policy.Type{MaxRetries: 1}, task, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"auth short-circuits", policy.Type{}, task, 0, events.RungRefine, failed(events.ErrorClassAuth, "401"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"quota short-circuits", policy.Type{}, task, 0, events.RungRefine, failed(events.ErrorClassQuota, "insufficient_quota"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"over the task budget", policy.Type{Budget: &policy.Budget{Cost: 0.005}}, task, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st := events.TaskState{ID: "t", Status: events.StatusRunning, Pass: c.attempts + 1}
+			for i := range c.attempts {
+				st.History = append(st.History, events.AttemptRecord{Attempt: i + 1, Pass: i + 1, Outcome: events.OutcomeFailure})
+			}
+			run := events.Run{Pass: c.attempts + 1, Attempt: c.attempts + 1, Rung: c.rung}
+			recorder.Apply(&st, c.task, run, c.res, c.pol, now)
+			if st.Status != c.status || st.Decision != c.decision || (c.next != "" && st.Rung != c.next) {
+				t.Fatalf("status %s decision %s rung %s; want %s %s %s (%s)", st.Status, st.Decision, st.Rung, c.status, c.decision, c.next, st.Reason)
+			}
+			if c.decision == events.DecisionRetry && st.Pass != run.Pass+1 {
+				t.Fatalf("pass %d after a retry decision", st.Pass)
+			}
+			if len(st.History) != c.attempts+1 || st.Attempts != c.attempts+1 {
+				t.Fatalf("history %d attempts %d", len(st.History), st.Attempts)
+			}
+		})
+	}
+}
+
+func TestApplyRequeueStartsANewRound(t *testing.T) {
+	st := events.TaskState{ID: "t", Pass: 8, Attempts: 7, RoundStart: 7}
+	for i := range 7 {
+		st.History = append(st.History, events.AttemptRecord{Attempt: i + 1, Pass: i + 1, Outcome: events.OutcomeFailure})
+	}
+	recorder.Apply(&st, events.Task{ID: "t"}, events.Run{Pass: 8, Attempt: 8, Rung: events.RungRefine}, failed(events.ErrorClassTask, "x"), policy.Type{}, now)
+	if st.Decision != events.DecisionRetry {
+		t.Fatalf("the first attempt after a requeue handed off: %s", st.Reason)
+	}
+}
+
+func ptr(n int) *int { return &n }
+
+func TestApplyPipeline(t *testing.T) {
+	pol := policy.Type{Steps: []policy.Step{
+		{Name: "implement"},
+		{Name: "validate", Run: "command", OnFail: policy.OnFail{Goto: []policy.Goto{{Step: "implement", Max: 1}}, Final: "skip"}},
+	}, SkipBudget: 1}
+	st := events.TaskState{ID: "t", Pass: 1}
+	step := func(name string, res events.Result) {
+		run := events.Run{Pass: st.Pass, Attempt: st.Attempts + 1, Step: name}
+		recorder.Apply(&st, events.Task{ID: "t"}, run, res, pol, now)
+	}
+	step("implement", ok())
+	if st.Decision != events.DecisionRetry || st.Step != "validate" {
+		t.Fatalf("after implement: %s %s", st.Decision, st.Step)
+	}
+	next := recorder.NextRun(&st, events.Run{Step: "implement"}, ok(), pol)
+	if next.Step != "validate" || !strings.Contains(next.Context, "step implement passed") {
+		t.Fatalf("next run %+v", next)
+	}
+	step("validate", failed(events.ErrorClassStep, "vet: x.go:3: unused variable"))
+	next = recorder.NextRun(&st, events.Run{Step: "validate"}, failed(events.ErrorClassStep, "vet: x.go:3: unused variable"), pol)
+	if st.Step != "implement" || !strings.Contains(next.Context, "vet: x.go:3") {
+		t.Fatalf("validate failure went to %s with %q", st.Step, next.Context)
+	}
+	step("implement", ok())
+	step("validate", failed(events.ErrorClassStep, "still"))
+	if st.Decision != events.DecisionPark || st.Status != events.StatusParked || !st.WakeAt.Equal(now.Add(recorder.DefaultSkipDelay)) || st.Step != "implement" {
+		t.Fatalf("loops exhausted: %s %s wake %s step %s", st.Decision, st.Status, st.WakeAt, st.Step)
+	}
+	step("implement", ok())
+	step("validate", failed(events.ErrorClassStep, "still"))
+	step("implement", ok())
+	step("validate", failed(events.ErrorClassStep, "still"))
+	if st.Decision != events.DecisionStuck || st.Status != events.StatusBlocked {
+		t.Fatalf("after the skip budget: %s %s (%s)", st.Decision, st.Status, st.Reason)
+	}
+	if st.Decision == events.DecisionStuck && st.Skips != 1 {
+		t.Fatalf("skips = %d", st.Skips)
+	}
+}
+
+func TestJudgeRejectsRepeatedDeadEndOnPivot(t *testing.T) {
+	ends := []events.DeadEnd{{Approach: "Bump the timeout", Attempt: 2, Rung: events.RungRefine, Reason: "still slow"}}
+	res := events.Result{Outcome: events.OutcomeSuccess, Approach: "bump the timeout!"}
+	if got := recorder.Judge(events.Run{Rung: events.RungRefine}, res, ends, false); got.Outcome != events.OutcomeSuccess {
+		t.Fatal("REFINE may keep its approach")
+	}
+	got := recorder.Judge(events.Run{Rung: events.RungPivot}, res, ends, false)
+	if got.Outcome != events.OutcomeFailure || got.ErrorClass != events.ErrorClassDeadEnd || !strings.Contains(got.Error, "attempt 2") {
+		t.Fatalf("judged %+v", got)
+	}
+	if got := recorder.Judge(events.Run{Rung: events.RungPivot}, events.Result{Outcome: events.OutcomeSuccess, Approach: "cache the result"}, ends, false); got.Outcome != events.OutcomeSuccess {
+		t.Fatal("a new approach was rejected")
+	}
+}
