@@ -71,16 +71,11 @@ func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) e
 		if err != nil {
 			return err
 		}
-		if slices.ContainsFunc(rec.Entries, func(x Entry) bool { return x.Key == e.Key }) {
+		entries, changed := Insert(rec.Entries, e, s.limit)
+		if !changed {
 			return nil
 		}
-		// After every entry not later than e, so equal times keep arrival order.
-		i := len(rec.Entries)
-		for i > 0 && rec.Entries[i-1].At.After(e.At) {
-			i--
-		}
-		rec.Entries = slices.Insert(rec.Entries, i, e)
-		rec.Entries = lastN(rec.Entries, s.limit)
+		rec.Entries = entries
 		data, err := json.Marshal(rec)
 		if err != nil {
 			return fmt.Errorf("history: encode %s: %w", key, err)
@@ -184,4 +179,27 @@ func lastN[T any](s []T, n int) []T {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// Insert adds e to entries (oldest first) in (At, Key) order, keeping the
+// newest limit. It is idempotent: an entry whose Key is present changes
+// nothing. The order does not depend on arrival, so replaying the same
+// entries in any order (dispatch rebuild) gives the same history.
+func Insert(entries []Entry, e Entry, limit int) ([]Entry, bool) {
+	if slices.ContainsFunc(entries, func(x Entry) bool { return x.Key == e.Key }) {
+		return entries, false
+	}
+	i := len(entries)
+	for i > 0 && later(entries[i-1], e) {
+		i--
+	}
+	out := slices.Insert(slices.Clone(entries), i, e)
+	return lastN(out, limit), true
+}
+
+func later(a, b Entry) bool {
+	if !a.At.Equal(b.At) {
+		return a.At.After(b.At)
+	}
+	return a.Key > b.Key
 }

@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -66,5 +67,26 @@ func NewState(t events.Task) events.TaskState {
 	return events.TaskState{
 		ID: t.ID, Type: t.Type, Subject: t.Subject, Status: events.StatusPending,
 		Pass: 1, CreatedAt: t.SubmittedAt, UpdatedAt: t.SubmittedAt,
+	}
+}
+
+// ApplyAction folds a human review action into a task's state. Requeue
+// starts a new round: the task gets a full attempt allowance again, on REFINE.
+func ApplyAction(st *events.TaskState, a events.Action) {
+	st.Actions = append(st.Actions, a)
+	st.UpdatedAt = a.At
+	who := a.By
+	if a.Note != "" {
+		who += ": " + a.Note
+	}
+	switch a.Action {
+	case events.ActionResolve:
+		st.Status, st.Reason = events.StatusSucceeded, "resolved by "+who
+	case events.ActionReject:
+		st.Status, st.Reason = events.StatusFailed, "rejected by "+who
+	case events.ActionRequeue:
+		st.Status, st.Reason, st.Decision = events.StatusPending, "", ""
+		st.RoundStart, st.Pass, st.Rung = st.Attempts, st.Pass+1, events.RungRefine
+		st.WakeAt = time.Time{}
 	}
 }

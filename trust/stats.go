@@ -49,7 +49,13 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 		return s, false
 	}
 	next = s
-	next.Outcomes = append(slices.Clone(lastN(s.Outcomes, p.Window-1)), o)
+	// Keep the window in (At, Key) order whatever order outcomes arrive in,
+	// so a replay of the stream (dispatch rebuild) yields the same window.
+	i := len(s.Outcomes)
+	for i > 0 && outcomeAfter(s.Outcomes[i-1], o) {
+		i--
+	}
+	next.Outcomes = lastN(slices.Insert(slices.Clone(s.Outcomes), i, o), p.Window)
 	if o.Success {
 		next.Successes++
 	} else {
@@ -102,4 +108,11 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 	next.LastGateKey = key
 	next.LastGateProbe = probe
 	return next, probe, true
+}
+
+func outcomeAfter(a, b Outcome) bool {
+	if !a.At.Equal(b.At) {
+		return a.At.After(b.At)
+	}
+	return a.Key > b.Key
 }

@@ -30,6 +30,7 @@ Usage:
   dispatch status ID [-o json]        a task's current state
   dispatch review list [-reason R] [-type T] [-o json]
                                       what is waiting for a human
+  dispatch rebuild [-apply]           recompute the KV stores from the stream, report differences
   dispatch schema [NAME]              print the embedded JSON Schemas
 
 Configuration: DISPATCH_* environment variables (see README.md).
@@ -81,6 +82,8 @@ func run(ctx context.Context, args []string) error {
 		return cmdStatus(ctx, cfg, rest)
 	case "review":
 		return cmdReview(ctx, cfg, rest)
+	case "rebuild":
+		return cmdRebuild(ctx, cfg, rest)
 	}
 	return fmt.Errorf("unknown command %q\n\n%s", cmd, usage)
 }

@@ -85,7 +85,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	b, res := ev.Base, ev.Result
 	t := b.Task
-	now := s.cfg.Now().UTC()
+	// The attempt is dated by when the stream stored its outcome, not by
+	// when this instance handles it: a redelivery writes the same values, and
+	// dispatch rebuild, replaying the stream, recomputes them exactly.
+	now := m.Time.UTC()
+	if m.Time.IsZero() {
+		now = s.cfg.Now().UTC()
+	}
 	pol := s.cfg.Policy.For(t.Type)
 
 	prev, err := s.cfg.Tasks.Get(ctx, t.ID)

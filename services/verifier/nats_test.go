@@ -124,6 +124,10 @@ func addMicro(t *testing.T, nc *nats.Conn, subject string, h micro.HandlerFunc) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Stop() })
+	// The subscription must reach the server before another connection asks.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestNATSMicroService(t *testing.T) {

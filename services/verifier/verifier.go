@@ -156,10 +156,18 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return outs(services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b, Verification: v}))
 	case v.Verdict == events.VerdictStale:
 		log.Info("task is stale; cancelled", "detail", v.Detail)
-		return s.cancel(ctx, b, v, "stale: "+v.Detail)
+		return s.cancel(ctx, b, v, CancelReason(v))
 	default: // verdict error, fail-closed
-		return s.cancel(ctx, b, v, "verifier error (fail-closed): "+v.Detail)
+		return s.cancel(ctx, b, v, CancelReason(v))
 	}
+}
+
+// CancelReason is the task-state reason of a cancelled task.
+func CancelReason(v events.Verification) string {
+	if v.Verdict == events.VerdictStale {
+		return "stale: " + v.Detail
+	}
+	return "verifier error (fail-closed): " + v.Detail
 }
 
 // check runs pv's checker on t. A checker answering something other than

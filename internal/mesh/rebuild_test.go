@@ -1,0 +1,106 @@
+package mesh_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/openaitest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/rebuild"
+	"dispatchmesh/services"
+)
+
+// After a run with concurrent recorders — successes, ladder climbs,
+// escalations, gated and stale tasks — rebuilding every store from the
+// stream finds no difference; a tampered store is found and restored.
+func TestRebuildAgreesWithLiveStores(t *testing.T) {
+	pol := &policy.File{Types: map[string]policy.Type{
+		"stale_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
+		"bug_fix":   {MaxRetries: 3},
+	}}
+	e := newEnv(t, func(n int, r openaitest.Request) openaitest.Reply {
+		if strings.Contains(r.Messages[1].Content, "hard") || n%3 == 0 {
+			return openaitest.Reply{Content: openaitest.Failure(fmt.Sprintf("idea %d", n), "nope")}
+		}
+		return openaitest.Reply{Content: openaitest.Success("fine")}
+	}, pol)
+	e.start(services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate, services.ConsumerPrompt, services.ConsumerExecutor)
+	for range 3 {
+		e.start(services.ConsumerRecorder)
+	}
+	var ids []string
+	var wg sync.WaitGroup
+	for i := range 30 {
+		typ, subject := "bug_fix", fmt.Sprintf("f%d.go", i%7)
+		switch i % 5 {
+		case 1:
+			typ = "stale_fix"
+		case 2:
+			subject = "hard.go"
+		}
+		id := fmt.Sprintf("r-%d", i)
+		ids = append(ids, id)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.submit(events.Submit{ID: id, Type: typ, Subject: subject, Payload: []byte(`{"what":"` + subject + `"}`)})
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		e.waitEnd(id)
+	}
+
+	ctx := context.Background()
+	stores, err := services.OpenStores(ctx, e.srv.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History}
+	built, err := rebuild.Replay(ctx, e.srv.JS, rebuild.Options{Policy: e.pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(built.Tasks) != 30 || len(built.Trust) != 1 {
+		t.Fatalf("rebuilt %d tasks, %d types", len(built.Tasks), len(built.Trust))
+	}
+	diffs, err := rebuild.Compare(ctx, live, built)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range diffs {
+		t.Errorf("difference after a normal run: %s", d)
+	}
+
+	// Tamper with a task and a trust entry: rebuild finds both and -apply restores them.
+	if _, err := stores.Tasks.Put(ctx, "r-0", []byte(`{"id":"r-0","status":"failed"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := stores.Trust.Delete(ctx, "bug_fix"); err != nil {
+		t.Fatal(err)
+	}
+	diffs, err = rebuild.Compare(ctx, live, built)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, d := range diffs {
+		found[d.Store+"/"+d.Key] = true
+	}
+	if !found[services.BucketTasks+"/r-0"] || !found[services.BucketTrust+"/bug_fix"] {
+		t.Fatalf("tampering not found: %v", diffs)
+	}
+	if err := rebuild.Apply(ctx, live, built); err != nil {
+		t.Fatal(err)
+	}
+	if diffs, _ = rebuild.Compare(ctx, live, built); len(diffs) != 0 {
+		t.Fatalf("after apply: %v", diffs)
+	}
+	if st := e.state("r-0"); st.Status == events.StatusFailed {
+		t.Fatal("task state not restored")
+	}
+}

@@ -1,0 +1,494 @@
+// Package rebuild recomputes the derived stores — task state, trust stats,
+// outcome history — from the event stream alone, with the same pure functions
+// the services use, and compares them with the live stores. After a normal
+// run they agree; a difference means a store was written outside the events
+// (or lost), and Apply can restore it from the stream.
+package rebuild
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/services/recorder"
+	"dispatchmesh/services/verifier"
+	"dispatchmesh/trust"
+)
+
+// Stores are what a replay produces.
+type Stores struct {
+	Tasks   map[string]*events.TaskState
+	Trust   map[string]*trust.Stats
+	History map[string]*history.Record
+	// Events is how many stream messages were replayed.
+	Events int
+}
+
+// Options of a replay.
+type Options struct {
+	// Policy must be the policy the mesh ran with (max_retries, pipelines).
+	Policy *policy.Source
+	// Scoring must match the mesh's trust scoring.
+	Scoring trust.Policy
+	// HistoryLimit is the history store's per-key limit (default 50).
+	HistoryLimit int
+}
+
+// Replay reads every task event and review record on the stream, in order,
+// and folds them into fresh stores.
+func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, error) {
+	if o.HistoryLimit <= 0 {
+		o.HistoryLimit = history.DefaultLimit
+	}
+	r := &replayer{o: o, out: &Stores{
+		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
+	}}
+	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.TaskRoot + ".>", events.ReviewFilter},
+	})
+	if err != nil {
+		return nil, err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for pending := info.NumPending; pending > 0; {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			if err := r.apply(msg.Subject(), msg.Data(), md.Timestamp.UTC()); err != nil {
+				return nil, fmt.Errorf("replay %s (seq %d): %w", msg.Subject(), md.Sequence.Stream, err)
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("replay stalled with %d messages pending", pending)
+		}
+		pending -= uint64(n)
+		r.out.Events += n
+	}
+	return r.out, nil
+}
+
+type replayer struct {
+	o   Options
+	out *Stores
+}
+
+func (r *replayer) task(id string) *events.TaskState {
+	st := r.out.Tasks[id]
+	if st == nil {
+		st = &events.TaskState{ID: id}
+		r.out.Tasks[id] = st
+	}
+	return st
+}
+
+func (r *replayer) stats(taskType string) *trust.Stats {
+	s := r.out.Trust[taskType]
+	if s == nil {
+		s = &trust.Stats{Type: taskType}
+		r.out.Trust[taskType] = s
+	}
+	return s
+}
+
+// setStatus mirrors services.TaskStore.SetStatus.
+func (r *replayer) setStatus(b events.Base, status, reason string) {
+	st := r.task(b.Task.ID)
+	if st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status {
+		return
+	}
+	st.Status, st.Pass, st.UpdatedAt = status, b.Run.Pass, b.At
+	if reason != "" {
+		st.Reason = reason
+	}
+}
+
+func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
+	if reason, _, ok := events.ParseReviewSubject(subject); ok {
+		return r.review(reason, data)
+	}
+	_, stage, ok := events.ParseTaskSubject(subject)
+	if !ok {
+		return nil
+	}
+	switch stage {
+	case events.StageQueued:
+		var ev events.Queued
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		if _, exists := r.out.Tasks[ev.Task.ID]; exists {
+			return nil
+		}
+		st := services.NewState(ev.Task)
+		st.Rung, st.Step = ev.Run.Rung, ev.Run.Step
+		r.out.Tasks[ev.Task.ID] = &st
+	case events.StageCancelled:
+		var ev events.Cancelled
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		r.setStatus(ev.Base, events.StatusCancelled, verifier.CancelReason(ev.Verification))
+	case events.StageAdmitted:
+		var ev events.Admitted
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		r.gate(ev.Base, ev.Trust, false)
+	case events.StageExecuted:
+		var ev events.Executed
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		r.executed(ev, stored)
+	}
+	return nil
+}
+
+func (r *replayer) review(reason string, data []byte) error {
+	switch reason {
+	case events.ReviewGated:
+		var ev events.Gated
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		r.gate(ev.Base, ev.Trust, true)
+		r.setStatus(ev.Base, events.StatusNeedsHumanReview, ev.Reason)
+	case events.ReviewAction:
+		var a events.Action
+		if err := json.Unmarshal(data, &a); err != nil {
+			return err
+		}
+		services.ApplyAction(r.task(a.TaskID), a)
+	}
+	return nil
+}
+
+// gate mirrors the gate's block streak (trust.Policy.Gate).
+func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
+	s := r.stats(b.Task.Type)
+	key := services.MsgID(b.Task.ID, b.Run.Pass, "gate")
+	var below bool
+	switch {
+	case blocked:
+		if !strings.HasPrefix(d.Reason, "Blocked: "+b.Task.Type+" trust score") {
+			return // a budget block does not touch the streak
+		}
+		below = true
+	case d.Probe:
+		below = true
+	case b.Run.Reviewed || d.Exempt:
+		return
+	}
+	if !below && s.BlockStreak == 0 {
+		return
+	}
+	next, _, _ := r.o.Scoring.Gate(*s, key, below)
+	*s = next
+}
+
+// executed mirrors the executor's and the recorder's writes for one attempt.
+func (r *replayer) executed(ev events.Executed, stored time.Time) {
+	b, res, t := ev.Base, ev.Result, ev.Task
+	st := r.task(t.ID)
+	switch {
+	case res.Refused:
+		st.Refused++
+	case res.RequestHash != "" && (res.ErrorClass == events.ErrorClassDeterministic || res.ErrorClass == events.ErrorClassAuth || res.ErrorClass == events.ErrorClassQuota):
+		if !slices.Contains(st.FailedRequests, res.RequestHash) {
+			st.FailedRequests = append(st.FailedRequests, res.RequestHash)
+		}
+	}
+	for _, h := range st.History {
+		if h.Pass == b.Run.Pass {
+			return // already recorded
+		}
+	}
+	if st.Pass > b.Run.Pass {
+		return
+	}
+	pol := r.o.Policy.For(t.Type)
+	res = recorder.Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)
+	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
+	hk := history.Key(t.Type, t.Subject)
+	rec := r.out.History[hk]
+	if rec == nil {
+		rec = &history.Record{Type: t.Type, Subject: t.Subject}
+		r.out.History[hk] = rec
+	}
+	rec.Entries, _ = history.Insert(rec.Entries, history.Entry{
+		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
+		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
+	}, r.o.HistoryLimit)
+	s := r.stats(t.Type)
+	*s, _ = r.o.Scoring.Record(*s, trust.Outcome{
+		Key: key, Success: res.Outcome == events.OutcomeSuccess, At: stored,
+		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
+	})
+	recorder.Apply(st, t, b.Run, res, pol, stored)
+}
+
+// Difference is one store entry where the live store and the replay disagree.
+type Difference struct {
+	Store string `json:"store"`
+	Key   string `json:"key"`
+	Field string `json:"field"`
+	Live  string `json:"live"`
+	Built string `json:"rebuilt"`
+}
+
+func (d Difference) String() string {
+	return fmt.Sprintf("%s %s: %s live=%s rebuilt=%s", d.Store, d.Key, d.Field, d.Live, d.Built)
+}
+
+// Live are the live stores.
+type Live struct {
+	Tasks, Trust, History jetstream.KeyValue
+}
+
+// Compare reports every difference between the live stores and rebuilt.
+// Counters only the executor keeps (transient retries, failed tool calls)
+// and the submission's stream sequence are not derived from events and are
+// left out.
+func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
+	var diffs []Difference
+	cmp := func(store string, keys, builtKeys []string, get func(string) (any, bool, error), built func(string) (any, bool)) error {
+		seen := map[string]bool{}
+		for _, k := range append(keys, builtKeys...) {
+			seen[k] = true
+		}
+		for _, k := range sortedKeys(seen) {
+			lv, lok, err := get(k)
+			if err != nil {
+				return err
+			}
+			bv, bok := built(k)
+			switch {
+			case !lok:
+				diffs = append(diffs, Difference{store, k, "(entry)", "missing", "present"})
+			case !bok:
+				diffs = append(diffs, Difference{store, k, "(entry)", "present", "missing"})
+			default:
+				diffs = append(diffs, fieldDiffs(store, k, lv, bv)...)
+			}
+		}
+		return nil
+	}
+
+	taskKeys, err := keysOf(ctx, live.Tasks)
+	if err != nil {
+		return nil, err
+	}
+	err = cmp(services.BucketTasks, taskKeys, keysOfMap(rebuilt.Tasks), func(k string) (any, bool, error) {
+		st, _, found, err := kvcas.Get[events.TaskState](ctx, live.Tasks, k)
+		return normTask(st), found, err
+	}, func(k string) (any, bool) {
+		st, ok := rebuilt.Tasks[k]
+		if !ok {
+			return nil, false
+		}
+		return normTask(*st), true
+	})
+	if err != nil {
+		return nil, err
+	}
+	trustKeys, err := keysOf(ctx, live.Trust)
+	if err != nil {
+		return nil, err
+	}
+	err = cmp(services.BucketTrust, trustKeys, keysOfMap(rebuilt.Trust), func(k string) (any, bool, error) {
+		s, _, found, err := kvcas.Get[trust.Stats](ctx, live.Trust, k)
+		return s, found, err
+	}, func(k string) (any, bool) {
+		s, ok := rebuilt.Trust[k]
+		if !ok {
+			return nil, false
+		}
+		return *s, true
+	})
+	if err != nil {
+		return nil, err
+	}
+	histKeys, err := keysOf(ctx, live.History)
+	if err != nil {
+		return nil, err
+	}
+	err = cmp(services.BucketHistory, histKeys, keysOfMap(rebuilt.History), func(k string) (any, bool, error) {
+		rec, _, found, err := kvcas.Get[history.Record](ctx, live.History, k)
+		return rec, found, err
+	}, func(k string) (any, bool) {
+		rec, ok := rebuilt.History[k]
+		if !ok {
+			return nil, false
+		}
+		return *rec, true
+	})
+	return diffs, err
+}
+
+// Apply overwrites the live stores with the rebuilt ones.
+func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
+	put := func(kv jetstream.KeyValue, key string, v any) error {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = kv.Put(ctx, key, data)
+		return err
+	}
+	for k, st := range rebuilt.Tasks {
+		if err := put(live.Tasks, k, st); err != nil {
+			return err
+		}
+	}
+	for k, s := range rebuilt.Trust {
+		if err := put(live.Trust, k, s); err != nil {
+			return err
+		}
+	}
+	for k, rec := range rebuilt.History {
+		if err := put(live.History, k, rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// normTask leaves out what is not derived from events.
+func normTask(st events.TaskState) events.TaskState {
+	st.SubmitSeq, st.TransientRetries = 0, 0
+	st.FailedRequests = slices.DeleteFunc(slices.Clone(st.FailedRequests), func(h string) bool { return strings.HasPrefix(h, "tool:") })
+	if len(st.FailedRequests) == 0 {
+		st.FailedRequests = nil
+	}
+	return st
+}
+
+func keysOf(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+func keysOfMap[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func sortedKeys(m map[string]bool) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// fieldDiffs compares two values field by field through their JSON form;
+// numbers compare with a small tolerance (sums of costs in another order).
+func fieldDiffs(store, key string, live, built any) []Difference {
+	lm, bm := toMap(live), toMap(built)
+	var diffs []Difference
+	fields := map[string]bool{}
+	for f := range lm {
+		fields[f] = true
+	}
+	for f := range bm {
+		fields[f] = true
+	}
+	for _, f := range sortedKeys(fields) {
+		if !equalJSON(lm[f], bm[f]) {
+			diffs = append(diffs, Difference{store, key, f, clip(lm[f]), clip(bm[f])})
+		}
+	}
+	return diffs
+}
+
+func toMap(v any) map[string]json.RawMessage {
+	data, _ := json.Marshal(v)
+	m := map[string]json.RawMessage{}
+	_ = json.Unmarshal(data, &m)
+	return m
+}
+
+func equalJSON(a, b json.RawMessage) bool {
+	var x, y any
+	_ = json.Unmarshal(a, &x)
+	_ = json.Unmarshal(b, &y)
+	return near(x, y)
+}
+
+func near(x, y any) bool {
+	switch a := x.(type) {
+	case float64:
+		b, ok := y.(float64)
+		return ok && math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(a))
+	case map[string]any:
+		b, ok := y.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k := range a {
+			if !near(a[k], b[k]) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := y.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !near(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return fmt.Sprint(x) == fmt.Sprint(y)
+}
+
+func clip(b json.RawMessage) string {
+	s := string(b)
+	if s == "" {
+		s = "(none)"
+	}
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
