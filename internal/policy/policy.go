@@ -276,6 +276,24 @@ func (f *File) Validate() error {
 		if r := t.SimulatedSuccessRate; r != nil && (*r < 0 || *r > 1) {
 			errs = append(errs, fmt.Errorf("%s: simulated_success_rate must be within [0, 1]", where))
 		}
+		switch t.Executor {
+		case "", "model":
+		case "command":
+			if len(t.Command) == 0 {
+				errs = append(errs, fmt.Errorf("%s: executor \"command\" needs a command", where))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("%s: unknown executor %q (model, command)", where, t.Executor))
+		}
+		for i, tool := range append(append([]Tool(nil), t.Tools...), t.ResearchTools...) {
+			if tool.Name == "" || tool.Subject == "" {
+				errs = append(errs, fmt.Errorf("%s: tool %d needs a name and a subject", where, i+1))
+			}
+			if len(tool.Parameters) > 0 && !json.Valid(tool.Parameters) {
+				errs = append(errs, fmt.Errorf("%s: tool %s: parameters is not valid JSON", where, tool.Name))
+			}
+		}
+		errs = append(errs, validateSteps(where, t.Steps)...)
 		if v := t.Verifier; v != nil {
 			switch v.Kind {
 			case "", VerifierNone:
@@ -360,4 +378,45 @@ func (t Type) SuccessRate() float64 {
 		return 1
 	}
 	return *t.SimulatedSuccessRate
+}
+
+func validateSteps(where string, steps []Step) []error {
+	var errs []error
+	seen := map[string]int{}
+	for i, s := range steps {
+		at := fmt.Sprintf("%s: step %d", where, i+1)
+		switch {
+		case s.Name == "":
+			errs = append(errs, fmt.Errorf("%s: needs a name", at))
+		case seen[s.Name] > 0:
+			errs = append(errs, fmt.Errorf("%s: name %q is used twice", at, s.Name))
+		}
+		seen[s.Name] = i + 1
+		switch s.Run {
+		case "", "model":
+		case "command":
+			if len(s.Command) == 0 {
+				errs = append(errs, fmt.Errorf("%s (%s): a command step needs a command", at, s.Name))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("%s (%s): run must be model or command, not %q", at, s.Name, s.Run))
+		}
+		if s.OnFail.Retry != nil && *s.OnFail.Retry < 0 {
+			errs = append(errs, fmt.Errorf("%s (%s): retry must not be negative", at, s.Name))
+		}
+		for _, g := range s.OnFail.Goto {
+			if j, ok := seen[g.Step]; !ok || j > i {
+				errs = append(errs, fmt.Errorf("%s (%s): goto %q must name an earlier step", at, s.Name, g.Step))
+			}
+			if g.Max < 0 {
+				errs = append(errs, fmt.Errorf("%s (%s): goto max must not be negative", at, s.Name))
+			}
+		}
+		switch s.OnFail.Final {
+		case "", "fail", "skip":
+		default:
+			errs = append(errs, fmt.Errorf("%s (%s): final must be fail or skip, not %q", at, s.Name, s.OnFail.Final))
+		}
+	}
+	return errs
 }

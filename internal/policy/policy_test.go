@@ -1,0 +1,114 @@
+package policy_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"dispatchmesh/internal/policy"
+)
+
+const spec7 = `{
+  "defaults": {"model": "gpt-4o-mini"},
+  "types": {
+    "go_fix": {
+      "max_retries": 5,
+      "skip_budget": 2,
+      "steps": [
+        {"name": "plan",      "on_fail": {"retry": 2, "final": "fail"}},
+        {"name": "implement", "on_fail": {"retry": 3, "goto": [{"step": "plan", "max": 2}]}},
+        {"name": "validate",  "run": "command", "command": ["go", "vet", "./..."], "on_fail": {"retry": 0, "goto": [{"step": "implement", "max": 3}]}},
+        {"name": "test",      "run": "command", "command": ["go", "test", "./..."], "timeout": "5m",
+                              "on_fail": {"retry": 1, "goto": [{"step": "implement", "max": 3}, {"step": "plan"}]}}
+      ]
+    },
+    "css_fix": {"model": "gpt-4o", "simulated_success_rate": 0.05, "threshold": 0.2,
+                "verifier": {"kind": "command", "command": ["./still-broken.sh"], "timeout": "10s"}}
+  }
+}`
+
+func TestParseAndMerge(t *testing.T) {
+	f, err := policy.Parse([]byte(spec7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := f.For("go_fix")
+	if len(g.Steps) != 4 || g.MaxRetries != 5 || g.Model != "gpt-4o-mini" || *g.Steps[2].OnFail.Retry != 0 {
+		t.Fatalf("go_fix = %+v", g)
+	}
+	c := f.For("css_fix")
+	if c.Model != "gpt-4o" || c.SuccessRate() != 0.05 || *c.Threshold != 0.2 || c.Verifier.Kind != policy.VerifierCommand || c.MaxRetries != policy.DefaultMaxRetries {
+		t.Fatalf("css_fix = %+v", c)
+	}
+	if !f.For("triage_fix").IsExempt() || f.For("css_fix").IsExempt() {
+		t.Fatal("default exemptions wrong")
+	}
+	var nilFile *policy.File
+	if d := nilFile.For("x"); d.MaxRetries != policy.DefaultMaxRetries || d.SuccessRate() != 1 || d.Verifier.Kind != policy.VerifierNone {
+		t.Fatalf("defaults = %+v", d)
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	bad := `{"types": {"x": {
+	  "max_retries": -1, "threshold": 2, "executor": "magic",
+	  "verifier": {"kind": "carrier-pigeon"},
+	  "tools": [{"name": "lookup"}],
+	  "steps": [
+	    {"name": "a", "run": "command"},
+	    {"name": "a", "on_fail": {"goto": [{"step": "later"}], "final": "explode"}}
+	  ]}}}`
+	_, err := policy.Parse([]byte(bad))
+	if err == nil {
+		t.Fatal("accepted a bad policy")
+	}
+	for _, want := range []string{"max_retries", "threshold", "unknown executor", "carrier-pigeon", "tool 1 needs a name and a subject",
+		"a command step needs a command", `name "a" is used twice`, `goto "later" must name an earlier step`, "final must be fail or skip"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if _, err := policy.Parse([]byte(`{"types": {"x": {"modle": "typo"}}}`)); err == nil || !strings.Contains(err.Error(), "modle") {
+		t.Errorf("unknown field not reported: %v", err)
+	}
+	if _, err := policy.Parse([]byte(`{"types": {"x": {"command_timeout": 10}}}`)); err == nil {
+		t.Error("a number accepted as a duration")
+	}
+}
+
+func TestSourceReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(path, []byte(`{"types": {"a": {"model": "m1"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := policy.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.For("a").Model != "m1" {
+		t.Fatal("not loaded")
+	}
+	if _, err := policy.Open(filepath.Join(t.TempDir(), "missing.json"), nil); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(spec7))
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"types": {"x": {"steps": [{"name": "a", "on_fail": {"goto": [{"step": "a"}]}}]}}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := policy.Parse(data)
+		if err != nil {
+			return
+		}
+		for name := range p.Types {
+			_ = p.For(name) // never panics on anything Parse accepted
+		}
+		if p.Validate() != nil {
+			t.Fatal("Parse accepted what Validate rejects")
+		}
+	})
+}
