@@ -42,6 +42,10 @@ const (
 	Recorder = "recorder"
 )
 
+// ExecutorMaxDeliver bounds deliveries of one executor message: transient
+// snoozes (budget 8 per attempt) and circuit snoozes are deliveries too.
+const ExecutorMaxDeliver = 200
+
 // All is every service, in pipeline order.
 var All = []string{Intake, Verifier, Gate, Prompt, Executor, Recorder}
 
@@ -138,7 +142,7 @@ func Run(ctx context.Context, o Options) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, len(specs))
 	for _, spec := range specs {
-		spec.MaxDeliver = orDefault(o.MaxDeliver, spec.MaxDeliver)
+		spec.MaxDeliver = max(o.MaxDeliver, spec.MaxDeliver)
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
 		spec.Concurrency = orDefault(o.Concurrency, spec.Concurrency)
 		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace}
@@ -210,14 +214,16 @@ func (o Options) build(st *services.Stores) ([]services.Spec, error) {
 		case Executor:
 			s, err := executor.New(executor.Config{
 				Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
-				Tasks: tasks, Instance: inst(name), Log: o.Log,
+				Tasks: tasks, NATS: o.NC, Registry: o.Registry, Instance: inst(name), Log: o.Log,
 			})
 			if err != nil {
 				return nil, err
 			}
+			// Every transient snooze is a delivery: the executor's messages
+			// need room for the transient budget and circuit snoozes.
 			specs = append(specs, services.Spec{
 				Name: services.ConsumerExecutor, Filters: []string{events.StageFilter(events.StagePrompted)},
-				Handler: s.Handle, Concurrency: 16,
+				Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver,
 			})
 		case Recorder:
 			s, err := recorder.New(recorder.Config{Tasks: tasks, Trust: trustStore, History: hist, Policy: o.Policy, Scoring: o.Scoring, Instance: inst(name), Log: o.Log})

@@ -349,6 +349,42 @@ func (f *File) For(taskType string) Type {
 	if t.SimulatedSuccessRate == nil {
 		t.SimulatedSuccessRate = d.SimulatedSuccessRate
 	}
+	if t.Executor == "" {
+		t.Executor, t.Command = d.Executor, d.Command
+	}
+	if len(t.Command) == 0 {
+		t.Command = d.Command
+	}
+	if t.CommandTimeout == 0 {
+		t.CommandTimeout = d.CommandTimeout
+	}
+	if t.Tools == nil {
+		t.Tools = d.Tools
+	}
+	if t.ResearchTools == nil {
+		t.ResearchTools = d.ResearchTools
+	}
+	if t.MaxToolCalls == 0 {
+		t.MaxToolCalls = d.MaxToolCalls
+	}
+	if t.TransientBudget == 0 {
+		t.TransientBudget = d.TransientBudget
+	}
+	if t.Budget == nil {
+		t.Budget = d.Budget
+	}
+	if t.DailyBudget == nil {
+		t.DailyBudget = d.DailyBudget
+	}
+	if t.Steps == nil {
+		t.Steps = d.Steps
+	}
+	if t.SkipBudget == 0 {
+		t.SkipBudget = d.SkipBudget
+	}
+	if t.SkipDelay == 0 {
+		t.SkipDelay = d.SkipDelay
+	}
 	return t.withDefaults(taskType)
 }
 

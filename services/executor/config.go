@@ -4,8 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 )
@@ -33,23 +38,48 @@ type Config struct {
 	// DefaultModel is the model name asked when neither the prompt nor the
 	// type's policy names one (DISPATCH_MODEL). Default "gpt-4o-mini".
 	DefaultModel string
-	// Policy gives each type's model (policy.For(type).Model); the prompt's
-	// own Model wins over it. Default: nil, no per-type models.
+	// Policy gives each type's model, executor (model or command), agent
+	// command, tools, tool-call and transient budgets and pipeline steps; the
+	// prompt's own Model wins over the policy's. Default: nil, built-in
+	// defaults (the model executor, no tools, no steps).
 	Policy *policy.Source
 	// Prices is the price table by model name, looked up with the requested
 	// name and then the name the provider answered with. A model missing from
 	// it costs 0. Default: empty.
 	Prices map[string]Price
-	// Tasks, when set, gets the task's status set to running before the model
-	// is called, and lets the executor skip a prompt whose task has moved on.
-	// Default: nil, no task state is touched.
+	// Tasks keeps the error discipline's facts in each task's state
+	// (FailedRequests, Refused, TransientRetries), sets the task running
+	// before anything is called, and lets the executor skip a prompt whose
+	// task has moved on. Default: nil, the facts are kept in this instance's
+	// memory only and no task state is touched.
 	Tasks *services.TaskStore
+	// NATS carries tool calls: each policy tool is requested on its subject.
+	// Default: nil, no tools are offered (a warning is logged when a type
+	// lists some).
+	NATS *nats.Conn
+	// Rules tune the error classification (see Classify). Default: the
+	// built-in mapping; its clock is Now.
+	Rules Rules
+	// Backoff spaces the redeliveries after a transient failure without
+	// Retry-After. Default: full jitter over 1s × 2^(n-1), capped at 5m.
+	Backoff Backoff
+	// Circuit configures the breaker kept per model endpoint and per agent
+	// command. Default: open after 5 consecutive transient failures, for
+	// 30s, doubling up to 5m while probes fail.
+	Circuit CircuitConfig
+	// Rand draws the backoff jitter, uniform in [0,1). Default
+	// math/rand/v2.Float64.
+	Rand func() float64
+	// Registry receives the executor's Prometheus metrics. Default: nil, no
+	// metrics are registered.
+	Registry prometheus.Registerer
 	// Instance names this instance in the events it produces (By).
 	// Default "executor".
 	Instance string
-	// Log receives one line per model call. Default slog.Default().
+	// Log receives one line per attempt and per snooze. Default slog.Default().
 	Log *slog.Logger
-	// Now is the clock. Default time.Now.
+	// Now is the clock (event times, durations, circuit cool-downs,
+	// Retry-After dates). Default time.Now.
 	Now func() time.Time
 }
 
@@ -63,6 +93,19 @@ func (c Config) Validate() error {
 		if p.InputPerMTok < 0 || p.OutputPerMTok < 0 {
 			errs = append(errs, fmt.Errorf("executor: price of %q must not be negative", name))
 		}
+	}
+	if c.Backoff.Base < 0 || c.Backoff.Max < 0 || c.Backoff.Factor < 0 || (c.Backoff.Factor != 0 && c.Backoff.Factor < 1) {
+		errs = append(errs, errors.New("executor: Backoff needs Base and Max ≥ 0 and Factor 0 (default) or ≥ 1"))
+	}
+	for code, class := range c.Rules.Status {
+		switch class {
+		case events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassModel:
+		default:
+			errs = append(errs, fmt.Errorf("executor: Rules.Status[%d] is %q, want transient, deterministic, auth, quota or model", code, class))
+		}
+	}
+	if c.Circuit.CoolDown < 0 || c.Circuit.MaxCoolDown < 0 {
+		errs = append(errs, errors.New("executor: Circuit cool-downs must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -79,6 +122,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
 	}
 	return c
 }

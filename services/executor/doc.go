@@ -1,19 +1,44 @@
-// Package executor is the stage that calls the model: it consumes
-// events.Prompted (stage "prompted"), sends the prompt's messages to a Model
-// and publishes one events.Executed (stage "executed") for the recorder.
+// Package executor is the stage that runs an attempt: it consumes
+// events.Prompted (stage "prompted"), sends the prompt to a Model — or runs
+// the type's agent command, or a pipeline's command step — and publishes one
+// events.Executed (stage "executed") for the recorder.
 //
 // Two models ship with it: OpenAI, any OpenAI-compatible chat-completions
 // endpoint (OpenAI, Azure, Ollama, vLLM, LiteLLM…), and Simulated, the
-// built-in stand-in used when no API key is configured.
-//
-// The model is asked for a structured answer (see ParseResult):
+// built-in stand-in used when no API key is configured. A type whose policy
+// says executor "command" runs its agent CLI instead, with the prompt as
+// text on stdin (PromptText). The answer is the structured result (see
+// ParseResult):
 //
 //	{"status":"success"|"failure","approach":"...","summary":"...","changes":["..."]}
 //
-// Every call becomes exactly one Result: a success, a failure the model
-// reported (ErrorClassTask), an answer that could not be parsed
-// (ErrorClassInvalidOutput) or a call that failed (ErrorClassModel). Tokens and
-// cost are recorded on every call that returned an answer. A cancelled context
-// (shutdown) is not an attempt: Handle returns ctx.Err() so the message is
-// redelivered.
+// # Error discipline
+//
+// Every failed call is classified (Classify) and never retried blindly:
+//
+//   - transient (5xx, timeouts, resets, rate limits, exit 75 of an agent
+//     command): the identical request is sent again later. Handle returns a
+//     services.SnoozeError — Retry-After when given, else exponential backoff
+//     with full jitter over the attempt's transient count, kept in
+//     TaskState.TransientRetries — and publishes nothing: it is not an
+//     attempt. Past the type's transient budget the attempt fails with
+//     "provider unavailable". A circuit breaker per endpoint stops calling an
+//     endpoint that keeps failing and lets one probe through after a cool-down.
+//   - deterministic (400, 404, 422 …), auth (401, 403) and quota (a 429 saying
+//     so): the attempt fails with everything the provider said, and the
+//     request's hash (RequestHash) is added to TaskState.FailedRequests. A
+//     later request with the same hash is refused without being sent
+//     (ErrorClassRefused): the request must change.
+//
+// # Tools
+//
+// A type's policy tools (and, on the RESEARCH rung, its research tools) are
+// offered to the model by function calling and run over NATS request-reply.
+// A tool's error reply (micro error headers) is classified like an HTTP
+// status and given to the model in full; a call identical to one that
+// failed deterministically (ToolCallHash) is refused before it is sent.
+//
+// Tokens and cost are summed over every call of the attempt. A cancelled
+// context (shutdown) is not an attempt either: Handle returns ctx.Err() so
+// the message is redelivered.
 package executor

@@ -3,6 +3,7 @@ package executor_test
 import (
 	"fmt"
 
+	"dispatchmesh/events"
 	"dispatchmesh/services/executor"
 )
 
@@ -18,4 +19,17 @@ func ExampleParseResult() {
 	// Output:
 	// failure | null check in handleResponse | wrong location | <nil>
 	// invalid model output: no JSON object in the answer; the answer was "I fixed it, trust me."
+}
+
+func ExamplePromptText() {
+	fmt.Print(executor.PromptText([]events.Message{
+		{Role: "user", Content: "Fix the button colour in app.css."},
+		{Role: "system", Content: "Answer with JSON."},
+	}))
+	// Output:
+	// [system]
+	// Answer with JSON.
+	//
+	// [user]
+	// Fix the button colour in app.css.
 }

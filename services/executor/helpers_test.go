@@ -43,6 +43,9 @@ func newService(t *testing.T, cfg executor.Config) (*executor.Service, *bytes.Bu
 	var logs bytes.Buffer
 	cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.Now = func() time.Time { return testNow }
+	if cfg.Rand == nil {
+		cfg.Rand = func() float64 { return 0.5 }
+	}
 	if cfg.Instance == "" {
 		cfg.Instance = "executor@test"
 	}

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -26,12 +27,13 @@ type OpenAIConfig struct {
 }
 
 // OpenAI is a Model backed by an OpenAI-compatible chat-completions endpoint.
-// It asks for a JSON object answer (response_format json_object) and leaves
-// the temperature at the provider's default. It never retries: a failed call
-// returns a *ProviderError.
+// It sends the request's response format and tools, and leaves the
+// temperature at the provider's default. It never retries: a failed call
+// returns a *ProviderError. Identical Requests are sent as identical bytes.
 type OpenAI struct {
-	client  *openai.Client
-	timeout time.Duration
+	client   *openai.Client
+	timeout  time.Duration
+	endpoint string
 }
 
 // NewOpenAI returns a model calling the endpoint in cfg.
@@ -48,35 +50,70 @@ func NewOpenAI(cfg OpenAIConfig) *OpenAI {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	return &OpenAI{client: openai.NewClientWithConfig(oc), timeout: cfg.Timeout}
+	return &OpenAI{client: openai.NewClientWithConfig(oc), timeout: cfg.Timeout, endpoint: oc.BaseURL}
 }
+
+// Endpoint is the API root the model calls; the executor's circuit breaker
+// keys on it.
+func (o *OpenAI) Endpoint() string { return o.endpoint }
 
 // Complete sends req as one chat completion.
 func (o *OpenAI) Complete(ctx context.Context, req Request) (Response, error) {
-	msgs := make([]openai.ChatCompletionMessage, len(req.Messages))
-	for i, m := range req.Messages {
-		msgs[i] = openai.ChatCompletionMessage{Role: m.Role, Content: m.Content}
-	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	ans := &httpAnswer{}
-	resp, err := o.client.CreateChatCompletion(context.WithValue(ctx, httpAnswerKey{}, ans), openai.ChatCompletionRequest{
-		Model:          req.Model,
-		Messages:       msgs,
-		ResponseFormat: &openai.ChatCompletionResponseFormat{Type: openai.ChatCompletionResponseFormatTypeJSONObject},
-	})
+	resp, err := o.client.CreateChatCompletion(context.WithValue(ctx, httpAnswerKey{}, ans), chatRequest(req))
 	if err == nil && len(resp.Choices) == 0 {
 		err = errors.New("the answer has no choices")
 	}
 	if err != nil {
 		return Response{}, &ProviderError{Model: req.Model, StatusCode: ans.status, Header: ans.header, Err: err}
 	}
-	return Response{
-		Content:   resp.Choices[0].Message.Content,
+	msg := resp.Choices[0].Message
+	out := Response{
+		Content:   msg.Content,
 		Model:     resp.Model,
 		TokensIn:  resp.Usage.PromptTokens,
 		TokensOut: resp.Usage.CompletionTokens,
-	}, nil
+	}
+	for _, tc := range msg.ToolCalls {
+		out.ToolCalls = append(out.ToolCalls, ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+	}
+	return out, nil
+}
+
+// emptySchema is the parameters schema of a tool that declares none.
+var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
+
+// chatRequest is req in the client's terms.
+func chatRequest(req Request) openai.ChatCompletionRequest {
+	cr := openai.ChatCompletionRequest{Model: req.Model, Messages: make([]openai.ChatCompletionMessage, len(req.Messages))}
+	for i, m := range req.Messages {
+		cm := openai.ChatCompletionMessage{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID}
+		for _, tc := range m.ToolCalls {
+			cm.ToolCalls = append(cm.ToolCalls, openai.ToolCall{
+				ID: tc.ID, Type: openai.ToolTypeFunction,
+				Function: openai.FunctionCall{Name: tc.Name, Arguments: tc.Arguments},
+			})
+		}
+		cr.Messages[i] = cm
+	}
+	if req.ResponseFormat != "" {
+		cr.ResponseFormat = &openai.ChatCompletionResponseFormat{Type: openai.ChatCompletionResponseFormatType(req.ResponseFormat)}
+	}
+	for _, t := range req.Tools {
+		params := t.Parameters
+		if len(params) == 0 {
+			params = emptySchema
+		}
+		cr.Tools = append(cr.Tools, openai.Tool{Type: openai.ToolTypeFunction, Function: &openai.FunctionDefinition{
+			Name: t.Name, Description: t.Description, Parameters: params,
+		}})
+	}
+	if req.ToolChoice != "" && len(cr.Tools) > 0 {
+		cr.ToolChoice = req.ToolChoice
+	}
+	return cr
 }
 
 // httpAnswer keeps the status and headers of a call's HTTP answer, which the

@@ -6,12 +6,23 @@ import (
 	"fmt"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
+)
+
+// Executor kinds (policy executor) and step kinds (policy steps' run).
+const (
+	ExecutorModel   = "model"
+	ExecutorCommand = "command"
 )
 
 // Service is the executor stage.
 type Service struct {
-	cfg Config
+	cfg      Config
+	rules    Rules
+	ledger   ledger
+	circuits *circuits
+	metrics  *metrics
 }
 
 // New validates cfg and returns the service.
@@ -19,12 +30,30 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg.withDefaults()}, nil
+	cfg = cfg.withDefaults()
+	s := &Service{cfg: cfg, rules: cfg.Rules, circuits: &circuits{cfg: cfg.Circuit}, metrics: newMetrics(cfg.Registry)}
+	if s.rules.Now == nil {
+		s.rules.Now = cfg.Now
+	}
+	if cfg.Tasks != nil {
+		s.ledger = kvLedger{tasks: cfg.Tasks, log: cfg.Log}
+	} else {
+		s.ledger = &memLedger{}
+	}
+	return s, nil
 }
 
-// Handle runs one prompted task through the model and returns its Executed
-// event. A cancelled ctx returns ctx.Err() and nothing else (not an attempt);
-// every other outcome, a failed model call included, is one Executed.
+// Handle runs one prompted task — through the model, the type's agent
+// command, or the pipeline step's command — and returns its Executed event.
+//
+// It returns an error instead when the prompt is not an attempt: ctx.Err()
+// on shutdown (the message is redelivered), a *services.SnoozeError for a
+// transient failure within the type's transient budget or while the
+// endpoint's circuit is open (redelivered after the delay, no Executed),
+// a poison DeadError for input that cannot be executed, and a plain error
+// when the task state cannot be read or written. A request identical to one
+// that already failed deterministically for the task is not sent: its
+// Executed says so (ErrorClassRefused).
 func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 	var in events.Prompted
 	if err := services.Decode(m, &in); err != nil {
@@ -33,36 +62,37 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if !events.ValidID(in.Task.ID) {
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("prompted event has an invalid task id %q", in.Task.ID))
 	}
-	if len(in.Prompt.Messages) == 0 {
+	pol := s.cfg.Policy.For(in.Task.Type)
+	step, isStep := commandStep(pol, in.Run.Step)
+	if !isStep && len(in.Prompt.Messages) == 0 {
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("prompted event of task %s has no messages", in.Task.ID))
 	}
 	base := in.Base
 	base.By = s.cfg.Instance
 	base.At = s.cfg.Now()
-	if s.cfg.Tasks != nil {
-		skip, err := s.markRunning(ctx, base)
-		if err != nil {
-			return nil, err
-		}
-		if skip {
-			return nil, nil
-		}
+	f, skip, err := s.ledger.begin(ctx, base)
+	if err != nil || skip {
+		return nil, err
 	}
 
-	req := Request{
-		Model:    s.modelFor(in),
-		Messages: in.Prompt.Messages,
-		TaskType: in.Task.Type,
-		TaskID:   in.Task.ID,
-		Attempt:  in.Run.Attempt,
-	}
+	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, banned: map[string]string{}}
 	start := s.cfg.Now()
-	resp, err := s.cfg.Model.Complete(ctx, req)
-	end := s.cfg.Now()
-	if err != nil && ctx.Err() != nil {
-		return nil, ctx.Err() // shutdown, not an attempt: nak and redeliver
+	var result events.Result
+	switch {
+	case isStep:
+		result, err = s.runStep(ctx, in, step)
+	case pol.Executor == ExecutorCommand:
+		result, err = s.runAgent(ctx, a)
+	case pol.Executor == "" || pol.Executor == ExecutorModel:
+		result, err = s.runModel(ctx, a)
+	default:
+		result = events.Result{Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassDeterministic,
+			Error: fmt.Sprintf("policy of type %q: unknown executor %q (model, command)", in.Task.Type, pol.Executor)}
 	}
-	result := s.result(req, resp, err)
+	if err != nil {
+		return nil, err
+	}
+	end := s.cfg.Now()
 	result.DurationMS = end.Sub(start).Milliseconds()
 	s.logCall(in, result)
 
@@ -74,73 +104,85 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	return []services.Out{out}, nil
 }
 
-// markRunning sets the task running for this pass. skip is true when the
-// task has moved past this pass or ended: a late redelivery spends nothing.
-func (s *Service) markRunning(ctx context.Context, base events.Base) (skip bool, err error) {
-	st, err := s.cfg.Tasks.Get(ctx, base.Task.ID)
-	switch {
-	case errors.Is(err, services.ErrTaskNotFound):
-	case err != nil:
-		return false, s.storeErr(ctx, err)
-	case st.Pass > base.Run.Pass || events.Terminal(st.Status):
-		s.cfg.Log.Info("prompt skipped: the task has moved on",
-			"task", base.Task.ID, "pass", base.Run.Pass, "task_pass", st.Pass, "status", st.Status)
-		return true, nil
+// runModel asks the model, with the type's tools when it has any.
+func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, error) {
+	tools := toolsFor(a.pol, a.in.Run)
+	if len(tools) > 0 && s.cfg.NATS == nil {
+		s.cfg.Log.Warn("tools configured but no NATS connection: none are offered", "task", a.in.Task.ID, "type", a.in.Task.Type)
+		tools = nil
 	}
-	if _, err := s.cfg.Tasks.SetStatus(ctx, base, events.StatusRunning, ""); err != nil {
-		return false, s.storeErr(ctx, err)
+	req := Request{
+		Model:          s.modelFor(a.in, a.pol),
+		Messages:       PromptMessages(a.in.Prompt.Messages),
+		ResponseFormat: ResponseFormatJSON,
+		Tools:          toolSpecs(tools),
+		TaskType:       a.in.Task.Type,
+		TaskID:         a.in.Task.ID,
+		Attempt:        a.in.Run.Attempt,
 	}
-	return false, nil
+	a.endpoint, a.model = s.endpoint(), req.Model
+	return s.run(ctx, a, req, func(probe bool) outcome { return a.converse(ctx, req, tools, probe) })
 }
 
-func (s *Service) storeErr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+// run sends req through call unless it repeats a failed request or the
+// endpoint's circuit is open, and turns what happened into the Result.
+func (s *Service) run(ctx context.Context, a *attempt, req Request, call func(probe bool) outcome) (events.Result, error) {
+	if hash := RequestHash(req); a.f.failed[hash] {
+		return s.refuse(ctx, a, hash)
 	}
-	return fmt.Errorf("executor: task state: %w", err)
+	a.br = s.circuits.get(a.endpoint)
+	ok, probe, wait := a.br.allow(s.cfg.Now())
+	if !ok {
+		state, _, _, _ := a.br.snapshot()
+		s.metrics.circuit.WithLabelValues(a.endpoint).Set(float64(state))
+		s.metrics.snooze.WithLabelValues(snoozeCircuit).Observe(wait.Seconds())
+		s.cfg.Log.Info("circuit open: snoozed without calling", "task", a.in.Task.ID, "endpoint", a.endpoint, "delay", wait)
+		return events.Result{}, services.Snooze(wait, fmt.Errorf("%s: %w", a.endpoint, ErrCircuitOpen))
+	}
+	return s.conclude(ctx, a, call(probe))
 }
 
 // modelFor picks the model: the prompt's, then the type's policy, then the default.
-func (s *Service) modelFor(in events.Prompted) string {
+func (s *Service) modelFor(in events.Prompted, pol policy.Type) string {
 	if in.Prompt.Model != "" {
 		return in.Prompt.Model
 	}
-	if m := s.cfg.Policy.For(in.Task.Type).Model; m != "" {
-		return m
+	if pol.Model != "" {
+		return pol.Model
 	}
 	return s.cfg.DefaultModel
 }
 
-// result turns one model call into the attempt's Result.
-func (s *Service) result(req Request, resp Response, err error) events.Result {
-	if err != nil {
-		return events.Result{
-			Outcome: events.OutcomeFailure, Error: err.Error(), ErrorClass: ErrorClassModel, Model: req.Model,
-		}
+// endpoint names the model's endpoint for the circuit breaker.
+func (s *Service) endpoint() string {
+	if e, ok := s.cfg.Model.(Endpointer); ok {
+		return e.Endpoint()
 	}
-	r := events.Result{
-		Model:     req.Model,
-		Simulated: resp.Simulated,
-		TokensIn:  resp.TokensIn,
-		TokensOut: resp.TokensOut,
-		Cost:      s.cost(req.Model, resp),
+	return fmt.Sprintf("%T", s.cfg.Model)
+}
+
+// refuse is the Result of a request that was not sent.
+func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.Result, error) {
+	if err := s.ledger.addRefused(ctx, a.base); err != nil {
+		return events.Result{}, err
 	}
-	if resp.Model != "" {
-		r.Model = resp.Model
+	if err := s.settle(ctx, a); err != nil {
+		return events.Result{}, err
 	}
-	parsed, err := ParseResult(resp.Content)
-	if err != nil {
-		r.Outcome, r.Error, r.ErrorClass = events.OutcomeFailure, err.Error(), ErrorClassInvalidOutput
-		return r
+	s.metrics.refused.WithLabelValues(a.in.Task.Type).Inc()
+	return events.Result{
+		Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassRefused, Refused: true,
+		RequestHash: hash, Model: a.model, TransientRetries: a.f.transient,
+		Error: fmt.Sprintf("refused: identical to a request that already failed deterministically (%s); the request must change", HashPrefix(hash)),
+	}, nil
+}
+
+// settle ends the attempt's run of transient failures.
+func (s *Service) settle(ctx context.Context, a *attempt) error {
+	if a.f.transient == 0 {
+		return nil
 	}
-	r.Outcome, r.Approach, r.Summary, r.Changes = parsed.Status, parsed.Approach, parsed.Summary, parsed.Changes
-	if parsed.Status == events.OutcomeFailure {
-		r.Error, r.ErrorClass = parsed.Summary, ErrorClassTask
-		if r.Error == "" {
-			r.Error = "the model reported failure without a summary"
-		}
-	}
-	return r
+	return s.ledger.settle(ctx, a.base)
 }
 
 func (s *Service) cost(requested string, resp Response) float64 {
@@ -155,13 +197,26 @@ func (s *Service) cost(requested string, resp Response) float64 {
 
 func (s *Service) logCall(in events.Prompted, r events.Result) {
 	attrs := []any{
-		"task", in.Task.ID, "type", in.Task.Type, "pass", in.Run.Pass, "attempt", in.Run.Attempt,
+		"task", in.Task.ID, "type", in.Task.Type, "pass", in.Run.Pass, "attempt", in.Run.Attempt, "step", in.Run.Step,
 		"model", r.Model, "tokens_in", r.TokensIn, "tokens_out", r.TokensOut, "cost", r.Cost,
 		"duration_ms", r.DurationMS, "outcome", r.Outcome,
+	}
+	if r.ToolCalls > 0 {
+		attrs = append(attrs, "tool_calls", r.ToolCalls, "tool_refusals", r.ToolRefusals)
 	}
 	if r.Outcome == events.OutcomeSuccess {
 		s.cfg.Log.Info("model call", attrs...)
 		return
 	}
 	s.cfg.Log.Warn("model call", append(attrs, "error_class", r.ErrorClass, "error", r.Error)...)
+}
+
+// errorText is the error as the next prompt should see it: everything the
+// provider said for a provider error.
+func errorText(err error) string {
+	var pe *ProviderError
+	if errors.As(err, &pe) {
+		return pe.Detail()
+	}
+	return err.Error()
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	openai "github.com/sashabaranov/go-openai"
 
 	"dispatchmesh/events"
@@ -48,7 +49,9 @@ func TestHandleSuccess(t *testing.T) {
 	want := events.Result{
 		Outcome: events.OutcomeSuccess, Approach: "moved the rule into .btn", Summary: "colour fixed",
 		Changes: []string{"app.css: .btn colour"}, Model: "gpt-4o", TokensIn: 1000, TokensOut: 500,
-		Cost: got.Cost,
+		Cost: got.Cost, RequestHash: executor.RequestHash(executor.Request{
+			Model: "gpt-4o", Messages: executor.PromptMessages(testMessages), ResponseFormat: executor.ResponseFormatJSON,
+		}),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("result\n got %+v\nwant %+v", got, want)
@@ -112,7 +115,7 @@ func TestHandleModelReportsFailure(t *testing.T) {
 		t.Fatalf("Handle: %v", err)
 	}
 	r := executed(t, "t2", 2, outs).Result
-	if r.Outcome != events.OutcomeFailure || r.ErrorClass != executor.ErrorClassTask ||
+	if r.Outcome != events.OutcomeFailure || r.ErrorClass != events.ErrorClassTask ||
 		r.Error != "the bug is elsewhere" || r.Approach != "null check in handleResponse" {
 		t.Errorf("result %+v, want a task failure carrying the summary and approach", r)
 	}
@@ -130,7 +133,7 @@ func TestHandleUnparseableAnswer(t *testing.T) {
 		t.Fatalf("Handle: %v", err)
 	}
 	r := executed(t, "t3", 1, outs).Result
-	if r.Outcome != events.OutcomeFailure || r.ErrorClass != executor.ErrorClassInvalidOutput {
+	if r.Outcome != events.OutcomeFailure || r.ErrorClass != events.ErrorClassInvalidOutput {
 		t.Errorf("result %+v, want an invalid_output failure", r)
 	}
 	if !strings.Contains(r.Error, "no JSON object") || !strings.Contains(r.Error, "I could not finish, sorry.") {
@@ -142,14 +145,22 @@ func TestHandleUnparseableAnswer(t *testing.T) {
 }
 
 func TestHandleHTTPError(t *testing.T) {
+	quota := reply{status: http.StatusTooManyRequests,
+		body: `{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}`}
 	tests := []struct {
 		name   string
 		reply  reply
+		class  string // "" means a snooze
 		inText string
 	}{
-		{"500", apiError(http.StatusInternalServerError, "the server had an error"), "the server had an error"},
-		{"400", apiError(http.StatusBadRequest, "messages: missing required field"), "missing required field"},
-		{"502 not JSON", reply{status: http.StatusBadGateway, body: "<html>bad gateway</html>"}, "502"},
+		{"500", apiError(http.StatusInternalServerError, "the server had an error"), "", "the server had an error"},
+		{"502 not JSON", reply{status: http.StatusBadGateway, body: "<html>bad gateway</html>"}, "", "502"},
+		{"400", apiError(http.StatusBadRequest, "messages: missing required field"), events.ErrorClassDeterministic, "missing required field"},
+		{"404", apiError(http.StatusNotFound, "The model `gpt-5o` does not exist"), events.ErrorClassDeterministic, "does not exist"},
+		{"422", apiError(http.StatusUnprocessableEntity, "unprocessable"), events.ErrorClassDeterministic, "422 Unprocessable Entity"},
+		{"401", apiError(http.StatusUnauthorized, "Incorrect API key provided"), events.ErrorClassAuth, "Incorrect API key"},
+		{"403", apiError(http.StatusForbidden, "not allowed"), events.ErrorClassAuth, "not allowed"},
+		{"429 quota", quota, events.ErrorClassQuota, `"code":"insufficient_quota"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,18 +168,25 @@ func TestHandleHTTPError(t *testing.T) {
 			s := openAIService(t, f)
 
 			outs, err := s.Handle(context.Background(), prompted(t, "t4", "css_fix", "", 1))
+			if n := len(f.Requests()); n != 1 {
+				t.Errorf("%d requests, want exactly 1 (no blind retry)", n)
+			}
+			if tt.class == "" {
+				var snooze *services.SnoozeError
+				if !errors.As(err, &snooze) || outs != nil || !strings.Contains(err.Error(), tt.inText) {
+					t.Fatalf("Handle = %v, %v; want a snooze carrying %q and no Executed", outs, err, tt.inText)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
 			r := executed(t, "t4", 1, outs).Result
-			if r.Outcome != events.OutcomeFailure || r.ErrorClass != executor.ErrorClassModel || r.Model != "gpt-4o" {
-				t.Errorf("result %+v, want a model failure of gpt-4o", r)
+			if r.Outcome != events.OutcomeFailure || r.ErrorClass != tt.class || r.Model != "gpt-4o" || r.RequestHash == "" {
+				t.Errorf("result %+v, want a %s failure of gpt-4o with its request hash", r, tt.class)
 			}
 			if !strings.Contains(r.Error, tt.inText) {
 				t.Errorf("error %q does not carry %q", r.Error, tt.inText)
-			}
-			if n := len(f.Requests()); n != 1 {
-				t.Errorf("%d requests, want exactly 1 (no blind retry)", n)
 			}
 		})
 	}
@@ -179,7 +197,7 @@ func TestOpenAIErrorsStayReachable(t *testing.T) {
 	rateLimited.header = http.Header{"Retry-After": {"7"}}
 	f := newFakeOpenAI(t, rateLimited, reply{status: http.StatusServiceUnavailable, body: "upstream down"})
 	m := executor.NewOpenAI(executor.OpenAIConfig{BaseURL: f.BaseURL()})
-	req := executor.Request{Model: "gpt-4o", Messages: testMessages}
+	req := executor.Request{Model: "gpt-4o", Messages: executor.PromptMessages(testMessages)}
 
 	_, err := m.Complete(context.Background(), req)
 	var pe *executor.ProviderError
@@ -224,19 +242,19 @@ func TestHandleCancelledIsNotAnAttempt(t *testing.T) {
 	}
 }
 
-func TestHandleTimeoutIsAModelFailure(t *testing.T) {
+func TestHandleModelTimeoutIsTransient(t *testing.T) {
 	f := newFakeOpenAI(t, reply{block: true})
 	s, _ := newService(t, executor.Config{
 		Model: executor.NewOpenAI(executor.OpenAIConfig{BaseURL: f.BaseURL(), Timeout: time.Millisecond}),
 	})
 
 	outs, err := s.Handle(context.Background(), prompted(t, "t6", "css_fix", "", 1))
-	if err != nil {
-		t.Fatalf("Handle: %v; the model's own timeout is not a shutdown", err)
+	var snooze *services.SnoozeError
+	if !errors.As(err, &snooze) || outs != nil {
+		t.Fatalf("Handle = %v, %v; want a snooze: the model's own timeout is transient, not a shutdown", outs, err)
 	}
-	r := executed(t, "t6", 1, outs).Result
-	if r.Outcome != events.OutcomeFailure || r.ErrorClass != executor.ErrorClassModel || !strings.Contains(r.Error, "deadline exceeded") {
-		t.Errorf("result %+v, want a model failure saying the deadline passed", r)
+	if !errors.Is(err, context.DeadlineExceeded) || snooze.Delay != 500*time.Millisecond {
+		t.Errorf("snooze %v for %v, want the deadline error and half the 1s backoff ceiling (jitter 0.5)", err, snooze.Delay)
 	}
 }
 
@@ -261,11 +279,27 @@ func TestHandleRejectsBadInput(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	_, err := executor.New(executor.Config{Prices: map[string]executor.Price{"x": {InputPerMTok: -1}}})
-	if err == nil || !strings.Contains(err.Error(), "Model is required") || !strings.Contains(err.Error(), `price of "x"`) {
-		t.Errorf("New: %v, want both problems reported", err)
+	_, err := executor.New(executor.Config{
+		Prices:  map[string]executor.Price{"x": {InputPerMTok: -1}},
+		Rules:   executor.Rules{Status: map[int]string{418: "teapot"}},
+		Backoff: executor.Backoff{Factor: 0.5},
+		Circuit: executor.CircuitConfig{CoolDown: -time.Second},
+	})
+	for _, want := range []string{"Model is required", `price of "x"`, "Rules.Status[418]", "Backoff", "cool-downs"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("New: %v, want %q among the problems", err, want)
+		}
 	}
 	if _, err := executor.New(executor.Config{Model: executor.Simulated{}}); err != nil {
 		t.Errorf("New with only a model: %v", err)
+	}
+}
+
+func TestTwoExecutorsShareARegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	for range 2 {
+		if _, err := executor.New(executor.Config{Model: executor.Simulated{}, Registry: reg}); err != nil {
+			t.Fatalf("New: %v", err)
+		}
 	}
 }

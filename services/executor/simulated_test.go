@@ -16,7 +16,7 @@ import (
 func simulate(t *testing.T, m executor.Simulated, id string, attempt int) executor.Response {
 	t.Helper()
 	resp, err := m.Complete(context.Background(), executor.Request{
-		Model: "gpt-4o", Messages: testMessages, TaskType: "css_fix", TaskID: id, Attempt: attempt,
+		Model: "gpt-4o", Messages: executor.PromptMessages(testMessages), TaskType: "css_fix", TaskID: id, Attempt: attempt,
 	})
 	if err != nil {
 		t.Fatalf("Complete: %v", err)
@@ -110,7 +110,7 @@ func TestHandleSimulated(t *testing.T) {
 	}
 	r := executed(t, "t1", 2, outs).Result
 	if !r.Simulated || r.Model != "simulated" || r.Outcome != events.OutcomeFailure ||
-		r.ErrorClass != executor.ErrorClassTask || r.Cost != 0 || r.TokensIn == 0 {
+		r.ErrorClass != events.ErrorClassTask || r.Cost != 0 || r.TokensIn == 0 {
 		t.Errorf("result %+v, want a simulated task failure with estimated tokens and no cost", r)
 	}
 	if !strings.Contains(logs.String(), "model=simulated") {

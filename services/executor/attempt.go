@@ -1,0 +1,186 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
+)
+
+// attempt is one execution of a prompted task: the request, the endpoint it
+// goes to, and what is known of the task's failed requests.
+type attempt struct {
+	s    *Service
+	in   events.Prompted
+	base events.Base
+	pol  policy.Type
+	f    facts
+	// model names what runs the attempt in its Result (the model, or
+	// "command:<program>").
+	model string
+	// endpoint keys the circuit breaker and the transient metrics.
+	endpoint string
+	br       *breaker
+	// banned maps a failed tool call's hash to its error, when known.
+	banned map[string]string
+}
+
+// outcome is how the calls of an attempt ended.
+type outcome struct {
+	// final is the answer, when err is nil.
+	final Response
+	// hash is the hash of the last request sent to the model (or command).
+	hash                string
+	tokensIn, tokensOut int
+	cost                float64
+	// model is the model that answered ("" when none did).
+	model                   string
+	toolCalls, toolRefusals int
+	// err is the error the attempt stopped on; endpoint is where it happened.
+	err      error
+	endpoint string
+}
+
+// add counts one model answer.
+func (o *outcome) add(s *Service, a *attempt, req Request, resp Response) {
+	cost := s.cost(req.Model, resp)
+	o.tokensIn += resp.TokensIn
+	o.tokensOut += resp.TokensOut
+	o.cost += cost
+	if resp.Model != "" {
+		o.model = resp.Model
+	}
+	model := resp.Model
+	if model == "" {
+		model = req.Model
+	}
+	s.metrics.usage(model, a.in.Task.Type, resp.TokensIn, resp.TokensOut, cost)
+}
+
+// converse runs the conversation: one model call, or a bounded tool loop
+// when tools are offered. probe says the breaker's first call is its probe.
+func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool, probe bool) outcome {
+	s := a.s
+	byName := map[string]policy.Tool{}
+	for _, t := range tools {
+		byName[t.Name] = t
+	}
+	limit := a.pol.MaxToolCalls
+	if limit <= 0 {
+		limit = DefaultMaxToolCalls
+	}
+	var o outcome
+	for calls := 0; ; calls++ {
+		o.hash = RequestHash(req)
+		if calls > 0 && a.f.failed[o.hash] { // the first request was checked before the breaker
+			o.err = errRefused
+			return o
+		}
+		resp, err := s.cfg.Model.Complete(ctx, req)
+		if err != nil && ctx.Err() != nil {
+			a.br.release(s.cfg.Now(), probe)
+			o.err = ctx.Err()
+			return o
+		}
+		c := Classify(err, s.rules)
+		a.circuitDone(probe, err != nil && c.Class == events.ErrorClassTransient)
+		probe = false
+		if err != nil {
+			o.err, o.endpoint = err, a.endpoint
+			return o
+		}
+		o.add(s, a, req, resp)
+		if len(resp.ToolCalls) == 0 || len(req.Tools) == 0 {
+			o.final = resp
+			return o
+		}
+		if req.ToolChoice == ToolChoiceNone {
+			o.final = resp
+			o.err = &InvalidOutputError{
+				Reason: fmt.Sprintf("the model kept calling tools after the limit of %d tool calls", limit),
+				Answer: resp.Content,
+			}
+			return o
+		}
+		req.Messages = append(append([]Message(nil), req.Messages...),
+			Message{Role: RoleAssistant, Content: resp.Content, ToolCalls: resp.ToolCalls})
+		for _, tc := range resp.ToolCalls {
+			o.toolCalls++
+			s.metrics.toolCalls.WithLabelValues(tc.Name).Inc()
+			content := limitMessage(limit)
+			if o.toolCalls <= limit {
+				var refused bool
+				content, refused, err = a.runTool(ctx, byName, tc)
+				if err != nil {
+					o.err, o.endpoint = err, "tool:"+byName[tc.Name].Subject
+					return o
+				}
+				if refused {
+					o.toolRefusals++
+				}
+			}
+			req.Messages = append(req.Messages, Message{Role: RoleTool, ToolCallID: tc.ID, Content: content})
+		}
+		if o.toolCalls >= limit {
+			req.ToolChoice = ToolChoiceNone
+		}
+	}
+}
+
+// runTool runs one tool call and returns the tool message content. A call
+// identical to one that failed deterministically is refused (refused true)
+// without being sent. A deterministic tool error is recorded and becomes the
+// content; a transient one (or ctx's end) is returned as err.
+func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc ToolCall) (content string, refused bool, err error) {
+	s := a.s
+	if strings.TrimSpace(tc.Arguments) == "" {
+		tc.Arguments = "{}" // a call without arguments
+	}
+	hash := ToolCallHash(tc.Name, tc.Arguments)
+	if lastErr, ok := a.banned[hash]; ok || a.f.failed[hash] {
+		s.metrics.toolRefusals.WithLabelValues(tc.Name).Inc()
+		s.cfg.Log.Warn("tool call refused: identical to a failed call",
+			"task", a.in.Task.ID, "tool", tc.Name, "hash", HashPrefix(hash))
+		return refusalMessage(tc.Name, hash, lastErr), true, nil
+	}
+	t, known := byName[tc.Name]
+	var reply []byte
+	switch {
+	case !known:
+		names := make([]string, 0, len(byName))
+		for n := range byName {
+			names = append(names, n)
+		}
+		err = &ToolError{Tool: tc.Name, Code: 404, Description: fmt.Sprintf("unknown tool %q; the tools are %q", tc.Name, names)}
+	case !jsonObject(tc.Arguments):
+		err = &ToolError{Tool: tc.Name, Subject: t.Subject, Code: 400, Description: "the arguments are not a JSON object", Body: []byte(tc.Arguments)}
+	default:
+		reply, err = requestTool(ctx, s.cfg.NATS, t, tc.Arguments)
+	}
+	if err == nil {
+		return string(reply), false, nil
+	}
+	if ctx.Err() != nil {
+		return "", false, ctx.Err()
+	}
+	c := Classify(err, s.rules)
+	var te *ToolError
+	if c.Class == events.ErrorClassTransient || !errors.As(err, &te) {
+		return "", false, err
+	}
+	content = toolErrorMessage(te, c.Class)
+	if err := s.ledger.addFailed(ctx, a.base, hash, ""); err != nil {
+		return "", false, err
+	}
+	a.banned[hash] = content
+	s.cfg.Log.Info("tool call failed", "task", a.in.Task.ID, "tool", tc.Name, "code", te.Code, "class", c.Class)
+	return content, false, nil
+}
+
+func (a *attempt) circuitDone(probe, failed bool) {
+	state := a.br.done(a.s.cfg.Now(), probe, failed)
+	a.s.metrics.circuit.WithLabelValues(a.endpoint).Set(float64(state))
+}

@@ -1,0 +1,120 @@
+package executor
+
+import (
+	"context"
+	"errors"
+
+	"dispatchmesh/events"
+	"dispatchmesh/services"
+)
+
+// DefaultTransientBudget is how many transient failures an attempt rides
+// out when the policy's transient_budget is not set.
+const DefaultTransientBudget = 8
+
+// errRefused stops a tool loop whose next request repeats a failed one.
+var errRefused = errors.New("request identical to a failed one")
+
+// conclude turns the outcome of an attempt's calls into its Result, or into
+// a snooze for a transient failure within the budget.
+func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.Result, error) {
+	if o.err != nil && ctx.Err() != nil {
+		return events.Result{}, ctx.Err() // shutdown, not an attempt: nak and redeliver
+	}
+	r := events.Result{
+		Model: a.model, RequestHash: o.hash, TransientRetries: a.f.transient,
+		TokensIn: o.tokensIn, TokensOut: o.tokensOut, Cost: o.cost,
+		ToolCalls: o.toolCalls, ToolRefusals: o.toolRefusals,
+	}
+	if o.model != "" {
+		r.Model = o.model
+	}
+	if o.final.Simulated {
+		r.Simulated = true
+	}
+	switch {
+	case o.err == nil:
+		s.parse(&r, o.final.Content)
+	case errors.Is(o.err, errRefused):
+		ref, err := s.refuse(ctx, a, o.hash)
+		ref.TokensIn, ref.TokensOut, ref.Cost, ref.ToolCalls, ref.ToolRefusals = r.TokensIn, r.TokensOut, r.Cost, r.ToolCalls, r.ToolRefusals
+		return ref, err
+	case errors.Is(o.err, ErrInvalidOutput):
+		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassInvalidOutput, o.err.Error()
+	default:
+		c := Classify(o.err, s.rules)
+		if c.Class == events.ErrorClassTransient {
+			return s.transient(ctx, a, r, c, o)
+		}
+		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, c.Class, errorText(o.err)
+		switch c.Class {
+		case events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota:
+			// banned before the Executed goes out, so the next attempt sees it
+			if err := s.ledger.addFailed(ctx, a.base, o.hash, r.Error); err != nil {
+				return events.Result{}, err
+			}
+			if r.Error == a.f.lastError {
+				s.metrics.sameError.WithLabelValues(a.in.Task.Type).Inc()
+			}
+		}
+		s.metrics.errors.WithLabelValues(a.in.Task.Type, c.Class).Inc()
+	}
+	if err := s.settle(ctx, a); err != nil {
+		return events.Result{}, err
+	}
+	return r, nil
+}
+
+// transient snoozes the task — Retry-After when the answer gave one, else
+// the backoff over the attempt's transient count — or, past the type's
+// transient budget, fails the attempt with "provider unavailable".
+func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c Classification, o outcome) (events.Result, error) {
+	endpoint := o.endpoint
+	if endpoint == "" {
+		endpoint = a.endpoint
+	}
+	s.metrics.transient.WithLabelValues(endpoint).Inc()
+	n, err := s.ledger.addTransient(ctx, a.base)
+	if err != nil {
+		return events.Result{}, err
+	}
+	budget := a.pol.TransientBudget
+	if budget <= 0 {
+		budget = DefaultTransientBudget
+	}
+	if n > budget {
+		if err := s.ledger.settle(ctx, a.base); err != nil {
+			return events.Result{}, err
+		}
+		s.metrics.errors.WithLabelValues(a.in.Task.Type, events.ErrorClassTransient).Inc()
+		r.Outcome, r.ErrorClass, r.TransientRetries = events.OutcomeFailure, events.ErrorClassTransient, n
+		r.Error = "provider unavailable: " + errorText(o.err)
+		return r, nil
+	}
+	delay, reason := c.RetryAfter, snoozeRetryAfter
+	if delay <= 0 {
+		delay, reason = s.cfg.Backoff.Delay(n, s.cfg.Rand()), snoozeBackoff
+	}
+	s.metrics.snooze.WithLabelValues(reason).Observe(delay.Seconds())
+	s.cfg.Log.Warn("transient failure: snoozed",
+		"task", a.in.Task.ID, "type", a.in.Task.Type, "pass", a.in.Run.Pass, "endpoint", endpoint,
+		"transient", n, "budget", budget, "delay", delay, "reason", c.Reason, "err", o.err,
+		"tokens_in", o.tokensIn, "tokens_out", o.tokensOut)
+	return events.Result{}, services.Snooze(delay, o.err)
+}
+
+// parse reads the answer into r.
+func (s *Service) parse(r *events.Result, content string) {
+	parsed, err := ParseResult(content)
+	if err != nil {
+		r.Outcome, r.Error, r.ErrorClass = events.OutcomeFailure, err.Error(), events.ErrorClassInvalidOutput
+		return
+	}
+	r.Outcome, r.Approach, r.Summary, r.Changes = parsed.Status, parsed.Approach, parsed.Summary, parsed.Changes
+	if parsed.Status == events.OutcomeFailure {
+		r.Error, r.ErrorClass = parsed.Summary, events.ErrorClassTask
+		if r.Error == "" {
+			r.Error = "the model reported failure without a summary"
+		}
+	}
+}

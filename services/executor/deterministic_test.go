@@ -1,0 +1,136 @@
+package executor_test
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services/executor"
+)
+
+const badRequest = `{"error":{"message":"Invalid value for 'content': expected a string, got null.","type":"invalid_request_error","param":"messages.[1].content","code":"invalid_value"}}`
+
+func TestDeterministicFailureBansTheRequest(t *testing.T) {
+	e := newEnv(t, sequence(status(http.StatusBadRequest, badRequest), ok("changed")), policy.Type{}, nil)
+
+	r := e.handle("t1", 1, testMessages).result(t)
+	if r.Outcome != events.OutcomeFailure || r.ErrorClass != events.ErrorClassDeterministic || r.TokensIn != 0 {
+		t.Errorf("result %+v, want a deterministic failure", r)
+	}
+	for _, said := range []string{"400 Bad Request", `"type":"invalid_request_error"`, `"code":"invalid_value"`,
+		`"param":"messages.[1].content"`, "expected a string, got null"} {
+		if !strings.Contains(r.Error, said) {
+			t.Errorf("error %q lacks %s: the next prompt needs everything the provider said", r.Error, said)
+		}
+	}
+	if st := e.state("t1"); !slices.Equal(st.FailedRequests, []string{r.RequestHash}) {
+		t.Fatalf("failed requests %v, want the request hash %s", st.FailedRequests, r.RequestHash)
+	}
+
+	// the next attempt sends the identical messages (whitespace aside): refused, not sent
+	same := []events.Message{
+		{Role: "system", Content: testMessages[0].Content + "  \r\n"},
+		{Role: "user", Content: strings.ReplaceAll(testMessages[1].Content, "\n", " \r\n")},
+	}
+	ref := e.handle("t1", 2, same).result(t)
+	if ref.Outcome != events.OutcomeFailure || ref.ErrorClass != events.ErrorClassRefused || !ref.Refused ||
+		ref.RequestHash != r.RequestHash || ref.TokensIn != 0 || ref.Cost != 0 {
+		t.Errorf("result %+v, want a refusal of hash %s without tokens", ref, r.RequestHash)
+	}
+	want := "refused: identical to a request that already failed deterministically (" + r.RequestHash[:12] + "); the request must change"
+	if ref.Error != want {
+		t.Errorf("error %q, want %q", ref.Error, want)
+	}
+	if n := e.model.Calls(); n != 1 {
+		t.Fatalf("%d calls, want 1: the identical request must not reach the model", n)
+	}
+	if st := e.state("t1"); st.Refused != 1 {
+		t.Errorf("refused count %d, want 1", st.Refused)
+	}
+	if n := e.counter("dispatch_executor_refused_total", map[string]string{"type": "css_fix"}); n != 1 {
+		t.Errorf("refused metric %v, want 1", n)
+	}
+
+	// a changed request is sent
+	changed := append(slices.Clone(testMessages), events.Message{Role: "user", Content: "The previous request failed: content must be a string."})
+	if r := e.handle("t1", 3, changed).result(t); r.Outcome != events.OutcomeSuccess {
+		t.Errorf("result %+v, want the changed request sent and answered", r)
+	}
+	if n := e.model.Calls(); n != 2 {
+		t.Errorf("%d calls, want 2", n)
+	}
+}
+
+func TestAuthAndQuotaAreCalledOnce(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply func() (int, string)
+		class string
+	}{
+		{"quota", func() (int, string) {
+			return http.StatusTooManyRequests, `{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`
+		}, events.ErrorClassQuota},
+		{"401", func() (int, string) {
+			return http.StatusUnauthorized, `{"error":{"message":"Incorrect API key provided: sk-test.","type":"invalid_request_error","code":"invalid_api_key"}}`
+		}, events.ErrorClassAuth},
+		{"403", func() (int, string) {
+			return http.StatusForbidden, `{"error":{"message":"Project does not have access to model gpt-4o","type":"invalid_request_error","code":"model_not_found"}}`
+		}, events.ErrorClassAuth},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := tt.reply()
+			e := newEnv(t, always(status(code, body)), policy.Type{}, nil)
+			r := e.handle("t1", 1, testMessages).result(t)
+			if r.Outcome != events.OutcomeFailure || r.ErrorClass != tt.class || !events.ShortCircuits(r.ErrorClass) {
+				t.Errorf("result %+v, want a %s failure (short-circuits to a human)", r, tt.class)
+			}
+			if n := e.model.Calls(); n != 1 {
+				t.Errorf("%d calls, want exactly 1", n)
+			}
+			if st := e.state("t1"); !slices.Contains(st.FailedRequests, r.RequestHash) {
+				t.Errorf("failed requests %v lack %s", st.FailedRequests, r.RequestHash)
+			}
+		})
+	}
+}
+
+func TestSameErrorRetryIsCounted(t *testing.T) {
+	e := newEnv(t, always(status(http.StatusBadRequest, badRequest)), policy.Type{}, nil)
+	first := e.handle("t1", 1, testMessages).result(t)
+	// the recorder keeps the failure as the task's last error
+	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+		st.LastError = first.Error
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	changed := append(slices.Clone(testMessages), events.Message{Role: "user", Content: "I will fix it."})
+	second := e.handle("t1", 2, changed).result(t)
+	if second.Error != first.Error || second.RequestHash == first.RequestHash {
+		t.Fatalf("second failure %+v, want the same error for a different request", second)
+	}
+	if n := e.counter("dispatch_executor_same_error_retries_total", map[string]string{"type": "css_fix"}); n != 1 {
+		t.Errorf("same-error retries %v, want 1", n)
+	}
+	if st := e.state("t1"); len(st.FailedRequests) != 2 {
+		t.Errorf("failed requests %v, want both hashes", st.FailedRequests)
+	}
+}
+
+func TestRefusalWithoutTaskStore(t *testing.T) {
+	e := newEnv(t, always(status(http.StatusUnprocessableEntity, badRequest)), policy.Type{},
+		func(c *executor.Config) { c.Tasks = nil })
+	if r := e.handle("t1", 1, testMessages).result(t); r.ErrorClass != events.ErrorClassDeterministic {
+		t.Fatalf("result %+v, want deterministic", r)
+	}
+	if r := e.handle("t1", 2, testMessages).result(t); r.ErrorClass != events.ErrorClassRefused {
+		t.Errorf("result %+v, want refused from memory", r)
+	}
+	if n := e.model.Calls(); n != 1 {
+		t.Errorf("%d calls, want 1", n)
+	}
+}

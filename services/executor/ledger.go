@@ -1,0 +1,203 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/services"
+)
+
+// facts is what the executor needs to know of a task before it calls anything.
+type facts struct {
+	// failed holds the hashes of requests (and "tool:" calls) that failed
+	// deterministically.
+	failed map[string]bool
+	// transient counts the transient failures of the current attempt.
+	transient int
+	// lastError is the previous failure's error (TaskState.LastError).
+	lastError string
+}
+
+// ledger keeps the per-task facts of the error discipline: in the task's
+// state in KV (TaskState.FailedRequests, Refused, TransientRetries) so they
+// survive redeliveries and instances, or in memory when no TaskStore is
+// configured. Every write is a compare-and-set.
+type ledger interface {
+	// begin reads the facts and marks the task running for this pass; skip
+	// is true when the task has moved on (a later pass, or ended).
+	begin(ctx context.Context, b events.Base) (f facts, skip bool, err error)
+	// addTransient counts a transient failure and returns the attempt's count.
+	addTransient(ctx context.Context, b events.Base) (int, error)
+	// settle resets the attempt's transient count once the attempt is over.
+	settle(ctx context.Context, b events.Base) error
+	// addFailed records a hash that failed deterministically (idempotent).
+	addFailed(ctx context.Context, b events.Base, hash, errText string) error
+	// addRefused counts a refused request.
+	addRefused(ctx context.Context, b events.Base) error
+}
+
+// kvLedger keeps the facts in the task's state.
+type kvLedger struct {
+	tasks *services.TaskStore
+	log   *slog.Logger
+}
+
+func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error) {
+	var f facts
+	st, err := l.tasks.Get(ctx, b.Task.ID)
+	switch {
+	case errors.Is(err, services.ErrTaskNotFound):
+	case err != nil:
+		return f, false, storeErr(ctx, err)
+	case st.Pass > b.Run.Pass || events.Terminal(st.Status):
+		l.log.Info("prompt skipped: the task has moved on",
+			"task", b.Task.ID, "pass", b.Run.Pass, "task_pass", st.Pass, "status", st.Status)
+		return f, true, nil
+	default:
+		f = facts{failed: set(st.FailedRequests), transient: st.TransientRetries, lastError: st.LastError}
+	}
+	if _, err := l.tasks.SetStatus(ctx, b, events.StatusRunning, ""); err != nil {
+		return f, false, storeErr(ctx, err)
+	}
+	return f, false, nil
+}
+
+func (l kvLedger) update(ctx context.Context, b events.Base, mutate func(st *events.TaskState) error) (events.TaskState, error) {
+	st, err := l.tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+		if !found {
+			*st = services.NewState(b.Task)
+		}
+		return mutate(st)
+	})
+	return st, storeErr(ctx, err)
+}
+
+func (l kvLedger) addTransient(ctx context.Context, b events.Base) (int, error) {
+	st, err := l.update(ctx, b, func(st *events.TaskState) error {
+		st.TransientRetries++
+		return nil
+	})
+	return st.TransientRetries, err
+}
+
+func (l kvLedger) settle(ctx context.Context, b events.Base) error {
+	_, err := l.update(ctx, b, func(st *events.TaskState) error {
+		if st.TransientRetries == 0 {
+			return kvcas.ErrNoChange
+		}
+		st.TransientRetries = 0
+		return nil
+	})
+	return err
+}
+
+func (l kvLedger) addFailed(ctx context.Context, b events.Base, hash, _ string) error {
+	_, err := l.update(ctx, b, func(st *events.TaskState) error {
+		if slices.Contains(st.FailedRequests, hash) {
+			return kvcas.ErrNoChange
+		}
+		st.FailedRequests = append(st.FailedRequests, hash)
+		return nil
+	})
+	return err
+}
+
+func (l kvLedger) addRefused(ctx context.Context, b events.Base) error {
+	_, err := l.update(ctx, b, func(st *events.TaskState) error {
+		st.Refused++
+		return nil
+	})
+	return err
+}
+
+func storeErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("executor: task state: %w", err)
+}
+
+func set(hashes []string) map[string]bool {
+	m := make(map[string]bool, len(hashes))
+	for _, h := range hashes {
+		m[h] = true
+	}
+	return m
+}
+
+// memLedger keeps the facts in this instance's memory (no TaskStore): they
+// survive redeliveries to this instance only, and grow with the tasks seen.
+type memLedger struct {
+	mu    sync.Mutex
+	tasks map[string]*memTask
+}
+
+type memTask struct {
+	failed    []string
+	transient int
+	refused   int
+	lastError string
+}
+
+func (l *memLedger) task(id string) *memTask {
+	if l.tasks == nil {
+		l.tasks = map[string]*memTask{}
+	}
+	t, ok := l.tasks[id]
+	if !ok {
+		t = &memTask{}
+		l.tasks[id] = t
+	}
+	return t
+}
+
+func (l *memLedger) begin(_ context.Context, b events.Base) (facts, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.task(b.Task.ID)
+	return facts{failed: set(t.failed), transient: t.transient, lastError: t.lastError}, false, nil
+}
+
+func (l *memLedger) addTransient(_ context.Context, b events.Base) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.task(b.Task.ID)
+	t.transient++
+	return t.transient, nil
+}
+
+func (l *memLedger) settle(_ context.Context, b events.Base) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.task(b.Task.ID).transient = 0
+	return nil
+}
+
+func (l *memLedger) addFailed(_ context.Context, b events.Base, hash, errText string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.task(b.Task.ID)
+	if !slices.Contains(t.failed, hash) {
+		t.failed = append(t.failed, hash)
+	}
+	if errText != "" {
+		t.lastError = errText // what the recorder keeps as TaskState.LastError
+	}
+	return nil
+}
+
+func (l *memLedger) addRefused(_ context.Context, b events.Base) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.task(b.Task.ID).refused++
+	return nil
+}

@@ -1,0 +1,109 @@
+package executor
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/natstest"
+	"dispatchmesh/services"
+)
+
+// TestLedgers runs one suite over both ledgers: the task state in KV and the
+// in-memory one used without a TaskStore.
+func TestLedgers(t *testing.T) {
+	ledgers := map[string]func(t *testing.T) ledger{
+		"kv": func(t *testing.T) ledger {
+			ns := natstest.Start(t)
+			kv, err := ns.JS.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: services.BucketTasks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kvLedger{tasks: services.NewTaskStore(kv), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		},
+		"memory": func(*testing.T) ledger { return &memLedger{} },
+	}
+	for name, newLedger := range ledgers {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			l := newLedger(t)
+			b := events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 1, Attempt: 1}}
+			other := events.Base{Task: events.Task{ID: "t2", Type: "css_fix"}, Run: events.Run{Pass: 1, Attempt: 1}}
+
+			f, skip, err := l.begin(ctx, b)
+			if err != nil || skip || len(f.failed) != 0 || f.transient != 0 {
+				t.Fatalf("begin on a new task = %+v, %v, %v", f, skip, err)
+			}
+			for want := 1; want <= 3; want++ {
+				if n, err := l.addTransient(ctx, b); err != nil || n != want {
+					t.Fatalf("addTransient = %d, %v; want %d", n, err, want)
+				}
+			}
+			if f, _, _ := l.begin(ctx, b); f.transient != 3 {
+				t.Errorf("transient count %d after 3, want 3 (it survives redeliveries)", f.transient)
+			}
+			if err := l.settle(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := l.addTransient(ctx, b); n != 1 {
+				t.Errorf("count after settle then a failure: %d, want 1", n)
+			}
+
+			for range 2 { // idempotent
+				if err := l.addFailed(ctx, b, "h1", "boom"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := l.addFailed(ctx, b, "tool:h2", ""); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.addRefused(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			f, _, _ = l.begin(ctx, b)
+			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] {
+				t.Errorf("failed %v, want h1 and tool:h2 once each", f.failed)
+			}
+			if f, _, _ := l.begin(ctx, other); len(f.failed) != 0 || f.transient != 0 {
+				t.Errorf("another task sees %+v, want nothing", f)
+			}
+		})
+	}
+}
+
+func TestKVLedgerState(t *testing.T) {
+	ctx := context.Background()
+	ns := natstest.Start(t)
+	kv, err := ns.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: services.BucketTasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := services.NewTaskStore(kv)
+	l := kvLedger{tasks: tasks, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	b := events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 2, Attempt: 2}}
+	if _, _, err := l.begin(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = l.addTransient(ctx, b)
+	_ = l.addFailed(ctx, b, "h1", "boom")
+	_ = l.addRefused(ctx, b)
+	_ = l.addRefused(ctx, b)
+	st, err := tasks.Get(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != events.StatusRunning || st.TransientRetries != 1 || st.Refused != 2 || len(st.FailedRequests) != 1 || st.FailedRequests[0] != "h1" {
+		t.Errorf("state %+v, want running with 1 transient retry, 2 refusals and h1 banned", st)
+	}
+
+	// a later pass or an ended task is skipped
+	later := b
+	later.Run.Pass = 1
+	if _, skip, _ := l.begin(ctx, later); !skip {
+		t.Error("an older pass was not skipped")
+	}
+}

@@ -1,0 +1,111 @@
+package executor
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the executor's Prometheus metrics. They are always kept and
+// registered only when Config.Registry is set; a second executor on the same
+// registry shares the first one's collectors.
+type metrics struct {
+	transient    *prometheus.CounterVec   // endpoint
+	snooze       *prometheus.HistogramVec // reason
+	circuit      *prometheus.GaugeVec     // endpoint
+	refused      *prometheus.CounterVec   // type
+	sameError    *prometheus.CounterVec   // type
+	errors       *prometheus.CounterVec   // type, class
+	toolCalls    *prometheus.CounterVec   // tool
+	toolRefusals *prometheus.CounterVec   // tool
+	tokens       *prometheus.CounterVec   // model, type, direction
+	cost         *prometheus.CounterVec   // model, type
+}
+
+// Snooze reasons (label of dispatch_executor_snooze_seconds).
+const (
+	snoozeBackoff    = "backoff"     // a transient failure without Retry-After
+	snoozeRetryAfter = "retry_after" // the provider asked for the delay
+	snoozeCircuit    = "circuit"     // the endpoint's circuit is open
+)
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		transient: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_transient_retries_total",
+			Help: "Transient failures (5xx, timeouts, resets, rate limits) answered with a snooze or, past the budget, a failed attempt, by endpoint.",
+		}, []string{"endpoint"}),
+		snooze: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dispatch_executor_snooze_seconds",
+			Help:    "Delays of the snoozes the executor asked for, by reason (backoff, retry_after, circuit).",
+			Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
+		}, []string{"reason"}),
+		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatch_executor_circuit_state",
+			Help: "Circuit breaker state per endpoint: 0 closed, 1 half-open, 2 open.",
+		}, []string{"endpoint"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_refused_total",
+			Help: "Requests not sent because they were identical to one that already failed deterministically, by task type.",
+		}, []string{"type"}),
+		sameError: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_same_error_retries_total",
+			Help: "Deterministic failures whose error equals the task's previous failure, by task type (a stuck loop).",
+		}, []string{"type"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_errors_total",
+			Help: "Failed calls by task type and error class.",
+		}, []string{"type", "class"}),
+		toolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_tool_calls_total",
+			Help: "Tool calls the model asked for, by tool (refused ones included).",
+		}, []string{"tool"}),
+		toolRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_tool_refusals_total",
+			Help: "Tool calls refused for repeating a call that failed deterministically, by tool; refusals/calls is the repeat-call rate.",
+		}, []string{"tool"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_tokens_total",
+			Help: "Tokens used by model calls, by model, task type and direction (in, out).",
+		}, []string{"model", "type", "direction"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_executor_cost_usd_total",
+			Help: "USD spent on model calls, by model and task type.",
+		}, []string{"model", "type"}),
+	}
+	if reg == nil {
+		return m
+	}
+	m.transient = register(reg, m.transient)
+	m.snooze = register(reg, m.snooze)
+	m.circuit = register(reg, m.circuit)
+	m.refused = register(reg, m.refused)
+	m.sameError = register(reg, m.sameError)
+	m.errors = register(reg, m.errors)
+	m.toolCalls = register(reg, m.toolCalls)
+	m.toolRefusals = register(reg, m.toolRefusals)
+	m.tokens = register(reg, m.tokens)
+	m.cost = register(reg, m.cost)
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err)
+	}
+	return c
+}
+
+func (m *metrics) usage(model, taskType string, in, out int, cost float64) {
+	m.tokens.WithLabelValues(model, taskType, "in").Add(float64(in))
+	m.tokens.WithLabelValues(model, taskType, "out").Add(float64(out))
+	m.cost.WithLabelValues(model, taskType).Add(cost)
+}
