@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -38,6 +39,21 @@ func (s *TaskStore) Get(ctx context.Context, id string) (events.TaskState, error
 // found is false when the task has no state yet.
 func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *events.TaskState, found bool) error) (events.TaskState, error) {
 	return kvcas.Update(ctx, s.kv, id, mutate)
+}
+
+// Create stores the state of a new task. If the task exists it returns
+// false and the stored state instead.
+func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.TaskState, error) {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return false, st, err
+	}
+	_, err = s.kv.Create(ctx, st.ID, data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		existing, err := s.Get(ctx, st.ID)
+		return false, existing, err
+	}
+	return err == nil, st, err
 }
 
 // SetStatus moves a task to status for the given pass, unless the state has

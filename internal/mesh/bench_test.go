@@ -74,7 +74,15 @@ func BenchmarkChainBare(b *testing.B) {
 }
 
 // The whole mesh, every service in this process, on the simulated model.
+// "spread" submits tasks over 8 types and 1000 subjects, as real traffic
+// is; "hotkey" puts every task on one type and one subject, so every
+// recorder contends for the same trust and history keys.
 func BenchmarkChainMesh(b *testing.B) {
+	b.Run("spread", func(b *testing.B) { benchMesh(b, 8, 1000) })
+	b.Run("hotkey", func(b *testing.B) { benchMesh(b, 1, 1) })
+}
+
+func benchMesh(b *testing.B, types, subjects int) {
 	srv := natstest.Start(b)
 	nc, _ := srv.Connect(b)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,8 +97,8 @@ func BenchmarkChainMesh(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := range b.N {
-		data := fmt.Appendf(nil, `{"id":"b%d","subject":"src/app.css","payload":{"issue":"button misaligned by 3px on the settings page"}}`, i)
-		if _, err := srv.JS.PublishAsync(events.SubmitSubject("triage_fix"), data); err != nil {
+		data := fmt.Appendf(nil, `{"id":"b%d","subject":"src/app%d.css","payload":{"issue":"button misaligned by 3px on the settings page"}}`, i, i%subjects)
+		if _, err := srv.JS.PublishAsync(events.SubmitSubject(fmt.Sprintf("type_%d", i%types)), data); err != nil {
 			b.Fatal(err)
 		}
 	}

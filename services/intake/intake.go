@@ -18,7 +18,6 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
-	"dispatchmesh/internal/kvcas"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
@@ -86,22 +85,16 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 
-	publish := false
-	_, err = s.cfg.Tasks.Update(ctx, task.ID, func(st *events.TaskState, found bool) error {
-		if found {
-			// Our own earlier delivery created it: publish again (the Msg-Id
-			// deduplicates). Otherwise it is a second submission of the id.
-			publish = st.SubmitSeq == m.Seq
-			return kvcas.ErrNoChange
-		}
-		*st = services.NewState(task)
-		st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
-		publish = true
-		return nil
-	})
+	st := services.NewState(task)
+	st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
+	created, existing, err := s.cfg.Tasks.Create(ctx, st)
 	if err != nil {
 		return nil, err
 	}
+	// A task that exists was created by an earlier delivery of this very
+	// message (publish again: the Msg-Id deduplicates), or by another
+	// submission of the same id (one task: nothing to do).
+	publish := created || existing.SubmitSeq == m.Seq
 	if !publish {
 		s.log.Info("duplicate submission ignored", "task", task.ID, "seq", m.Seq)
 		return nil, nil

@@ -13,7 +13,6 @@ package recorder
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -94,18 +93,30 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	pol := s.cfg.Policy.For(t.Type)
 
-	prev, err := s.cfg.Tasks.Get(ctx, t.ID)
-	if err != nil && !errors.Is(err, services.ErrTaskNotFound) {
+	// State first: the PIVOT rule needs the dead ends, and the stored
+	// record makes a redelivery see the same judgement.
+	st, err := s.cfg.Tasks.Update(ctx, t.ID, func(st *events.TaskState, found bool) error {
+		if !found {
+			*st = services.NewState(t)
+		}
+		if r, ok := recordOf(st, b.Run.Pass); ok {
+			res.Outcome, res.Error = r.Outcome, r.Reason // judged when first recorded
+			return kvcas.ErrNoChange
+		}
+		if st.Pass > b.Run.Pass {
+			return kvcas.ErrNoChange // an old pass
+		}
+		judged := Judge(b.Run, ev.Result, st.DeadEnds, len(pol.Steps) > 0)
+		Apply(st, t, b.Run, judged, pol, now)
+		res = judged
+		return nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("task state: %w", err)
 	}
-	if !recorded(&prev, b.Run.Pass) {
-		res = Judge(b.Run, res, prev.DeadEnds, len(pol.Steps) > 0)
-	} else if r, ok := recordOf(&prev, b.Run.Pass); ok && r.Outcome != res.Outcome {
-		res.Outcome, res.Error, res.ErrorClass = r.Outcome, r.Reason, events.ErrorClassDeadEnd // judged before
-	}
+
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
 	success := res.Outcome == events.OutcomeSuccess
-
 	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
@@ -118,20 +129,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	})
 	if err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
-	}
-
-	st, err := s.cfg.Tasks.Update(ctx, t.ID, func(st *events.TaskState, found bool) error {
-		if !found {
-			*st = services.NewState(t)
-		}
-		if recorded(st, b.Run.Pass) || st.Pass > b.Run.Pass {
-			return kvcas.ErrNoChange // a redelivery, or an old pass
-		}
-		Apply(st, t, b.Run, res, pol, now)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("task state: %w", err)
 	}
 	if last, ok := lastRecord(&st); !ok || last.Pass != b.Run.Pass {
 		// The task moved on (or this is an old pass): whatever this attempt
