@@ -89,7 +89,7 @@ func benchMesh(b *testing.B, types, subjects int) {
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		_ = mesh.Run(ctx, mesh.Options{NC: nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}()
 	b.Cleanup(func() { cancel(); <-stopped })
 	waitBucket(b, srv.JS)

@@ -57,7 +57,7 @@ func (e *env) startOn(nc *nats.Conn, names ...string) (stop func()) {
 	done := make(chan error, 1)
 	go func() {
 		done <- mesh.Run(ctx, mesh.Options{
-			NC: nc, Services: names, Policy: e.pol,
+			NC: nc, Services: names, Policy: e.pol, Provision: true,
 			Model:   executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}),
 			Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 			AckWait: 2 * time.Second, Grace: 5 * time.Second,

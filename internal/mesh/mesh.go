@@ -34,12 +34,14 @@ import (
 
 // Service names, as accepted by Options.Services and the CLI.
 const (
-	Intake   = "intake" // also serves the micro API and runs the reaper
+	Intake   = "intake" // also serves the micro API (dispatch.api.submit, dispatch.api.status)
 	Verifier = "verifier"
 	Gate     = "gate"
 	Prompt   = "prompt"
 	Executor = "executor"
 	Recorder = "recorder"
+	// Reaper files messages whose worker died on their last delivery.
+	Reaper = "reaper"
 )
 
 // ExecutorMaxDeliver bounds deliveries of one executor message: transient
@@ -47,7 +49,7 @@ const (
 const ExecutorMaxDeliver = 200
 
 // All is every service, in pipeline order.
-var All = []string{Intake, Verifier, Gate, Prompt, Executor, Recorder}
+var All = []string{Intake, Verifier, Gate, Prompt, Executor, Recorder, Reaper}
 
 // Options configure a mesh process.
 type Options struct {
@@ -55,7 +57,11 @@ type Options struct {
 	JS jetstream.JetStream
 	// Services to run. Default All.
 	Services []string
-	// Stream sizes what is provisioned at start.
+	// Provision creates or updates the stream and buckets at start (what
+	// `dispatch up` and `dispatch provision` do). Without it the services
+	// bind to what exists, so they can run as least-privilege NATS users.
+	Provision bool
+	// Stream sizes what is provisioned.
 	Stream services.StreamConfig
 	// Policy holds per-type policies. Default: built-in defaults.
 	Policy *policy.Source
@@ -117,9 +123,14 @@ func Run(ctx context.Context, o Options) error {
 		o.Version = "0.1.0"
 	}
 
-	stores, err := services.Provision(ctx, o.JS, o.Stream)
+	var stores *services.Stores
+	if o.Provision {
+		stores, err = services.Provision(ctx, o.JS, o.Stream)
+	} else {
+		stores, err = services.OpenStores(ctx, o.JS)
+	}
 	if err != nil {
-		return fmt.Errorf("provision: %w", err)
+		return fmt.Errorf("stores (is the mesh provisioned? run `dispatch provision`): %w", err)
 	}
 	specs, err := o.build(stores)
 	if err != nil {
@@ -185,7 +196,9 @@ func (o Options) build(st *services.Stores) ([]services.Spec, error) {
 			if err != nil {
 				return nil, err
 			}
-			specs = append(specs, s.Spec(), services.ReaperSpec(o.JS))
+			specs = append(specs, s.Spec())
+		case Reaper:
+			specs = append(specs, services.ReaperSpec(o.JS))
 		case Verifier:
 			s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: tasks, Instance: inst(name), Log: o.Log})
 			if err != nil {
