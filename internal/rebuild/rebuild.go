@@ -21,6 +21,7 @@ import (
 	"dispatchmesh/internal/kvcas"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
+	"dispatchmesh/services/executor"
 	"dispatchmesh/services/recorder"
 	"dispatchmesh/services/verifier"
 	"dispatchmesh/trust"
@@ -219,8 +220,8 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	case res.Refused:
 		st.Refused++
 	case res.RequestHash != "" && (res.ErrorClass == events.ErrorClassDeterministic || res.ErrorClass == events.ErrorClassAuth || res.ErrorClass == events.ErrorClassQuota):
-		if !slices.Contains(st.FailedRequests, res.RequestHash) {
-			st.FailedRequests = append(st.FailedRequests, res.RequestHash)
+		if e := executor.FailedEntry(res.RequestHash, b.Run.Pass); !slices.Contains(st.FailedRequests, e) {
+			st.FailedRequests = append(st.FailedRequests, e)
 		}
 	}
 	for _, h := range st.History {

@@ -34,7 +34,11 @@ type commandRun struct {
 // timeout (default DefaultCommandTimeout). A nil error means exit 0; a run
 // that failed returns a *CommandError, except when ctx itself ended
 // (shutdown): then ctx.Err().
-func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, timeout time.Duration) (commandRun, error) {
+//
+// With separate false, stdout and stderr share one pipe, so the combined
+// output keeps the order the command wrote it in (a validator's output); with
+// true they are read apart, for an agent whose stdout carries the result.
+func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, timeout time.Duration, separate bool) (commandRun, error) {
 	if timeout <= 0 {
 		timeout = DefaultCommandTimeout
 	}
@@ -47,8 +51,12 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, ti
 	cmd.Dir = dir
 	cmd.Stdin = bytes.NewReader(stdin)
 	stdout, stderr, combined := &tailBuffer{max: maxStdout}, &tailBuffer{max: MaxErrorOutput}, &tailBuffer{max: MaxErrorOutput}
-	cmd.Stdout = teeWriter{stdout, combined}
-	cmd.Stderr = teeWriter{stderr, combined}
+	if separate {
+		cmd.Stdout = teeWriter{stdout, combined}
+		cmd.Stderr = teeWriter{stderr, combined}
+	} else {
+		cmd.Stdout, cmd.Stderr = combined, combined // one pipe: the order is kept
+	}
 	cmd.WaitDelay = CommandWaitDelay
 	killGroupOnCancel(cmd)
 	err := cmd.Run()

@@ -26,7 +26,7 @@ func TestDeterministicFailureBansTheRequest(t *testing.T) {
 			t.Errorf("error %q lacks %s: the next prompt needs everything the provider said", r.Error, said)
 		}
 	}
-	if st := e.state("t1"); !slices.Equal(st.FailedRequests, []string{r.RequestHash}) {
+	if st := e.state("t1"); !slices.Equal(st.FailedRequests, []string{executor.FailedEntry(r.RequestHash, 1)}) {
 		t.Fatalf("failed requests %v, want the request hash %s", st.FailedRequests, r.RequestHash)
 	}
 
@@ -91,7 +91,7 @@ func TestAuthAndQuotaAreCalledOnce(t *testing.T) {
 			if n := e.model.Calls(); n != 1 {
 				t.Errorf("%d calls, want exactly 1", n)
 			}
-			if st := e.state("t1"); !slices.Contains(st.FailedRequests, r.RequestHash) {
+			if st := e.state("t1"); !slices.Contains(st.FailedRequests, executor.FailedEntry(r.RequestHash, 1)) {
 				t.Errorf("failed requests %v lack %s", st.FailedRequests, r.RequestHash)
 			}
 		})

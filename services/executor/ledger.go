@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
 	"dispatchmesh/events"
@@ -18,6 +20,9 @@ type facts struct {
 	// failed holds the hashes of requests (and "tool:" calls) that failed
 	// deterministically.
 	failed map[string]bool
+	// failedNow is set when this very pass already banned a request: its
+	// Executed may be on the stream already (a redelivery after a lost ack).
+	failedNow bool
 	// transient counts the transient failures of the current attempt.
 	transient int
 	// lastError is the previous failure's error (TaskState.LastError).
@@ -60,7 +65,8 @@ func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error)
 			"task", b.Task.ID, "pass", b.Run.Pass, "task_pass", st.Pass, "status", st.Status)
 		return f, true, nil
 	default:
-		f = facts{failed: set(st.FailedRequests), transient: st.TransientRetries, lastError: st.LastError}
+		f = facts{failed: bannedBefore(st.FailedRequests, b.Run.Pass), failedNow: bannedIn(st.FailedRequests, b.Run.Pass),
+			transient: st.TransientRetries, lastError: st.LastError}
 	}
 	if _, err := l.tasks.SetStatus(ctx, b, events.StatusRunning, ""); err != nil {
 		return f, false, storeErr(ctx, err)
@@ -98,11 +104,12 @@ func (l kvLedger) settle(ctx context.Context, b events.Base) error {
 }
 
 func (l kvLedger) addFailed(ctx context.Context, b events.Base, hash, _ string) error {
+	entry := FailedEntry(hash, b.Run.Pass)
 	_, err := l.update(ctx, b, func(st *events.TaskState) error {
-		if slices.Contains(st.FailedRequests, hash) {
+		if slices.Contains(st.FailedRequests, entry) {
 			return kvcas.ErrNoChange
 		}
-		st.FailedRequests = append(st.FailedRequests, hash)
+		st.FailedRequests = append(st.FailedRequests, entry)
 		return nil
 	})
 	return err
@@ -126,10 +133,30 @@ func storeErr(ctx context.Context, err error) error {
 	return fmt.Errorf("executor: task state: %w", err)
 }
 
-func set(hashes []string) map[string]bool {
-	m := make(map[string]bool, len(hashes))
-	for _, h := range hashes {
-		m[h] = true
+// FailedEntry is how a banned hash is kept in TaskState.FailedRequests:
+// "<hash>@<pass>", the pass whose request failed. A redelivery of that same
+// pass is not refused by its own failure; every later pass is.
+func FailedEntry(hash string, pass int) string { return hash + "@" + strconv.Itoa(pass) }
+
+// bannedIn reports whether a request of pass itself was banned.
+func bannedIn(entries []string, pass int) bool {
+	suffix := "@" + strconv.Itoa(pass)
+	for _, e := range entries {
+		if strings.HasSuffix(e, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+// bannedBefore is the set of hashes that failed in a pass before pass.
+func bannedBefore(entries []string, pass int) map[string]bool {
+	m := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		hash, p, ok := strings.Cut(e, "@")
+		if n, err := strconv.Atoi(p); !ok || err != nil || n < pass {
+			m[hash] = true
+		}
 	}
 	return m
 }
@@ -164,7 +191,7 @@ func (l *memLedger) begin(_ context.Context, b events.Base) (facts, bool, error)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	return facts{failed: set(t.failed), transient: t.transient, lastError: t.lastError}, false, nil
+	return facts{failed: bannedBefore(t.failed, b.Run.Pass), failedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient, lastError: t.lastError}, false, nil
 }
 
 func (l *memLedger) addTransient(_ context.Context, b events.Base) (int, error) {
@@ -186,8 +213,8 @@ func (l *memLedger) addFailed(_ context.Context, b events.Base, hash, errText st
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	if !slices.Contains(t.failed, hash) {
-		t.failed = append(t.failed, hash)
+	if entry := FailedEntry(hash, b.Run.Pass); !slices.Contains(t.failed, entry) {
+		t.failed = append(t.failed, entry)
 	}
 	if errText != "" {
 		t.lastError = errText // what the recorder keeps as TaskState.LastError

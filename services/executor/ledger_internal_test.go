@@ -65,7 +65,13 @@ func TestLedgers(t *testing.T) {
 				t.Fatal(err)
 			}
 			f, _, _ = l.begin(ctx, b)
-			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] {
+			if len(f.failed) != 0 || !f.failedNow {
+				t.Errorf("the same pass sees failed %v, failedNow %v; want its own bans only flagged", f.failed, f.failedNow)
+			}
+			later := b
+			later.Run.Pass++
+			f, _, _ = l.begin(ctx, later)
+			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] || f.failedNow {
 				t.Errorf("failed %v, want h1 and tool:h2 once each", f.failed)
 			}
 			if f, _, _ := l.begin(ctx, other); len(f.failed) != 0 || f.transient != 0 {
@@ -96,7 +102,7 @@ func TestKVLedgerState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Status != events.StatusRunning || st.TransientRetries != 1 || st.Refused != 2 || len(st.FailedRequests) != 1 || st.FailedRequests[0] != "h1" {
+	if st.Status != events.StatusRunning || st.TransientRetries != 1 || st.Refused != 2 || len(st.FailedRequests) != 1 || st.FailedRequests[0] != "h1@2" {
 		t.Errorf("state %+v, want running with 1 transient retry, 2 refusals and h1 banned", st)
 	}
 

@@ -2,8 +2,11 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
@@ -74,6 +77,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil || skip {
 		return nil, err
 	}
+	if f.failedNow && s.executed(ctx, base) {
+		return nil, nil // a redelivery: this pass's outcome is already on the stream
+	}
 
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, banned: map[string]string{}}
 	start := s.cfg.Now()
@@ -102,6 +108,28 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 	return []services.Out{out}, nil
+}
+
+// executed reports whether the stream already holds this pass's Executed
+// event. It is asked only after a lost ack, never on the hot path.
+func (s *Service) executed(ctx context.Context, b events.Base) bool {
+	if s.cfg.NATS == nil {
+		return false
+	}
+	js, err := jetstream.New(s.cfg.NATS)
+	if err != nil {
+		return false
+	}
+	stream, err := js.Stream(ctx, services.Stream)
+	if err != nil {
+		return false
+	}
+	raw, err := stream.GetLastMsgForSubject(ctx, events.TaskSubject(b.Task.ID, events.StageExecuted))
+	if err != nil {
+		return false
+	}
+	var prev events.Executed
+	return json.Unmarshal(raw.Data, &prev) == nil && prev.Run.Pass == b.Run.Pass
 }
 
 // runModel asks the model, with the type's tools when it has any.
