@@ -163,6 +163,11 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	}
 	wg.Wait()
 	close(stopped)
+	if ctx.Err() == nil {
+		// Nobody asked us to stop: the consumer was deleted or the
+		// connection closed for good. Say so instead of idling silently.
+		return fmt.Errorf("service %s stopped consuming: the consumer or the connection is gone", spec.Name)
+	}
 	log.Info("service stopped")
 	return nil
 }
@@ -209,6 +214,10 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg je
 		}
 		r.settle(log, msg.Ack(), "ack")
 		r.Metrics.count(spec.Name, "ok")
+	case snoozed && m.Delivered >= spec.MaxDeliver:
+		// The server would not deliver it again: keep it for a human.
+		r.deadLetter(pctx, log, spec, msg, m, events.ReviewPoison, "",
+			fmt.Errorf("still snoozed after %d deliveries: %w", m.Delivered, err))
 	case snoozed:
 		log.Debug("snoozed", "delay", delay, "err", err)
 		r.settle(log, msg.NakWithDelay(delay), "nak")

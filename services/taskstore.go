@@ -23,9 +23,6 @@ type TaskStore struct {
 // NewTaskStore wraps the task bucket.
 func NewTaskStore(kv jetstream.KeyValue) *TaskStore { return &TaskStore{kv: kv} }
 
-// KV is the underlying bucket.
-func (s *TaskStore) KV() jetstream.KeyValue { return s.kv }
-
 // Get returns a task's state.
 func (s *TaskStore) Get(ctx context.Context, id string) (events.TaskState, error) {
 	st, _, found, err := kvcas.Get[events.TaskState](ctx, s.kv, id)
@@ -58,9 +55,8 @@ func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, even
 
 // SetStatus moves a task to status for the given pass, unless the state has
 // moved past that pass or the task already ended: a late redelivery of an old
-// message never rewinds a task. It returns whether it wrote.
-func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) (bool, error) {
-	wrote := false
+// message never rewinds a task.
+func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) error {
 	_, err := s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
 		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status) {
 			return kvcas.ErrNoChange
@@ -72,10 +68,9 @@ func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason
 		if reason != "" {
 			st.Reason = reason
 		}
-		wrote = true
 		return nil
 	})
-	return wrote, err
+	return err
 }
 
 // NewState is the state of a task that has just been accepted.

@@ -15,10 +15,10 @@ type Stats struct {
 	Failures  int `json:"failures"`
 	// BlockStreak counts consecutive gate blocks of this type.
 	BlockStreak int `json:"block_streak"`
-	// LastGateKey and LastGateProbe are the last gate decision, so a
-	// redelivered gate call gets the same answer.
-	LastGateKey   string `json:"last_gate_key,omitempty"`
-	LastGateProbe bool   `json:"last_gate_probe,omitempty"`
+	// Gates are the recent gate decisions that changed the streak (the last
+	// GateMemory), so a redelivered gate call gets the same answer even after
+	// other tasks of the type went through the gate.
+	Gates []GateMark `json:"gates,omitempty"`
 	// Daily is what the type spent per UTC day ("2006-01-02"), the last
 	// SpendDays days kept; the gate enforces a type's daily budget with it.
 	Daily map[string]Spend `json:"daily,omitempty"`
@@ -29,6 +29,15 @@ type Spend struct {
 	Tokens int     `json:"tokens"`
 	Cost   float64 `json:"cost"`
 }
+
+// GateMark is one remembered gate decision.
+type GateMark struct {
+	Key   string `json:"key"`
+	Probe bool   `json:"probe,omitempty"`
+}
+
+// GateMemory is how many gate decisions Stats remembers.
+const GateMemory = 64
 
 // SpendDays is how many days of spend Stats keeps.
 const SpendDays = 7
@@ -48,13 +57,13 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	if slices.ContainsFunc(s.Outcomes, func(x Outcome) bool { return x.Key == o.Key }) {
 		return s, false
 	}
-	next = s
 	// Keep the window in (At, Key) order whatever order outcomes arrive in,
 	// so a replay of the stream (dispatch rebuild) yields the same window.
 	i := len(s.Outcomes)
 	for i > 0 && outcomeAfter(s.Outcomes[i-1], o) {
 		i--
 	}
+	next = s
 	next.Outcomes = lastN(slices.Insert(slices.Clone(s.Outcomes), i, o), p.Window)
 	if o.Success {
 		next.Successes++
@@ -80,8 +89,8 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 // Gate returns the stats after a gate decision for the task identified by
 // key, where below is Evaluate's Verdict.Below:
 //
-//   - key is the last gate key: a redelivery, the stored decision is returned
-//     and nothing changes;
+//   - key is a remembered gate key: a redelivery, the stored decision is
+//     returned and nothing changes;
 //   - not below: the block streak is reset (changed=false when it already
 //     was 0, so the hot path needs no write);
 //   - below, after ProbeAfter consecutive blocks: probe=true, streak reset;
@@ -90,8 +99,10 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 // s is not modified.
 func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, changed bool) {
 	p = p.WithDefaults()
-	if s.LastGateKey == key {
-		return s, s.LastGateProbe, false
+	for _, g := range s.Gates {
+		if g.Key == key {
+			return s, g.Probe, false
+		}
 	}
 	next = s
 	switch {
@@ -105,8 +116,7 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 	default:
 		next.BlockStreak++
 	}
-	next.LastGateKey = key
-	next.LastGateProbe = probe
+	next.Gates = append(slices.Clone(lastN(s.Gates, GateMemory-1)), GateMark{Key: key, Probe: probe})
 	return next, probe, true
 }
 

@@ -88,7 +88,7 @@ func TestPolicyGate(t *testing.T) {
 
 func TestPolicyGateProbeRedelivery(t *testing.T) {
 	var p trust.Policy
-	st := trust.Stats{BlockStreak: 5, LastGateKey: "e"}
+	st := trust.Stats{BlockStreak: 5, Gates: []trust.GateMark{{Key: "e"}}}
 	st, probe, _ := p.Gate(st, "f", true)
 	if !probe {
 		t.Fatal("no probe after 5 blocks")
@@ -96,5 +96,13 @@ func TestPolicyGateProbeRedelivery(t *testing.T) {
 	_, again, changed := p.Gate(st, "f", true)
 	if !again || changed {
 		t.Errorf("redelivered probe: probe=%v changed=%v, want true false", again, changed)
+	}
+	// Another task is blocked in between; the probe's redelivery still gets its answer.
+	st, blocked, _ := p.Gate(st, "g", true)
+	if blocked || st.BlockStreak != 1 {
+		t.Fatalf("task after the probe: probe=%v streak=%d", blocked, st.BlockStreak)
+	}
+	if _, again, changed := p.Gate(st, "f", true); !again || changed || st.BlockStreak != 1 {
+		t.Errorf("probe redelivered after another block: probe=%v changed=%v", again, changed)
 	}
 }

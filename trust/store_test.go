@@ -201,7 +201,7 @@ func TestStorePutAll(t *testing.T) {
 	}
 	want := []trust.Stats{
 		{Type: "a_fix", Outcomes: seq("SF"), Successes: 1, Failures: 1},
-		{Type: "b_fix", Outcomes: seq("S"), Successes: 7, BlockStreak: 2, LastGateKey: "x:1"},
+		{Type: "b_fix", Outcomes: seq("S"), Successes: 7, BlockStreak: 2, Gates: []trust.GateMark{{Key: "x:1"}}},
 	}
 	for _, st := range []trust.Stats{want[1], want[0]} {
 		if err := store.Put(ctx, st); err != nil {
@@ -222,7 +222,7 @@ func TestStorePutAll(t *testing.T) {
 	}
 	for i := range want {
 		if got := all[i]; got.Successes != want[i].Successes || got.Failures != want[i].Failures ||
-			len(got.Outcomes) != len(want[i].Outcomes) || got.BlockStreak != want[i].BlockStreak || got.LastGateKey != want[i].LastGateKey {
+			len(got.Outcomes) != len(want[i].Outcomes) || got.BlockStreak != want[i].BlockStreak || len(got.Gates) != len(want[i].Gates) {
 			t.Errorf("All[%d] = %+v, want %+v", i, got, want[i])
 		}
 	}

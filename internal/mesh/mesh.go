@@ -150,6 +150,10 @@ func Run(ctx context.Context, o Options) error {
 		defer svc.Stop()
 	}
 
+	// One service failing stops them all: a mesh with a dead stage would
+	// look alive while tasks pile up in front of it.
+	ctx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(specs))
 	for _, spec := range specs {
@@ -162,6 +166,7 @@ func Run(ctx context.Context, o Options) error {
 			defer wg.Done()
 			if err := r.Run(ctx, spec); err != nil {
 				errs <- err
+				stopAll()
 			}
 		}()
 	}

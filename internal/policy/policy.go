@@ -84,8 +84,8 @@ type Type struct {
 	TemplateFile string `json:"template_file,omitempty"`
 	// Verifier checks staleness before every attempt. Default: none.
 	Verifier *Verifier `json:"verifier,omitempty"`
-	// MaxRetries is how many failed attempts a task gets before it is
-	// escalated to a human. Default 3; a task's own max_retries wins.
+	// MaxRetries is the attempt at which the escalation ladder hands the
+	// task to a human (HANDOFF). Default 7; a task's own max_retries wins.
 	MaxRetries int `json:"max_retries,omitempty"`
 	// Exempt types are never gated. Default: triage_fix, security_fix,
 	// service_restart are exempt.

@@ -245,11 +245,13 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
 	}, r.o.HistoryLimit)
-	s := r.stats(t.Type)
-	*s, _ = r.o.Scoring.Record(*s, trust.Outcome{
-		Key: key, Success: res.Outcome == events.OutcomeSuccess, At: stored,
-		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-	})
+	if recorder.CountsForTrust(res) {
+		s := r.stats(t.Type)
+		*s, _ = r.o.Scoring.Record(*s, trust.Outcome{
+			Key: key, Success: res.Outcome == events.OutcomeSuccess, At: stored,
+			Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
+		})
+	}
 	recorder.Apply(st, t, b.Run, res, pol, stored)
 }
 

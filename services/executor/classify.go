@@ -173,8 +173,9 @@ func (r Rules) byStatus(status int, header http.Header, body string) Classificat
 	return c
 }
 
-// tooManyRequests reads a 429: a rate-limit body is transient, a quota body
-// is quota, anything else (Retry-After or not) is transient.
+// tooManyRequests reads a 429: a rate-limit body is transient; with a
+// Retry-After it is transient unless the body says insufficient_quota; a
+// quota body is quota; anything else is transient.
 func (r Rules) tooManyRequests(header http.Header, body string) Classification {
 	rate, quota := r.RateLimitBody, r.QuotaBody
 	if rate == nil {
@@ -187,6 +188,10 @@ func (r Rules) tooManyRequests(header http.Header, body string) Classification {
 	switch {
 	case containsAny(lower, rate):
 		return Classification{Class: events.ErrorClassTransient, Reason: "status 429: rate limit"}
+	case r.retryAfter(header) > 0 && !strings.Contains(lower, "insufficient_quota"):
+		// "Quota exceeded … per minute" with a Retry-After: a window that
+		// reopens, not an exhausted account.
+		return Classification{Class: events.ErrorClassTransient, Reason: "status 429 with Retry-After"}
 	case containsAny(lower, quota):
 		return Classification{Class: events.ErrorClassQuota, Reason: "status 429: quota exhausted"}
 	}

@@ -76,6 +76,7 @@ func TestClassify(t *testing.T) {
 		{"429 quota message", provider(429, nil, "", "Monthly quota exhausted"), nil, Q, 0},
 		{"429 quota raw body", rawProvider(429, `quota exhausted for this key`), nil, Q, 0},
 		{"429 quota despite retry-after", provider(429, "insufficient_quota", "", "quota", "Retry-After", "86400"), nil, Q, 0},
+		{"429 per-minute quota with retry-after", provider(429, nil, "", "Quota exceeded for requests per minute", "Retry-After", "30"), nil, T, 30 * time.Second},
 		// overrides
 		{"override 404 transient", provider(404, nil, "", "not yet"), &executor.Rules{Status: map[int]string{404: T}}, T, 0},
 		{"override 500 deterministic", provider(500, nil, "", "bad input crashes the server"), &executor.Rules{Status: map[int]string{500: D}}, D, 0},
@@ -135,7 +136,7 @@ func ExampleClassify() {
 	}
 	// Output:
 	// quota 0s (status 429: quota exhausted)
-	// transient 2s (status 429, retry after 2s)
+	// transient 2s (status 429 with Retry-After, retry after 2s)
 	// deterministic 0s (status 400)
 }
 

@@ -68,7 +68,7 @@ func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error)
 		f = facts{failed: bannedBefore(st.FailedRequests, b.Run.Pass), failedNow: bannedIn(st.FailedRequests, b.Run.Pass),
 			transient: st.TransientRetries, lastError: st.LastError}
 	}
-	if _, err := l.tasks.SetStatus(ctx, b, events.StatusRunning, ""); err != nil {
+	if err := l.tasks.SetStatus(ctx, b, events.StatusRunning, ""); err != nil {
 		return f, false, storeErr(ctx, err)
 	}
 	return f, false, nil

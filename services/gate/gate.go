@@ -72,7 +72,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	pol := s.cfg.Policy.For(b.Task.Type)
 	scoring := s.cfg.Scoring
-	if pol.Threshold != nil {
+	switch {
+	case pol.Threshold == nil:
+	case *pol.Threshold == 0:
+		scoring.Threshold = -1 // an explicit 0: never gate the type
+	default:
 		scoring.Threshold = *pol.Threshold
 	}
 	scoring.Exempt = []string{}
@@ -120,7 +124,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 // block files the task for human review with status needs_human_review.
 func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
 	if s.cfg.Tasks != nil {
-		if _, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason); err != nil {
+		if err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason); err != nil {
 			return nil, err
 		}
 	}

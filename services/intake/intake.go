@@ -84,7 +84,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, err
 	}
-
 	st := services.NewState(task)
 	st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
 	created, existing, err := s.cfg.Tasks.Create(ctx, st)
@@ -92,9 +91,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 	// A task that exists was created by an earlier delivery of this very
-	// message (publish again: the Msg-Id deduplicates), or by another
-	// submission of the same id (one task: nothing to do).
+	// message (publish again, as it was decided then: the Msg-Id
+	// deduplicates), or by another submission of the same id (one task:
+	// nothing to do).
 	publish := created || existing.SubmitSeq == m.Seq
+	if !created {
+		run.Rung, run.Step = existing.Rung, existing.Step
+	}
 	if !publish {
 		s.log.Info("duplicate submission ignored", "task", task.ID, "seq", m.Seq)
 		return nil, nil

@@ -31,7 +31,7 @@ type Config struct {
 	Tasks   *services.TaskStore // required
 	Trust   *trust.Store        // required
 	History *history.Store      // required
-	// Policy supplies each type's max_retries (default 3).
+	// Policy supplies each type's max_retries (default 7) and pipeline.
 	Policy *policy.Source
 	// Scoring is used to report the trust score in escalation records.
 	Scoring  trust.Policy
@@ -95,6 +95,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	// State first: the PIVOT rule needs the dead ends, and the stored
 	// record makes a redelivery see the same judgement.
+	stale := false
 	st, err := s.cfg.Tasks.Update(ctx, t.ID, func(st *events.TaskState, found bool) error {
 		if !found {
 			*st = services.NewState(t)
@@ -104,7 +105,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return kvcas.ErrNoChange
 		}
 		if st.Pass > b.Run.Pass {
-			return kvcas.ErrNoChange // an old pass
+			stale = true
+			return kvcas.ErrNoChange // an old pass, never recorded
 		}
 		judged := Judge(b.Run, ev.Result, st.DeadEnds, len(pol.Steps) > 0)
 		Apply(st, t, b.Run, judged, pol, now)
@@ -115,6 +117,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, fmt.Errorf("task state: %w", err)
 	}
 
+	if stale {
+		s.log.Warn("outcome of an earlier pass ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass)
+		return nil, nil
+	}
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
 	success := res.Outcome == events.OutcomeSuccess
 	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
@@ -124,9 +130,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	stats, err := s.cfg.Trust.Record(ctx, t.Type, trust.Outcome{
-		Key: key, Success: success, At: now, Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-	})
+	var stats trust.Stats
+	if CountsForTrust(res) {
+		stats, err = s.cfg.Trust.Record(ctx, t.Type, trust.Outcome{
+			Key: key, Success: success, At: now, Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
+		})
+	} else {
+		stats, err = s.cfg.Trust.Get(ctx, t.Type)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
 	}
@@ -179,9 +190,19 @@ func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipelin
 	return res
 }
 
-func recorded(st *events.TaskState, pass int) bool {
-	_, ok := recordOf(st, pass)
-	return ok
+// CountsForTrust reports whether an outcome says something about how well
+// the type's tasks go. Failures the model did not cause — a provider that
+// stayed unavailable, a bad API key, an exhausted quota, a request refused
+// before it was sent — must not get a type gated.
+func CountsForTrust(res events.Result) bool {
+	if res.Outcome == events.OutcomeSuccess {
+		return true
+	}
+	switch res.ErrorClass {
+	case events.ErrorClassTransient, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassRefused:
+		return false
+	}
+	return true
 }
 
 func recordOf(st *events.TaskState, pass int) (events.AttemptRecord, bool) {
