@@ -40,6 +40,11 @@ type Spec struct {
 	// Backoff is the nak delay after the n-th failed delivery.
 	// Default: 1s doubling per delivery, capped at 1m.
 	Backoff func(delivered int) time.Duration
+	// OnDemand pulls a message only when a worker is free, instead of
+	// keeping Concurrency messages buffered. For slow handlers (model
+	// calls): a buffered message's AckWait runs while it waits, and it could
+	// be redelivered to another instance before this one even starts it.
+	OnDemand bool
 }
 
 func (s Spec) withDefaults() Spec {
@@ -115,7 +120,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", spec.Name, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Concurrency))
+	next, drain, err := puller(ctx, cons, spec)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", spec.Name, err)
 	}
@@ -127,7 +132,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	go func() {
 		select {
 		case <-ctx.Done():
-			it.Drain()
+			drain()
 			grace := r.Grace
 			if grace <= 0 {
 				grace = 25 * time.Second
@@ -146,13 +151,19 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
 	for {
 		slots <- struct{}{} // take a message only when a worker is free
-		msg, err := it.Next()
+		msg, err := next()
 		if err != nil {
 			<-slots
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				break
 			}
-			log.Warn("fetch failed", "err", err)
+			if !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
+				log.Warn("fetch failed", "err", err)
+				select { // do not spin on a broken connection
+				case <-time.After(100 * time.Millisecond):
+				case <-ctx.Done():
+				}
+			}
 			continue
 		}
 		wg.Add(1)
@@ -170,6 +181,30 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	}
 	log.Info("service stopped")
 	return nil
+}
+
+// puller returns how Run takes messages: from a buffered iterator, or (for
+// OnDemand) one pull request per free worker. drain stops taking new ones;
+// next then returns ErrMsgIteratorClosed once nothing buffered is left.
+func puller(ctx context.Context, cons jetstream.Consumer, spec Spec) (next func() (jetstream.Msg, error), drain func(), err error) {
+	if !spec.OnDemand {
+		it, err := cons.Messages(jetstream.PullMaxMessages(spec.Concurrency))
+		if err != nil {
+			return nil, nil, err
+		}
+		return func() (jetstream.Msg, error) { return it.Next() }, it.Drain, nil
+	}
+	stop, cancel := context.WithCancel(context.Background())
+	return func() (jetstream.Msg, error) {
+		if stop.Err() != nil {
+			return nil, jetstream.ErrMsgIteratorClosed
+		}
+		msg, err := cons.Next(jetstream.FetchContext(stop))
+		if err != nil && stop.Err() != nil {
+			return nil, jetstream.ErrMsgIteratorClosed
+		}
+		return msg, err
+	}, cancel, nil
 }
 
 func (r *Router) logger() *slog.Logger {

@@ -271,3 +271,29 @@ func waitConsumer(t *testing.T, js jetstream.JetStream, name string, ok func(*je
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// OnDemand pulls one message per free worker; it handles everything and
+// stops cleanly while a pull is waiting.
+func TestRouterOnDemand(t *testing.T) {
+	s := setup(t)
+	out := subscribe(t, s.NC, events.StageFilter("out"))
+	sp := spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		id, _, _ := events.ParseTaskSubject(m.Subject)
+		o, err := services.Emit(events.TaskSubject(id, "out"), id+":1:out", "test.v1", id, "done")
+		return []services.Out{o}, err
+	})
+	sp.OnDemand, sp.Concurrency = true, 1
+	stop := run(t, s.JS, sp)
+	for i := range 3 {
+		publish(t, s.JS, events.TaskSubject(fmt.Sprintf("t%d", i), "in"), "x")
+	}
+	seen := map[string]bool{}
+	for range 3 {
+		seen[out().Subject] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("outputs %v", seen)
+	}
+	stop() // returns although a pull request is outstanding
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+}

@@ -241,7 +241,7 @@ func (o Options) build(st *services.Stores) ([]services.Spec, error) {
 			// need room for the transient budget and circuit snoozes.
 			specs = append(specs, services.Spec{
 				Name: services.ConsumerExecutor, Filters: []string{events.StageFilter(events.StagePrompted)},
-				Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver,
+				Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true,
 			})
 		case Recorder:
 			s, err := recorder.New(recorder.Config{Tasks: tasks, Trust: trustStore, History: hist, Policy: o.Policy, Scoring: o.Scoring, Instance: inst(name), Log: o.Log})
