@@ -99,5 +99,6 @@ func ApplyAction(st *events.TaskState, a events.Action) {
 		st.Status, st.Reason, st.Decision = events.StatusPending, "", ""
 		st.RoundStart, st.Pass, st.Rung = st.Attempts, st.Pass+1, events.RungRefine
 		st.WakeAt = time.Time{}
+		st.Skips, st.StepRetries, st.Loops = 0, nil, nil // fresh pipeline budgets too
 	}
 }

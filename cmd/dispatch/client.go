@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,7 +24,7 @@ import (
 var stdout io.Writer = os.Stdout
 
 func clientJS(cfg Config) (jetstream.JetStream, func(), error) {
-	nc, err := cfg.connect("", "dispatch")
+	nc, err := cfg.connect("", "client")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -161,119 +160,6 @@ func reorder(args []string) []string {
 		pos = append(pos, args[i])
 	}
 	return append(flags, pos...)
-}
-
-// ReviewItem is one record on a review subject.
-type ReviewItem struct {
-	Seq     uint64    `json:"seq"`
-	Time    time.Time `json:"time"`
-	Reason  string    `json:"reason"`
-	Key     string    `json:"key"`
-	Type    string    `json:"type,omitempty"`
-	Error   string    `json:"error,omitempty"`
-	Subject string    `json:"subject"`
-}
-
-func cmdReview(ctx context.Context, cfg Config, args []string) error {
-	if len(args) == 0 || args[0] != "list" {
-		return fmt.Errorf("usage: dispatch review list [-reason R] [-type T] [-o json]")
-	}
-	fs := flag.NewFlagSet("review list", flag.ContinueOnError)
-	reason := fs.String("reason", "", "only this reason: rejected, gated, escalated, poison, stuck")
-	typ := fs.String("type", "", "only this task type")
-	output := fs.String("o", "text", "output: text or json")
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	js, closeFn, err := clientJS(cfg)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	items, err := listReview(ctx, js, *reason, *typ)
-	if err != nil {
-		return err
-	}
-	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(items)
-	}
-	counts := map[string]int{}
-	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "TIME\tREASON\tTASK\tTYPE\tWHY")
-	for _, it := range items {
-		counts[it.Reason]++
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", it.Time.Local().Format("2006-01-02 15:04:05"), it.Reason, it.Key, it.Type, oneLine(it.Error, 100))
-	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	reasons := make([]string, 0, len(counts))
-	for r := range counts {
-		reasons = append(reasons, r)
-	}
-	sort.Strings(reasons)
-	var sum []string
-	for _, r := range reasons {
-		sum = append(sum, fmt.Sprintf("%s=%d", r, counts[r]))
-	}
-	fmt.Fprintf(stdout, "\n%d records (%s); records older than the stream's max age are removed by JetStream\n", len(items), strings.Join(sum, " "))
-	return nil
-}
-
-func listReview(ctx context.Context, js jetstream.JetStream, reason, typ string) ([]ReviewItem, error) {
-	filter := events.ReviewFilter
-	if reason != "" {
-		filter = events.ReviewRoot + "." + reason + ".>"
-	}
-	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	if err != nil {
-		return nil, err
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	items := []ReviewItem{}
-	for pending := info.NumPending; pending > 0; {
-		batch, err := cons.Fetch(int(min(pending, 500)), jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return nil, err
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			it := reviewItem(msg)
-			if typ == "" || it.Type == typ {
-				items = append(items, it)
-			}
-		}
-		if n == 0 {
-			break
-		}
-		pending -= uint64(n)
-	}
-	return items, nil
-}
-
-func reviewItem(msg jetstream.Msg) ReviewItem {
-	it := ReviewItem{Subject: msg.Subject(), Error: msg.Headers().Get(events.HeaderError)}
-	it.Reason, it.Key, _ = events.ParseReviewSubject(msg.Subject())
-	if md, err := msg.Metadata(); err == nil {
-		it.Seq, it.Time = md.Sequence.Stream, md.Timestamp
-	}
-	var body struct {
-		Task events.Task `json:"task"`
-		Type string      `json:"type"`
-	}
-	if json.Unmarshal(msg.Data(), &body) == nil {
-		it.Type = body.Task.Type
-		if it.Type == "" {
-			it.Type = body.Type // a rejected submission's own type field
-		}
-	}
-	return it
 }
 
 func oneLine(s string, n int) string {

@@ -38,8 +38,21 @@ type Config struct {
 	// PolicyFile holds the per-type policies (JSON); reloaded when it changes.
 	PolicyFile string `envconfig:"POLICY_FILE"`
 
+	// HTTPListen is where `dispatch up` and `dispatch web` serve the review
+	// page and its JSON API. Default 127.0.0.1:8080; "off" turns it off in
+	// `dispatch up`. An address beyond loopback requires HTTPToken.
+	HTTPListen string `envconfig:"HTTP_LISTEN" default:"127.0.0.1:8080"`
+	// HTTPToken, when set, is required by the review page and API
+	// (Authorization: Bearer, or ?token= once in a browser). Default: none,
+	// which restricts HTTPListen to loopback addresses.
+	HTTPToken string `envconfig:"HTTP_TOKEN"`
+
 	// MetricsListen serves /metrics and /healthz when set.
 	MetricsListen string `envconfig:"METRICS_LISTEN"`
+	// Provision makes a single service create or update the stream and
+	// buckets at start (`dispatch up` always does; `dispatch provision` only
+	// does that).
+	Provision bool `envconfig:"PROVISION"`
 	// Replicas of the stream and buckets (3 in a cluster).
 	Replicas int `envconfig:"REPLICAS" default:"1"`
 	// MaxAge is how long events are kept (the audit horizon).
@@ -127,7 +140,9 @@ func (c Config) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
-// connect opens a client connection to DISPATCH_NATS_URL (or url).
+// connect opens a connection to DISPATCH_NATS_URL (or url) named name:
+// client commands connect as "client", the web page as "web", a service as
+// itself — the user names deploy/ grants permissions to.
 func (c Config) connect(url, name string) (*nats.Conn, error) {
 	if url == "" {
 		url = c.NATSURL
@@ -139,9 +154,13 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 	case c.NATSUser != "":
 		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
 	}
-	if name != "" && name != "dispatch" {
-		opts = append(opts, nats.CustomInboxPrefix("_INBOX."+name))
+	// Replies come to _INBOX.<user>.>: the per-service users of deploy/ may
+	// subscribe only there.
+	inbox := name
+	if c.NATSUser != "" {
+		inbox = c.NATSUser
 	}
+	opts = append(opts, nats.CustomInboxPrefix("_INBOX."+inbox))
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w (is the mesh up? run `dispatch up`)", url, err)

@@ -5,7 +5,9 @@
 //	                                     one service against DISPATCH_NATS_URL
 //	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait]
 //	dispatch status ID [-o json]
-//	dispatch review list [-reason R] [-o json]
+//	dispatch review list|show|resolve|reject|requeue …
+//	dispatch audit ID [-o json]
+//	dispatch web [-listen ADDR]
 //	dispatch schema [NAME]
 //
 // Configuration comes from DISPATCH_* environment variables (see README).
@@ -24,12 +26,20 @@ const usage = `dispatch — supervised dispatch of tasks to LLM agents over NATS
 
 Usage:
   dispatch up                         start an embedded NATS server and every service
-  dispatch intake|verifier|gate|prompt|executor|recorder
+  dispatch provision                  create or update the stream and buckets (as an admin user)
+  dispatch intake|verifier|gate|prompt|executor|recorder|reaper
                                       run one service against DISPATCH_NATS_URL
   dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait]
   dispatch status ID [-o json]        a task's current state
-  dispatch review list [-reason R] [-type T] [-o json]
-                                      what is waiting for a human
+  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-o json]
+                                      what is waiting for a human, counts per reason
+  dispatch review show ID [-o json]   why a task stopped: trust, attempts, dead ends, records
+  dispatch review resolve|reject|requeue ID -note TEXT [-by WHO]
+                                      decide; a requeue's note reaches the next prompt
+  dispatch review requeue -type T -reason R -note TEXT
+                                      requeue every open item of a type and/or reason
+  dispatch audit ID [-o json]         a task's whole timeline from the stream, who did what
+  dispatch web [-listen ADDR]         the review page and JSON API (DISPATCH_HTTP_LISTEN)
   dispatch rebuild [-apply]           recompute the KV stores from the stream, report differences
   dispatch schema [NAME]              print the embedded JSON Schemas
 
@@ -74,14 +84,20 @@ func run(ctx context.Context, args []string) error {
 	switch cmd {
 	case "up":
 		return cmdUp(ctx, cfg, rest)
-	case "intake", "verifier", "gate", "prompt", "executor", "recorder":
+	case "intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper":
 		return cmdService(ctx, cfg, cmd, rest)
+	case "provision":
+		return cmdProvision(ctx, cfg, rest)
 	case "submit":
 		return cmdSubmit(ctx, cfg, rest)
 	case "status":
 		return cmdStatus(ctx, cfg, rest)
 	case "review":
 		return cmdReview(ctx, cfg, rest)
+	case "audit":
+		return cmdAudit(ctx, cfg, rest)
+	case "web":
+		return cmdWeb(ctx, cfg, rest)
 	case "rebuild":
 		return cmdRebuild(ctx, cfg, rest)
 	}

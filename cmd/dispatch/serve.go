@@ -20,6 +20,7 @@ import (
 
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/web"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
 )
@@ -34,6 +35,17 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	log := cfg.logger()
+	// The review page's address is checked before anything starts: beyond
+	// localhost without a token, `up` refuses to start.
+	var webLn net.Listener
+	if cfg.HTTPListen != "" && cfg.HTTPListen != "off" {
+		ln, err := web.Listen(cfg.HTTPListen, cfg.HTTPToken)
+		if err != nil {
+			return fmt.Errorf("review page (DISPATCH_HTTP_LISTEN, \"off\" to disable): %w", err)
+		}
+		webLn = ln
+		defer ln.Close()
+	}
 	ns, err := startServer(cfg)
 	if err != nil {
 		return err
@@ -43,6 +55,13 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		ns.WaitForShutdown()
 	}()
 	url := ns.ClientURL()
+	if webLn != nil {
+		stop, err := startWeb(ctx, cfg, log, url, webLn)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	dataDir, _ := filepath.Abs(cfg.DataDir)
 	fmt.Printf("dispatchmesh %s is up\n", version)
 	fmt.Printf("  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
@@ -54,9 +73,34 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	if cfg.MetricsListen != "" {
 		fmt.Printf("  metrics:  http://%s/metrics\n", cfg.MetricsListen)
 	}
+	if webLn != nil {
+		fmt.Printf("  review:   %s\n", webURL(webLn, cfg.HTTPToken))
+	}
 	fmt.Printf("  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
 	fmt.Printf("            dispatch submit -type css_fix -subject src/app.css -wait\n")
 	return serve(ctx, cfg, log, url, "dispatch-up", mesh.All)
+}
+
+// startWeb serves the review page on ln, on its own connection to url,
+// until ctx ends; stop waits for it to finish.
+func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener) (stop func(), err error) {
+	nc, err := cfg.connect(url, "web")
+	if err != nil {
+		return nil, err
+	}
+	h, err := webHandler(cfg, nc, log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := web.Serve(ctx, ln, h, log); err != nil {
+			log.Error("review page stopped", "err", err)
+		}
+	}()
+	return func() { <-done; nc.Close() }, nil
 }
 
 func startServer(cfg Config) (*server.Server, error) {
@@ -145,8 +189,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 	}
 	err = mesh.Run(ctx, mesh.Options{
 		NC: nc, Services: names, Policy: pol, Model: model, DefaultModel: cfg.Model, Prices: table,
-		Stream: services.StreamConfig{MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas},
-		Log:    log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
+		Provision: connName == "dispatch-up" || cfg.Provision, // `up` owns its embedded server
+		Stream:    services.StreamConfig{MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas},
+		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, Grace: cfg.Grace, Version: version,
 	})
 	if err == nil || errors.Is(err, context.Canceled) {
@@ -190,4 +235,27 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// cmdProvision creates or updates the stream, the advisory stream and the
+// buckets, then exits. Run it as a NATS user allowed to (admin in deploy/);
+// the services then run as least-privilege users and only bind.
+func cmdProvision(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("provision", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	js, closeFn, err := clientJS(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if _, err := services.Provision(ctx, js, services.StreamConfig{
+		MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas,
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, buckets %s %s %s\n", services.Stream, cfg.MaxAge,
+		cfg.Replicas, services.AdvisoryStream, services.BucketTasks, services.BucketTrust, services.BucketHistory)
+	return nil
 }

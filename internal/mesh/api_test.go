@@ -17,6 +17,16 @@ import (
 func TestSubmitAPI(t *testing.T) {
 	e := newEnv(t, succeed, nil)
 	e.start()
+	// The endpoint registers once the stores are open: wait until it answers pings.
+	deadline := time.Now().Add(patience)
+	for {
+		if _, err := e.srv.NC.Request("$SRV.PING.dispatch", nil, time.Second); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("micro service never came up: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	ask := func(body string) (intake.SubmitReply, string) {
 		t.Helper()
 		msg, err := e.srv.NC.Request(events.SubmitAPI, []byte(body), patience)

@@ -184,7 +184,9 @@ func (r *replayer) review(reason string, data []byte) error {
 		if err := json.Unmarshal(data, &a); err != nil {
 			return err
 		}
-		services.ApplyAction(r.task(a.TaskID), a)
+		if st, ok := r.out.Tasks[a.TaskID]; ok { // not for input that never became a task
+			services.ApplyAction(st, a)
+		}
 	}
 	return nil
 }

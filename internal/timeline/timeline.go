@@ -63,7 +63,12 @@ func Follow(ctx context.Context, js jetstream.JetStream, id string, live bool, f
 				return nil
 			}
 		}
-		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+		var batch jetstream.MessageBatch
+		if live {
+			batch, err = cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+		} else {
+			batch, err = cons.FetchNoWait(100) // what is stored now, no waiting for more
+		}
 		if err != nil {
 			return err
 		}

@@ -141,6 +141,9 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 	next := events.Run{
 		Pass: st.Pass, Attempt: st.Attempts + 1, Rung: st.Rung, Step: st.Step,
 		LastErrorClass: res.ErrorClass, DeadEnds: st.DeadEnds,
+		// A round a human started keeps the human's word: the gate lets
+		// it through and the note stays in the prompt.
+		Reviewed: run.Reviewed, Note: run.Note,
 	}
 	switch {
 	case st.Decision == events.DecisionPark:

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/review"
+)
+
+const reviewUsage = `usage:
+  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-o json]
+  dispatch review show ID [-o json]
+  dispatch review resolve ID -note TEXT [-by WHO]
+  dispatch review reject ID -note TEXT [-by WHO]
+  dispatch review requeue ID -note TEXT [-by WHO]
+  dispatch review requeue -type T -reason R -note TEXT [-by WHO]   (bulk: every open item matching)`
+
+// reviewClient connects to DISPATCH_NATS_URL and returns a review client.
+func reviewClient(cfg Config) (*review.Client, func(), error) {
+	js, closeFn, err := clientJS(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	pol, err := policy.Open(cfg.PolicyFile, cfg.logger())
+	if err != nil {
+		closeFn()
+		return nil, nil, err
+	}
+	rc, err := review.New(review.Config{JS: js, Policy: pol, Log: cfg.logger()})
+	if err != nil {
+		closeFn()
+		return nil, nil, err
+	}
+	return rc, closeFn, nil
+}
+
+// parseArgs parses flags wherever they stand among the positional
+// arguments (`show ID -o json` as well as `show -o json ID`).
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func cmdReview(ctx context.Context, cfg Config, args []string) error {
+	if len(args) == 0 {
+		return errors.New(reviewUsage)
+	}
+	switch args[0] {
+	case "list":
+		return reviewList(ctx, cfg, args[1:])
+	case "show":
+		return reviewShow(ctx, cfg, args[1:])
+	case events.ActionResolve, events.ActionReject, events.ActionRequeue:
+		return reviewAct(ctx, cfg, args[0], args[1:])
+	}
+	return fmt.Errorf("unknown review command %q\n%s", args[0], reviewUsage)
+}
+
+func reviewList(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("review list", flag.ContinueOnError)
+	var f review.Filter
+	fs.StringVar(&f.Reason, "reason", "", "only this reason: "+strings.Join(review.Reasons, ", "))
+	fs.StringVar(&f.Type, "type", "", "only this task type")
+	fs.DurationVar(&f.Age, "age", 0, "only records from the last AGE (e.g. 24h)")
+	fs.BoolVar(&f.All, "all", false, "also list items a human already handled")
+	output := fs.String("o", "text", "output: text or json")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fmt.Errorf("review list takes no arguments, got %q\n%s", pos, reviewUsage)
+	}
+	rc, closeFn, err := reviewClient(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	q, err := rc.List(ctx, f)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return writeJSON(stdout, q)
+	}
+	printQueue(stdout, q, f)
+	return nil
+}
+
+func printQueue(out io.Writer, q review.Queue, f review.Filter) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "TIME\tREASON\tTASK\tTYPE\tSTATUS\tWHY")
+	for _, it := range q.Items {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", it.Time.Local().Format("2006-01-02 15:04:05"), it.Reason, it.Key,
+			dash(it.Type), dash(it.Status), oneLine(it.Error, 100))
+		if a := it.Handled; a != nil {
+			fmt.Fprintf(w, "\t\t\t\t\t↳ handled: %s by %s at %s: %s\n", a.Action, a.By, a.At.Local().Format("2006-01-02 15:04:05"), oneLine(a.Note, 80))
+		}
+	}
+	_ = w.Flush()
+	var open, handled []string
+	for _, r := range review.Reasons {
+		c := q.Counts[r]
+		open = append(open, fmt.Sprintf("%s=%d", r, c.Open))
+		handled = append(handled, fmt.Sprintf("%s=%d", r, c.Handled))
+	}
+	for r, c := range q.Counts { // a reason a newer service writes
+		if !contains(review.Reasons, r) {
+			open = append(open, fmt.Sprintf("%s=%d", r, c.Open))
+			handled = append(handled, fmt.Sprintf("%s=%d", r, c.Handled))
+		}
+	}
+	fmt.Fprintf(out, "\nopen: %s\nhandled by a human: %s", strings.Join(open, " "), strings.Join(handled, " "))
+	if !f.All {
+		fmt.Fprint(out, " (hidden; -all lists them)")
+	}
+	fmt.Fprintf(out, "\n%s.\n", q.Retention)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func reviewShow(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("review show", flag.ContinueOnError)
+	output := fs.String("o", "text", "output: text or json")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return errors.New("usage: dispatch review show ID [-o json]")
+	}
+	rc, closeFn, err := reviewClient(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	d, err := rc.Show(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return writeJSON(stdout, d)
+	}
+	printDetail(stdout, d)
+	return nil
+}
+
+func printDetail(out io.Writer, d review.Detail) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "task\t%s\n", d.ID)
+	if st := d.Task; st != nil {
+		fmt.Fprintf(w, "type\t%s\nsubject\t%s\nstatus\t%s\n", st.Type, st.Subject, st.Status)
+	}
+	fmt.Fprintf(w, "why\t%s\n", d.Why)
+	if t := d.Trust; t != nil {
+		gate := "open"
+		switch {
+		case t.Exempt:
+			gate = "exempt"
+		case t.Gated:
+			gate = "GATED"
+		case t.Outcomes < t.MinOutcomes:
+			gate = fmt.Sprintf("not judged under %d outcomes", t.MinOutcomes)
+		}
+		fmt.Fprintf(w, "trust\t%s %.2f over %d outcomes, threshold %.2f: %s; recent %s\n", t.Type, t.Score, t.Outcomes, t.Threshold, gate, dots(t))
+	}
+	if st := d.Task; st != nil {
+		fmt.Fprintf(w, "spent\t%d attempts, %d tokens in, %d out, $%.4f\n", len(st.History), st.TokensIn, st.TokensOut, st.Cost)
+	}
+	if d.Actionable {
+		acts := "resolve, reject"
+		if d.CanRequeue {
+			acts += ", requeue"
+		}
+		fmt.Fprintf(w, "actions\t%s (dispatch review <action> %s -note TEXT)\n", acts, d.ID)
+	} else {
+		fmt.Fprintf(w, "actions\tnone now: %s\n", d.NotActionable)
+	}
+	_ = w.Flush()
+
+	if len(d.Attempts) > 0 {
+		fmt.Fprintln(out, "\nATTEMPTS")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "#\tPASS\tRUNG\tSTEP\tAPPROACH\tOUTCOME\tREASON\tTOKENS\tCOST")
+		for _, a := range d.Attempts {
+			fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t$%.4f\n", a.Attempt, a.Pass, dash(a.Rung), dash(a.Step),
+				oneLine(a.Approach, 50), a.Outcome, oneLine(dash(a.Reason), 70), a.TokensIn, a.TokensOut, a.Cost)
+		}
+		_ = w.Flush()
+	}
+	if len(d.DeadEnds) > 0 {
+		fmt.Fprintln(out, "\nDEAD ENDS (approaches not to repeat)")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ATTEMPT\tRUNG\tAPPROACH\tREASON")
+		for _, de := range d.DeadEnds {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", de.Attempt, dash(de.Rung), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
+		}
+		_ = w.Flush()
+	}
+	if len(d.Records) > 0 {
+		fmt.Fprintln(out, "\nREVIEW RECORDS AND HUMAN ACTIONS")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "SEQ\tTIME\tRECORD\tBY\tWHAT")
+		for _, r := range d.Records {
+			what := r.Error
+			if r.Action != nil {
+				what = r.Action.Action + ": " + r.Action.Note
+			} else if r.Raw != "" {
+				what += " | original: " + r.Raw
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", r.Seq, r.Time.Local().Format("2006-01-02 15:04:05"), r.Reason, dash(r.By), oneLine(what, 110))
+		}
+		_ = w.Flush()
+	}
+}
+
+// dots draws recent outcomes oldest first: + success, x failure.
+func dots(t *review.TrustView) string {
+	var b strings.Builder
+	for _, o := range t.Recent {
+		if o.Success {
+			b.WriteByte('+')
+		} else {
+			b.WriteByte('x')
+		}
+	}
+	if b.Len() == 0 {
+		return "(none)"
+	}
+	return b.String()
+}
+
+func reviewAct(ctx context.Context, cfg Config, action string, args []string) error {
+	fs := flag.NewFlagSet("review "+action, flag.ContinueOnError)
+	note := fs.String("note", "", "why (required); a requeue's note reaches the next prompt")
+	by := fs.String("by", review.DefaultBy(), "who acts")
+	var typ, reason string
+	if action == events.ActionRequeue {
+		fs.StringVar(&typ, "type", "", "bulk: requeue every open item of this task type")
+		fs.StringVar(&reason, "reason", "", "bulk: requeue every open item of this review reason")
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	bulk := typ != "" || reason != ""
+	switch {
+	case bulk && len(pos) > 0:
+		return fmt.Errorf("give a task ID or -type/-reason, not both\n%s", reviewUsage)
+	case !bulk && len(pos) != 1:
+		return fmt.Errorf("review %s needs one task ID\n%s", action, reviewUsage)
+	}
+	rc, closeFn, err := reviewClient(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if bulk {
+		res, err := rc.RequeueWhere(ctx, typ, reason, *note, *by)
+		if err != nil {
+			return err
+		}
+		for _, id := range res.Requeued {
+			fmt.Fprintf(stdout, "requeued %s\n", id)
+		}
+		for _, s := range res.Skipped {
+			fmt.Fprintf(stdout, "skipped  %s: %s\n", s.ID, s.Why)
+		}
+		fmt.Fprintf(stdout, "%d requeued, %d skipped\n", len(res.Requeued), len(res.Skipped))
+		if len(res.Skipped) > 0 {
+			return &exitError{1, fmt.Errorf("%d of %d tasks were not requeued", len(res.Skipped), len(res.Skipped)+len(res.Requeued))}
+		}
+		return nil
+	}
+	var d review.Decision
+	switch action {
+	case events.ActionResolve:
+		d, err = rc.Resolve(ctx, pos[0], *note, *by)
+	case events.ActionReject:
+		d, err = rc.Reject(ctx, pos[0], *note, *by)
+	default:
+		d, err = rc.Requeue(ctx, pos[0], *note, *by)
+	}
+	if err != nil {
+		return err
+	}
+	status := "record closed"
+	if d.Task != nil {
+		status = "status " + d.Task.Status
+	}
+	fmt.Fprintf(stdout, "%s: %s by %s (%s)\n", pos[0], action, d.Action.By, status)
+	return nil
+}
+
+func cmdAudit(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
+	output := fs.String("o", "text", "output: text or json")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return errors.New("usage: dispatch audit ID [-o json]")
+	}
+	rc, closeFn, err := reviewClient(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	a, err := rc.Audit(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return writeJSON(stdout, a)
+	}
+	printAudit(stdout, a)
+	return nil
+}
+
+func printAudit(out io.Writer, a review.Audit) {
+	if st := a.Task; st != nil {
+		fmt.Fprintf(out, "task %s: %s on %s, status %s", a.ID, st.Type, st.Subject, st.Status)
+		if st.Reason != "" {
+			fmt.Fprintf(out, " (%s)", oneLine(st.Reason, 120))
+		}
+		fmt.Fprintf(out, "\n%d attempts, %d tokens in, %d out, $%.4f\n\n", len(st.History), st.TokensIn, st.TokensOut, st.Cost)
+	} else {
+		fmt.Fprintf(out, "%s: no task state (input that never became a task)\n\n", a.ID)
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SEQ\tTIME\tSTAGE\tBY\tDETAIL")
+	for _, e := range a.Events {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Stage, dash(e.Who), e.Summary)
+	}
+	_ = w.Flush()
+	fmt.Fprintf(out, "\n%d events; %s.\n", len(a.Events), a.Retention)
+}

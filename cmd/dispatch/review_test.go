@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/openaitest"
+	"dispatchmesh/internal/review"
+	"dispatchmesh/internal/review/reviewtest"
+	"dispatchmesh/internal/web"
+	"dispatchmesh/trust"
+)
+
+// cli runs the dispatch command against the mesh and returns what it printed.
+type cli struct {
+	t *testing.T
+	m *reviewtest.Mesh
+}
+
+func newCLI(t *testing.T, m *reviewtest.Mesh) *cli {
+	t.Setenv("DISPATCH_NATS_URL", m.Srv.ClientURL())
+	t.Setenv("USER", "tester")
+	return &cli{t: t, m: m}
+}
+
+func (c *cli) run(args ...string) (string, error) {
+	c.t.Helper()
+	var buf bytes.Buffer
+	old := stdout
+	stdout = &buf
+	defer func() { stdout = old }()
+	err := run(context.Background(), args)
+	return buf.String(), err
+}
+
+func (c *cli) ok(args ...string) string {
+	c.t.Helper()
+	out, err := c.run(args...)
+	if err != nil {
+		c.t.Fatalf("dispatch %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// The audit of a task that went gate block → requeue → two attempts →
+// success. Needs the lead's recorder to carry Run.Reviewed through the
+// round's retries: otherwise the second attempt is gated again.
+func TestAuditOfGatedRequeuedTask(t *testing.T) {
+	script := func(n int, _ openaitest.Request) openaitest.Reply {
+		if n <= 2 { // the warm-up task's attempt and the requeued task's first
+			return openaitest.Reply{Content: openaitest.Failure("guess "+string(rune('0'+n)), "still misaligned")}
+		}
+		return openaitest.Reply{Content: openaitest.Success("flexbox on the parent")}
+	}
+	m := reviewtest.Start(t, script, reviewtest.Options{Scoring: trust.Policy{MinOutcomes: 1}})
+	c := newCLI(t, m)
+	m.Submit(events.Submit{ID: "warm-1", Type: "css_fix", Subject: "a.css", MaxRetries: 1})
+	m.WaitStage("warm-1", "review.escalated", 1) // css_fix now scores 0: the gate blocks it
+	m.Submit(events.Submit{ID: "aud-1", Type: "css_fix", Subject: "b.css", MaxRetries: 3})
+	m.WaitStage("aud-1", "review.gated", 1)
+
+	out := c.ok("review", "requeue", "aud-1", "-note", "the selector is right, try again", "-by", "alice@desk")
+	if !strings.Contains(out, "aud-1: requeue by alice@desk (status pending)") {
+		t.Fatalf("requeue said %q", out)
+	}
+	m.WaitStage("aud-1", events.StageSucceeded, 1)
+
+	text := c.ok("audit", "aud-1")
+	// Every event, in order, with who handled it.
+	want := []string{"queued", "verified", "review.gated", "retry", "verified", "admitted", "prompted", "executed",
+		"retry", "verified", "admitted", "prompted", "executed", "succeeded"}
+	var got []string
+	line := regexp.MustCompile(`(?m)^(\d+)\s+(\d{4}-\S+)\s+(\S+)\s+(\S+)\s+(.*)$`)
+	for _, mm := range line.FindAllStringSubmatch(text, -1) {
+		if mm[3] == "review.action" {
+			if mm[4] != "human:alice@desk" || !strings.Contains(mm[5], `REQUEUE by alice@desk: "the selector is right, try again"`) {
+				t.Errorf("action line = %q", mm[0])
+			}
+			continue
+		}
+		got = append(got, mm[3])
+		if mm[4] == "-" {
+			t.Errorf("no instance named on %q", mm[0])
+		}
+		if _, err := time.Parse(time.RFC3339Nano, mm[2]); err != nil {
+			t.Errorf("time of %q: %v", mm[0], err)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("audit stages = %v\nwant %v\n%s", got, want, text)
+	}
+	for _, s := range []string{"task aud-1: css_fix on b.css, status succeeded", "2 attempts", "requeued by alice@desk",
+		"Blocked: css_fix trust score 0.00 below 0.15", "gate@test", "keeps records for 30d"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("audit text lacks %q:\n%s", s, text)
+		}
+	}
+
+	var a review.Audit
+	if err := json.Unmarshal([]byte(c.ok("audit", "aud-1", "-o", "json")), &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.Task == nil || a.Task.Status != events.StatusSucceeded || len(a.Task.History) != 2 || len(a.Task.Actions) != 1 {
+		t.Fatalf("audit json task = %+v", a.Task)
+	}
+	var stages []string
+	for _, e := range a.Events {
+		if e.Who == "" || e.Time.IsZero() || e.Seq == 0 {
+			t.Errorf("event %+v lacks who, time or seq", e.Entry)
+		}
+		if e.Stage != "review.action" {
+			stages = append(stages, e.Stage)
+		}
+	}
+	if !slices.Equal(stages, want) {
+		t.Fatalf("audit json stages = %v", stages)
+	}
+}
+
+func TestReviewCommands(t *testing.T) {
+	const note = "use the v2 endpoint"
+	m := reviewtest.Start(t, reviewtest.FailUnless(note), reviewtest.Options{})
+	c := newCLI(t, m)
+	for _, id := range []string{"cli-1", "cli-2", "cli-3", "cli-4"} {
+		typ := "api_fix"
+		if id == "cli-4" {
+			typ = "doc_fix"
+		}
+		m.Submit(events.Submit{ID: id, Type: typ, Subject: id + ".go", MaxRetries: 1})
+		m.WaitStage(id, "review.escalated", 1)
+	}
+
+	out := c.ok("review", "list")
+	for _, s := range []string{"cli-1", "cli-4", "escalated", "blocked", "open: rejected=0 gated=0 escalated=4 poison=0 stuck=0", "keeps records for 30d"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("review list lacks %q:\n%s", s, out)
+		}
+	}
+	out = c.ok("review", "show", "cli-1")
+	for _, s := range []string{"status   blocked", "ATTEMPTS", "still broken", "DEAD ENDS", "REVIEW RECORDS", "recorder@test", "actions  resolve, reject, requeue"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("review show lacks %q:\n%s", s, out)
+		}
+	}
+	var d review.Detail
+	if err := json.Unmarshal([]byte(c.ok("review", "show", "cli-1", "-o", "json")), &d); err != nil || d.Task == nil || len(d.Attempts) != 1 {
+		t.Fatalf("show -o json: %v %+v", err, d)
+	}
+
+	if out := c.ok("review", "resolve", "cli-1", "-note", "done by hand"); !strings.Contains(out, "cli-1: resolve by tester@") {
+		t.Errorf("resolve said %q", out)
+	}
+	c.ok("review", "reject", "cli-2", "-note", "obsolete")
+	if _, err := c.run("review", "reject", "cli-2", "-note", "again"); !errors.Is(err, review.ErrNotReviewable) {
+		t.Errorf("second reject: %v", err)
+	}
+	if _, err := c.run("review", "requeue", "cli-3"); !errors.Is(err, review.ErrInvalid) {
+		t.Errorf("requeue without a note: %v", err)
+	}
+
+	// Bulk: every open escalated api_fix (only cli-3 is left of them).
+	out = c.ok("review", "requeue", "-type", "api_fix", "-reason", "escalated", "-note", note)
+	if !strings.Contains(out, "requeued cli-3") || !strings.Contains(out, "1 requeued, 0 skipped") {
+		t.Fatalf("bulk requeue said %q", out)
+	}
+	m.WaitStage("cli-3", events.StageSucceeded, 1)
+
+	out = c.ok("review", "list")
+	if !strings.Contains(out, "cli-4") || strings.Contains(out, "cli-1") || !strings.Contains(out, "(hidden; -all lists them)") {
+		t.Errorf("list after the actions:\n%s", out)
+	}
+	var q review.Queue
+	if err := json.Unmarshal([]byte(c.ok("review", "list", "-all", "-o", "json")), &q); err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Items) != 4 || q.Counts["escalated"] != (review.Count{Open: 1, Handled: 3}) {
+		t.Fatalf("list -all: %+v", q.Counts)
+	}
+	out = c.ok("review", "list", "-all", "-type", "api_fix")
+	if !strings.Contains(out, "handled: resolve by tester@") || !strings.Contains(out, "handled: requeue by tester@") {
+		t.Errorf("list -all does not show who handled items:\n%s", out)
+	}
+	if _, err := c.run("review", "list", "-reason", "Bad!"); err == nil {
+		t.Error("a bad reason was accepted")
+	}
+}
+
+func TestUpAndWebRefuseNonLocalWithoutToken(t *testing.T) {
+	t.Setenv("DISPATCH_HTTP_LISTEN", "0.0.0.0:0")
+	t.Setenv("DISPATCH_NATS_LISTEN", "127.0.0.1:-1")
+	t.Setenv("DISPATCH_DATA_DIR", t.TempDir())
+	for _, cmd := range []string{"up", "web"} {
+		err := run(context.Background(), []string{cmd})
+		if !errors.Is(err, web.ErrTokenRequired) || !strings.Contains(err.Error(), "DISPATCH_HTTP_TOKEN") {
+			t.Errorf("dispatch %s beyond localhost without a token: %v", cmd, err)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestWebCommandServesWithToken(t *testing.T) {
+	m := reviewtest.Start(t, reviewtest.FailUnless("x"), reviewtest.Options{})
+	newCLI(t, m)
+	t.Setenv("DISPATCH_HTTP_TOKEN", "s3cret")
+	var buf syncBuffer
+	old := stdout
+	stdout = &buf
+	t.Cleanup(func() { stdout = old })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"web", "-listen", "0.0.0.0:0"}) }()
+	addr := regexp.MustCompile(`http://[^/ ]+/`)
+	deadline := time.Now().Add(reviewtest.Patience)
+	for !addr.MatchString(buf.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatch web printed no address: %q", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	base := addr.FindString(buf.String())
+	if strings.Contains(buf.String(), "s3cret") {
+		t.Error("dispatch web printed its token")
+	}
+	get := func(auth string) int {
+		req, _ := http.NewRequest("GET", base+"api/review", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(""); code != http.StatusUnauthorized {
+		t.Errorf("without the token: %d", code)
+	}
+	if code := get("Bearer s3cret"); code != http.StatusOK {
+		t.Errorf("with the token: %d", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("dispatch web stopped with %v", err)
+	}
+}

@@ -1,0 +1,290 @@
+package review
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/timeline"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
+)
+
+// Detail is everything a reviewer needs to decide about one task.
+type Detail struct {
+	ID string `json:"id"`
+	// Task is the task's current state; nil when the id names only a review
+	// record (input that never became a task).
+	Task *events.TaskState `json:"task,omitempty"`
+	// Why says in one line why the task stopped (or what it is doing).
+	Why string `json:"why"`
+	// Trust is the trust score of the task's type, as the gate sees it.
+	Trust *TrustView `json:"trust,omitempty"`
+	// Attempts is every attempt: rung, approach, outcome, reason, tokens, cost.
+	Attempts []events.AttemptRecord `json:"attempts"`
+	// DeadEnds are the approaches that failed and must not be repeated.
+	DeadEnds []events.DeadEnd `json:"dead_ends"`
+	// Records are the task's review records and human decisions, oldest first.
+	Records []Record `json:"records"`
+	// Actions are the human decisions recorded in the task state.
+	Actions []events.Action `json:"actions"`
+	// Actionable is true when a human can resolve, reject or requeue now;
+	// otherwise NotActionable says why.
+	Actionable    bool   `json:"actionable"`
+	CanRequeue    bool   `json:"can_requeue"`
+	NotActionable string `json:"not_actionable,omitempty"`
+}
+
+// TrustView is one task type's trust score with its recent outcomes.
+type TrustView struct {
+	Type        string  `json:"type"`
+	Score       float64 `json:"score"`
+	Outcomes    int     `json:"outcomes"`
+	Threshold   float64 `json:"threshold"`
+	MinOutcomes int     `json:"min_outcomes"`
+	Exempt      bool    `json:"exempt,omitempty"`
+	// Gated is true while the gate blocks the type's tasks; Reason says why.
+	Gated       bool   `json:"gated"`
+	Reason      string `json:"reason,omitempty"`
+	Successes   int    `json:"successes"`
+	Failures    int    `json:"failures"`
+	BlockStreak int    `json:"block_streak"`
+	// Recent are the newest outcomes in the scoring window, oldest first.
+	Recent []trust.Outcome `json:"recent"`
+}
+
+// RecentOutcomes is how many outcomes a TrustView lists.
+const RecentOutcomes = 20
+
+// view scores st as the gate does: the type's policy threshold and exemption
+// override the scoring defaults.
+func (c *Client) view(st trust.Stats) TrustView {
+	pol := c.cfg.Policy.For(st.Type)
+	scoring := c.cfg.Scoring
+	if pol.Threshold != nil {
+		scoring.Threshold = *pol.Threshold
+	}
+	scoring.Exempt = []string{}
+	scoring = scoring.WithDefaults()
+	v := scoring.Evaluate(st.Type, st)
+	recent := st.Outcomes
+	if len(recent) > RecentOutcomes {
+		recent = recent[len(recent)-RecentOutcomes:]
+	}
+	tv := TrustView{
+		Type: st.Type, Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, MinOutcomes: scoring.MinOutcomes,
+		Exempt: pol.IsExempt(), Successes: st.Successes, Failures: st.Failures, BlockStreak: st.BlockStreak,
+		Recent: append([]trust.Outcome{}, recent...),
+	}
+	tv.Gated = v.Below && !tv.Exempt
+	if tv.Gated {
+		tv.Reason = v.Reason
+	}
+	return tv
+}
+
+// TrustOf returns the trust view of one task type.
+func (c *Client) TrustOf(ctx context.Context, taskType string) (TrustView, error) {
+	_, store, err := c.stores(ctx)
+	if err != nil {
+		return TrustView{}, err
+	}
+	st, err := store.Get(ctx, taskType)
+	if err != nil {
+		return TrustView{}, err
+	}
+	return c.view(st), nil
+}
+
+// Trust returns the trust view of every task type with outcomes, by type.
+func (c *Client) Trust(ctx context.Context) ([]TrustView, error) {
+	_, store, err := c.stores(ctx)
+	if err != nil {
+		return nil, err
+	}
+	all, err := store.All(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TrustView, 0, len(all))
+	for _, st := range all {
+		out = append(out, c.view(st))
+	}
+	return out, nil
+}
+
+// Timeline returns every event of the task stored on the stream, in order:
+// task events, review records and human decisions. It reads what
+// timeline.Follow reads, as timeline.Entry values, but stops as soon as the
+// stored events are read (a non-live Follow waits up to a second for more).
+func (c *Client) Timeline(ctx context.Context, id string) ([]timeline.Entry, error) {
+	if !events.ValidID(id) {
+		return nil, fmt.Errorf("%w: task id %q", ErrInvalid, id)
+	}
+	all := []timeline.Entry{}
+	err := read(ctx, c.cfg.JS, c.cfg.Stream, []string{events.TaskFilter(id), events.ReviewTaskFilter(id)}, func(m jetstream.Msg) {
+		all = append(all, entry(m))
+	})
+	return all, err
+}
+
+// entry is a stored message as a timeline entry (as timeline.Follow makes it).
+func entry(msg jetstream.Msg) timeline.Entry {
+	e := timeline.Entry{Subject: msg.Subject(), Data: msg.Data()}
+	if md, err := msg.Metadata(); err == nil {
+		e.Seq, e.Time = md.Sequence.Stream, md.Timestamp
+	}
+	h := msg.Headers()
+	e.Event, e.By, e.Error = h.Get(events.HeaderEvent), h.Get(events.HeaderService), h.Get(events.HeaderError)
+	if _, stage, ok := events.ParseTaskSubject(e.Subject); ok {
+		e.Stage = stage
+	} else if reason, _, ok := events.ParseReviewSubject(e.Subject); ok {
+		e.Stage = "review." + reason
+	}
+	if !json.Valid(e.Data) {
+		e.Data = nil
+	}
+	return e
+}
+
+// Show returns the full record of one task (or review record key).
+func (c *Client) Show(ctx context.Context, id string) (Detail, error) {
+	if !events.ValidID(id) {
+		return Detail{}, fmt.Errorf("%w: task id %q", ErrInvalid, id)
+	}
+	tasks, _, err := c.stores(ctx)
+	if err != nil {
+		return Detail{}, err
+	}
+	d := Detail{ID: id, Attempts: []events.AttemptRecord{}, DeadEnds: []events.DeadEnd{}, Actions: []events.Action{}}
+	st, err := tasks.Get(ctx, id)
+	switch {
+	case errors.Is(err, services.ErrTaskNotFound):
+	case err != nil:
+		return Detail{}, err
+	default:
+		d.Task = &st
+	}
+	if d.Records, err = c.records(ctx, events.ReviewTaskFilter(id)); err != nil {
+		return Detail{}, err
+	}
+	if d.Records == nil {
+		d.Records = []Record{}
+	}
+	if d.Task == nil && len(d.Records) == 0 {
+		return Detail{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if d.Task == nil {
+		d.Why = whyRecord(d.Records)
+		d.Actionable = handledBy(lastStop(d.Records), decisionsOf(d.Records)) == nil
+		d.NotActionable = "no task state: the input never became a task; it can be resolved or rejected, not requeued (fix it and submit again)"
+		if !d.Actionable {
+			d.NotActionable = "already handled"
+		}
+		return d, nil
+	}
+	d.Attempts = append(d.Attempts, st.History...)
+	d.DeadEnds = append(d.DeadEnds, st.DeadEnds...)
+	d.Actions = append(d.Actions, st.Actions...)
+	if tv, err := c.TrustOf(ctx, st.Type); err == nil {
+		d.Trust = &tv
+	} else if !errors.Is(err, trust.ErrInvalid) {
+		return Detail{}, err
+	}
+	entries, err := c.Timeline(ctx, id)
+	if err != nil {
+		return Detail{}, err
+	}
+	t := tailOf(entries)
+	if err := checkReviewable(st, t, events.ActionResolve); err != nil {
+		d.NotActionable = err.Error()
+	} else {
+		d.Actionable, d.CanRequeue = true, true
+	}
+	d.Why = why(st, d.Records, t)
+	return d, nil
+}
+
+// why is the one line a newcomer reads first: the status and the reason
+// for it, else the error of the review record the task stopped at (t is the
+// task's newest event).
+func why(st events.TaskState, recs []Record, t tail) string {
+	parts := []string{}
+	if st.Reason != "" {
+		parts = append(parts, st.Reason)
+	}
+	if st.LastError != "" && !strings.Contains(st.Reason, st.LastError) {
+		parts = append(parts, "last error: "+st.LastError)
+	}
+	if r := lastStop(recs); len(parts) == 0 && r.Error != "" && t.Stage == "review."+r.Reason {
+		parts = append(parts, r.Error)
+	}
+	if len(parts) == 0 && st.Status == events.StatusSucceeded && len(st.History) > 0 {
+		parts = append(parts, fmt.Sprintf("on attempt %d", st.History[len(st.History)-1].Attempt))
+	}
+	if len(parts) == 0 {
+		return st.Status
+	}
+	return st.Status + ": " + strings.Join(parts, "; ")
+}
+
+func whyRecord(recs []Record) string {
+	r := lastStop(recs)
+	return r.Reason + ": " + r.Error
+}
+
+// lastStop is the newest record that is not a human decision.
+func lastStop(recs []Record) Record {
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].Reason != ReasonAction {
+			return recs[i]
+		}
+	}
+	return Record{}
+}
+
+func decisionsOf(recs []Record) []decision {
+	var ds []decision
+	for _, r := range recs {
+		if r.Reason == ReasonAction && r.Action != nil {
+			ds = append(ds, decision{seq: r.Seq, a: *r.Action})
+		}
+	}
+	return ds
+}
+
+// tail is the newest event of a task: its stage and pass.
+type tail struct {
+	Stage string
+	Pass  int
+}
+
+func tailOf(entries []timeline.Entry) tail {
+	if len(entries) == 0 {
+		return tail{}
+	}
+	e := entries[len(entries)-1]
+	var v struct {
+		Run events.Run `json:"run"`
+	}
+	_ = json.Unmarshal(e.Data, &v)
+	return tail{Stage: e.Stage, Pass: v.Run.Pass}
+}
+
+// taskOf finds the task itself (payload included) in its events, newest first.
+func taskOf(entries []timeline.Entry, id string) (events.Task, bool) {
+	for i := len(entries) - 1; i >= 0; i-- {
+		var v struct {
+			Task events.Task `json:"task"`
+		}
+		if json.Unmarshal(entries[i].Data, &v) == nil && v.Task.ID == id && v.Task.Type != "" {
+			return v.Task, true
+		}
+	}
+	return events.Task{}, false
+}

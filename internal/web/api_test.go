@@ -1,0 +1,352 @@
+package web_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/natstest"
+	"dispatchmesh/internal/review"
+	"dispatchmesh/internal/web"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
+)
+
+var bg = context.Background()
+
+// seeded is a provisioned stream holding hand-written tasks and review
+// records, no services running, and the web handler on an httptest server.
+type seeded struct {
+	t     *testing.T
+	srv   *natstest.Server
+	tasks *services.TaskStore
+	http  *httptest.Server
+}
+
+const evil = `<script>alert("x")</script>`
+
+func newSeeded(t *testing.T, token string) *seeded {
+	t.Helper()
+	srv := natstest.Start(t)
+	stores, err := services.Provision(bg, srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &seeded{t: t, srv: srv, tasks: services.NewTaskStore(stores.Tasks)}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rc, err := review.New(review.Config{JS: srv.JS, Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := web.New(web.Config{Review: rc, Token: token, Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.http = httptest.NewServer(h)
+	t.Cleanup(s.http.Close)
+
+	// blk-1: escalated after two attempts; gtd-1: gated; run-1: running.
+	ts := trust.NewStore(stores.Trust, trust.Policy{})
+	for i, ok := range []bool{false, true, false} {
+		if _, err := ts.Record(bg, "css_fix", trust.Outcome{Key: "o" + string(rune('0'+i)), Success: ok, At: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.task("blk-1", events.StatusBlocked, "HANDOFF after 2 attempts; last error: "+evil, events.ReviewEscalated,
+		[]events.AttemptRecord{
+			{Attempt: 1, Pass: 1, Rung: "REFINE", Approach: "null check in handleResponse()", Outcome: "failure", Reason: "wrong location", TokensIn: 100, TokensOut: 50, Cost: 0.01},
+			{Attempt: 2, Pass: 2, Rung: "REFINE", Approach: evil, Outcome: "failure", Reason: "still broken", TokensIn: 120, TokensOut: 60, Cost: 0.02},
+		})
+	s.task("gtd-1", events.StatusNeedsHumanReview, "Blocked: css_fix trust score 0.08 below 0.15", events.ReviewGated, nil)
+	s.task("run-1", events.StatusRunning, "", "", nil)
+	return s
+}
+
+// task writes a task's state, its queued event and (with reason) its review record.
+func (s *seeded) task(id, status, why, reason string, history []events.AttemptRecord) {
+	s.t.Helper()
+	task := events.Task{ID: id, Type: "css_fix", Subject: "src/" + id + ".css", Payload: json.RawMessage(`{"issue":"x"}`)}
+	pass := max(1, len(history))
+	st := events.TaskState{ID: id, Type: task.Type, Subject: task.Subject, Status: status, Pass: pass, Attempts: len(history),
+		Reason: why, History: history, LastError: "still broken"}
+	if _, err := s.tasks.Update(bg, id, func(cur *events.TaskState, _ bool) error { *cur = st; return nil }); err != nil {
+		s.t.Fatal(err)
+	}
+	s.publish(events.TaskSubject(id, events.StageQueued), events.EventQueued, "intake@test", "", events.Queued{Base: events.Base{Task: task, Run: events.Run{Pass: 1, Attempt: 1}}})
+	if reason != "" {
+		s.publish(events.ReviewSubject(reason, id), "review."+reason+".v1", "recorder@test", why,
+			events.Escalated{Base: events.Base{Task: task, Run: events.Run{Pass: pass, Attempt: pass}}, Reason: why})
+	}
+}
+
+func (s *seeded) publish(subject, event, by, why string, v any) {
+	s.t.Helper()
+	msg := nats.NewMsg(subject)
+	msg.Header.Set(events.HeaderEvent, event)
+	msg.Header.Set(events.HeaderService, by)
+	if why != "" {
+		msg.Header.Set(events.HeaderError, why)
+	}
+	msg.Data, _ = json.Marshal(v)
+	if _, err := s.srv.JS.PublishMsg(bg, msg); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// do sends a request and returns the status and body.
+func (s *seeded) do(method, path, contentType, body string, header ...string) (int, string) {
+	s.t.Helper()
+	req, err := http.NewRequest(method, s.http.URL+path, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" {
+			req.Host = header[i+1]
+			continue
+		}
+		req.Header.Set(header[i], header[i+1])
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func decode[T any](t *testing.T, body string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	return v
+}
+
+func TestAPIReview(t *testing.T) {
+	s := newSeeded(t, "")
+	code, body := s.do("GET", "/api/review", "", "")
+	if code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	q := decode[review.Queue](t, body)
+	if len(q.Items) != 2 || q.Counts["escalated"].Open != 1 || q.Counts["gated"].Open != 1 || q.Retention.MaxAge != 30*24*time.Hour {
+		t.Fatalf("queue = %+v", q)
+	}
+	code, body = s.do("GET", "/api/review?reason=gated&type=css_fix&age=1h", "", "")
+	if q := decode[review.Queue](t, body); code != 200 || len(q.Items) != 1 || q.Items[0].Key != "gtd-1" || q.Items[0].Status != events.StatusNeedsHumanReview {
+		t.Fatalf("%d %+v", code, q.Items)
+	}
+	for _, bad := range []string{"?age=yesterday", "?all=maybe", "?reason=Not+A+Reason"} {
+		if code, body := s.do("GET", "/api/review"+bad, "", ""); code != 400 || !strings.Contains(body, `"error"`) {
+			t.Errorf("%s: %d %s", bad, code, body)
+		}
+	}
+}
+
+func TestAPITaskAndTimeline(t *testing.T) {
+	s := newSeeded(t, "")
+	code, body := s.do("GET", "/api/tasks/blk-1", "", "")
+	d := decode[review.Detail](t, body)
+	if code != 200 || d.Task == nil || d.Task.Status != events.StatusBlocked || len(d.Attempts) != 2 || !d.Actionable ||
+		d.Trust == nil || d.Trust.Outcomes != 3 || len(d.Records) != 1 || !strings.HasPrefix(d.Why, "blocked: HANDOFF") {
+		t.Fatalf("%d %+v", code, d)
+	}
+	if code, body := s.do("GET", "/api/tasks/nope", "", ""); code != 404 {
+		t.Errorf("unknown task: %d %s", code, body)
+	}
+	if code, body := s.do("GET", "/api/tasks/a.b", "", ""); code != 400 {
+		t.Errorf("invalid id: %d %s", code, body)
+	}
+
+	code, body = s.do("GET", "/api/tasks/blk-1/timeline", "", "")
+	rows := decode[[]review.AuditEntry](t, body)
+	if code != 200 || len(rows) != 2 || rows[0].Stage != "queued" || rows[0].Who != "intake@test" || rows[1].Stage != "review.escalated" || rows[1].Summary == "" {
+		t.Fatalf("%d %+v", code, rows)
+	}
+	if code, _ := s.do("GET", "/api/tasks/nope/timeline", "", ""); code != 404 {
+		t.Errorf("timeline of an unknown task: %d", code)
+	}
+}
+
+func TestAPITrust(t *testing.T) {
+	s := newSeeded(t, "")
+	code, body := s.do("GET", "/api/trust", "", "")
+	all := decode[[]review.TrustView](t, body)
+	if code != 200 || len(all) != 1 || all[0].Type != "css_fix" || all[0].Outcomes != 3 || len(all[0].Recent) != 3 || all[0].Gated {
+		t.Fatalf("%d %+v", code, all)
+	}
+}
+
+func TestAPIActions(t *testing.T) {
+	s := newSeeded(t, "")
+	code, body := s.do("POST", "/api/tasks/blk-1/resolve", "application/json", `{"note":"fixed by hand","by":"alice"}`)
+	dec := decode[review.Decision](t, body)
+	if code != 200 || dec.Task == nil || dec.Task.Status != events.StatusSucceeded || dec.Action.By != "alice" {
+		t.Fatalf("resolve: %d %s", code, body)
+	}
+	if code, body := s.do("POST", "/api/tasks/blk-1/reject", "application/json", `{"note":"again"}`); code != 409 || !strings.Contains(body, "already succeeded") {
+		t.Errorf("second action: %d %s", code, body)
+	}
+	// A form body works too; without "by" the actor is web@<address>.
+	code, body = s.do("POST", "/api/tasks/gtd-1/requeue", "application/x-www-form-urlencoded", url.Values{"note": {"go ahead"}}.Encode())
+	dec = decode[review.Decision](t, body)
+	if code != 200 || dec.Task.Status != events.StatusPending || !strings.HasPrefix(dec.Action.By, "web@127.0.0.1") {
+		t.Fatalf("requeue: %d %s", code, body)
+	}
+	for _, c := range []struct {
+		method, path, ct, body string
+		code                   int
+	}{
+		{"POST", "/api/tasks/run-1/requeue", "application/json", `{"note":"x"}`, 409},
+		{"POST", "/api/tasks/nope/resolve", "application/json", `{"note":"x"}`, 404},
+		{"POST", "/api/tasks/blk-1/explode", "application/json", `{"note":"x"}`, 400},
+		{"POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":""}`, 400},
+		{"POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":"x","colour":"red"}`, 400},
+		{"POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":`, 400},
+		{"POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":"` + strings.Repeat("x", 70<<10) + `"}`, 400},
+		{"GET", "/api/tasks/gtd-1/reject", "", "", 405},
+	} {
+		if code, body := s.do(c.method, c.path, c.ct, c.body); code != c.code {
+			t.Errorf("%s %s %.40s: %d %.200s, want %d", c.method, c.path, c.body, code, body, c.code)
+		}
+	}
+}
+
+func TestPagesEscapeAndAct(t *testing.T) {
+	s := newSeeded(t, "")
+	code, body := s.do("GET", "/", "", "")
+	if code != 200 || !strings.Contains(body, "blk-1") || !strings.Contains(body, "gtd-1") || !strings.Contains(body, "keeps records for 30d") {
+		t.Fatalf("queue page: %d %s", code, body)
+	}
+	if strings.Contains(body, evil) || !strings.Contains(body, "&lt;script&gt;") {
+		t.Fatal("the queue page does not escape what a model wrote")
+	}
+	code, body = s.do("GET", "/tasks/blk-1", "", "")
+	if code != 200 || !strings.Contains(body, "null check in handleResponse()") || !strings.Contains(body, "Why it stopped") || strings.Contains(body, evil) {
+		t.Fatalf("task page: %d %s", code, body)
+	}
+	if code, _ := s.do("GET", "/tasks/nope", "", ""); code != 404 {
+		t.Errorf("page of an unknown task: %d", code)
+	}
+
+	// The page's form posts, then goes back with a flash message.
+	form := url.Values{"note": {"try parsePayload()"}, "back": {"/"}}.Encode()
+	code, _ = s.do("POST", "/tasks/gtd-1/requeue", "application/x-www-form-urlencoded", form)
+	if code != http.StatusSeeOther {
+		t.Fatalf("form post: %d", code)
+	}
+	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).PostForm(s.http.URL+"/tasks/run-1/requeue", url.Values{"note": {"x"}, "back": {"//evil.example/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if loc := resp.Header.Get("Location"); !strings.HasPrefix(loc, "/tasks/run-1?err=") {
+		t.Errorf("redirect after a refused action = %q", loc)
+	}
+}
+
+func TestNoTokenAnswersOnlyLocalhost(t *testing.T) {
+	s := newSeeded(t, "")
+	if code, _ := s.do("GET", "/api/review", "", "", "Host", "dispatch.example.com"); code != http.StatusForbidden {
+		t.Errorf("foreign Host header: %d, want 403", code)
+	}
+	if code, _ := s.do("GET", "/api/review", "", "", "Host", "localhost:8080"); code != 200 {
+		t.Errorf("localhost: %d", code)
+	}
+	// A form posted from another site through the reviewer's browser is refused.
+	if code, _ := s.do("POST", "/tasks/gtd-1/reject", "application/x-www-form-urlencoded", "note=x", "Sec-Fetch-Site", "cross-site"); code != http.StatusForbidden {
+		t.Errorf("cross-site post: %d, want 403", code)
+	}
+}
+
+func TestTokenIsRequired(t *testing.T) {
+	s := newSeeded(t, "s3cret")
+	for _, path := range []string{"/", "/api/review", "/api/tasks/blk-1", "/tasks/blk-1", "/api/trust"} {
+		if code, _ := s.do("GET", path, "", ""); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without the token: %d, want 401", path, code)
+		}
+	}
+	if code, _ := s.do("POST", "/api/tasks/blk-1/resolve", "application/json", `{"note":"x"}`); code != http.StatusUnauthorized {
+		t.Errorf("POST without the token: %d", code)
+	}
+	if code, _ := s.do("GET", "/api/review", "", "", "Authorization", "Bearer wrong"); code != http.StatusUnauthorized {
+		t.Errorf("wrong token: %d", code)
+	}
+	if code, _ := s.do("GET", "/api/review", "", "", "Authorization", "Bearer s3cret"); code != 200 {
+		t.Errorf("bearer token: %d", code)
+	}
+	if code, _ := s.do("GET", "/?token=wrong", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("wrong query token: %d", code)
+	}
+
+	// ?token= sets an HttpOnly cookie and leaves the token out of the URL.
+	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(s.http.URL + "/tasks/blk-1?token=s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var cookie *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "dispatch_token" {
+			cookie = c
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/tasks/blk-1" || cookie == nil || !cookie.HttpOnly {
+		t.Fatalf("token exchange: %d location %q cookie %+v", resp.StatusCode, resp.Header.Get("Location"), cookie)
+	}
+	if code, _ := s.do("GET", "/tasks/blk-1", "", "", "Cookie", "dispatch_token=s3cret"); code != 200 {
+		t.Errorf("with the cookie: %d", code)
+	}
+}
+
+func TestListenRefusesNonLocalWithoutToken(t *testing.T) {
+	for _, c := range []struct {
+		addr, token string
+		ok          bool
+	}{
+		{"127.0.0.1:0", "", true},
+		{"localhost:0", "", true},
+		{"[::1]:0", "", true},
+		{"0.0.0.0:0", "", false},
+		{":0", "", false},
+		{"[::]:0", "", false},
+		{"192.0.2.10:8080", "", false},
+		{"dispatch.example.com:8080", "", false},
+		{"0.0.0.0:0", "s3cret", true},
+		{"nonsense", "", false},
+	} {
+		err := web.CheckListen(c.addr, c.token)
+		if (err == nil) != c.ok {
+			t.Errorf("CheckListen(%q, %q) = %v", c.addr, c.token, err)
+		}
+		if !c.ok && c.addr != "nonsense" && !errors.Is(err, web.ErrTokenRequired) {
+			t.Errorf("CheckListen(%q): %v is not ErrTokenRequired", c.addr, err)
+		}
+	}
+	if _, err := web.Listen("0.0.0.0:0", ""); !errors.Is(err, web.ErrTokenRequired) || !strings.Contains(err.Error(), "DISPATCH_HTTP_TOKEN") {
+		t.Fatalf("Listen beyond localhost without a token: %v", err)
+	}
+	ln, err := web.Listen("0.0.0.0:0", "s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+}

@@ -1,0 +1,72 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// ErrTokenRequired: the address is reachable from other machines and no
+// access token is configured.
+var ErrTokenRequired = errors.New("web: an access token is required to listen beyond localhost")
+
+// CheckListen refuses an address beyond loopback without a token. An empty
+// host ("":8080) or 0.0.0.0 listens on every interface.
+func CheckListen(addr, token string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("web: listen address %q: %w", addr, err)
+	}
+	if token != "" || host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%w: %q is not a loopback address; set DISPATCH_HTTP_TOKEN, or listen on 127.0.0.1", ErrTokenRequired, addr)
+}
+
+// Listen checks the address (CheckListen) and opens it.
+func Listen(addr, token string) (net.Listener, error) {
+	if err := CheckListen(addr, token); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("web: %w", err)
+	}
+	return ln, nil
+}
+
+// Serve serves h on ln until ctx ends, then shuts down gracefully (requests
+// in flight get up to 5 seconds).
+func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	srv := &http.Server{
+		Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errs := make(chan error, 1)
+	go func() { errs <- srv.Serve(ln) }()
+	select {
+	case err := <-errs:
+		return fmt.Errorf("web: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("web: shutdown: %w", err)
+	}
+	if err := <-errs; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("web: %w", err)
+	}
+	return nil
+}

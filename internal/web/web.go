@@ -1,0 +1,203 @@
+// Package web serves human review over HTTP: a JSON API and a plain
+// server-rendered page (html/template, no JavaScript framework) with the
+// review queue, resolve / reject / requeue buttons, the trust score per type
+// and, per task, why it stopped, what was tried and its timeline.
+//
+//	GET  /                               the review queue and trust per type
+//	GET  /tasks/{id}                     one task: why it stopped, attempts, dead ends, timeline
+//	POST /tasks/{id}/{action}            form: resolve, reject or requeue with a note, then back
+//	GET  /api/review                     the queue (?reason= &type= &age=24h &all=1)
+//	GET  /api/tasks/{id}                 one task (review.Detail)
+//	GET  /api/tasks/{id}/timeline        its events from the stream
+//	GET  /api/trust                      trust per type with recent outcomes
+//	POST /api/tasks/{id}/{action}        JSON {"note": "...", "by": "..."} or a form
+//
+// Without a token the server may only listen on a loopback address; with
+// one, every request needs it (Authorization: Bearer, or ?token= once, which
+// sets an HttpOnly cookie for the browser).
+package web
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"dispatchmesh/internal/review"
+)
+
+// Config of the handler.
+type Config struct {
+	// Review reads the queue and records decisions (required).
+	Review *review.Client
+	// Token, when set, is required on every request. Default "": no token,
+	// which Listen allows on loopback addresses only.
+	Token string
+	// Log receives request errors. Default slog.Default().
+	Log *slog.Logger
+	// Now is the clock of the page's "3m ago". Default time.Now.
+	Now func() time.Time
+}
+
+// Cookie names.
+const (
+	tokenCookie = "dispatch_token"
+	byCookie    = "dispatch_by"
+)
+
+// Handler serves the API and the page.
+type Handler struct {
+	cfg     Config
+	mux     *http.ServeMux
+	handler http.Handler
+	token   [32]byte
+}
+
+// New builds the handler.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Review == nil {
+		return nil, errors.New("web: Review is required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux(), token: sha256.Sum256([]byte(cfg.Token))}
+	h.routes()
+	// Browsers' cross-site form posts are refused (CSRF): a page elsewhere
+	// cannot requeue tasks through a reviewer's browser.
+	h.handler = http.NewCrossOriginProtection().Handler(h.auth(h.mux))
+	return h, nil
+}
+
+func (h *Handler) routes() {
+	h.mux.HandleFunc("GET /{$}", h.pageQueue)
+	h.mux.HandleFunc("GET /tasks/{id}", h.pageTask)
+	h.mux.HandleFunc("POST /tasks/{id}/{action}", h.formAction)
+	h.mux.HandleFunc("POST /whoami", h.formWhoami)
+	h.mux.HandleFunc("GET /api/review", h.apiReview)
+	h.mux.HandleFunc("GET /api/tasks/{id}", h.apiTask)
+	h.mux.HandleFunc("GET /api/tasks/{id}/timeline", h.apiTimeline)
+	h.mux.HandleFunc("GET /api/trust", h.apiTrust)
+	h.mux.HandleFunc("POST /api/tasks/{id}/{action}", h.apiAction)
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	h.handler.ServeHTTP(w, r)
+}
+
+// auth requires the token when one is configured. Without one (loopback
+// only) it refuses requests whose Host is not a loopback name, so a web
+// page elsewhere cannot reach the API through DNS rebinding.
+func (h *Handler) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h.cfg.Token == "" {
+			if !loopbackHost(r.Host) {
+				http.Error(w, "this server has no access token and answers only to localhost", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		if q := r.URL.Query(); q.Has("token") {
+			if !h.valid(q.Get("token")) {
+				h.unauthorized(w)
+				return
+			}
+			// Trade the query token for a cookie and drop it from the URL
+			// (and so from history and logs).
+			http.SetCookie(w, &http.Cookie{
+				Name: tokenCookie, Value: q.Get("token"), Path: "/", HttpOnly: true,
+				SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+			})
+			q.Del("token")
+			u := *r.URL
+			u.RawQuery = q.Encode()
+			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			return
+		}
+		if bearer, ok := bearerToken(r); ok && h.valid(bearer) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if c, err := r.Cookie(tokenCookie); err == nil && h.valid(c.Value) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		h.unauthorized(w)
+	})
+}
+
+func (h *Handler) valid(token string) bool {
+	sum := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(sum[:], h.token[:]) == 1
+}
+
+func (h *Handler) unauthorized(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="dispatch"`)
+	http.Error(w, "401 unauthorized: send Authorization: Bearer <DISPATCH_HTTP_TOKEN>, or open the page once with ?token=<DISPATCH_HTTP_TOKEN>", http.StatusUnauthorized)
+}
+
+func bearerToken(r *http.Request) (string, bool) {
+	const prefix = "Bearer "
+	a := r.Header.Get("Authorization")
+	if len(a) > len(prefix) && (a[:len(prefix)] == prefix || a[:len(prefix)] == "bearer ") {
+		return a[len(prefix):], true
+	}
+	return "", false
+}
+
+// loopbackHost reports whether a Host header names this machine.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// by names the human acting: the request's "by" field, the name the
+// browser saved, else web@<remote address>.
+func (h *Handler) by(r *http.Request, given string) string {
+	if given != "" {
+		return given
+	}
+	if c, err := r.Cookie(byCookie); err == nil {
+		if v, err := url.QueryUnescape(c.Value); err == nil && v != "" {
+			return v
+		}
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return "web@" + host
+}
+
+// status maps review errors to HTTP statuses.
+func status(err error) int {
+	switch {
+	case errors.Is(err, review.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, review.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, review.ErrNotReviewable), errors.Is(err, review.ErrNoTask):
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
+}
