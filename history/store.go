@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/kvcas"
 )
 
 // DefaultLimit is the number of entries kept per (type, subject) when
@@ -66,37 +67,19 @@ func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) e
 	if err != nil {
 		return err
 	}
-	for {
-		rec, rev, err := s.get(ctx, key, taskType, subject)
-		if err != nil {
-			return err
-		}
+	_, err = kvcas.Update(ctx, s.kv, key, func(rec *Record, _ bool) error {
+		rec.Type, rec.Subject = taskType, subject
 		entries, changed := Insert(rec.Entries, e, s.limit)
 		if !changed {
-			return nil
+			return kvcas.ErrNoChange
 		}
 		rec.Entries = entries
-		data, err := json.Marshal(rec)
-		if err != nil {
-			return fmt.Errorf("history: encode %s: %w", key, err)
-		}
-		if rev == 0 {
-			_, err = s.kv.Create(ctx, key, data)
-		} else {
-			_, err = s.kv.Update(ctx, key, data, rev)
-		}
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			continue // another writer got there first: reread and reapply
-		default:
-			return fmt.Errorf("history: write %s: %w", key, err)
-		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("history: %s: %w", key, err)
 	}
+	return nil
 }
 
 // Recent returns the last n entries of (taskType, subject), oldest first; all

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/kvcas"
 )
 
 // ErrInvalid marks a call the store refuses: a task type that is not a valid
@@ -116,39 +117,27 @@ func (s *Store) All(ctx context.Context) ([]Stats, error) {
 }
 
 // update applies fn to the current stats of taskType under compare-and-set,
-// retrying on conflict. When fn reports no change nothing is written and the
-// current stats are returned.
+// retrying on conflict (kvcas.Update). When fn reports no change nothing is
+// written and the current stats are returned.
 func (s *Store) update(ctx context.Context, taskType string, fn func(Stats) (Stats, bool)) (Stats, error) {
-	for {
-		cur, rev, err := s.get(ctx, taskType)
-		if err != nil {
-			return Stats{}, err
-		}
-		next, changed := fn(cur)
-		if !changed {
-			return cur, nil
-		}
-		data, err := json.Marshal(next)
-		if err != nil {
-			return Stats{}, fmt.Errorf("trust: encode %s: %w", taskType, err)
-		}
-		if rev == 0 {
-			_, err = s.kv.Create(ctx, taskType, data)
-		} else {
-			_, err = s.kv.Update(ctx, taskType, data, rev)
-		}
-		switch {
-		case err == nil:
-			return next, nil
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
-			if err := ctx.Err(); err != nil {
-				return Stats{}, err
-			}
-			continue // another writer got there first: reread and reapply
-		default:
-			return Stats{}, fmt.Errorf("trust: write %s: %w", taskType, err)
-		}
+	if !events.ValidType(taskType) {
+		return Stats{}, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
 	}
+	st, err := kvcas.Update(ctx, s.kv, taskType, func(cur *Stats, _ bool) error {
+		if cur.Type == "" {
+			cur.Type = taskType
+		}
+		next, changed := fn(*cur)
+		if !changed {
+			return kvcas.ErrNoChange
+		}
+		*cur = next
+		return nil
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("trust: %s: %w", taskType, err)
+	}
+	return st, nil
 }
 
 // get returns the stats of taskType and their revision (0 when absent).

@@ -128,28 +128,9 @@ func (c *Client) Timeline(ctx context.Context, id string) ([]timeline.Entry, err
 	}
 	all := []timeline.Entry{}
 	err := read(ctx, c.cfg.JS, c.cfg.Stream, []string{events.TaskFilter(id), events.ReviewTaskFilter(id)}, func(m jetstream.Msg) {
-		all = append(all, entry(m))
+		all = append(all, timeline.FromMsg(m))
 	})
 	return all, err
-}
-
-// entry is a stored message as a timeline entry (as timeline.Follow makes it).
-func entry(msg jetstream.Msg) timeline.Entry {
-	e := timeline.Entry{Subject: msg.Subject(), Data: msg.Data()}
-	if md, err := msg.Metadata(); err == nil {
-		e.Seq, e.Time = md.Sequence.Stream, md.Timestamp
-	}
-	h := msg.Headers()
-	e.Event, e.By, e.Error = h.Get(events.HeaderEvent), h.Get(events.HeaderService), h.Get(events.HeaderError)
-	if _, stage, ok := events.ParseTaskSubject(e.Subject); ok {
-		e.Stage = stage
-	} else if reason, _, ok := events.ParseReviewSubject(e.Subject); ok {
-		e.Stage = "review." + reason
-	}
-	if !json.Valid(e.Data) {
-		e.Data = nil
-	}
-	return e
 }
 
 // Show returns the full record of one task (or review record key).

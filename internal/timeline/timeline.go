@@ -73,7 +73,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, id string, live bool, f
 			return err
 		}
 		for msg := range batch.Messages() {
-			if !fn(entry(msg)) {
+			if !fn(FromMsg(msg)) {
 				return nil
 			}
 		}
@@ -86,7 +86,8 @@ func Follow(ctx context.Context, js jetstream.JetStream, id string, live bool, f
 	}
 }
 
-func entry(msg jetstream.Msg) Entry {
+// FromMsg reads a stored message as a timeline entry.
+func FromMsg(msg jetstream.Msg) Entry {
 	e := Entry{Subject: msg.Subject(), Data: msg.Data()}
 	if md, err := msg.Metadata(); err == nil {
 		e.Seq, e.Time = md.Sequence.Stream, md.Timestamp

@@ -3,6 +3,7 @@ package executor
 import (
 	"bytes"
 	"context"
+	"dispatchmesh/internal/procgroup"
 	"errors"
 	"os/exec"
 	"strings"
@@ -58,7 +59,7 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, ti
 		cmd.Stdout, cmd.Stderr = combined, combined // one pipe: the order is kept
 	}
 	cmd.WaitDelay = CommandWaitDelay
-	killGroupOnCancel(cmd)
+	procgroup.KillOnCancel(cmd)
 	err := cmd.Run()
 	run := commandRun{stdout: stdout.String(), stderr: stderr.String(), output: combined.String()}
 	if err == nil {

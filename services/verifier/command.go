@@ -13,6 +13,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/procgroup"
 )
 
 // CommandWaitDelay is how long a check waits, after its command was killed
@@ -48,7 +49,7 @@ func (c *Command) Check(ctx context.Context, t events.Task) (events.Verification
 	var out headWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = CommandWaitDelay
-	killGroupOnCancel(cmd)
+	procgroup.KillOnCancel(cmd)
 	err = cmd.Run()
 	detail := clip(out.String())
 	name := strings.Join(c.Argv, " ")
