@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -296,4 +297,37 @@ func TestRouterOnDemand(t *testing.T) {
 	}
 	stop() // returns although a pull request is outstanding
 	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+}
+
+// A handler still running when the grace period ends has its context
+// cancelled; the message is handed back and the next instance gets it.
+func TestRouterGraceExpiryHandsMessageBack(t *testing.T) {
+	s := setup(t)
+	started := make(chan struct{})
+	var once sync.Once
+	stuck := spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		once.Do(func() { close(started) })
+		<-ctx.Done() // a model call that would not finish in time
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- (&services.Router{JS: s.JS, Log: quiet, Grace: 50 * time.Millisecond}).Run(ctx, stuck)
+	}()
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+	<-started
+	cancel() // SIGTERM
+	if err := <-done; err != nil {
+		t.Fatalf("router: %v", err)
+	}
+
+	got := make(chan int, 1)
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		got <- m.Delivered
+		return nil, nil
+	}))
+	if n := <-got; n != 2 {
+		t.Fatalf("the handed-back message came as delivery %d, want 2", n)
+	}
 }
