@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -55,23 +54,32 @@ type kvLedger struct {
 
 func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error) {
 	var f facts
-	st, err := l.tasks.Get(ctx, b.Task.ID)
-	switch {
-	case errors.Is(err, services.ErrTaskNotFound):
-	case err != nil:
-		return f, false, storeErr(ctx, err)
-	case st.Pass > b.Run.Pass || events.Terminal(st.Status):
-		l.log.Info("prompt skipped: the task has moved on",
-			"task", b.Task.ID, "pass", b.Run.Pass, "task_pass", st.Pass, "status", st.Status)
-		return f, true, nil
-	default:
+	skip := false
+	// One compare-and-set reads the facts and marks the task running.
+	_, err := l.tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+		f, skip = facts{}, false
+		if !found {
+			*st = services.NewState(b.Task)
+		}
+		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
+			skip = true
+			return kvcas.ErrNoChange
+		}
 		f = facts{failed: bannedBefore(st.FailedRequests, b.Run.Pass), failedNow: bannedIn(st.FailedRequests, b.Run.Pass),
 			transient: st.TransientRetries, lastError: st.LastError}
+		if st.Status == events.StatusRunning && st.Pass == b.Run.Pass {
+			return kvcas.ErrNoChange // a redelivery: already running
+		}
+		st.Status, st.Pass, st.UpdatedAt = events.StatusRunning, b.Run.Pass, b.At
+		return nil
+	})
+	if err != nil {
+		return facts{}, false, storeErr(ctx, err)
 	}
-	if err := l.tasks.SetStatus(ctx, b, events.StatusRunning, ""); err != nil {
-		return f, false, storeErr(ctx, err)
+	if skip {
+		l.log.Info("prompt skipped: the task has moved on", "task", b.Task.ID, "pass", b.Run.Pass)
 	}
-	return f, false, nil
+	return f, skip, nil
 }
 
 func (l kvLedger) update(ctx context.Context, b events.Base, mutate func(st *events.TaskState) error) (events.TaskState, error) {
