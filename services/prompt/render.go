@@ -33,8 +33,8 @@ type Data struct {
 	// PreviousAttempts is the <previous_attempts> block (history.Format) of
 	// the last outcomes for the task's (type, subject); "" when there are none.
 	PreviousAttempts string
-	// Run is the attempt being prompted: attempt, rung, step. Its Context and
-	// Note are raw; use the escaped fields below.
+	// Run is the attempt being prompted: attempt, rung, step. Its texts
+	// (Context, Note, DeadEnds) are escaped like the fields below.
 	Run events.Run
 	// Context is the error context carried from a failed attempt or step, escaped.
 	Context string
@@ -93,13 +93,28 @@ func NewData(b events.Base, previous []history.Entry) Data {
 		Task:             b.Task,
 		Payload:          payloadText(b.Task.Payload),
 		PreviousAttempts: strings.TrimRight(history.Format(previous), "\n"),
-		Run:              b.Run,
+		Run:              escapedRun(b.Run),
 		Context:          escape(b.Run.Context),
 		Note:             escape(b.Run.Note),
 		RungInstructions: RungInstructions(b.Run.Rung),
 		DeadEnds:         deadEndsFor(b.Run),
 		PreCommit:        preCommitFor(b.Run),
 	}
+}
+
+// escapedRun is the run with every text that came from a model, a tool or
+// a human escaped, so a custom template cannot inject it raw either.
+func escapedRun(r events.Run) events.Run {
+	r.Context, r.Note = escape(r.Context), escape(r.Note)
+	ends := make([]events.DeadEnd, len(r.DeadEnds))
+	for i, d := range r.DeadEnds {
+		d.Approach, d.Reason, d.Rung = escape(d.Approach), escape(d.Reason), escape(d.Rung)
+		ends[i] = d
+	}
+	if r.DeadEnds != nil {
+		r.DeadEnds = ends
+	}
+	return r
 }
 
 func deadEndsFor(r events.Run) string {
