@@ -162,3 +162,33 @@ func TestRecurringFailureStartsOnPivot(t *testing.T) {
 		t.Fatalf("a recurring failure started on %v", m)
 	}
 }
+
+// Several hopeless tasks of one type at once: the trust gate weighs whether a
+// task is dispatched, not its retries, so each climbs its whole ladder and
+// ends as one blocked record after exactly max_retries attempts — while a new
+// task of the type, arriving afterwards, is gated.
+func TestHopelessTasksClimbTheirWholeLadder(t *testing.T) {
+	e := newEnv(t, func(n int, _ openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Failure("the same idea", "still failing")}
+	}, nil)
+	e.start()
+	ids := []string{"h1", "h2", "h3"}
+	for _, id := range ids {
+		e.submit(events.Submit{ID: id, Type: "bug_fix", Subject: id + ".go"})
+	}
+	for _, id := range ids {
+		if got := last(e.waitEnd(id)).Stage; got != "review.escalated" {
+			t.Fatalf("%s ended with %s", id, got)
+		}
+		if st := e.state(id); st.Attempts != policy.DefaultMaxRetries || st.Status != events.StatusBlocked {
+			t.Fatalf("%s: %d attempts, %s", id, st.Attempts, st.Status)
+		}
+	}
+	if n := len(e.reviews(events.ReviewEscalated)); n != 3 {
+		t.Fatalf("%d escalation records, want 3", n)
+	}
+	e.submit(events.Submit{ID: "h4", Type: "bug_fix", Subject: "h4.go"})
+	if got := last(e.waitEnd("h4")).Stage; got != "review.gated" {
+		t.Fatalf("a new task of a type at trust 0 ended with %s", got)
+	}
+}

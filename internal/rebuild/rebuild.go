@@ -204,7 +204,7 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 		below = true
 	case d.Probe:
 		below = true
-	case b.Run.Reviewed || d.Exempt:
+	case b.Run.Reviewed || d.Exempt || b.Run.Pass > 1: // the gate did not weigh trust
 		return
 	}
 	if !below && s.BlockStreak == 0 {

@@ -3,8 +3,10 @@
 // threshold is not dispatched: the task goes to dispatch.review.gated with
 // status needs_human_review and the reason. Exempt types always pass, and
 // after ProbeAfter consecutive blocks one task is let through as a probe to
-// re-measure the type. A type over its daily budget is blocked with reason
-// "budget"; a task a human requeued is let through.
+// re-measure the type. The trust check applies to a task's first pass: a
+// retry of an admitted task climbs the escalation ladder instead. A type
+// over its daily budget is blocked with reason "budget" (retries too); a
+// task a human requeued is let through.
 package gate
 
 import (
@@ -96,6 +98,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		reason := fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", b.Task.Type, spent.Tokens, spent.Cost)
 		d.Blocked, d.Reason = true, reason
 		return s.block(ctx, b, d)
+	case b.Run.Pass > 1:
+		// The trust gate decides whether a task is dispatched at all; once
+		// admitted, its retries climb the escalation ladder, which has its
+		// own end (max_retries), and a pipeline's steps follow their policy.
+		d.Reason = "retry of an admitted task"
 	case d.Exempt:
 	case !v.Below:
 		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
