@@ -35,6 +35,12 @@ type Config struct {
 	Model string `envconfig:"MODEL" default:"gpt-4o-mini"`
 	// Prices per model, USD per million tokens input/output: "gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6".
 	Prices string `envconfig:"PRICES" default:"gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6"`
+	// ErrorClasses overrides how a status code is classified:
+	// "409=transient,418=deterministic" (classes: transient, deterministic,
+	// auth, quota). QuotaBody and RateLimitBody add 429 body substrings.
+	ErrorClasses  string   `envconfig:"ERROR_CLASSES"`
+	QuotaBody     []string `envconfig:"QUOTA_BODY"`
+	RateLimitBody []string `envconfig:"RATE_LIMIT_BODY"`
 	// PolicyFile holds the per-type policies (JSON); reloaded when it changes.
 	PolicyFile string `envconfig:"POLICY_FILE"`
 
@@ -85,6 +91,9 @@ func loadConfig() (Config, error) {
 func (c Config) Validate() error {
 	var errs []error
 	if _, err := parsePrices(c.Prices); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := parseErrorClasses(c.ErrorClasses); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
@@ -166,4 +175,28 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w (is the mesh up? run `dispatch up`)", url, err)
 	}
 	return nc, nil
+}
+
+// parseErrorClasses reads DISPATCH_ERROR_CLASSES: "409=transient,418=deterministic".
+func parseErrorClasses(s string) (map[int]string, error) {
+	m := map[int]string{}
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		code, class, ok := strings.Cut(item, "=")
+		n, err := strconv.Atoi(strings.TrimSpace(code))
+		class = strings.TrimSpace(class)
+		switch class {
+		case "transient", "deterministic", "auth", "quota":
+		default:
+			ok = false
+		}
+		if !ok || err != nil || n < 100 || n > 999 {
+			return nil, fmt.Errorf("DISPATCH_ERROR_CLASSES: %q is not code=class (transient, deterministic, auth, quota)", item)
+		}
+		m[n] = class
+	}
+	return m, nil
 }

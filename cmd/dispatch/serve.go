@@ -187,12 +187,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		}
 		defer stop()
 	}
+	classes, _ := parseErrorClasses(cfg.ErrorClasses) // validated with the config
 	err = mesh.Run(ctx, mesh.Options{
 		NC: nc, Services: names, Policy: pol, Model: model, DefaultModel: cfg.Model, Prices: table,
 		Provision: connName == "dispatch-up" || cfg.Provision, // `up` owns its embedded server
 		Stream:    services.StreamConfig{MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas},
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, Grace: cfg.Grace, Version: version,
+		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody},
 	})
 	if err == nil || errors.Is(err, context.Canceled) {
 		log.Info("stopped cleanly")

@@ -85,6 +85,8 @@ type Options struct {
 	AckWait     time.Duration
 	Concurrency int
 	Grace       time.Duration
+	// ErrorRules override how the executor classifies errors.
+	ErrorRules executor.Rules
 	// Version is reported by the micro service.
 	Version string
 }
@@ -232,7 +234,7 @@ func (o Options) build(st *services.Stores) ([]services.Spec, error) {
 		case Executor:
 			s, err := executor.New(executor.Config{
 				Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
-				Tasks: tasks, NATS: o.NC, Registry: o.Registry, Instance: inst(name), Log: o.Log,
+				Tasks: tasks, NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst(name), Log: o.Log,
 			})
 			if err != nil {
 				return nil, err

@@ -1,0 +1,28 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseErrorClasses(t *testing.T) {
+	m, err := parseErrorClasses(" 409=transient, 418=deterministic ,")
+	if err != nil || m[409] != "transient" || m[418] != "deterministic" || len(m) != 2 {
+		t.Fatalf("got %v, %v", m, err)
+	}
+	for _, bad := range []string{"409", "409=maybe", "x=transient", "42=auth"} {
+		if _, err := parseErrorClasses(bad); err == nil || !strings.Contains(err.Error(), "DISPATCH_ERROR_CLASSES") {
+			t.Errorf("%q accepted: %v", bad, err)
+		}
+	}
+}
+
+func TestParsePrices(t *testing.T) {
+	p, err := parsePrices("gpt-4o=2.5/10, local=0/0")
+	if err != nil || p["gpt-4o"].In != 2.5 || p["gpt-4o"].Out != 10 || len(p) != 2 {
+		t.Fatalf("got %v, %v", p, err)
+	}
+	if _, err := parsePrices("gpt-4o=2.5"); err == nil {
+		t.Error("a price without output accepted")
+	}
+}
