@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,41 +28,7 @@ import (
 //	go test -run '^$' -bench Chain -benchtime 3000x ./internal/mesh/
 func BenchmarkChainBare(b *testing.B) {
 	srv := natstest.Start(b)
-	ctx := context.Background()
-	if _, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "CHAIN", Subjects: []string{"chain.>"}}); err != nil {
-		b.Fatal(err)
-	}
-	const stages = 5
-	for i := range stages {
-		nc, js := srv.Connect(b)
-		_ = nc
-		cons, err := js.CreateOrUpdateConsumer(ctx, "CHAIN", jetstream.ConsumerConfig{
-			Durable: fmt.Sprintf("s%d", i), FilterSubject: fmt.Sprintf("chain.s%d", i), AckPolicy: jetstream.AckExplicitPolicy,
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		next := fmt.Sprintf("chain.s%d", i+1)
-		if i == stages-1 {
-			next = "chain.done"
-		}
-		cc, err := cons.Consume(func(m jetstream.Msg) {
-			var v map[string]any
-			_ = json.Unmarshal(m.Data(), &v)
-			v["stage"] = i
-			data, _ := json.Marshal(v)
-			md, _ := m.Metadata()
-			if _, err := js.Publish(ctx, next, data, jetstream.WithMsgID(fmt.Sprintf("%d:%d", md.Sequence.Stream, i))); err != nil {
-				_ = m.Nak()
-				return
-			}
-			_ = m.Ack()
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(cc.Stop)
-	}
+	startBareChain(b, srv)
 	done := countOn(b, srv.NC, "chain.done")
 	payload := []byte(`{"id":"x","type":"css_fix","subject":"src/app.css","payload":{"issue":"button misaligned by 3px on the settings page"}}`)
 	b.ResetTimer()
@@ -140,5 +109,129 @@ func waitBucket(b *testing.B, js jetstream.JetStream) {
 			b.Fatal("mesh never provisioned")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Latency end to end (submit → succeeded stored) at a steady rate well below
+// capacity, the mesh and the bare chain at the same rate:
+//
+//	go test -run '^$' -bench Latency -benchtime 2000x ./internal/mesh/
+func BenchmarkLatencyMesh(b *testing.B) {
+	srv := natstest.Start(b)
+	nc, _ := srv.Connect(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
+	b.Cleanup(func() { cancel(); <-stopped })
+	waitBucket(b, srv.JS)
+	measureLatency(b, srv, events.StageFilter(events.StageSucceeded), func(i int) (string, []byte) {
+		return events.SubmitSubject(fmt.Sprintf("type_%d", i%8)),
+			fmt.Appendf(nil, `{"id":"l%d","subject":"src/app%d.css","payload":{"issue":"button misaligned"}}`, i, i%1000)
+	}, func(m *nats.Msg) string { id, _, _ := events.ParseTaskSubject(m.Subject); return id[1:] })
+}
+
+// The bare chain at the same steady rate.
+func BenchmarkLatencyBare(b *testing.B) {
+	srv := natstest.Start(b)
+	startBareChain(b, srv)
+	measureLatency(b, srv, "chain.done", func(i int) (string, []byte) {
+		return "chain.s0", fmt.Appendf(nil, `{"id":"%d","type":"css_fix","subject":"src/app.css","payload":{"issue":"button misaligned"}}`, i)
+	}, func(m *nats.Msg) string {
+		var v struct{ ID string }
+		_ = json.Unmarshal(m.Data, &v)
+		return v.ID
+	})
+}
+
+// latencyRate is the steady submission rate of the latency benchmarks:
+// about 40 % of what the mesh sustains on 2 cores.
+const latencyRate = 400
+
+func measureLatency(b *testing.B, srv *natstest.Server, doneSubject string, task func(i int) (string, []byte), idOf func(*nats.Msg) string) {
+	sent := make([]time.Time, b.N)
+	lat := make([]time.Duration, 0, b.N)
+	var mu sync.Mutex
+	all := make(chan struct{})
+	sub, err := srv.NC.Subscribe(doneSubject, func(m *nats.Msg) {
+		i, err := strconv.Atoi(idOf(m))
+		if err != nil || i >= b.N {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		lat = append(lat, time.Since(sent[i]))
+		if len(lat) == b.N {
+			close(all)
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sub.SetPendingLimits(-1, -1)
+	defer sub.Unsubscribe()
+	_ = srv.NC.Flush()
+	b.ResetTimer()
+	tick := time.NewTicker(time.Second / latencyRate)
+	defer tick.Stop()
+	for i := range b.N {
+		<-tick.C
+		subject, data := task(i)
+		mu.Lock()
+		sent[i] = time.Now()
+		mu.Unlock()
+		if _, err := srv.JS.PublishAsync(subject, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("only %d of %d finished", len(lat), b.N)
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// startBareChain runs the five stages of the bare chain.
+func startBareChain(b *testing.B, srv *natstest.Server) {
+	ctx := context.Background()
+	if _, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "CHAIN", Subjects: []string{"chain.>"}}); err != nil {
+		b.Fatal(err)
+	}
+	const stages = 5
+	for i := range stages {
+		nc, js := srv.Connect(b)
+		_ = nc
+		cons, err := js.CreateOrUpdateConsumer(ctx, "CHAIN", jetstream.ConsumerConfig{
+			Durable: fmt.Sprintf("s%d", i), FilterSubject: fmt.Sprintf("chain.s%d", i), AckPolicy: jetstream.AckExplicitPolicy,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		next := fmt.Sprintf("chain.s%d", i+1)
+		if i == stages-1 {
+			next = "chain.done"
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			var v map[string]any
+			_ = json.Unmarshal(m.Data(), &v)
+			v["stage"] = i
+			data, _ := json.Marshal(v)
+			md, _ := m.Metadata()
+			if _, err := js.Publish(ctx, next, data, jetstream.WithMsgID(fmt.Sprintf("%d:%d", md.Sequence.Stream, i))); err != nil {
+				_ = m.Nak()
+				return
+			}
+			_ = m.Ack()
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(cc.Stop)
 	}
 }
