@@ -4,7 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"dispatchmesh/internal/xmltext"
 )
 
 // Entry is the outcome of one attempt on a (task type, subject).
@@ -59,7 +60,7 @@ func Format(entries []Entry) string {
 			continue
 		}
 		b.WriteString(">\n    ")
-		b.WriteString(escape(body, false))
+		b.WriteString(xmltext.Escape(body, xmltext.Text))
 		b.WriteString("\n  </attempt>\n")
 	}
 	b.WriteString("</previous_attempts>\n")
@@ -96,50 +97,6 @@ func attr(b *strings.Builder, name, value string) {
 	b.WriteString(" ")
 	b.WriteString(name)
 	b.WriteString(`="`)
-	b.WriteString(escape(value, true))
+	b.WriteString(xmltext.Escape(value, xmltext.Attr))
 	b.WriteString(`"`)
-}
-
-// escape makes s safe as XML character data, or as an attribute value when
-// attr is set (quotes and whitespace other than space are then escaped too,
-// so a parser reads back exactly s). Invalid UTF-8 and characters outside
-// the XML character range become U+FFFD.
-func escape(s string, attr bool) string {
-	var b strings.Builder
-	b.Grow(len(s))
-	for _, r := range s { // an invalid byte ranges as utf8.RuneError, U+FFFD
-		switch {
-		case r == '&':
-			b.WriteString("&amp;")
-		case r == '<':
-			b.WriteString("&lt;")
-		case r == '>':
-			b.WriteString("&gt;")
-		case attr && r == '"':
-			b.WriteString("&quot;")
-		case attr && r == '\'':
-			b.WriteString("&apos;")
-		case attr && r == '\n':
-			b.WriteString("&#xA;")
-		case attr && r == '\r':
-			b.WriteString("&#xD;")
-		case attr && r == '\t':
-			b.WriteString("&#x9;")
-		case r == '\r': // character data: keep it as a character reference
-			b.WriteString("&#xD;")
-		case !xmlChar(r):
-			b.WriteRune(utf8.RuneError)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
-// xmlChar reports whether r may appear in an XML 1.0 document.
-func xmlChar(r rune) bool {
-	return r == 0x09 || r == 0x0A || r == 0x0D ||
-		r >= 0x20 && r <= 0xD7FF ||
-		r >= 0xE000 && r <= 0xFFFD ||
-		r >= 0x10000 && r <= 0x10FFFF
 }

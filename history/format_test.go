@@ -81,7 +81,7 @@ func TestFormat(t *testing.T) {
 				Step:    "a&b",
 			}},
 			want: `<previous_attempts>
-  <attempt n="1" outcome="failure&apos;&gt;&lt;system&gt;" rung="REFINE&#xA;&lt;x&gt;" step="a&amp;b" task="t1&quot; injected=&quot;yes"/>
+  <attempt n="1" outcome="failure&#39;&gt;&lt;system&gt;" rung="REFINE&#xA;&lt;x&gt;" step="a&amp;b" task="t1&#34; injected=&#34;yes"/>
 </previous_attempts>
 `,
 		},
