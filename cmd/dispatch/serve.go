@@ -55,12 +55,16 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		ns.WaitForShutdown()
 	}()
 	url := ns.ClientURL()
+	// When the mesh stops (or fails to start) the page stops too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if webLn != nil {
 		stop, err := startWeb(ctx, cfg, log, url, webLn)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		defer cancel() // runs before stop: stop waits for the page to end
 	}
 	dataDir, _ := filepath.Abs(cfg.DataDir)
 	fmt.Printf("dispatchmesh %s is up\n", version)
@@ -88,7 +92,7 @@ func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln 
 	if err != nil {
 		return nil, err
 	}
-	h, err := webHandler(cfg, nc, log)
+	h, err := webHandler(ctx, cfg, nc, log)
 	if err != nil {
 		nc.Close()
 		return nil, err

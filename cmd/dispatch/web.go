@@ -4,8 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"net"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,17 +38,25 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	h, err := webHandler(cfg, nc, log)
+	h, err := webHandler(ctx, cfg, nc, log)
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if cfg.MetricsListen != "" { // /healthz for probes, outside the token
+		stop, err := serveMetrics(cfg.MetricsListen, prometheus.NewRegistry(), nc, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stop()
 	}
 	fmt.Fprintf(stdout, "dispatchmesh review page: %s\n", webURL(ln, cfg.HTTPToken))
 	return web.Serve(ctx, ln, h, log)
 }
 
 // webHandler builds the review page's handler on a NATS connection.
-func webHandler(cfg Config, nc *nats.Conn, log *slog.Logger) (*web.Handler, error) {
+func webHandler(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (*web.Handler, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -55,6 +65,7 @@ func webHandler(cfg Config, nc *nats.Conn, log *slog.Logger) (*web.Handler, erro
 	if err != nil {
 		return nil, err
 	}
+	go pol.Watch(ctx.Done(), 2*time.Second) // the page shows the thresholds the gate uses
 	rc, err := review.New(review.Config{JS: js, Policy: pol, Log: log})
 	if err != nil {
 		return nil, err

@@ -56,7 +56,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
 	}}
 	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.TaskRoot + ".>", events.ReviewFilter},
+		// Readers come and go (every page, every command): let the server
+		// drop a forgotten consumer soon instead of after 5 minutes.
+		InactiveThreshold: 10 * time.Second,
+		FilterSubjects:    []string{events.TaskRoot + ".>", events.ReviewFilter},
 	})
 	if err != nil {
 		return nil, err

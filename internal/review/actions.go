@@ -172,6 +172,10 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 		}
 	}
 
+	// From here on the decision commits: a browser that goes away or a
+	// Ctrl-C must not cut it in half (state written, retry not published).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
 	var prev events.TaskState
 	next, err := tasks.Update(ctx, id, func(cur *events.TaskState, found bool) error {
 		if !found {

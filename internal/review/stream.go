@@ -101,7 +101,10 @@ func decodeRecord(subject string, h nats.Header, data []byte) Record {
 // read delivers every message stored now on the filters, in stream order.
 func read(ctx context.Context, js jetstream.JetStream, stream string, filters []string, fn func(jetstream.Msg)) error {
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy,
+		// Readers come and go (every page, every command): let the server
+		// drop a forgotten consumer soon instead of after 5 minutes.
+		InactiveThreshold: 10 * time.Second,
+		FilterSubjects:    filters, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return fmt.Errorf("read %v: %w", filters, err)

@@ -47,8 +47,11 @@ func Follow(ctx context.Context, js jetstream.JetStream, id string, live bool, f
 		return fmt.Errorf("invalid task id %q", id)
 	}
 	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.TaskFilter(id), events.ReviewTaskFilter(id)},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		// Readers come and go (every page, every command): let the server
+		// drop a forgotten consumer soon instead of after 5 minutes.
+		InactiveThreshold: 10 * time.Second,
+		FilterSubjects:    []string{events.TaskFilter(id), events.ReviewTaskFilter(id)},
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return err

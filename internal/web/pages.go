@@ -188,6 +188,7 @@ func (h *Handler) pageTask(w http.ResponseWriter, r *http.Request) {
 // formAction handles the page's resolve / reject / requeue buttons, then
 // sends the browser back with the outcome in a flash message.
 func (h *Handler) formAction(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody) // before FormValue parses it
 	id, action := r.PathValue("id"), r.PathValue("action")
 	back := safeBack(r.FormValue("back"), id)
 	req, err := readAction(w, r)

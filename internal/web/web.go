@@ -26,6 +26,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
+	"strings"
 	"time"
 
 	"dispatchmesh/internal/review"
@@ -110,7 +112,7 @@ func (h *Handler) auth(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if q := r.URL.Query(); q.Has("token") {
+		if q := r.URL.Query(); q.Has("token") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			if !h.valid(q.Get("token")) {
 				h.unauthorized(w)
 				return
@@ -119,12 +121,16 @@ func (h *Handler) auth(next http.Handler) http.Handler {
 			// (and so from history and logs).
 			http.SetCookie(w, &http.Cookie{
 				Name: tokenCookie, Value: q.Get("token"), Path: "/", HttpOnly: true,
-				SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+				SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || !loopbackHost(r.Host),
 			})
 			q.Del("token")
-			u := *r.URL
-			u.RawQuery = q.Encode()
-			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			// Back to the same page of this site only: "//host/x" must not
+			// become a redirect to another host.
+			to := "/" + strings.TrimLeft(path.Clean("/"+r.URL.Path), "/")
+			if enc := q.Encode(); enc != "" {
+				to += "?" + enc
+			}
+			http.Redirect(w, r, to, http.StatusSeeOther)
 			return
 		}
 		if bearer, ok := bearerToken(r); ok && h.valid(bearer) {
