@@ -103,12 +103,15 @@ func waitFor(ctx context.Context, js jetstream.JetStream, id string) error {
 
 func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	output := fs.String("o", "text", "output: text or json")
+	output := outputFlag(fs)
 	if err := fs.Parse(reorder(args)); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("usage: dispatch status ID [-o json]")
+	}
+	if !events.ValidID(fs.Arg(0)) {
+		return fmt.Errorf("invalid task id %q: 1-%d characters of A-Z, a-z, 0-9, _ or -", fs.Arg(0), events.MaxIDLen)
 	}
 	js, closeFn, err := clientJS(cfg)
 	if err != nil {
@@ -183,4 +186,23 @@ func cmdSchema(args []string) error {
 	}
 	_, err = stdout.Write(b)
 	return err
+}
+
+// outputFlag is the -o flag: text or json, anything else is an error.
+func outputFlag(fs *flag.FlagSet) *string {
+	o := outputValue("text")
+	fs.Var(&o, "o", "output: text or json")
+	return (*string)(&o)
+}
+
+type outputValue string
+
+func (o *outputValue) String() string { return string(*o) }
+
+func (o *outputValue) Set(s string) error {
+	if s != "text" && s != "json" {
+		return fmt.Errorf("output must be text or json, not %q", s)
+	}
+	*o = outputValue(s)
+	return nil
 }

@@ -18,7 +18,7 @@ import (
 func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("rebuild", flag.ContinueOnError)
 	apply := fs.Bool("apply", false, "overwrite the live stores with the rebuilt ones")
-	output := fs.String("o", "text", "output: text or json")
+	output := outputFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

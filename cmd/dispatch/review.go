@@ -85,7 +85,7 @@ func reviewList(ctx context.Context, cfg Config, args []string) error {
 	fs.StringVar(&f.Type, "type", "", "only this task type")
 	fs.DurationVar(&f.Age, "age", 0, "only records from the last AGE (e.g. 24h)")
 	fs.BoolVar(&f.All, "all", false, "also list items a human already handled")
-	output := fs.String("o", "text", "output: text or json")
+	output := outputFlag(fs)
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -146,7 +146,7 @@ func dash(s string) string {
 
 func reviewShow(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("review show", flag.ContinueOnError)
-	output := fs.String("o", "text", "output: text or json")
+	output := outputFlag(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -319,7 +319,7 @@ func reviewAct(ctx context.Context, cfg Config, action string, args []string) er
 
 func cmdAudit(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
-	output := fs.String("o", "text", "output: text or json")
+	output := outputFlag(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
