@@ -52,7 +52,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	if o.HistoryLimit <= 0 {
 		o.HistoryLimit = history.DefaultLimit
 	}
-	r := &replayer{o: o, out: &Stores{
+	r := &replayer{o: o, requeues: map[string]events.Action{}, out: &Stores{
 		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
 	}}
 	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
@@ -99,6 +99,9 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 type replayer struct {
 	o   Options
 	out *Stores
+	// requeues waits for the retry a requeue publishes after its action
+	// record: a requeue whose retry never made it was undone (void).
+	requeues map[string]events.Action
 }
 
 func (r *replayer) task(id string) *events.TaskState {
@@ -151,6 +154,15 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 		st := services.NewState(ev.Task)
 		st.Rung, st.Step = ev.Run.Rung, ev.Run.Step
 		r.out.Tasks[ev.Task.ID] = &st
+	case events.StageRetry:
+		var ev events.Retry
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		if a, ok := r.requeues[ev.Task.ID]; ok && ev.Run.Reviewed {
+			delete(r.requeues, ev.Task.ID)
+			services.ApplyAction(r.task(ev.Task.ID), a)
+		}
 	case events.StageCancelled:
 		var ev events.Cancelled
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -187,7 +199,12 @@ func (r *replayer) review(reason string, data []byte) error {
 		if err := json.Unmarshal(data, &a); err != nil {
 			return err
 		}
-		if st, ok := r.out.Tasks[a.TaskID]; ok { // not for input that never became a task
+		st, ok := r.out.Tasks[a.TaskID]
+		switch {
+		case !ok: // input that never became a task
+		case a.Action == events.ActionRequeue:
+			r.requeues[a.TaskID] = a // applied when its retry shows up
+		default:
 			services.ApplyAction(st, a)
 		}
 	}
