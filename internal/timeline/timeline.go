@@ -141,6 +141,9 @@ func (e Entry) Summary() string {
 		parts = append(parts, fmt.Sprintf("model=%s messages=%d", v.Prompt.Model, len(v.Prompt.Messages)))
 	case v.Result != nil:
 		parts = append(parts, "outcome="+v.Result.Outcome, fmt.Sprintf("tokens=%d/%d", v.Result.TokensIn, v.Result.TokensOut))
+		if v.Result.Model != "" {
+			parts = append(parts, "model="+v.Result.Model)
+		}
 		if v.Result.Approach != "" {
 			parts = append(parts, fmt.Sprintf("approach=%q", clip(v.Result.Approach, 60)))
 		}
