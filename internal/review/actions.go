@@ -127,10 +127,19 @@ func validateInput(note, by string) error {
 	if strings.TrimSpace(by) == "" {
 		errs = append(errs, fmt.Errorf("%w: who acts is required", ErrInvalid))
 	}
-	if len(by) > MaxByLen || strings.ContainsFunc(by, unicode.IsControl) {
-		errs = append(errs, fmt.Errorf("%w: reviewer name %q must be at most %d printable characters", ErrInvalid, clip(by, 40), MaxByLen))
+	if err := ValidateBy(by); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateBy checks a reviewer name: at most MaxByLen bytes, no control
+// characters (the web page checks the name it saves with it too).
+func ValidateBy(by string) error {
+	if len(by) > MaxByLen || strings.ContainsFunc(by, unicode.IsControl) {
+		return fmt.Errorf("%w: reviewer name %q must be at most %d printable characters", ErrInvalid, clip(by, 40), MaxByLen)
+	}
+	return nil
 }
 
 // decide carries out one human action.

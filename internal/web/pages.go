@@ -212,7 +212,7 @@ func (h *Handler) formWhoami(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 	name := strings.TrimSpace(r.FormValue("by"))
 	back := safeBack(r.FormValue("back"), "")
-	if len(name) > review.MaxByLen || strings.ContainsFunc(name, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+	if review.ValidateBy(name) != nil {
 		http.Redirect(w, r, back+"?"+url.Values{"err": {"a name is at most 200 printable characters"}}.Encode(), http.StatusSeeOther)
 		return
 	}
