@@ -65,6 +65,9 @@ type TaskState struct {
 	// TransientRetries counts transient failures ridden out.
 	Refused          int `json:"refused,omitempty"`
 	TransientRetries int `json:"transient_retries,omitempty"`
+	// Unbilled is what model calls of the current attempt spent before a
+	// transient failure cut the attempt short; the attempt's Result adds it.
+	Unbilled Usage `json:"unbilled,omitzero"`
 	// Pipeline progress: the current step, retries per step, loops per
 	// goto edge ("from>to"), and how often the task was skipped.
 	Step        string         `json:"step,omitempty"`
@@ -83,4 +86,16 @@ type TaskState struct {
 	SubmitSeq uint64    `json:"submit_seq"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Usage is tokens and USD spent.
+type Usage struct {
+	TokensIn  int     `json:"tokens_in"`
+	TokensOut int     `json:"tokens_out"`
+	Cost      float64 `json:"cost"`
+}
+
+// Add returns u plus v.
+func (u Usage) Add(v Usage) Usage {
+	return Usage{TokensIn: u.TokensIn + v.TokensIn, TokensOut: u.TokensOut + v.TokensOut, Cost: u.Cost + v.Cost}
 }

@@ -82,7 +82,7 @@ var populated = []struct {
 		Attempts: 7, Pass: 2, LastError: "tests failed", Reason: "attempts exhausted",
 		History: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
 		Rung: events.RungPivot, PivotCount: 1, DeadEnds: []events.DeadEnd{deadEnd}, RoundStart: 7,
-		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, TransientRetries: 4,
+		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, TransientRetries: 4, Unbilled: events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.001},
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
 		Skips: 1, Decision: events.DecisionHandoff, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),

@@ -296,7 +296,8 @@ type Live struct {
 }
 
 // Compare reports every difference between the live stores and rebuilt.
-// Counters only the executor keeps (transient retries, failed tool calls)
+// Counters only the executor keeps (transient retries and their unbilled
+// spend, failed tool calls)
 // and the submission's stream sequence are not derived from events and are
 // left out.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
@@ -405,7 +406,7 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 
 // normTask leaves out what is not derived from events.
 func normTask(st events.TaskState) events.TaskState {
-	st.SubmitSeq, st.TransientRetries = 0, 0
+	st.SubmitSeq, st.TransientRetries, st.Unbilled = 0, 0, events.Usage{}
 	st.FailedRequests = slices.DeleteFunc(slices.Clone(st.FailedRequests), func(h string) bool { return strings.HasPrefix(h, "tool:") })
 	if len(st.FailedRequests) == 0 {
 		st.FailedRequests = nil

@@ -21,9 +21,12 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 	if o.err != nil && ctx.Err() != nil {
 		return events.Result{}, ctx.Err() // shutdown, not an attempt: nak and redeliver
 	}
+	// The attempt's spend includes what earlier tries of it spent before a
+	// transient failure cut them short.
+	spent := a.f.unbilled.Add(events.Usage{TokensIn: o.tokensIn, TokensOut: o.tokensOut, Cost: o.cost})
 	r := events.Result{
 		Model: a.model, RequestHash: o.hash, TransientRetries: a.f.transient,
-		TokensIn: o.tokensIn, TokensOut: o.tokensOut, Cost: o.cost,
+		TokensIn: spent.TokensIn, TokensOut: spent.TokensOut, Cost: spent.Cost,
 		ToolCalls: o.toolCalls, ToolRefusals: o.toolRefusals,
 	}
 	if o.model != "" {
@@ -74,7 +77,7 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 		endpoint = a.endpoint
 	}
 	s.metrics.transient.WithLabelValues(endpoint).Inc()
-	n, err := s.ledger.addTransient(ctx, a.base)
+	n, err := s.ledger.addTransient(ctx, a.base, events.Usage{TokensIn: o.tokensIn, TokensOut: o.tokensOut, Cost: o.cost})
 	if err != nil {
 		return events.Result{}, err
 	}

@@ -26,6 +26,8 @@ type facts struct {
 	transient int
 	// lastError is the previous failure's error (TaskState.LastError).
 	lastError string
+	// unbilled is what cut-short tries of this attempt spent.
+	unbilled events.Usage
 }
 
 // ledger keeps the per-task facts of the error discipline: in the task's
@@ -36,8 +38,9 @@ type ledger interface {
 	// begin reads the facts and marks the task running for this pass; skip
 	// is true when the task has moved on (a later pass, or ended).
 	begin(ctx context.Context, b events.Base) (f facts, skip bool, err error)
-	// addTransient counts a transient failure and returns the attempt's count.
-	addTransient(ctx context.Context, b events.Base) (int, error)
+	// addTransient counts a transient failure, keeps what its calls spent
+	// (unbilled until the attempt's Result), and returns the attempt's count.
+	addTransient(ctx context.Context, b events.Base, spent events.Usage) (int, error)
 	// settle resets the attempt's transient count once the attempt is over.
 	settle(ctx context.Context, b events.Base) error
 	// addFailed records a hash that failed deterministically (idempotent).
@@ -66,7 +69,7 @@ func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error)
 			return kvcas.ErrNoChange
 		}
 		f = facts{failed: bannedBefore(st.FailedRequests, b.Run.Pass), failedNow: bannedIn(st.FailedRequests, b.Run.Pass),
-			transient: st.TransientRetries, lastError: st.LastError}
+			transient: st.TransientRetries, lastError: st.LastError, unbilled: st.Unbilled}
 		if st.Status == events.StatusRunning && st.Pass == b.Run.Pass {
 			return kvcas.ErrNoChange // a redelivery: already running
 		}
@@ -92,9 +95,10 @@ func (l kvLedger) update(ctx context.Context, b events.Base, mutate func(st *eve
 	return st, storeErr(ctx, err)
 }
 
-func (l kvLedger) addTransient(ctx context.Context, b events.Base) (int, error) {
+func (l kvLedger) addTransient(ctx context.Context, b events.Base, spent events.Usage) (int, error) {
 	st, err := l.update(ctx, b, func(st *events.TaskState) error {
 		st.TransientRetries++
+		st.Unbilled = st.Unbilled.Add(spent)
 		return nil
 	})
 	return st.TransientRetries, err
@@ -102,10 +106,10 @@ func (l kvLedger) addTransient(ctx context.Context, b events.Base) (int, error) 
 
 func (l kvLedger) settle(ctx context.Context, b events.Base) error {
 	_, err := l.update(ctx, b, func(st *events.TaskState) error {
-		if st.TransientRetries == 0 {
+		if st.TransientRetries == 0 && st.Unbilled == (events.Usage{}) {
 			return kvcas.ErrNoChange
 		}
-		st.TransientRetries = 0
+		st.TransientRetries, st.Unbilled = 0, events.Usage{}
 		return nil
 	})
 	return err
@@ -181,6 +185,7 @@ type memTask struct {
 	transient int
 	refused   int
 	lastError string
+	unbilled  events.Usage
 }
 
 func (l *memLedger) task(id string) *memTask {
@@ -199,21 +204,23 @@ func (l *memLedger) begin(_ context.Context, b events.Base) (facts, bool, error)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	return facts{failed: bannedBefore(t.failed, b.Run.Pass), failedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient, lastError: t.lastError}, false, nil
+	return facts{failed: bannedBefore(t.failed, b.Run.Pass), failedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient, lastError: t.lastError, unbilled: t.unbilled}, false, nil
 }
 
-func (l *memLedger) addTransient(_ context.Context, b events.Base) (int, error) {
+func (l *memLedger) addTransient(_ context.Context, b events.Base, spent events.Usage) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
 	t.transient++
+	t.unbilled = t.unbilled.Add(spent)
 	return t.transient, nil
 }
 
 func (l *memLedger) settle(_ context.Context, b events.Base) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.task(b.Task.ID).transient = 0
+	t := l.task(b.Task.ID)
+	t.transient, t.unbilled = 0, events.Usage{}
 	return nil
 }
 

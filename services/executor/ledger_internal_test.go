@@ -39,17 +39,27 @@ func TestLedgers(t *testing.T) {
 				t.Fatalf("begin on a new task = %+v, %v, %v", f, skip, err)
 			}
 			for want := 1; want <= 3; want++ {
-				if n, err := l.addTransient(ctx, b); err != nil || n != want {
+				if n, err := l.addTransient(ctx, b, events.Usage{}); err != nil || n != want {
 					t.Fatalf("addTransient = %d, %v; want %d", n, err, want)
 				}
 			}
 			if f, _, _ := l.begin(ctx, b); f.transient != 3 {
 				t.Errorf("transient count %d after 3, want 3 (it survives redeliveries)", f.transient)
 			}
+			// What cut-short tries spent is kept until the attempt ends.
+			if _, err := l.addTransient(ctx, b, events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}); err != nil {
+				t.Fatal(err)
+			}
+			if f, _, _ := l.begin(ctx, b); f.unbilled != (events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}) {
+				t.Errorf("unbilled %+v, want what the cut-short try spent", f.unbilled)
+			}
 			if err := l.settle(ctx, b); err != nil {
 				t.Fatal(err)
 			}
-			if n, _ := l.addTransient(ctx, b); n != 1 {
+			if f, _, _ := l.begin(ctx, b); f.unbilled != (events.Usage{}) || f.transient != 0 {
+				t.Errorf("after settle: %+v", f)
+			}
+			if n, _ := l.addTransient(ctx, b, events.Usage{}); n != 1 {
 				t.Errorf("count after settle then a failure: %d, want 1", n)
 			}
 
@@ -94,7 +104,7 @@ func TestKVLedgerState(t *testing.T) {
 	if _, _, err := l.begin(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = l.addTransient(ctx, b)
+	_, _ = l.addTransient(ctx, b, events.Usage{})
 	_ = l.addFailed(ctx, b, "h1", "boom")
 	_ = l.addRefused(ctx, b)
 	_ = l.addRefused(ctx, b)

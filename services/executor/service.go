@@ -207,7 +207,7 @@ func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.R
 
 // settle ends the attempt's run of transient failures.
 func (s *Service) settle(ctx context.Context, a *attempt) error {
-	if a.f.transient == 0 {
+	if a.f.transient == 0 && a.f.unbilled == (events.Usage{}) {
 		return nil
 	}
 	return s.ledger.settle(ctx, a.base)
