@@ -60,9 +60,11 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logge
 		return fmt.Errorf("web: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Requests in flight get 20 s to finish (a decision commits within 15 s).
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
 		return fmt.Errorf("web: shutdown: %w", err)
 	}
 	if err := <-errs; !errors.Is(err, http.ErrServerClosed) {
