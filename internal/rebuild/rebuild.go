@@ -301,79 +301,54 @@ type Live struct {
 // and the submission's stream sequence are not derived from events and are
 // left out.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
-	var diffs []Difference
-	cmp := func(store string, keys, builtKeys []string, get func(string) (any, bool, error), built func(string) (any, bool)) error {
-		seen := map[string]bool{}
-		for _, k := range append(keys, builtKeys...) {
-			seen[k] = true
-		}
-		for _, k := range sortedKeys(seen) {
-			lv, lok, err := get(k)
-			if err != nil {
-				return err
-			}
-			bv, bok := built(k)
-			switch {
-			case !lok:
-				diffs = append(diffs, Difference{store, k, "(entry)", "missing", "present"})
-			case !bok:
-				diffs = append(diffs, Difference{store, k, "(entry)", "present", "missing"})
-			default:
-				diffs = append(diffs, fieldDiffs(store, k, lv, bv)...)
-			}
-		}
-		return nil
+	tasks, err := compareBucket(ctx, services.BucketTasks, live.Tasks, rebuilt.Tasks, normTask)
+	if err != nil {
+		return nil, err
 	}
+	stats, err := compareBucket(ctx, services.BucketTrust, live.Trust, rebuilt.Trust, same[trust.Stats])
+	if err != nil {
+		return nil, err
+	}
+	hist, err := compareBucket(ctx, services.BucketHistory, live.History, rebuilt.History, same[history.Record])
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(tasks, stats, hist), nil
+}
 
-	taskKeys, err := keysOf(ctx, live.Tasks)
+func same[T any](v T) T { return v }
+
+// compareBucket compares every key of one live bucket with the rebuilt
+// values, both seen through norm.
+func compareBucket[T any](ctx context.Context, store string, kv jetstream.KeyValue, rebuilt map[string]*T, norm func(T) T) ([]Difference, error) {
+	keys, err := keysOf(ctx, kv)
 	if err != nil {
 		return nil, err
 	}
-	err = cmp(services.BucketTasks, taskKeys, keysOfMap(rebuilt.Tasks), func(k string) (any, bool, error) {
-		st, _, found, err := kvcas.Get[events.TaskState](ctx, live.Tasks, k)
-		return normTask(st), found, err
-	}, func(k string) (any, bool) {
-		st, ok := rebuilt.Tasks[k]
-		if !ok {
-			return nil, false
+	seen := map[string]bool{}
+	for _, k := range keys {
+		seen[k] = true
+	}
+	for k := range rebuilt {
+		seen[k] = true
+	}
+	var diffs []Difference
+	for _, k := range sortedKeys(seen) {
+		lv, _, found, err := kvcas.Get[T](ctx, kv, k)
+		if err != nil {
+			return nil, err
 		}
-		return normTask(*st), true
-	})
-	if err != nil {
-		return nil, err
-	}
-	trustKeys, err := keysOf(ctx, live.Trust)
-	if err != nil {
-		return nil, err
-	}
-	err = cmp(services.BucketTrust, trustKeys, keysOfMap(rebuilt.Trust), func(k string) (any, bool, error) {
-		s, _, found, err := kvcas.Get[trust.Stats](ctx, live.Trust, k)
-		return s, found, err
-	}, func(k string) (any, bool) {
-		s, ok := rebuilt.Trust[k]
-		if !ok {
-			return nil, false
+		bv, ok := rebuilt[k]
+		switch {
+		case !found:
+			diffs = append(diffs, Difference{store, k, "(entry)", "missing", "present"})
+		case !ok:
+			diffs = append(diffs, Difference{store, k, "(entry)", "present", "missing"})
+		default:
+			diffs = append(diffs, fieldDiffs(store, k, norm(lv), norm(*bv))...)
 		}
-		return *s, true
-	})
-	if err != nil {
-		return nil, err
 	}
-	histKeys, err := keysOf(ctx, live.History)
-	if err != nil {
-		return nil, err
-	}
-	err = cmp(services.BucketHistory, histKeys, keysOfMap(rebuilt.History), func(k string) (any, bool, error) {
-		rec, _, found, err := kvcas.Get[history.Record](ctx, live.History, k)
-		return rec, found, err
-	}, func(k string) (any, bool) {
-		rec, ok := rebuilt.History[k]
-		if !ok {
-			return nil, false
-		}
-		return *rec, true
-	})
-	return diffs, err
+	return diffs, nil
 }
 
 // Apply overwrites the live stores with the rebuilt ones.
@@ -424,14 +399,6 @@ func keysOf(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
-}
-
-func keysOfMap[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	return keys
 }
 
 func sortedKeys(m map[string]bool) []string {
