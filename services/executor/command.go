@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"bytes"
 	"context"
 	"dispatchmesh/internal/procgroup"
 	"errors"
@@ -18,7 +17,7 @@ const DefaultCommandTimeout = 10 * time.Minute
 // CommandWaitDelay is how long a run waits, after its command was killed or
 // exited, for the output pipes to close (a grandchild that left the process
 // group may hold them) before giving up on them.
-const CommandWaitDelay = time.Second
+const CommandWaitDelay = procgroup.WaitDelay
 
 // maxStdout is how much of an agent command's stdout is kept for
 // ParseResult: the last bytes, where the structured result is printed.
@@ -48,9 +47,7 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, ti
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
-	cmd.Dir = dir
-	cmd.Stdin = bytes.NewReader(stdin)
+	cmd := procgroup.Command(cctx, argv, dir, stdin)
 	stdout, stderr, combined := &tailBuffer{max: maxStdout}, &tailBuffer{max: MaxErrorOutput}, &tailBuffer{max: MaxErrorOutput}
 	if separate {
 		cmd.Stdout = teeWriter{stdout, combined}
@@ -58,8 +55,6 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, ti
 	} else {
 		cmd.Stdout, cmd.Stderr = combined, combined // one pipe: the order is kept
 	}
-	cmd.WaitDelay = CommandWaitDelay
-	procgroup.KillOnCancel(cmd)
 	err := cmd.Run()
 	run := commandRun{stdout: stdout.String(), stderr: stderr.String(), output: combined.String()}
 	if err == nil {

@@ -1,7 +1,6 @@
 package verifier
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,7 +18,7 @@ import (
 // CommandWaitDelay is how long a check waits, after its command was killed
 // or exited, for the command's output pipes to close (a grandchild that left
 // the process group may hold them) before giving up on them.
-const CommandWaitDelay = time.Second
+const CommandWaitDelay = procgroup.WaitDelay
 
 // Command runs argv with the task JSON on stdin: exit 0 means the problem
 // exists, exit 1 means it is gone; any other exit, a failure to start and a
@@ -44,12 +43,9 @@ func (c *Command) Check(ctx context.Context, t events.Task) (events.Verification
 	d := timeout(c.Timeout)
 	cctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, c.Argv[0], c.Argv[1:]...)
-	cmd.Stdin = bytes.NewReader(data)
+	cmd := procgroup.Command(cctx, c.Argv, "", data)
 	var out headWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = CommandWaitDelay
-	procgroup.KillOnCancel(cmd)
 	err = cmd.Run()
 	detail := clip(out.String())
 	name := strings.Join(c.Argv, " ")

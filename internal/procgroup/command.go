@@ -1,0 +1,25 @@
+package procgroup
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"time"
+)
+
+// WaitDelay is how long a run waits, after its command was killed or
+// exited, for the output pipes to close (a grandchild that left the process
+// group may hold them) before giving up on them.
+const WaitDelay = time.Second
+
+// Command prepares argv (non-empty) to run in dir with stdin as its input,
+// in its own process group, killed with its children when ctx ends. The
+// caller sets Stdout and Stderr.
+func Command(ctx context.Context, argv []string, dir string, stdin []byte) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.Stdin = bytes.NewReader(stdin)
+	cmd.WaitDelay = WaitDelay
+	KillOnCancel(cmd)
+	return cmd
+}
