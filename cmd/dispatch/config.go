@@ -1,6 +1,7 @@
 package main
 
 import (
+	"dispatchmesh/services"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -199,4 +200,9 @@ func parseErrorClasses(s string) (map[int]string, error) {
 		m[n] = class
 	}
 	return m, nil
+}
+
+// streamConfig is what provisioning creates, from the environment.
+func (c Config) streamConfig() services.StreamConfig {
+	return services.StreamConfig{MaxAge: c.MaxAge, Duplicates: c.Duplicates, Replicas: c.Replicas}
 }

@@ -195,7 +195,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 	err = mesh.Run(ctx, mesh.Options{
 		NC: nc, Services: names, Policy: pol, Model: model, DefaultModel: cfg.Model, Prices: table,
 		Provision: connName == "dispatch-up" || cfg.Provision, // `up` owns its embedded server
-		Stream:    services.StreamConfig{MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas},
+		Stream:    cfg.streamConfig(),
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, Grace: cfg.Grace, Version: version,
 		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody},
@@ -256,9 +256,7 @@ func cmdProvision(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer closeFn()
-	if _, err := services.Provision(ctx, js, services.StreamConfig{
-		MaxAge: cfg.MaxAge, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas,
-	}); err != nil {
+	if _, err := services.Provision(ctx, js, cfg.streamConfig()); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, buckets %s %s %s\n", services.Stream, cfg.MaxAge,

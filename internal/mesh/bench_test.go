@@ -52,16 +52,7 @@ func BenchmarkChainMesh(b *testing.B) {
 }
 
 func benchMesh(b *testing.B, types, subjects int) {
-	srv := natstest.Start(b)
-	nc, _ := srv.Connect(b)
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	}()
-	b.Cleanup(func() { cancel(); <-stopped })
-	waitBucket(b, srv.JS)
+	srv := startMesh(b)
 	done := countOn(b, srv.NC, events.StageFilter(events.StageSucceeded))
 	b.ResetTimer()
 	start := time.Now()
@@ -73,6 +64,22 @@ func benchMesh(b *testing.B, types, subjects int) {
 	}
 	done.wait(b, b.N)
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
+}
+
+// startMesh runs every service, on the simulated model, against a fresh
+// embedded server, until the benchmark ends.
+func startMesh(b *testing.B) *natstest.Server {
+	srv := natstest.Start(b)
+	nc, _ := srv.Connect(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
+	b.Cleanup(func() { cancel(); <-stopped })
+	waitBucket(b, srv.JS)
+	return srv
 }
 
 type counter struct{ n atomic.Int64 }
@@ -117,16 +124,7 @@ func waitBucket(b *testing.B, js jetstream.JetStream) {
 //
 //	go test -run '^$' -bench Latency -benchtime 2000x ./internal/mesh/
 func BenchmarkLatencyMesh(b *testing.B) {
-	srv := natstest.Start(b)
-	nc, _ := srv.Connect(b)
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	}()
-	b.Cleanup(func() { cancel(); <-stopped })
-	waitBucket(b, srv.JS)
+	srv := startMesh(b)
 	measureLatency(b, srv, events.StageFilter(events.StageSucceeded), func(i int) (string, []byte) {
 		return events.SubmitSubject(fmt.Sprintf("type_%d", i%8)),
 			fmt.Appendf(nil, `{"id":"l%d","subject":"src/app%d.css","payload":{"issue":"button misaligned"}}`, i, i%1000)

@@ -3,7 +3,6 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -229,7 +228,5 @@ func fail(n int, _ openaitest.Request) openaitest.Reply {
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-func isNotFound(err error) bool { return errors.Is(err, services.ErrTaskNotFound) }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

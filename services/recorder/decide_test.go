@@ -73,8 +73,6 @@ func TestApplyRequeueStartsANewRound(t *testing.T) {
 	}
 }
 
-func ptr(n int) *int { return &n }
-
 func TestApplyPipeline(t *testing.T) {
 	pol := policy.Type{Steps: []policy.Step{
 		{Name: "implement"},
