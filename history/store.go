@@ -106,13 +106,18 @@ func (s *Store) FailuresSince(ctx context.Context, taskType, subject string, sin
 	if err != nil {
 		return 0, err
 	}
+	return Failures(entries, since), nil
+}
+
+// Failures counts the failures among entries at or after since.
+func Failures(entries []Entry, since time.Time) int {
 	n := 0
 	for _, e := range entries {
 		if e.Outcome == events.OutcomeFailure && !e.At.Before(since) {
 			n++
 		}
 	}
-	return n, nil
+	return n
 }
 
 // Put writes the history of (taskType, subject) unconditionally (for

@@ -199,7 +199,7 @@ func (o Options) build(st *services.Stores) ([]services.Spec, error) {
 	for _, name := range o.Services {
 		switch name {
 		case Intake:
-			s, err := intake.New(intake.Config{Tasks: tasks, History: hist, Policy: o.Policy, Instance: inst(name), Log: o.Log})
+			s, err := intake.New(intake.Config{Tasks: tasks, Policy: o.Policy, Instance: inst(name), Log: o.Log})
 			if err != nil {
 				return nil, err
 			}

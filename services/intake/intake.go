@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
@@ -27,13 +26,8 @@ import (
 type Config struct {
 	// Tasks is the task state store (required).
 	Tasks *services.TaskStore
-	// History, when set, is asked how often the task's subject failed
-	// recently: a recurring failure starts the task on PIVOT.
-	History *history.Store
 	// Policy gives a pipeline type its first step.
 	Policy *policy.Source
-	// Ladder holds the recurring-failure rule (3 failures in 7 days).
-	Ladder ladder.Config
 	// Instance names this process in events (service@host:pid).
 	Instance string
 	// Log defaults to slog.Default().
@@ -80,10 +74,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, services.DeadKey(events.ReviewRejected, key, err)
 	}
 	task := sub.Task(GeneratedID(m.Seq, m.Time), m.Time)
-	run, err := s.firstRun(ctx, task)
-	if err != nil {
-		return nil, err
-	}
+	run := s.firstRun(task)
 	st := services.NewState(task)
 	st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
 	created, existing, err := s.cfg.Tasks.Create(ctx, st)
@@ -110,23 +101,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	return []services.Out{out}, nil
 }
 
-// firstRun is the run context of a new task's first attempt: the pipeline's
-// first step, and the PIVOT rung when its subject keeps failing.
-func (s *Service) firstRun(ctx context.Context, t events.Task) (events.Run, error) {
-	run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: ladder.FirstStep(s.cfg.Policy.For(t.Type).Steps)}
-	if len(s.cfg.Policy.For(t.Type).Steps) > 0 {
+// firstRun is the run context of a new task's first attempt: REFINE, or a
+// pipeline's first step. (A subject that keeps failing starts on PIVOT: the
+// prompt builder decides that, from the history it reads anyway.)
+func (s *Service) firstRun(t events.Task) events.Run {
+	steps := s.cfg.Policy.For(t.Type).Steps
+	run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: ladder.FirstStep(steps)}
+	if len(steps) > 0 {
 		run.Rung = ""
-		return run, nil
 	}
-	if s.cfg.History == nil {
-		return run, nil
-	}
-	n, err := s.cfg.History.FailuresSince(ctx, t.Type, t.Subject, t.SubmittedAt.Add(-s.cfg.Ladder.Window()))
-	if err != nil {
-		return run, fmt.Errorf("history: %w", err)
-	}
-	if run.Rung = s.cfg.Ladder.StartRung(n); run.Rung == events.RungPivot {
-		s.log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
-	}
-	return run, nil
+	return run
 }

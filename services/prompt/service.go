@@ -9,6 +9,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
+	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 )
@@ -32,6 +33,9 @@ type Config struct {
 	// HistoryN is how many previous outcomes for (type, subject) a prompt
 	// carries. Default 5 (DefaultHistoryN).
 	HistoryN int
+	// Ladder holds the recurring-failure rule: a new task whose (type,
+	// subject) failed 3+ times in the last 7 days starts on PIVOT.
+	Ladder ladder.Config
 	// DefaultModel is the prompt's model when the type's policy names none.
 	// Default "": the executor then uses its own default model.
 	DefaultModel string
@@ -98,7 +102,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
 	}
-	previous, err := s.cfg.History.Recent(ctx, t.Type, t.Subject, s.cfg.HistoryN)
+	// All kept outcomes: the last HistoryN go into the prompt, the recent
+	// failures among them decide a new task's starting rung.
+	kept, err := s.cfg.History.Recent(ctx, t.Type, t.Subject, 0)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -108,6 +114,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return nil, services.Dead(events.ReviewPoison, err) // the same task will never be valid
 		}
 		return nil, err
+	}
+	previous := kept[max(0, len(kept)-s.cfg.HistoryN):]
+	if r := in.Run; r.Pass == 1 && r.Attempt == 1 && r.Rung == events.RungRefine && len(pol.Steps) == 0 {
+		n := history.Failures(kept, t.SubmittedAt.Add(-s.cfg.Ladder.Window()))
+		if in.Run.Rung = s.cfg.Ladder.StartRung(n); in.Run.Rung == events.RungPivot {
+			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
+		}
 	}
 	msgs, err := Build(tmpl, NewData(in.Base, previous))
 	if err != nil {

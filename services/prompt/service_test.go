@@ -32,7 +32,7 @@ func (f *fakeHistory) Recent(ctx context.Context, taskType, subject string, n in
 	if f.err != nil {
 		return nil, f.err
 	}
-	if len(f.entries) > n {
+	if n > 0 && len(f.entries) > n {
 		return f.entries[len(f.entries)-n:], nil
 	}
 	return f.entries, nil
@@ -105,8 +105,8 @@ func TestHandle(t *testing.T) {
 	if p.Prompt.Model != "" {
 		t.Errorf("model = %q, want empty for the executor's default", p.Prompt.Model)
 	}
-	if len(h.asked) != 1 || h.asked[0] != "css_fix|src/app.css|5" {
-		t.Errorf("history asked %v, want css_fix|src/app.css|5", h.asked)
+	if len(h.asked) != 1 || h.asked[0] != "css_fix|src/app.css|0" {
+		t.Errorf("history asked %v, want css_fix|src/app.css|0 (every kept outcome, once)", h.asked)
 	}
 	msgs := p.Prompt.Messages
 	if len(msgs) != 2 || msgs[0].Content != SystemPrompt {
@@ -209,5 +209,39 @@ func TestHandleInvalidForHistory(t *testing.T) {
 	var dead *services.DeadError
 	if !errors.As(err, &dead) || dead.Reason != events.ReviewPoison {
 		t.Errorf("err = %v, want dead poison", err)
+	}
+}
+
+// A new task whose (type, subject) failed 3+ times in the last 7 days starts
+// on PIVOT; older failures, fewer failures and retries do not.
+func TestRecurringFailureStartRung(t *testing.T) {
+	fails := func(ages ...time.Duration) []history.Entry {
+		var es []history.Entry
+		for i, age := range ages {
+			es = append(es, history.Entry{Key: fmt.Sprint(i), Outcome: events.OutcomeFailure, At: now.Add(-age)})
+		}
+		return es
+	}
+	day := 24 * time.Hour
+	cases := []struct {
+		name string
+		kept []history.Entry
+		run  events.Run
+		want string
+	}{
+		{"three recent failures", fails(day, 2*day, 3*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungPivot},
+		{"two recent failures", fails(day, 2*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
+		{"one of three is older than 7 days", fails(day, 2*day, 8*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
+		{"a retry keeps its rung", fails(day, 2*day, 3*day), events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, events.RungRefine},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newService(t, Config{History: &fakeHistory{entries: c.kept}})
+			b := events.Base{Task: events.Task{ID: "t1", Type: "bug_fix", Subject: "a.go", SubmittedAt: now}, Run: c.run}
+			_, p := handle(t, s, b)
+			if p.Run.Rung != c.want {
+				t.Fatalf("rung %s, want %s", p.Run.Rung, c.want)
+			}
+		})
 	}
 }
