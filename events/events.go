@@ -48,6 +48,9 @@ type Run struct {
 	DeadEnds []DeadEnd `json:"dead_ends,omitempty"`
 	// Reviewed is set when a human requeued the task: the gate lets it through.
 	Reviewed bool `json:"reviewed,omitempty"`
+	// Probe is set when the gate let the task through a blocked type as an
+	// exploration probe: its retries keep going while the type stays blocked.
+	Probe bool `json:"probe,omitempty"`
 }
 
 // DeadEnd is an approach that failed, kept so later attempts avoid it.
@@ -162,6 +165,31 @@ type Cancelled struct {
 	Verification Verification `json:"verification"`
 }
 
+// Cause says why the gate decided what it did: a typed value, never a
+// sentence to match later.
+type Cause string
+
+// Gate causes (TrustDecision.Cause).
+const (
+	CauseTrusted  Cause = "trusted"   // the type's trust score is at or above the threshold
+	CauseUnproven Cause = "unproven"  // too few outcomes to score: admitted as one of the type's canaries
+	CauseExempt   Cause = "exempt"    // the type is never gated
+	CauseReviewed Cause = "reviewed"  // a human requeued the task
+	CauseProbe    Cause = "probe"     // an exploration probe through a blocked type (or one of its retries)
+	CauseTrust    Cause = "trust"     // blocked: the trust score is below the threshold
+	CauseBudget   Cause = "budget"    // blocked: the type spent its daily budget
+	CauseRungRate Cause = "rung_rate" // handed off: retries on the next rung rarely succeed for the type
+)
+
+// Valid reports whether c is one of the Cause constants.
+func (c Cause) Valid() bool {
+	switch c {
+	case CauseTrusted, CauseUnproven, CauseExempt, CauseReviewed, CauseProbe, CauseTrust, CauseBudget, CauseRungRate:
+		return true
+	}
+	return false
+}
+
 // TrustDecision is the gate's finding for a task type.
 type TrustDecision struct {
 	Score     float64 `json:"score"`
@@ -171,6 +199,12 @@ type TrustDecision struct {
 	Probe     bool    `json:"probe,omitempty"`
 	Blocked   bool    `json:"blocked,omitempty"`
 	Reason    string  `json:"reason,omitempty"`
+	// Cause is why the gate decided so (Cause* constants).
+	Cause Cause `json:"cause,omitempty"`
+	// RungTries and RungSuccesses are the type's measured retries on the
+	// task's next rung, when the gate weighed them.
+	RungTries     int `json:"rung_tries,omitempty"`
+	RungSuccesses int `json:"rung_successes,omitempty"`
 }
 
 // Admitted is published by the gate when the task may be dispatched.
@@ -184,6 +218,9 @@ type Gated struct {
 	Base
 	Trust  TrustDecision `json:"trust"`
 	Reason string        `json:"reason"`
+	// Attempts are what was tried before the gate stopped the task (a retry
+	// stopped when its type's trust collapsed); empty on a first pass.
+	Attempts []AttemptRecord `json:"attempts,omitempty"`
 }
 
 // Message is one chat message of a prompt.
@@ -270,7 +307,10 @@ type AttemptRecord struct {
 // Escalated is the one review record of a task the mesh gave up on (status blocked).
 type Escalated struct {
 	Base
-	Reason     string          `json:"reason"`
+	Reason string `json:"reason"`
+	// Cause is set when the gate handed the task off before another attempt
+	// (CauseRungRate); empty when the recorder did after an attempt.
+	Cause      Cause           `json:"cause,omitempty"`
 	TrustScore float64         `json:"trust_score"`
 	Attempts   []AttemptRecord `json:"attempts"`
 	TokensIn   int             `json:"tokens_in"`

@@ -21,7 +21,7 @@ var (
 	run = events.Run{
 		Pass: 2, Attempt: 3, Rung: "PIVOT", Step: "implement",
 		Context: "FAIL: TestButton", Note: "try the theme file",
-		LastErrorClass: events.ErrorClassDeterministic, DeadEnds: []events.DeadEnd{deadEnd}, Reviewed: true,
+		LastErrorClass: events.ErrorClassDeterministic, DeadEnds: []events.DeadEnd{deadEnd}, Reviewed: true, Probe: true,
 	}
 	deadEnd = events.DeadEnd{
 		Approach: "inline the style", Reason: "the linter forbids inline styles", Attempt: 2, Rung: events.RungRefine,
@@ -32,6 +32,7 @@ var (
 	}
 	trust = events.TrustDecision{
 		Score: 0.42, Outcomes: 12, Threshold: 0.15, Exempt: true, Probe: true, Blocked: true, Reason: "probe",
+		Cause: events.CauseProbe, RungTries: 9, RungSuccesses: 4,
 	}
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",
@@ -68,9 +69,10 @@ var populated = []struct {
 	}}},
 	{events.EventExecuted, events.Executed{Base: base, Result: result}},
 	{events.EventSucceeded, events.Succeeded{Base: base, Result: result}},
-	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15"}},
+	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15",
+		Attempts: []events.AttemptRecord{attempt}}},
 	{events.EventEscalated, events.Escalated{
-		Base: base, Reason: "attempts exhausted", TrustScore: 0.3,
+		Base: base, Reason: "attempts exhausted", Cause: events.CauseRungRate, TrustScore: 0.3,
 		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
 	}},
 	{events.EventStuck, events.Stuck{

@@ -55,9 +55,9 @@ func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, even
 
 // SetStatus moves a task to status for the given pass, unless the state has
 // moved past that pass or the task already ended: a late redelivery of an old
-// message never rewinds a task.
-func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) error {
-	_, err := s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+// message never rewinds a task. It returns the state after the change.
+func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) (events.TaskState, error) {
+	return s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
 		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status) {
 			return kvcas.ErrNoChange
 		}
@@ -70,7 +70,6 @@ func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason
 		}
 		return nil
 	})
-	return err
 }
 
 // NewState is the state of a task that has just been accepted.

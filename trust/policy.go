@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Default policy values (SPEC §4).
@@ -15,6 +16,18 @@ const (
 	DefaultRecencyWeight = 0.4
 	DefaultDecay         = 0.9
 	DefaultProbeAfter    = 5
+	// DefaultCanary is how many passes of a type with fewer than MinOutcomes
+	// outcomes may be in flight at once; the rest wait for their outcomes.
+	DefaultCanary = 3
+	// DefaultCanaryTTL is how long a canary holds its place without an
+	// outcome (a lost or very slow pass), and how long a task waits for one.
+	DefaultCanaryTTL = 10 * time.Minute
+	// DefaultRungFloor and DefaultRungMinSamples: once a rung has
+	// DefaultRungMinSamples retries of a type in the window, a retry on it
+	// must succeed at least DefaultRungFloor of the time to be made; below
+	// that the task goes to a human instead.
+	DefaultRungFloor      = 0.25
+	DefaultRungMinSamples = 8
 )
 
 // DefaultExempt lists the task types that are never gated unless
@@ -50,6 +63,24 @@ type Policy struct {
 	// the next task of that type is let through as a probe to re-measure it.
 	// Default 5.
 	ProbeAfter int
+	// Canary is how many passes of a type with fewer than MinOutcomes
+	// outcomes in its window may be in flight (admitted, outcome not yet
+	// recorded) at once: a burst of a new type sends a few canaries first and
+	// the rest wait, unspent, until the outcomes can score the type. Default
+	// 3; negative admits every pass at once.
+	Canary int
+	// CanaryTTL is how long an admitted canary holds its place without an
+	// outcome, and how long a pass waits for a place before it goes anyway.
+	// Default 10m.
+	CanaryTTL time.Duration
+	// RungFloor is the share of retries on a rung that must succeed for the
+	// gate to let a retry climb onto it, once RungMinSamples retries on that
+	// rung are in the window; below it the task is handed to a human now.
+	// Default 0.25; negative never hands off for it.
+	RungFloor float64
+	// RungMinSamples is how many retries on a rung the window must hold
+	// before RungFloor applies. Default 8.
+	RungMinSamples int
 	// Exempt lists task types that are never gated. Default triage_fix,
 	// security_fix and service_restart: nil means the defaults, an explicit
 	// empty slice means no exempt types.
@@ -78,6 +109,18 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.ProbeAfter == 0 {
 		p.ProbeAfter = DefaultProbeAfter
+	}
+	if p.Canary == 0 {
+		p.Canary = DefaultCanary
+	}
+	if p.CanaryTTL == 0 {
+		p.CanaryTTL = DefaultCanaryTTL
+	}
+	if p.RungFloor == 0 {
+		p.RungFloor = DefaultRungFloor
+	}
+	if p.RungMinSamples == 0 {
+		p.RungMinSamples = DefaultRungMinSamples
 	}
 	if p.Exempt == nil {
 		p.Exempt = DefaultExempt()
@@ -108,6 +151,15 @@ func (p Policy) Validate() error {
 	}
 	if p.ProbeAfter < 1 {
 		errs = append(errs, fmt.Errorf("trust: probe after %d must be positive", p.ProbeAfter))
+	}
+	if p.CanaryTTL < 0 {
+		errs = append(errs, fmt.Errorf("trust: canary TTL %s must not be negative", p.CanaryTTL))
+	}
+	if p.RungFloor > 1 {
+		errs = append(errs, fmt.Errorf("trust: rung floor %g must be at most 1", p.RungFloor))
+	}
+	if p.RungMinSamples < 0 {
+		errs = append(errs, fmt.Errorf("trust: rung min samples %d must not be negative", p.RungMinSamples))
 	}
 	return errors.Join(errs...)
 }

@@ -15,6 +15,11 @@ type Outcome struct {
 	// Tokens and Cost the attempt spent, added to the type's daily spend.
 	Tokens int     `json:"tokens,omitempty"`
 	Cost   float64 `json:"cost,omitempty"`
+	// Rung is the escalation rung the attempt ran on ("" for pipeline steps)
+	// and Retry is set when it was not the task's first attempt: together
+	// they measure how often a retry on each rung succeeds (RungRate).
+	Rung  string `json:"rung,omitempty"`
+	Retry bool   `json:"retry,omitempty"`
 }
 
 // Score scores the last p.Window outcomes (oldest first):

@@ -22,6 +22,16 @@ type Stats struct {
 	// Daily is what the type spent per UTC day ("2006-01-02"), the last
 	// SpendDays days kept; the gate enforces a type's daily budget with it.
 	Daily map[string]Spend `json:"daily,omitempty"`
+	// Canaries are the passes admitted while the type had too few outcomes
+	// to score, whose outcomes are not recorded yet (at most Policy.Canary).
+	Canaries []Canary `json:"canaries,omitempty"`
+}
+
+// Canary is one admitted pass of an unproven type: Key is the key its
+// outcome will be recorded under, At when it was admitted.
+type Canary struct {
+	Key string    `json:"key"`
+	At  time.Time `json:"at"`
 }
 
 // Spend is tokens (input + output) and USD.
@@ -48,15 +58,17 @@ func Day(t time.Time) string { return t.UTC().Format("2006-01-02") }
 // SpentOn is what the type spent on t's UTC day.
 func (s Stats) SpentOn(t time.Time) Spend { return s.Daily[Day(t)] }
 
-// Record returns s with outcome o appended, the window trimmed to p.Window
-// and the lifetime totals bumped. When an outcome with o.Key is already in
-// the window it returns s unchanged and changed=false. (An outcome already
-// trimmed out of the window would be counted again.) s is not modified.
+// Record returns s with outcome o appended, the window trimmed to p.Window,
+// the lifetime totals bumped and the canary place of o.Key released. When an
+// outcome with o.Key is already in the window it returns s unchanged and
+// changed=false. (An outcome already trimmed out of the window would be
+// counted again.) s is not modified.
 func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	p = p.WithDefaults()
 	if slices.ContainsFunc(s.Outcomes, func(x Outcome) bool { return x.Key == o.Key }) {
 		return s, false
 	}
+	s, _ = Release(s, o.Key)
 	// Keep the window in (At, Key) order whatever order outcomes arrive in,
 	// so a replay of the stream (dispatch rebuild) yields the same window.
 	i := len(s.Outcomes)
@@ -118,6 +130,78 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 	}
 	next.Gates = append(slices.Clone(lastN(s.Gates, GateMemory-1)), GateMark{Key: key, Probe: probe})
 	return next, probe, true
+}
+
+// AdmitCanary decides whether the pass whose outcome will be recorded under key
+// may go while the type is unproven (fewer than MinOutcomes outcomes): it may
+// when it already holds a place (a redelivery), when its outcome is already
+// recorded, or when fewer than p.Canary places are held; places older than
+// p.CanaryTTL are given up first. changed reports whether next differs from
+// s. s is not modified.
+func (p Policy) AdmitCanary(s Stats, key string, now time.Time) (next Stats, admit, changed bool) {
+	p = p.WithDefaults()
+	if p.Canary < 0 ||
+		slices.ContainsFunc(s.Canaries, func(c Canary) bool { return c.Key == key }) ||
+		slices.ContainsFunc(s.Outcomes, func(o Outcome) bool { return o.Key == key }) {
+		return s, true, false
+	}
+	held := slices.DeleteFunc(slices.Clone(s.Canaries), func(c Canary) bool { return now.Sub(c.At) >= p.CanaryTTL })
+	if len(held) >= p.Canary {
+		if len(held) == len(s.Canaries) {
+			return s, false, false
+		}
+		next = s
+		next.Canaries = held
+		return next, false, true
+	}
+	next = s
+	next.Canaries = append(held, Canary{Key: key, At: now})
+	return next, true, true
+}
+
+// Release returns s without the canary place of key; changed is false when
+// key held none. s is not modified.
+func Release(s Stats, key string) (next Stats, changed bool) {
+	i := slices.IndexFunc(s.Canaries, func(c Canary) bool { return c.Key == key })
+	if i < 0 {
+		return s, false
+	}
+	next = s
+	next.Canaries = slices.Delete(slices.Clone(s.Canaries), i, i+1)
+	if len(next.Canaries) == 0 {
+		next.Canaries = nil
+	}
+	return next, true
+}
+
+// RungRate counts the retries made on rung among the window's outcomes and
+// how many of them succeeded.
+func (p Policy) RungRate(s Stats, rung string) (tries, successes int) {
+	p = p.WithDefaults()
+	for _, o := range lastN(s.Outcomes, p.Window) {
+		if o.Retry && o.Rung == rung {
+			tries++
+			if o.Success {
+				successes++
+			}
+		}
+	}
+	return tries, successes
+}
+
+// RungBelow reports whether retries on rung are measured to succeed less
+// often than p.RungFloor: at least p.RungMinSamples of them in the window
+// and successes/tries below the floor. Until there are enough samples the
+// ladder applies unchanged. A rung that stops being climbed gets no new
+// samples, so its old ones leave the window as the type's other outcomes
+// come in, and the rung is measured again.
+func (p Policy) RungBelow(s Stats, rung string) (below bool, tries, successes int) {
+	p = p.WithDefaults()
+	tries, successes = p.RungRate(s, rung)
+	if rung == "" || p.RungFloor < 0 || tries < p.RungMinSamples {
+		return false, tries, successes
+	}
+	return float64(successes) < p.RungFloor*float64(tries), tries, successes
 }
 
 func outcomeAfter(a, b Outcome) bool {

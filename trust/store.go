@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -66,6 +67,26 @@ func (s *Store) Gate(ctx context.Context, taskType, key string, below bool) (pro
 		return false, 0, err
 	}
 	return probe, st.BlockStreak, nil
+}
+
+// Canary asks for a canary place for the pass whose outcome will be recorded
+// under key (see Policy.AdmitCanary) and reports whether the pass may go.
+func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time) (admit bool, err error) {
+	if key == "" {
+		return false, fmt.Errorf("%w: canary call without a key", ErrInvalid)
+	}
+	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		next, a, changed := s.policy.AdmitCanary(cur, key, now)
+		admit = a
+		return next, changed
+	})
+	return admit, err
+}
+
+// Release gives up the canary place of key, if it holds one: for an outcome
+// that is not recorded (it says nothing about the type).
+func (s *Store) Release(ctx context.Context, taskType, key string) (Stats, error) {
+	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) { return Release(cur, key) })
 }
 
 // Put writes st unconditionally under st.Type (for rebuilding the bucket).

@@ -163,32 +163,60 @@ func TestRecurringFailureStartsOnPivot(t *testing.T) {
 	}
 }
 
-// Several hopeless tasks of one type at once: the trust gate weighs whether a
-// task is dispatched, not its retries, so each climbs its whole ladder and
-// ends as one blocked record after exactly max_retries attempts — while a new
-// task of the type, arriving afterwards, is gated.
-func TestHopelessTasksClimbTheirWholeLadder(t *testing.T) {
+// Several hopeless tasks of a new type at once: a few go first as canaries
+// while the rest wait unspent, and once their outcomes score the type below
+// the threshold the gate stops every ladder in flight: each task goes to
+// review as gated, with what was tried, long before max_retries. A new task
+// of the type is gated without a call.
+func TestHopelessTasksStopWhenTrustCollapses(t *testing.T) {
 	e := newEnv(t, func(n int, _ openaitest.Request) openaitest.Reply {
-		return openaitest.Reply{Content: openaitest.Failure("the same idea", "still failing")}
+		return openaitest.Reply{Content: openaitest.Failure(fmt.Sprintf("idea %d", n), "still failing")}
 	}, nil)
 	e.start()
-	ids := []string{"h1", "h2", "h3"}
-	for _, id := range ids {
-		e.submit(events.Submit{ID: id, Type: "bug_fix", Subject: id + ".go"})
+	var ids []string
+	for i := range 8 {
+		ids = append(ids, e.submit(events.Submit{ID: fmt.Sprintf("h%d", i), Type: "bug_fix", Subject: fmt.Sprintf("h%d.go", i)}))
 	}
+	attempts := 0
 	for _, id := range ids {
-		if got := last(e.waitEnd(id)).Stage; got != "review.escalated" {
-			t.Fatalf("%s ended with %s", id, got)
+		if got := last(e.waitEnd(id)).Stage; got != "review.gated" {
+			t.Fatalf("%s ended with %s: %+v", id, got, e.state(id))
 		}
-		if st := e.state(id); st.Attempts != policy.DefaultMaxRetries || st.Status != events.StatusBlocked {
+		st := e.state(id)
+		if st.Status != events.StatusNeedsHumanReview || st.Attempts >= policy.DefaultMaxRetries {
 			t.Fatalf("%s: %d attempts, %s", id, st.Attempts, st.Status)
 		}
+		attempts += st.Attempts
 	}
-	if n := len(e.reviews(events.ReviewEscalated)); n != 3 {
-		t.Fatalf("%d escalation records, want 3", n)
+	// Gating starts at 10 outcomes; at most the 3 canaries in flight then
+	// add theirs.
+	if calls := e.model.Calls(); calls < trust.DefaultMinOutcomes || calls > trust.DefaultMinOutcomes+trust.DefaultCanary || calls != attempts {
+		t.Fatalf("%d model calls for %d attempts, want 10..13", calls, attempts)
 	}
-	e.submit(events.Submit{ID: "h4", Type: "bug_fix", Subject: "h4.go"})
-	if got := last(e.waitEnd("h4")).Stage; got != "review.gated" {
-		t.Fatalf("a new task of a type at trust 0 ended with %s", got)
+	for _, m := range e.reviews(events.ReviewGated) {
+		var g events.Gated
+		if err := json.Unmarshal(m.Data, &g); err != nil {
+			t.Fatal(err)
+		}
+		if g.Trust.Cause != events.CauseTrust || len(g.Attempts) != e.state(g.Task.ID).Attempts {
+			t.Fatalf("%s gated with cause %q and %d attempts recorded", g.Task.ID, g.Trust.Cause, len(g.Attempts))
+		}
+	}
+	if n := len(e.reviews(events.ReviewEscalated)); n != 0 {
+		t.Fatalf("%d escalation records, want 0", n)
+	}
+	// The five waiting tasks were blocked: the next new task is the
+	// exploration probe; the one after it is gated without a call.
+	probe := e.submit(events.Submit{ID: "h-probe", Type: "bug_fix", Subject: "h-probe.go"})
+	if got := last(e.waitEnd(probe)).Stage; got != "review.escalated" && got != "review.gated" {
+		t.Fatalf("the probe ended with %s", got)
+	}
+	if st := e.state(probe); st.Attempts == 0 {
+		t.Fatalf("the probe was not let through: %+v", st)
+	}
+	calls := e.model.Calls()
+	e.submit(events.Submit{ID: "h-next", Type: "bug_fix", Subject: "h-next.go"})
+	if got := last(e.waitEnd("h-next")).Stage; got != "review.gated" || e.model.Calls() != calls {
+		t.Fatalf("a new task of a type at trust 0 ended with %s after %d calls", got, e.model.Calls()-calls)
 	}
 }

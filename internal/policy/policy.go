@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"dispatchmesh/trust"
 )
 
 // Verifier kinds.
@@ -92,6 +94,23 @@ type Type struct {
 	Exempt *bool `json:"exempt,omitempty"`
 	// Threshold is the trust score below which the type is gated. Default 0.15.
 	Threshold *float64 `json:"threshold,omitempty"`
+	// Canary is how many passes of the type may be in flight at once while
+	// it has too few outcomes to be scored (fewer than 10): a burst of a new
+	// type sends a few first and the rest wait, unspent, for their outcomes.
+	// Default 3; 0 lets every pass go at once.
+	Canary *int `json:"canary,omitempty"`
+	// RungFloor is the share of the type's retries on a rung that must
+	// succeed for a task to climb onto that rung, once RungMinSamples of them
+	// are in the trust window; below it the task goes to a human (HANDOFF)
+	// instead of paying for the retry. Default 0.25; 0 never hands off for it.
+	RungFloor *float64 `json:"rung_floor,omitempty"`
+	// RungMinSamples is how many retries on a rung must be measured before
+	// RungFloor applies. Default 8.
+	RungMinSamples int `json:"rung_min_samples,omitempty"`
+	// PromptBudget bounds, in tokens (≈ characters / 4), what the prompt
+	// builder injects: previous attempts, dead ends, the last error and a
+	// reviewer's note. Default 300.
+	PromptBudget int `json:"prompt_budget,omitempty"`
 	// Executor is "model" (default: an OpenAI-compatible chat completion) or
 	// "command" (an agent CLI: Command run with the prompt on stdin).
 	Executor string `json:"executor,omitempty"`
@@ -273,6 +292,18 @@ func (f *File) Validate() error {
 		if t.Threshold != nil && (*t.Threshold < 0 || *t.Threshold > 1) {
 			errs = append(errs, fmt.Errorf("%s: threshold must be within [0, 1]", where))
 		}
+		if t.Canary != nil && *t.Canary < 0 {
+			errs = append(errs, fmt.Errorf("%s: canary must not be negative", where))
+		}
+		if t.RungFloor != nil && (*t.RungFloor < 0 || *t.RungFloor > 1) {
+			errs = append(errs, fmt.Errorf("%s: rung_floor must be within [0, 1]", where))
+		}
+		if t.RungMinSamples < 0 {
+			errs = append(errs, fmt.Errorf("%s: rung_min_samples must not be negative", where))
+		}
+		if t.PromptBudget < 0 {
+			errs = append(errs, fmt.Errorf("%s: prompt_budget must not be negative", where))
+		}
 		if r := t.SimulatedSuccessRate; r != nil && (*r < 0 || *r > 1) {
 			errs = append(errs, fmt.Errorf("%s: simulated_success_rate must be within [0, 1]", where))
 		}
@@ -346,6 +377,18 @@ func (f *File) For(taskType string) Type {
 	if t.Threshold == nil {
 		t.Threshold = d.Threshold
 	}
+	if t.Canary == nil {
+		t.Canary = d.Canary
+	}
+	if t.RungFloor == nil {
+		t.RungFloor = d.RungFloor
+	}
+	if t.RungMinSamples == 0 {
+		t.RungMinSamples = d.RungMinSamples
+	}
+	if t.PromptBudget == 0 {
+		t.PromptBudget = d.PromptBudget
+	}
 	if t.SimulatedSuccessRate == nil {
 		t.SimulatedSuccessRate = d.SimulatedSuccessRate
 	}
@@ -403,6 +446,34 @@ func (t Type) withDefaults(taskType string) Type {
 		t.Verifier = &Verifier{Kind: VerifierNone}
 	}
 	return t
+}
+
+// Scoring returns the trust scoring and gating policy p with this type's
+// overrides: threshold (an explicit 0 never gates), canary (0: no canaries),
+// rung_floor (0: never hand off for it) and rung_min_samples.
+func (t Type) Scoring(p trust.Policy) trust.Policy {
+	if t.Threshold != nil {
+		p.Threshold = *t.Threshold
+		if p.Threshold == 0 {
+			p.Threshold = -1
+		}
+	}
+	if t.Canary != nil {
+		p.Canary = *t.Canary
+		if p.Canary == 0 {
+			p.Canary = -1
+		}
+	}
+	if t.RungFloor != nil {
+		p.RungFloor = *t.RungFloor
+		if p.RungFloor == 0 {
+			p.RungFloor = -1
+		}
+	}
+	if t.RungMinSamples > 0 {
+		p.RungMinSamples = t.RungMinSamples
+	}
+	return p
 }
 
 // IsExempt reports whether the gate lets every task of this type through.

@@ -22,6 +22,7 @@ import (
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
+	"dispatchmesh/services/gate"
 	"dispatchmesh/services/recorder"
 	"dispatchmesh/services/verifier"
 	"dispatchmesh/trust"
@@ -194,6 +195,18 @@ func (r *replayer) review(reason string, data []byte) error {
 		}
 		r.gate(ev.Base, ev.Trust, true)
 		r.setStatus(ev.Base, events.StatusNeedsHumanReview, ev.Reason)
+	case events.ReviewEscalated:
+		var ev events.Escalated
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		if ev.Cause != events.CauseRungRate {
+			return nil // the recorder's handoffs are replayed from their attempts
+		}
+		st := r.task(ev.Task.ID)
+		if st.Pass <= ev.Run.Pass && !events.Terminal(st.Status) {
+			gate.HandOff(st, ev.Base, ev.Reason)
+		}
 	case events.ReviewAction:
 		var a events.Action
 		if err := json.Unmarshal(data, &a); err != nil {
@@ -211,26 +224,46 @@ func (r *replayer) review(reason string, data []byte) error {
 	return nil
 }
 
-// gate mirrors the gate's block streak (trust.Policy.Gate).
+// gate mirrors the gate's writes to its type's trust stats: the block
+// streak (trust.Policy.Gate) and the canary places (trust.Policy.AdmitCanary).
 func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 	s := r.stats(b.Task.Type)
-	key := services.MsgID(b.Task.ID, b.Run.Pass, "gate")
 	var below bool
-	switch {
-	case blocked:
-		if !strings.HasPrefix(d.Reason, "Blocked: "+b.Task.Type+" trust score") {
-			return // a budget block does not touch the streak
+	switch d.Cause {
+	case events.CauseTrust:
+		if b.Run.Attempt > 1 {
+			return // a retry stopped: only new tasks count towards the streak
 		}
 		below = true
-	case d.Probe:
+	case events.CauseProbe:
+		if !d.Probe {
+			return // a probe's retry: the gate did not weigh trust
+		}
 		below = true
-	case b.Run.Reviewed || d.Exempt || b.Run.Pass > 1: // the gate did not weigh trust
+	case events.CauseTrusted:
+	case events.CauseUnproven:
+		scoring := r.o.Policy.For(b.Task.Type).Scoring(r.o.Scoring)
+		*s, _, _ = scoring.AdmitCanary(*s, services.MsgID(b.Task.ID, b.Run.Pass, "outcome"), b.At)
+		return
+	case "": // recorded before gate causes existed: read the decision as it was then
+		switch {
+		case blocked:
+			if !strings.HasPrefix(d.Reason, "Blocked: "+b.Task.Type+" trust score") {
+				return // a budget block does not touch the streak
+			}
+			below = true
+		case d.Probe:
+			below = true
+		case b.Run.Reviewed || d.Exempt || b.Run.Pass > 1: // the gate did not weigh trust
+			return
+		}
+	default: // exempt, reviewed, budget, rung_rate: the gate did not weigh trust
 		return
 	}
 	if !below && s.BlockStreak == 0 {
 		return
 	}
-	next, _, _ := r.o.Scoring.Gate(*s, key, below)
+	next, _, _ := r.o.Scoring.Gate(*s, services.MsgID(b.Task.ID, b.Run.Pass, "gate"), below)
 	*s = next
 }
 
@@ -269,10 +302,9 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	}, r.o.HistoryLimit)
 	if recorder.CountsForTrust(res) {
 		s := r.stats(t.Type)
-		*s, _ = r.o.Scoring.Record(*s, trust.Outcome{
-			Key: key, Success: res.Outcome == events.OutcomeSuccess, At: stored,
-			Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-		})
+		*s, _ = r.o.Scoring.Record(*s, recorder.TrustOutcome(key, b.Run, res, stored))
+	} else if s, ok := r.out.Trust[t.Type]; ok {
+		*s, _ = trust.Release(*s, key)
 	}
 	recorder.Apply(st, t, b.Run, res, pol, stored)
 }

@@ -46,7 +46,7 @@ func TestHandleSetsRunningBeforeTheCall(t *testing.T) {
 	s, _ := newService(t, executor.Config{Model: spy, Tasks: tasks})
 
 	// A task the verifier already put in "verifying", and one with no state yet.
-	if err := tasks.SetStatus(ctx, events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 1}}, events.StatusVerifying, ""); err != nil {
+	if _, err := tasks.SetStatus(ctx, events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 1}}, events.StatusVerifying, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"t1", "t2"} {
@@ -75,11 +75,11 @@ func TestHandleSkipsATaskThatMovedOn(t *testing.T) {
 	s, _ := newService(t, executor.Config{Model: spy, Tasks: tasks})
 
 	later := events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 3}}
-	if err := tasks.SetStatus(ctx, later, events.StatusVerifying, ""); err != nil {
+	if _, err := tasks.SetStatus(ctx, later, events.StatusVerifying, ""); err != nil {
 		t.Fatal(err)
 	}
 	done := events.Base{Task: events.Task{ID: "t2", Type: "css_fix"}, Run: events.Run{Pass: 1}}
-	if err := tasks.SetStatus(ctx, done, events.StatusCancelled, "stale"); err != nil {
+	if _, err := tasks.SetStatus(ctx, done, events.StatusCancelled, "stale"); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"t1", "t2"} {

@@ -1,36 +1,64 @@
-// Package gate is the trust gate: before a task is dispatched it checks the
-// trust score of the task's type (SPEC §4). A type scoring below the
-// threshold is not dispatched: the task goes to dispatch.review.gated with
-// status needs_human_review and the reason. Exempt types always pass, and
-// after ProbeAfter consecutive blocks one task is let through as a probe to
-// re-measure the type. The trust check applies to a task's first pass: a
-// retry of an admitted task climbs the escalation ladder instead. A type
-// over its daily budget is blocked with reason "budget" (retries too); a
-// task a human requeued is let through.
+// Package gate is the trust gate: before every model call — a task's first
+// pass and each of its retries — it decides whether the call is worth making
+// (SPEC §4):
+//
+//   - a type scoring below its trust threshold is not dispatched: the task
+//     goes to dispatch.review.gated (status needs_human_review) with the
+//     reason and what was tried, so ladders in flight stop when their type's
+//     trust collapses; after ProbeAfter consecutive blocks of new tasks the
+//     next new task goes through as an exploration probe, and the probe's
+//     own retries go on re-measuring the type;
+//   - a type with too few outcomes to be scored sends a few canaries at a
+//     time (Policy.Canary); the other passes wait, snoozed and unspent, until
+//     the canaries' outcomes can score the type;
+//   - a retry climbs onto a rung only while the type's retries on that rung
+//     succeed often enough (Policy.RungFloor, measured after RungMinSamples):
+//     otherwise the task is handed to a human now (dispatch.review.escalated,
+//     status blocked) instead of paying for an attempt that rarely succeeds;
+//   - a type over its daily budget is blocked with cause budget.
+//
+// Exempt types are never gated nor held back as canaries (the rung floor
+// still applies to their retries); a task a human requeued goes through.
 package gate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/kvcas"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
 
+// ErrCanaryWait is the snooze cause of a pass waiting for its type's
+// canaries.
+var ErrCanaryWait = errors.New("gate: waiting for the outcomes of the type's canaries")
+
+// MaxDeliver bounds the deliveries of one gate message: every canary wait
+// is a delivery, and a pass waits up to the canary TTL (default 10m) with
+// delays of at most MaxCanaryDelay.
+const MaxDeliver = 200
+
+// MaxCanaryDelay caps the delay between two looks of a waiting pass.
+const MaxCanaryDelay = 8 * time.Second
+
 // Config of the gate.
 type Config struct {
 	// Trust is the trust stats store (required).
 	Trust *trust.Store
-	// Tasks, when set, gets status needs_human_review for blocked tasks.
+	// Tasks, when set, gets the status of the tasks the gate stops.
 	Tasks *services.TaskStore
-	// Policy supplies per-type exemption and threshold overrides.
+	// Policy supplies per-type exemption, threshold, canary and rung floor.
 	Policy *policy.Source
-	// Trust scoring defaults (window 50, minimum 10, threshold 0.15, probe
-	// after 5 blocks); a type's policy threshold overrides Threshold.
+	// Scoring defaults (window 50, minimum 10, threshold 0.15, probe after 5
+	// blocks, 3 canaries, rung floor 0.25 after 8 samples); a type's policy
+	// overrides them (policy.Type.Scoring).
 	Scoring trust.Policy
 	// Instance names this process in events.
 	Instance string
@@ -60,10 +88,11 @@ func New(cfg Config) (*Service, error) {
 
 // Spec is the gate's consumer: verified tasks.
 func (s *Service) Spec() services.Spec {
-	return services.Spec{Name: services.ConsumerGate, Filters: []string{events.StageFilter(events.StageVerified)}, Handler: s.Handle, Concurrency: 8}
+	return services.Spec{Name: services.ConsumerGate, Filters: []string{events.StageFilter(events.StageVerified)},
+		Handler: s.Handle, Concurrency: 8, MaxDeliver: MaxDeliver}
 }
 
-// Handle decides whether one verified task may be dispatched.
+// Handle decides whether one verified pass may go on to the model.
 func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 	var ev events.Verified
 	if err := services.Decode(m, &ev); err != nil {
@@ -71,70 +100,155 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	b := ev.Base
 	b.At, b.By = s.cfg.Now().UTC(), s.cfg.Instance
+	t := b.Task
 
-	pol := s.cfg.Policy.For(b.Task.Type)
-	scoring := s.cfg.Scoring
-	switch {
-	case pol.Threshold == nil:
-	case *pol.Threshold == 0:
-		scoring.Threshold = -1 // an explicit 0: never gate the type
-	default:
-		scoring.Threshold = *pol.Threshold
-	}
-	scoring.Exempt = []string{}
-	stats, err := s.cfg.Trust.Get(ctx, b.Task.Type)
+	pol := s.cfg.Policy.For(t.Type)
+	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
+	scoring.Exempt = []string{} // the policy says which types are exempt
+	stats, err := s.cfg.Trust.Get(ctx, t.Type)
 	if err != nil {
 		return nil, err
 	}
-	v := scoring.Evaluate(b.Task.Type, stats)
+	v := scoring.Evaluate(t.Type, stats)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
-
-	key := services.MsgID(b.Task.ID, b.Run.Pass, "gate")
+	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
+	passKey := services.MsgID(t.ID, b.Run.Pass, "outcome") // the canary place: released with the outcome
 	spent := stats.SpentOn(b.At)
+
 	switch {
 	case b.Run.Reviewed:
-		d.Reason = "requeued by a human reviewer"
+		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
+		return s.admit(b, d)
 	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
-		reason := fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", b.Task.Type, spent.Tokens, spent.Cost)
-		d.Blocked, d.Reason = true, reason
+		d.Blocked, d.Cause = true, events.CauseBudget
+		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
 		return s.block(ctx, b, d)
-	case b.Run.Pass > 1:
-		// The trust gate decides whether a task is dispatched at all; once
-		// admitted, its retries climb the escalation ladder, which has its
-		// own end (max_retries), and a pipeline's steps follow their policy.
-		d.Reason = "retry of an admitted task"
 	case d.Exempt:
-	case !v.Below:
-		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
-			if _, _, err := s.cfg.Trust.Gate(ctx, b.Task.Type, key, false); err != nil {
-				return nil, err
-			}
-		}
-	default:
-		probe, streak, err := s.cfg.Trust.Gate(ctx, b.Task.Type, key, true)
+		d.Cause = events.CauseExempt
+	case b.Run.Probe:
+		d.Cause = events.CauseProbe // a probe's retries go on: it re-measures the type
+	case v.Below && b.Run.Attempt > 1:
+		// A ladder in flight whose type's trust collapsed stops here. Only
+		// new tasks count towards the block streak and become probes.
+		d.Blocked, d.Cause, d.Reason = true, events.CauseTrust, v.Reason
+		s.log.Info("retry gated", "task", t.ID, "type", t.Type, "attempt", b.Run.Attempt, "reason", v.Reason)
+		return s.block(ctx, b, d)
+	case v.Below:
+		probe, streak, err := s.cfg.Trust.Gate(ctx, t.Type, gateKey, true)
 		if err != nil {
 			return nil, err
 		}
-		if probe {
-			d.Probe = true
-			s.log.Info("exploration probe let through", "task", b.Task.ID, "type", b.Task.Type, "score", v.Score)
-			break
+		if !probe {
+			d.Blocked, d.Cause, d.Reason = true, events.CauseTrust, v.Reason
+			s.log.Info("task gated", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "reason", v.Reason, "streak", streak)
+			return s.block(ctx, b, d)
 		}
-		d.Blocked, d.Reason = true, v.Reason
-		s.log.Info("task gated", "task", b.Task.ID, "type", b.Task.Type, "reason", v.Reason, "streak", streak)
-		return s.block(ctx, b, d)
+		d.Probe, d.Cause, b.Run.Probe = true, events.CauseProbe, true
+		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", v.Score)
+	case v.Outcomes < scoring.MinOutcomes && scoring.Threshold >= 0:
+		d.Cause = events.CauseUnproven
+	default:
+		d.Cause = events.CauseTrusted
+		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
+			if _, _, err := s.cfg.Trust.Gate(ctx, t.Type, gateKey, false); err != nil {
+				return nil, err
+			}
+		}
 	}
+
+	if retry := b.Run.Attempt > 1; retry {
+		below, tries, successes := scoring.RungBelow(stats, b.Run.Rung)
+		d.RungTries, d.RungSuccesses = tries, successes
+		if below {
+			d.Cause = events.CauseRungRate
+			d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s retries of %s succeeded %d of %d times (%.0f%%), below the floor of %.0f%%",
+				b.Run.Attempt, b.Run.Rung, t.Type, successes, tries, 100*float64(successes)/float64(tries), 100*scoring.RungFloor)
+			return s.handoff(ctx, b, d)
+		}
+	}
+
+	if d.Cause == events.CauseUnproven {
+		admit, err := s.cfg.Trust.Canary(ctx, t.Type, passKey, b.At)
+		if err != nil {
+			return nil, err
+		}
+		waited := b.At.Sub(m.Time)
+		if !admit && waited < scoring.CanaryTTL {
+			delay := canaryDelay(m.Delivered)
+			s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", v.Outcomes, "delay", delay)
+			return nil, services.Snooze(delay, ErrCanaryWait)
+		}
+		if !admit {
+			d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
+		}
+	}
+	return s.admit(b, d)
+}
+
+// canaryDelay is how long a waiting pass sleeps before it looks again:
+// 1s doubling per delivery up to MaxCanaryDelay, with jitter so that a
+// burst does not come back all at once.
+func canaryDelay(delivered int) time.Duration {
+	d := time.Second
+	for i := 1; i < delivered && d < MaxCanaryDelay; i++ {
+		d *= 2
+	}
+	d = min(d, MaxCanaryDelay)
+	return d/2 + rand.N(d/2+1)
+}
+
+func (s *Service) admit(b events.Base, d events.TrustDecision) ([]services.Out, error) {
 	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d})
 	return []services.Out{out}, err
 }
 
-// block files the task for human review with status needs_human_review.
+// block files the task for human review with status needs_human_review,
+// with what was tried when a retry is stopped.
 func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
-		if err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason); err != nil {
+		st, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason)
+		if err != nil {
+			return nil, err
+		}
+		attempts = st.History
+	}
+	out, err := services.ToReview(b, events.ReviewGated, events.EventGated, d.Reason,
+		events.Gated{Base: b, Trust: d, Reason: d.Reason, Attempts: attempts})
+	return []services.Out{out}, err
+}
+
+// handoff stops the task before an attempt that would rarely succeed: one
+// escalation record, status blocked — the end of its ladder.
+func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+	var st events.TaskState
+	if s.cfg.Tasks != nil {
+		var err error
+		st, err = s.cfg.Tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+			if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
+				return kvcas.ErrNoChange // moved on, or a redelivery: the record is republished as it was
+			}
+			if !found {
+				*st = services.NewState(b.Task)
+			}
+			HandOff(st, b, d.Reason)
+			return nil
+		})
+		if err != nil {
 			return nil, err
 		}
 	}
-	out, err := services.ToReview(b, events.ReviewGated, events.EventGated, d.Reason, events.Gated{Base: b, Trust: d, Reason: d.Reason})
+	s.log.Info("task handed off before a retry", "task", b.Task.ID, "type", b.Task.Type, "reason", d.Reason)
+	out, err := services.ToReview(b, events.ReviewEscalated, events.EventEscalated, d.Reason, events.Escalated{
+		Base: b, Reason: d.Reason, Cause: d.Cause, TrustScore: d.Score, Attempts: st.History,
+		TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
+	})
 	return []services.Out{out}, err
+}
+
+// HandOff is what a handoff before a retry does to the task's state (the
+// gate and dispatch rebuild apply it alike).
+func HandOff(st *events.TaskState, b events.Base, reason string) {
+	st.Status, st.Decision, st.Reason, st.Rung = events.StatusBlocked, events.DecisionHandoff, reason, events.RungHandoff
+	st.Pass, st.UpdatedAt = b.Run.Pass, b.At
 }

@@ -144,6 +144,8 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 		// A round a human started keeps the human's word: the gate lets
 		// it through and the note stays in the prompt.
 		Reviewed: run.Reviewed, Note: run.Note,
+		// A probe's retries go on re-measuring its blocked type.
+		Probe: run.Probe,
 	}
 	switch {
 	case st.Decision == events.DecisionPark:

@@ -122,7 +122,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil
 	}
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
-	success := res.Outcome == events.OutcomeSuccess
 	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
@@ -132,11 +131,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	var stats trust.Stats
 	if CountsForTrust(res) {
-		stats, err = s.cfg.Trust.Record(ctx, t.Type, trust.Outcome{
-			Key: key, Success: success, At: now, Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-		})
+		stats, err = s.cfg.Trust.Record(ctx, t.Type, TrustOutcome(key, b.Run, res, now))
 	} else {
-		stats, err = s.cfg.Trust.Get(ctx, t.Type)
+		stats, err = s.cfg.Trust.Release(ctx, t.Type, key) // a canary's place, if the pass held one
 	}
 	if err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
@@ -188,6 +185,15 @@ func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipelin
 			res.Approach, d.Attempt, oneLine(d.Reason))
 	}
 	return res
+}
+
+// TrustOutcome is what an attempt adds to its type's trust stats.
+func TrustOutcome(key string, run events.Run, res events.Result, at time.Time) trust.Outcome {
+	return trust.Outcome{
+		Key: key, Success: res.Outcome == events.OutcomeSuccess, At: at,
+		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
+		Rung: run.Rung, Retry: run.Attempt > 1,
+	}
 }
 
 // CountsForTrust reports whether an outcome says something about how well

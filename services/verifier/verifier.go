@@ -135,7 +135,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	log.Debug("verifying", "reason", in.Reason)
 
 	if kind(pv) != policy.VerifierNone && s.tasks != nil {
-		if err := s.tasks.SetStatus(ctx, b, events.StatusVerifying, ""); err != nil {
+		if _, err := s.tasks.SetStatus(ctx, b, events.StatusVerifying, ""); err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status verifying: %w", err))
 		}
 	}
@@ -192,7 +192,7 @@ func (s *Service) check(ctx context.Context, t events.Task, pv policy.Verifier) 
 // cancel records the task as cancelled (when Tasks is set) and emits Cancelled.
 func (s *Service) cancel(ctx context.Context, b events.Base, v events.Verification, reason string) ([]services.Out, error) {
 	if s.tasks != nil {
-		if err := s.tasks.SetStatus(ctx, b, events.StatusCancelled, reason); err != nil {
+		if _, err := s.tasks.SetStatus(ctx, b, events.StatusCancelled, reason); err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status cancelled: %w", err))
 		}
 	}
