@@ -42,11 +42,10 @@ func Example() {
 	// <payload>{"selector":".btn","issue":"text overflows"}</payload>
 	// </task>
 	// <previous_attempts>
-	//   <attempt n="1" outcome="failure" at="2026-05-18T14:22:00Z" step="execute" task="t42">
+	//   <attempt n="1" outcome="failure" at="2026-05-18T14:22:00Z" step="execute">
 	//     set overflow: hidden -- clipped the text instead of wrapping it -- error: visual diff failed
 	//   </attempt>
 	// </previous_attempts>
 	// <last_error>lint: unknown property &lt;overflow-wrap&gt;</last_error>
-	// <instructions rung="REFINE">Keep the same approach as the previous attempt and adjust it, using the last error to fix what went wrong.</instructions>
-	// This is attempt 2. Act on the task above, then answer with the JSON result only.
+	// <instructions rung="REFINE">Keep the previous approach and fix what the last error names.</instructions>
 }

@@ -52,11 +52,12 @@ func TestHandleWithHistoryStore(t *testing.T) {
 	if len(find(es, "previous_attempts")) != 1 || len(attempts) != 2 {
 		t.Fatalf("want one previous_attempts block with 2 attempts:\n%s", user)
 	}
-	if attempts[0].Attrs["task"] != "t0" || attempts[1].Attrs["task"] != "t1" {
-		t.Errorf("attempts not oldest first: %v, %v", attempts[0].Attrs, attempts[1].Attrs)
-	}
 	if !strings.Contains(attempts[0].Text, "set overflow: hidden") || !strings.Contains(attempts[1].Text, hostile) {
 		t.Errorf("attempt bodies = %q, %q", attempts[0].Text, attempts[1].Text)
+	}
+	// t1's error is the last error the prompt already carries: said once.
+	if strings.Count(user, "visual diff failed") != 1 {
+		t.Errorf("the last error is repeated:\n%s", user)
 	}
 	if strings.Contains(user, "unrelated subject") || strings.Contains(user, "<system>") {
 		t.Errorf("prompt holds another subject's outcome or unescaped markup:\n%s", user)

@@ -65,9 +65,6 @@ func TestRenderDefault(t *testing.T) {
 				if task.Attrs["type"] != "css_fix" || task.Attrs["subject"] != "src/app.css" || task.Attrs["step"] != "execute" {
 					t.Errorf("task attributes = %v", task.Attrs)
 				}
-				if !strings.Contains(user, "This is attempt 1.") {
-					t.Error("the ask does not name the attempt")
-				}
 			},
 		},
 		{
@@ -108,7 +105,7 @@ func TestRenderDefault(t *testing.T) {
 				if !slices.Equal(ns, []string{"1", "2"}) {
 					t.Errorf("attempt n attributes = %v, want [1 2]", ns)
 				}
-				for _, s := range []string{"wrong place", "missed async path", "This is attempt 3."} {
+				for _, s := range []string{"wrong place", "missed async path"} {
 					if !strings.Contains(user, s) {
 						t.Errorf("user message lacks %q", s)
 					}
@@ -120,7 +117,7 @@ func TestRenderDefault(t *testing.T) {
 			edit: func(b *events.Base) {
 				b.Run.Context, b.Run.Note, b.Run.Rung = hostile, hostile, RungPivot
 			},
-			previous: []history.Entry{entry(1, "failure", hostile, hostile, hostile)},
+			previous: []history.Entry{entry(1, "failure", hostile, hostile, "lint: "+hostile)},
 			want:     []string{"task", "payload", "previous_attempts", "attempt", "last_error", "reviewer_note", "instructions"},
 			check: func(t *testing.T, user string, es []element) {
 				if n := strings.Count(user, "</previous_attempts>"); n != 1 {
@@ -239,7 +236,7 @@ func TestBuild(t *testing.T) {
 }
 
 func TestSystemPromptAsksForJSON(t *testing.T) {
-	for _, s := range []string{"ONLY", `"status":"success"|"failure"`, `"approach"`, `"summary"`, `"changes"`} {
+	for _, s := range []string{"JSON object only", `"status":"success"|"failure"`, `"approach"`, `"summary"`, `"changes"`} {
 		if !strings.Contains(SystemPrompt, s) {
 			t.Errorf("SystemPrompt lacks %s", s)
 		}
@@ -250,10 +247,10 @@ func TestRungInstructions(t *testing.T) {
 	tests := []struct{ rung, want string }{
 		{"", ""},
 		{"HANDOFF", ""},
-		{"REFINE", "same approach"},
-		{"refine", "same approach"},
-		{"PIVOT", "fundamentally different approach"},
-		{"RESEARCH", "Research the problem first"},
+		{"REFINE", "Keep the previous approach"},
+		{"refine", "Keep the previous approach"},
+		{"PIVOT", "different from every dead end"},
+		{"RESEARCH", "Research first"},
 	}
 	for _, tt := range tests {
 		got := RungInstructions(tt.rung)

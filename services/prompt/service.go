@@ -122,7 +122,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
 		}
 	}
-	msgs, err := Build(tmpl, NewData(in.Base, previous))
+	msgs, err := Build(tmpl, Fit(in.Base, previous, pol.PromptBudget))
 	if err != nil {
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
 	}

@@ -34,7 +34,6 @@ const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Su
 {{- with .PreCommit}}
 <pre_commit>{{.}}</pre_commit>
 {{- end}}
-{{if .Run.Attempt}}This is attempt {{.Run.Attempt}}. {{end}}Act on the task above, then answer with the JSON result only.
 `
 
 // funcs are the functions every prompt template can call.
