@@ -302,6 +302,9 @@ type AttemptRecord struct {
 	TokensOut int       `json:"tokens_out"`
 	Cost      float64   `json:"cost"`
 	At        time.Time `json:"at"`
+	// ErrorClass classifies a failed attempt's Reason (ErrorClass*): a
+	// refused request is told from a sent one without reading Reason.
+	ErrorClass string `json:"error_class,omitempty"`
 }
 
 // Escalated is the one review record of a task the mesh gave up on (status blocked).

@@ -42,7 +42,7 @@ var (
 	}
 	attempt = events.AttemptRecord{
 		Attempt: 3, Pass: 2, Rung: "PIVOT", Step: "implement", Approach: "move the rule",
-		Outcome: events.OutcomeFailure, Reason: "tests failed", TokensIn: 1200, TokensOut: 300, Cost: 0.0123, At: at,
+		Outcome: events.OutcomeFailure, Reason: "tests failed", ErrorClass: events.ErrorClassStep, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, At: at,
 	}
 	action = events.Action{
 		TaskID: "t-42", Action: events.ActionRequeue, Note: "try the theme file", By: "alice", At: at,

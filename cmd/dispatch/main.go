@@ -7,6 +7,7 @@
 //	dispatch status ID [-o json]
 //	dispatch review list|show|resolve|reject|requeue …
 //	dispatch audit ID [-o json]
+//	dispatch stats [-type T] [-o json]
 //	dispatch web [-listen ADDR]
 //	dispatch schema [NAME]
 //
@@ -39,6 +40,7 @@ Usage:
   dispatch review requeue -type T -reason R -note TEXT
                                       requeue every open item of a type and/or reason
   dispatch audit ID [-o json]         a task's whole timeline from the stream, who did what
+  dispatch stats [-type T] [-o json]  spend per type: wasted, retry success, loop rate, cost per resolved task
   dispatch web [-listen ADDR]         the review page and JSON API (DISPATCH_HTTP_LISTEN)
   dispatch rebuild [-apply]           recompute the KV stores from the stream, report differences
   dispatch schema [NAME]              print the embedded JSON Schemas
@@ -96,6 +98,8 @@ func run(ctx context.Context, args []string) error {
 		return cmdReview(ctx, cfg, rest)
 	case "audit":
 		return cmdAudit(ctx, cfg, rest)
+	case "stats":
+		return cmdStats(ctx, cfg, rest)
 	case "web":
 		return cmdWeb(ctx, cfg, rest)
 	case "rebuild":

@@ -246,7 +246,7 @@ func (o Options) build(st *services.Stores) ([]services.Spec, error) {
 				Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true,
 			})
 		case Recorder:
-			s, err := recorder.New(recorder.Config{Tasks: tasks, Trust: trustStore, History: hist, Policy: o.Policy, Scoring: o.Scoring, Instance: inst(name), Log: o.Log})
+			s, err := recorder.New(recorder.Config{Tasks: tasks, Trust: trustStore, History: hist, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst(name), Log: o.Log})
 			if err != nil {
 				return nil, err
 			}

@@ -58,6 +58,7 @@ func (o *outcome) add(s *Service, a *attempt, req Request, resp Response) {
 		model = req.Model
 	}
 	s.metrics.usage(model, a.in.Task.Type, resp.TokensIn, resp.TokensOut, cost)
+	s.metrics.promptTokens(a.in.Task.Type, a.in.Run.Rung, resp.TokensIn)
 }
 
 // converse runs the conversation: one model call, or a bounded tool loop

@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"dispatchmesh/internal/spend"
 )
 
 // metrics are the executor's Prometheus metrics. They are always kept and
@@ -20,6 +22,8 @@ type metrics struct {
 	toolRefusals *prometheus.CounterVec   // tool
 	tokens       *prometheus.CounterVec   // model, type, direction
 	cost         *prometheus.CounterVec   // model, type
+	// prompt observes the prompt tokens of each model call.
+	prompt *prometheus.HistogramVec // type, rung
 }
 
 // Snooze reasons (label of dispatch_executor_snooze_seconds).
@@ -73,6 +77,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "USD spent on model calls, by model and task type.",
 		}, []string{"model", "type"}),
 	}
+	m.prompt = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "dispatch_prompt_tokens",
+		Help: "Prompt tokens of each model call (every turn of a tool loop), by task type and rung (none for pipeline steps); " +
+			"_sum / _count is the mean prompt per call.",
+		Buckets: prometheus.ExponentialBuckets(256, 2, 11), // 256 … 262144
+	}, []string{"type", "rung"})
 	if reg == nil {
 		return m
 	}
@@ -86,6 +96,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.toolRefusals = register(reg, m.toolRefusals)
 	m.tokens = register(reg, m.tokens)
 	m.cost = register(reg, m.cost)
+	m.prompt = register(reg, m.prompt)
 	return m
 }
 
@@ -108,4 +119,10 @@ func (m *metrics) usage(model, taskType string, in, out int, cost float64) {
 	m.tokens.WithLabelValues(model, taskType, "in").Add(float64(in))
 	m.tokens.WithLabelValues(model, taskType, "out").Add(float64(out))
 	m.cost.WithLabelValues(model, taskType).Add(cost)
+}
+
+// promptTokens observes one model call's prompt tokens. Agent commands
+// report only their total, not per call, and are not observed.
+func (m *metrics) promptTokens(taskType, rung string, tokens int) {
+	m.prompt.WithLabelValues(taskType, spend.RungLabel(rung)).Observe(float64(tokens))
 }

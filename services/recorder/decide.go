@@ -26,6 +26,7 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 		Attempt: run.Attempt, Pass: run.Pass, Rung: run.Rung, Step: run.Step,
 		Approach: res.Approach, Outcome: res.Outcome, Reason: res.Error,
 		TokensIn: res.TokensIn, TokensOut: res.TokensOut, Cost: res.Cost, At: now,
+		ErrorClass: res.ErrorClass,
 	})
 	st.Attempts = max(st.Attempts, run.Attempt)
 	st.TokensIn += res.TokensIn

@@ -17,6 +17,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/kvcas"
@@ -38,12 +40,17 @@ type Config struct {
 	Instance string
 	Log      *slog.Logger
 	Now      func() time.Time
+	// Registry receives the spend metrics (see metrics.go). Default: nil,
+	// no metrics are registered.
+	Registry prometheus.Registerer
 }
 
 // Service is the recorder handler.
 type Service struct {
 	cfg Config
 	log *slog.Logger
+	// metrics count each outcome once (metrics.go).
+	metrics *metrics
 }
 
 // New checks cfg and returns the recorder.
@@ -57,7 +64,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cfg: cfg, log: cfg.Log.With("service", "recorder")}, nil
+	return &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry)}, nil
 }
 
 // Spec is the recorder's consumer: executed attempts.
@@ -96,7 +103,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// State first: the PIVOT rule needs the dead ends, and the stored
 	// record makes a redelivery see the same judgement.
 	stale := false
+	fresh := false // this attempt was recorded now, not on an earlier delivery
 	st, err := s.cfg.Tasks.Update(ctx, t.ID, func(st *events.TaskState, found bool) error {
+		fresh = false
 		if !found {
 			*st = services.NewState(t)
 		}
@@ -111,10 +120,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		judged := Judge(b.Run, ev.Result, st.DeadEnds, len(pol.Steps) > 0)
 		Apply(st, t, b.Run, judged, pol, now)
 		res = judged
+		fresh = true
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("task state: %w", err)
+	}
+	if fresh {
+		s.metrics.recorded(&st)
 	}
 
 	if stale {

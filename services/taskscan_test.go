@@ -1,0 +1,54 @@
+package services_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"dispatchmesh/events"
+	"dispatchmesh/services"
+)
+
+func TestTaskStoreEach(t *testing.T) {
+	s := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	kv, err := s.JS.KeyValue(ctx, services.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := services.NewTaskStore(kv)
+	ids := func() []string {
+		var got []string
+		if err := store.Each(ctx, func(st events.TaskState) error { got = append(got, st.ID+"/"+st.Status); return nil }); err != nil {
+			t.Fatalf("Each: %v", err)
+		}
+		slices.Sort(got)
+		return got
+	}
+	if got := ids(); len(got) != 0 {
+		t.Fatalf("empty store: %v", got)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if _, _, err := store.Create(ctx, services.NewState(events.Task{ID: id, Type: "css_fix", Subject: "x.css"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.SetStatus(ctx, events.Base{Task: events.Task{ID: "b"}, Run: events.Run{Pass: 1}}, events.StatusRunning, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(), []string{"a/pending", "b/running"}; !slices.Equal(got, want) {
+		t.Errorf("Each saw %v, want the latest state of every task not deleted %v", got, want)
+	}
+
+	stop := errors.New("stop")
+	n := 0
+	err = store.Each(ctx, func(events.TaskState) error { n++; return stop })
+	if !errors.Is(err, stop) || n != 1 {
+		t.Errorf("Each after fn's error = %v after %d calls, want fn's error after 1", err, n)
+	}
+}
