@@ -35,7 +35,7 @@ func TestTaskStoreEach(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := store.SetStatus(ctx, events.Base{Task: events.Task{ID: "b"}, Run: events.Run{Pass: 1}}, events.StatusRunning, ""); err != nil {
+	if _, err := store.SetStatus(ctx, events.Base{Task: events.Task{ID: "b"}, Run: events.Run{Pass: 1}}, events.StatusRunning, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := kv.Delete(ctx, "c"); err != nil {
