@@ -72,7 +72,7 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			}
 			d.Approach = clip(d.Approach, maxLineChars/2)
 			d.Reason = clip(oneLine(d.Reason), maxLineChars-len(d.Approach))
-			cost := len(d.Approach) + len(d.Reason) + 40 // the element around them
+			cost := len(FormatDeadEnds([]events.DeadEnd{d})) // wrapper included: an upper bound
 			if cost > left {
 				break
 			}
@@ -102,7 +102,7 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			e.Error = "" // the prompt carries it as the last error
 		}
 		e = clipEntry(e)
-		cost := len(e.Approach) + len(e.Summary) + len(e.Error) + 90 // the element and its attributes
+		cost := len(history.Format([]history.Entry{e})) // wrapper included: an upper bound
 		if cost > left {
 			break
 		}

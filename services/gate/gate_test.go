@@ -1,0 +1,227 @@
+package gate_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/natstest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/services/gate"
+	"dispatchmesh/trust"
+)
+
+var now = time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
+
+type env struct {
+	t     *testing.T
+	gate  *gate.Service
+	trust *trust.Store
+	tasks *services.TaskStore
+}
+
+func newEnv(t *testing.T, pol *policy.File) *env {
+	t.Helper()
+	srv := natstest.Start(t)
+	stores, err := services.Provision(context.Background(), srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, trust: trust.NewStore(stores.Trust, trust.Policy{}), tasks: services.NewTaskStore(stores.Tasks)}
+	e.gate, err = gate.New(gate.Config{Trust: e.trust, Tasks: e.tasks, Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// outcomes records n outcomes of typ: the first successes succeed. Each is
+// a retry on rung when rung is set.
+func (e *env) outcomes(typ string, n, successes int, rung string) {
+	e.t.Helper()
+	for i := range n {
+		o := trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != ""}
+		if _, err := e.trust.Record(context.Background(), typ, o); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// pass runs one verified pass through the gate: the stage or review reason
+// it went to and its decision, or the snooze.
+func (e *env) pass(id, typ string, run events.Run, waited time.Duration) (to string, d events.TrustDecision, err error) {
+	e.t.Helper()
+	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: run}
+	if _, _, err := e.tasks.Create(context.Background(), services.NewState(b.Task)); err != nil {
+		e.t.Fatal(err)
+	}
+	data, _ := json.Marshal(events.Verified{Base: b})
+	outs, err := e.gate.Handle(context.Background(), &services.Msg{
+		Subject: events.TaskSubject(id, events.StageVerified), Data: data, Delivered: 1, Time: now.Add(-waited),
+	})
+	if err != nil {
+		return "", d, err
+	}
+	if len(outs) != 1 {
+		e.t.Fatalf("%d outputs", len(outs))
+	}
+	var ev struct {
+		Trust events.TrustDecision `json:"trust"`
+		Cause events.Cause         `json:"cause"`
+		Run   events.Run           `json:"run"`
+	}
+	if err := json.Unmarshal(outs[0].Data, &ev); err != nil {
+		e.t.Fatal(err)
+	}
+	if ev.Cause != "" {
+		ev.Trust.Cause = ev.Cause
+	}
+	if reason, _, ok := events.ParseReviewSubject(outs[0].Subject); ok {
+		return reason, ev.Trust, nil
+	}
+	_, stage, _ := events.ParseTaskSubject(outs[0].Subject)
+	return stage, ev.Trust, nil
+}
+
+func first() events.Run            { return events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine} }
+func retry(rung string) events.Run { return events.Run{Pass: 3, Attempt: 3, Rung: rung} }
+
+func TestGateDecisions(t *testing.T) {
+	exempt := true
+	pol := &policy.File{Types: map[string]policy.Type{
+		"triage_fix": {Exempt: &exempt},
+		"spendy":     {DailyBudget: &policy.Budget{Tokens: 10}},
+	}}
+	tests := []struct {
+		name  string
+		setup func(e *env)
+		id    string
+		typ   string
+		run   events.Run
+		to    string
+		cause events.Cause
+	}{
+		{"a trusted type", func(e *env) { e.outcomes("css_fix", 10, 8, "") }, "a", "css_fix", first(), events.StageAdmitted, events.CauseTrusted},
+		{"an unproven type sends a canary", nil, "b", "css_fix", first(), events.StageAdmitted, events.CauseUnproven},
+		{"a collapsed type gates a new task", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "c", "css_fix", first(), events.ReviewGated, events.CauseTrust},
+		{"a collapsed type stops a ladder in flight", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "d", "css_fix", retry(events.RungPivot), events.ReviewGated, events.CauseTrust},
+		{"an exempt type goes", func(e *env) { e.outcomes("triage_fix", 10, 0, "") }, "e", "triage_fix", retry(events.RungPivot), events.StageAdmitted, events.CauseExempt},
+		{"a human's requeue goes", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "f", "css_fix", events.Run{Pass: 5, Attempt: 5, Reviewed: true}, events.StageAdmitted, events.CauseReviewed},
+		{"a probe's retry goes on", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "g", "css_fix", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Probe: true}, events.StageAdmitted, events.CauseProbe},
+		{"a type over its daily budget", func(e *env) {
+			if _, err := e.trust.Record(context.Background(), "spendy", trust.Outcome{Key: "x", Success: true, At: now, Tokens: 50}); err != nil {
+				t.Fatal(err)
+			}
+		}, "h", "spendy", first(), events.ReviewGated, events.CauseBudget},
+		{"a retry onto a rung that rarely succeeds is handed off", func(e *env) {
+			e.outcomes("css_fix", 20, 20, "")
+			e.outcomes("css_fix", 9, 1, events.RungPivot)
+		}, "i", "css_fix", retry(events.RungPivot), events.ReviewEscalated, events.CauseRungRate},
+		{"a retry onto a rung that succeeds often enough goes", func(e *env) {
+			e.outcomes("css_fix", 20, 20, "")
+			e.outcomes("css_fix", 9, 5, events.RungPivot)
+		}, "j", "css_fix", retry(events.RungPivot), events.StageAdmitted, events.CauseTrusted},
+		{"the rung floor weighs retries only", func(e *env) {
+			e.outcomes("css_fix", 20, 20, "")
+			e.outcomes("css_fix", 9, 0, events.RungRefine)
+		}, "k", "css_fix", first(), events.StageAdmitted, events.CauseTrusted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, pol)
+			if tt.setup != nil {
+				tt.setup(e)
+			}
+			to, d, err := e.pass(tt.id, tt.typ, tt.run, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if to != tt.to || d.Cause != tt.cause {
+				t.Fatalf("went to %s with cause %q (%s), want %s, %s", to, d.Cause, d.Reason, tt.to, tt.cause)
+			}
+		})
+	}
+}
+
+// A burst of an unproven type: the canaries go, the rest wait unspent until
+// an outcome frees a place, and a pass that waited past the canary TTL goes.
+func TestGateCanaries(t *testing.T) {
+	e := newEnv(t, nil)
+	for i := range trust.DefaultCanary {
+		if to, _, err := e.pass(fmt.Sprintf("c%d", i), "new_type", first(), 0); err != nil || to != events.StageAdmitted {
+			t.Fatalf("canary %d: %s %v", i, to, err)
+		}
+	}
+	_, _, err := e.pass("w1", "new_type", first(), 0)
+	if _, snoozed := services.IsSnooze(err); !snoozed || !errors.Is(err, gate.ErrCanaryWait) {
+		t.Fatalf("the fourth pass was not held back: %v", err)
+	}
+	if st, _ := e.tasks.Get(context.Background(), "w1"); st.Status != events.StatusPending {
+		t.Fatalf("a waiting task is %s", st.Status)
+	}
+	// c0's outcome frees its place.
+	if _, err := e.trust.Record(context.Background(), "new_type", trust.Outcome{Key: "c0:1:outcome", Success: true, At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if to, _, err := e.pass("w1", "new_type", first(), 0); err != nil || to != events.StageAdmitted {
+		t.Fatalf("after an outcome: %s %v", to, err)
+	}
+	if to, d, err := e.pass("w2", "new_type", first(), trust.DefaultCanaryTTL); err != nil || to != events.StageAdmitted || !strings.Contains(d.Reason, "waited") {
+		t.Fatalf("a pass that waited the whole TTL: %s %+v %v", to, d, err)
+	}
+}
+
+// Blocks of new tasks build the streak; the next new task is a probe and
+// is marked so its retries go on. Stopped retries do not count.
+func TestGateProbeAfterBlocks(t *testing.T) {
+	e := newEnv(t, nil)
+	e.outcomes("css_fix", 10, 0, "")
+	for i := range 3 {
+		if to, _, _ := e.pass(fmt.Sprintf("r%d", i), "css_fix", retry(events.RungPivot), 0); to != events.ReviewGated {
+			t.Fatalf("retry %d went to %s", i, to)
+		}
+	}
+	for i := range trust.DefaultProbeAfter {
+		if to, _, _ := e.pass(fmt.Sprintf("n%d", i), "css_fix", first(), 0); to != events.ReviewGated {
+			t.Fatalf("new task %d went to %s", i, to)
+		}
+	}
+	to, d, err := e.pass("probe", "css_fix", first(), 0)
+	if err != nil || to != events.StageAdmitted || !d.Probe || d.Cause != events.CauseProbe {
+		t.Fatalf("the probe: %s %+v %v", to, d, err)
+	}
+}
+
+// A task stopped on a retry goes to review with what it tried.
+func TestGatedRetryCarriesItsAttempts(t *testing.T) {
+	e := newEnv(t, nil)
+	e.outcomes("css_fix", 10, 0, "")
+	ctx := context.Background()
+	b := events.Base{Task: events.Task{ID: "tried", Type: "css_fix", Subject: "a.css"}, Run: retry(events.RungPivot)}
+	st := services.NewState(b.Task)
+	st.History = []events.AttemptRecord{{Attempt: 1, Pass: 1, Outcome: events.OutcomeFailure, Reason: "no"}, {Attempt: 2, Pass: 2, Outcome: events.OutcomeFailure, Reason: "still no"}}
+	if _, _, err := e.tasks.Create(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(events.Verified{Base: b})
+	outs, err := e.gate.Handle(ctx, &services.Msg{Subject: events.TaskSubject("tried", events.StageVerified), Data: data, Delivered: 1, Time: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g events.Gated
+	if err := json.Unmarshal(outs[0].Data, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Attempts) != 2 || g.Trust.Cause != events.CauseTrust {
+		t.Fatalf("gated record: %+v", g)
+	}
+	if st, _ := e.tasks.Get(ctx, "tried"); st.Status != events.StatusNeedsHumanReview {
+		t.Fatalf("status %s", st.Status)
+	}
+}
