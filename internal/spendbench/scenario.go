@@ -1,8 +1,9 @@
 package spendbench
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"net/http"
 	"strings"
 )
@@ -152,11 +153,12 @@ func decide(scenario, ticket, content string, p prior) answer {
 func fixToken(ticket string) string  { return "FIX-" + ticket }
 func hintToken(ticket string) string { return "HINT-" + ticket }
 
-// hash is a stable hash of a ticket and a number.
+// hash is a stable hash of a ticket and a number, every bit of it
+// independent of the others' (FNV's low bit, for one, is only the parity
+// of the input bytes: n and n+1 would always land on opposite sides).
 func hash(ticket string, n int) uint32 {
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%s/%d", ticket, n)
-	return h.Sum32()
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s/%d", ticket, n))
+	return binary.BigEndian.Uint32(sum[:4])
 }
 
 func success(scenario, ticket string) answer {
