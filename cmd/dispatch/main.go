@@ -10,6 +10,7 @@
 //	dispatch stats [-type T] [-o json]
 //	dispatch web [-listen ADDR]
 //	dispatch schema [NAME]
+//	dispatch bench spend [-tasks N] [-mode once|steady|both] [-runs N] [-o json]
 //
 // Configuration comes from DISPATCH_* environment variables (see README).
 package main
@@ -44,6 +45,8 @@ Usage:
   dispatch web [-listen ADDR]         the review page and JSON API (DISPATCH_HTTP_LISTEN)
   dispatch rebuild [-apply]           recompute the KV stores from the stream, report differences
   dispatch schema [NAME]              print the embedded JSON Schemas
+  dispatch bench spend [-tasks N] [-mode once|steady|both] [-runs N] [-o json]
+                                      what a mixed workload costs through the mesh vs a naive retry loop
 
 Configuration: DISPATCH_* environment variables (see README.md).
 `
@@ -78,6 +81,9 @@ func run(ctx context.Context, args []string) error {
 	cmd, rest := args[0], args[1:]
 	if cmd == "schema" {
 		return cmdSchema(rest)
+	}
+	if cmd == "bench" {
+		return cmdBench(ctx, rest)
 	}
 	cfg, err := loadConfig()
 	if err != nil {

@@ -1,0 +1,25 @@
+// Package spendbench measures what dispatching a mixed workload to an LLM
+// costs, through the mesh and through a naive stateless retry loop, against
+// a scripted OpenAI-compatible server that bills like the real API: an error
+// answer is free, a 200 answer bills the characters of every message / 4 as
+// prompt tokens and the answer's characters / 4 as completion tokens.
+//
+// Every figure is measured from outside the mesh: the server keeps a ledger
+// of every call per task (when, what status, what it billed, the hash of the
+// request body, whether the answer was transient), and the mesh's own task
+// states are read only to learn how each task ended and to cross-check the
+// mesh's attempt count against the calls the server saw.
+//
+// The server answers from the request alone. Each task's payload carries
+// "scenario" and "ticket"; the server finds them in the message contents and
+// answers according to the scenario and the calls it already saw for that
+// ticket (see Scenario). Nothing here knows how the mesh decides: a
+// scenario succeeds when the request shows what a careful client would have
+// done (carried the provider's error, or the previous attempt's summary,
+// into the next request), never because a particular mechanism ran.
+//
+// Run compares the two runners on one generated workload (Generate) in one
+// delivery mode (all at once, or at a steady rate); Summarize folds several
+// runs into medians; Report prints them. `dispatch bench spend` and
+// BenchmarkSpend are the two ways to run it.
+package spendbench

@@ -1,0 +1,342 @@
+package spendbench
+
+import (
+	"encoding/json"
+	"math"
+
+	"dispatchmesh/events"
+)
+
+// outcome is how one task ended for a runner.
+type outcome struct {
+	status   string // the mesh's terminal status; the loop's "succeeded" or "gave_up"; "missing"
+	resolved bool
+	ended    bool // a terminal status (mesh) or a result (loop)
+	// endRecords counts the task's end records (mesh: on the stream; loop: 1).
+	endRecords int
+	poison     bool
+	// clientTokens is what the runner itself recorded (mesh: the task state).
+	clientTokens int
+	mesh         *events.TaskState
+}
+
+// Tally is the figures of a set of tasks, from the server's ledger.
+type Tally struct {
+	Tasks    int `json:"tasks"`
+	Resolved int `json:"resolved"`
+	// Tokens is every token billed (prompt + completion).
+	Tokens    int `json:"tokens"`
+	TokensIn  int `json:"tokens_in"`
+	TokensOut int `json:"tokens_out"`
+	// TokensPerResolved is Tokens / Resolved.
+	TokensPerResolved Ratio `json:"tokens_per_resolved"`
+	// WastedTokens were billed to tasks that ended unresolved.
+	WastedTokens int `json:"wasted_tokens"`
+	// Calls is every request the server received; TransientCalls those it
+	// answered with 503 or a 429 rate limit.
+	Calls          int `json:"calls"`
+	TransientCalls int `json:"transient_calls"`
+	// Attempts are the calls that did not get a transient answer (200
+	// answers and deterministic errors); Retries the attempts after a
+	// task's first; RetrySuccesses the retries answered with a success.
+	Attempts         int   `json:"attempts"`
+	Retries          int   `json:"retries"`
+	RetrySuccesses   int   `json:"retry_successes"`
+	RetrySuccessRate Ratio `json:"retry_success_rate"`
+	// IdenticalAfterDeterministic counts requests identical (same body
+	// hash) to one of the same task that got a deterministic error (400,
+	// 401, 429 insufficient_quota).
+	IdenticalAfterDeterministic int `json:"identical_after_deterministic"`
+	// CallsAfterAuthOrQuota counts a task's calls after it got a 401 or
+	// an insufficient_quota answer.
+	CallsAfterAuthOrQuota int `json:"calls_after_auth_or_quota"`
+}
+
+// RungTokens is the mesh's prompt tokens per call on one rung, from the
+// attempt records of its task states.
+type RungTokens struct {
+	Calls          int   `json:"calls"`
+	PromptTokens   int   `json:"prompt_tokens"`
+	PromptPerCall  Ratio `json:"prompt_tokens_per_call"`
+	ResolvedOnRung int   `json:"resolved_on_rung"`
+}
+
+// TaskResult is one task's figures.
+type TaskResult struct {
+	ID       string `json:"id"`
+	Scenario string `json:"scenario"`
+	// Status is how the task ended (mesh: its task status; loop:
+	// succeeded or gave_up; "missing" when the runner has no record).
+	Status   string `json:"status"`
+	Resolved bool   `json:"resolved"`
+	// Ended: the mesh holds a terminal state, the loop returned a result.
+	Ended bool `json:"ended"`
+	// EndRecords counts the task's end records: the mesh's succeeded,
+	// cancelled, gated, escalated, stuck and poison records on the stream;
+	// 1 for a loop task with a result.
+	EndRecords int `json:"end_records"`
+	// Calls, Attempts and Tokens come from the server's ledger;
+	// SuccessAnswers counts the success answers it gave.
+	Calls          int `json:"calls"`
+	Attempts       int `json:"attempts"`
+	Tokens         int `json:"tokens"`
+	SuccessAnswers int `json:"success_answers"`
+	// MeshAttempts is the mesh's attempt count (TaskState.Attempts) less
+	// its refusals (requests it did not send); MeshTokens what its task
+	// state recorded.
+	MeshAttempts int `json:"mesh_attempts,omitempty"`
+	MeshTokens   int `json:"mesh_tokens,omitempty"`
+}
+
+// Figures are one runner's figures on one workload in one delivery mode.
+type Figures struct {
+	Runner string `json:"runner"`
+	Mode   string `json:"mode"`
+	Tally
+	// Statuses counts the tasks by how they ended.
+	Statuses map[string]int `json:"statuses"`
+	// NotEnded counts tasks without a terminal state (mesh) or result
+	// (loop); BadEndRecords tasks whose end records are not exactly one;
+	// Poison tasks with a poison record.
+	NotEnded      int `json:"not_ended"`
+	BadEndRecords int `json:"bad_end_records"`
+	Poison        int `json:"poison"`
+	// SuccessNotResolved counts tasks the server gave a success answer that
+	// did not end resolved; ResolvedWithoutSuccess the reverse.
+	SuccessNotResolved     int `json:"success_not_resolved"`
+	ResolvedWithoutSuccess int `json:"resolved_without_success"`
+	// UnassignedCalls are requests naming no ticket (none expected).
+	UnassignedCalls int `json:"unassigned_calls"`
+	// The mesh's own bookkeeping, checked against the ledger:
+	// TransientCountedAsAttempts sums, over tasks, the attempts the mesh
+	// counted beyond the non-transient calls the server saw (refusals,
+	// which send nothing, excluded) and OvercountedTasks counts those
+	// tasks; UncountedAttempts sums the server's attempts the mesh did not
+	// count; Refused counts requests the mesh refused to send; MeshTokens
+	// is what its task states recorded (vs Tokens, what was billed).
+	TransientCountedAsAttempts int                   `json:"transient_counted_as_attempts"`
+	OvercountedTasks           int                   `json:"overcounted_tasks"`
+	UncountedAttempts          int                   `json:"uncounted_attempts"`
+	Refused                    int                   `json:"refused"`
+	MeshTokens                 int                   `json:"mesh_tokens"`
+	PromptTokensByRung         map[string]RungTokens `json:"prompt_tokens_by_rung,omitempty"`
+	// WallSeconds is from the first submission until every task ended.
+	WallSeconds float64 `json:"wall_seconds"`
+	// ByScenario are the figures per scenario (= task type).
+	ByScenario map[string]Tally `json:"by_scenario"`
+	// Results is every task's figures, in workload order.
+	Results []TaskResult `json:"-"`
+}
+
+// figures computes a runner's figures from the server's ledger and how each
+// task ended.
+func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, ledger map[string][]Call, unassigned []Call) Figures {
+	f := Figures{Runner: runner, Mode: mode, Statuses: map[string]int{}, ByScenario: map[string]Tally{}, UnassignedCalls: len(unassigned)}
+	if runner == RunnerMesh {
+		f.PromptTokensByRung = map[string]RungTokens{}
+	}
+	for _, t := range tasks {
+		o := outcomes[t.ID]
+		calls := ledger[t.ID]
+		var tt Tally
+		tt.Tasks = 1
+		if o.resolved {
+			tt.Resolved = 1
+		}
+		res := TaskResult{ID: t.ID, Scenario: t.Scenario, Status: o.status, Resolved: o.resolved, Ended: o.ended, EndRecords: o.endRecords, Calls: len(calls)}
+		banned := map[string]bool{}
+		stopped := false
+		for _, c := range calls {
+			tt.Calls++
+			tt.TokensIn += c.TokensIn
+			tt.TokensOut += c.TokensOut
+			if stopped {
+				tt.CallsAfterAuthOrQuota++
+			}
+			if banned[c.Hash] {
+				tt.IdenticalAfterDeterministic++
+			}
+			if c.Deterministic() {
+				banned[c.Hash] = true
+			}
+			stopped = stopped || c.Stop()
+			if c.Kind == kindSuccess {
+				res.SuccessAnswers++
+			}
+			if c.Transient() {
+				tt.TransientCalls++
+				continue
+			}
+			tt.Attempts++
+			if tt.Attempts > 1 {
+				tt.Retries++
+				if c.Kind == kindSuccess {
+					tt.RetrySuccesses++
+				}
+			}
+		}
+		tt.Tokens = tt.TokensIn + tt.TokensOut
+		if !o.resolved {
+			tt.WastedTokens = tt.Tokens
+		}
+		res.Attempts, res.Tokens = tt.Attempts, tt.Tokens
+
+		f.Statuses[o.status]++
+		if !o.ended {
+			f.NotEnded++
+		}
+		if o.endRecords != 1 {
+			f.BadEndRecords++
+		}
+		if o.poison {
+			f.Poison++
+		}
+		if res.SuccessAnswers > 0 && !o.resolved {
+			f.SuccessNotResolved++
+		}
+		if res.SuccessAnswers == 0 && o.resolved {
+			f.ResolvedWithoutSuccess++
+		}
+		if st := o.mesh; st != nil {
+			res.MeshAttempts = st.Attempts - st.Refused
+			res.MeshTokens = o.clientTokens
+			f.Refused += st.Refused
+			f.MeshTokens += o.clientTokens
+			if d := res.MeshAttempts - tt.Attempts; d > 0 {
+				f.TransientCountedAsAttempts += d
+				f.OvercountedTasks++
+			} else if d < 0 {
+				f.UncountedAttempts -= d
+			}
+			for _, h := range st.History {
+				if h.TokensIn == 0 {
+					continue // refused: nothing was sent
+				}
+				r := f.PromptTokensByRung[h.Rung]
+				r.Calls++
+				r.PromptTokens += h.TokensIn
+				if h.Outcome == events.OutcomeSuccess {
+					r.ResolvedOnRung++
+				}
+				f.PromptTokensByRung[h.Rung] = r
+			}
+		}
+		f.Tally.add(tt)
+		s := f.ByScenario[t.Scenario]
+		s.add(tt)
+		f.ByScenario[t.Scenario] = s
+		f.Results = append(f.Results, res)
+	}
+	f.Tally.finish()
+	for k, s := range f.ByScenario {
+		s.finish()
+		f.ByScenario[k] = s
+	}
+	for k, r := range f.PromptTokensByRung {
+		r.PromptPerCall = ratio(float64(r.PromptTokens), float64(r.Calls))
+		f.PromptTokensByRung[k] = r
+	}
+	return f
+}
+
+func (t *Tally) add(u Tally) {
+	t.Tasks += u.Tasks
+	t.Resolved += u.Resolved
+	t.Tokens += u.Tokens
+	t.TokensIn += u.TokensIn
+	t.TokensOut += u.TokensOut
+	t.WastedTokens += u.WastedTokens
+	t.Calls += u.Calls
+	t.TransientCalls += u.TransientCalls
+	t.Attempts += u.Attempts
+	t.Retries += u.Retries
+	t.RetrySuccesses += u.RetrySuccesses
+	t.IdenticalAfterDeterministic += u.IdenticalAfterDeterministic
+	t.CallsAfterAuthOrQuota += u.CallsAfterAuthOrQuota
+}
+
+func (t *Tally) finish() {
+	t.TokensPerResolved = ratio(float64(t.Tokens), float64(t.Resolved))
+	t.RetrySuccessRate = ratio(float64(t.RetrySuccesses), float64(t.Retries))
+}
+
+// Ratio is a quotient that may be undefined (a zero denominator): NaN, and
+// null in JSON.
+type Ratio float64
+
+func ratio(a, b float64) Ratio {
+	if b == 0 {
+		return Ratio(math.NaN())
+	}
+	return Ratio(a / b)
+}
+
+// Defined reports whether the ratio has a value.
+func (r Ratio) Defined() bool { return !math.IsNaN(float64(r)) && !math.IsInf(float64(r), 0) }
+
+func (r Ratio) MarshalJSON() ([]byte, error) {
+	if !r.Defined() {
+		return []byte("null"), nil
+	}
+	return json.Marshal(float64(r))
+}
+
+func (r *Ratio) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*r = Ratio(math.NaN())
+		return nil
+	}
+	var v float64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Ratio(v)
+	return nil
+}
+
+// Comparison is the mesh against the naive loop on one workload in one
+// delivery mode.
+type Comparison struct {
+	Mode  string  `json:"mode"`
+	Tasks int     `json:"tasks"`
+	Seed  uint64  `json:"seed"`
+	Mesh  Figures `json:"mesh"`
+	Loop  Figures `json:"loop"`
+	// TokensPerResolved and WastedTokens are mesh / loop.
+	TokensPerResolved Ratio `json:"tokens_per_resolved_ratio"`
+	WastedTokens      Ratio `json:"wasted_tokens_ratio"`
+	// LoopResolvedMeshNot counts tasks the loop resolved and the mesh did
+	// not; CarryOverUnresolved the fixable and history tasks the mesh left
+	// unresolved; ResolvableUnresolved every task of a resolvable scenario
+	// the mesh left unresolved.
+	LoopResolvedMeshNot  int `json:"loop_resolved_mesh_not"`
+	CarryOverUnresolved  int `json:"carry_over_unresolved"`
+	ResolvableUnresolved int `json:"resolvable_unresolved"`
+}
+
+func compare(cfg Config, tasks []Task, m, l Figures) Comparison {
+	c := Comparison{
+		Mode: cfg.Mode, Tasks: len(tasks), Seed: cfg.Workload.Seed, Mesh: m, Loop: l,
+		TokensPerResolved: ratio(float64(m.TokensPerResolved), float64(l.TokensPerResolved)),
+		WastedTokens:      ratio(float64(m.WastedTokens), float64(l.WastedTokens)),
+	}
+	loopResolved := map[string]bool{}
+	for _, r := range l.Results {
+		loopResolved[r.ID] = r.Resolved
+	}
+	for _, r := range m.Results {
+		if r.Resolved {
+			continue
+		}
+		if loopResolved[r.ID] {
+			c.LoopResolvedMeshNot++
+		}
+		if NeedsCarryOver(r.Scenario) {
+			c.CarryOverUnresolved++
+		}
+		if Resolvable(r.Scenario) {
+			c.ResolvableUnresolved++
+		}
+	}
+	return c
+}

@@ -1,0 +1,304 @@
+package spendbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/mesh"
+	"dispatchmesh/services"
+	"dispatchmesh/services/executor"
+)
+
+// meshEnd is how one task ended in the mesh, as its task state and the
+// stream tell it.
+type meshEnd struct {
+	state events.TaskState
+	found bool
+	// endRecords counts the task's end records on the stream: succeeded,
+	// cancelled, and review records gated, escalated, stuck, poison.
+	endRecords int
+	poison     bool
+}
+
+// RunMesh runs the tasks through a fresh mesh — an embedded JetStream
+// server in a temporary directory, every service, the OpenAI model pointed
+// at a fresh scripted server — delivering them as cfg.Mode says, and waits
+// until every task's state is terminal (or cfg.Wait passes). The figures
+// come from the server's ledger; the task states say only how each task
+// ended and how many attempts the mesh counted.
+func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
+	cfg = cfg.withDefaults()
+	pol, err := cfg.policy()
+	if err != nil {
+		return Figures{}, err
+	}
+	model, err := StartServer(cfg.Latency)
+	if err != nil {
+		return Figures{}, err
+	}
+	defer model.Close()
+	ns, dir, err := startNATS()
+	if err != nil {
+		return Figures{}, err
+	}
+	defer func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}()
+	meshNC, err := nats.Connect(ns.ClientURL(), nats.Name("spendbench-mesh"), nats.MaxReconnects(-1))
+	if err != nil {
+		return Figures{}, err
+	}
+	defer meshNC.Close()
+	nc, err := nats.Connect(ns.ClientURL(), nats.Name("spendbench-client"), nats.MaxReconnects(-1))
+	if err != nil {
+		return Figures{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return Figures{}, err
+	}
+
+	meshCtx, stopMesh := context.WithCancel(ctx)
+	defer stopMesh()
+	stopped := make(chan error, 1)
+	go func() {
+		stopped <- mesh.Run(meshCtx, mesh.Options{
+			NC: meshNC, Provision: true, Policy: pol,
+			Model:        executor.NewOpenAI(executor.OpenAIConfig{BaseURL: model.BaseURL(), APIKey: "sk-spendbench"}),
+			DefaultModel: cfg.Model,
+			Instance:     "spendbench",
+			Log:          cfg.Log,
+			Grace:        5 * time.Second,
+		})
+	}()
+	stop := func() error {
+		stopMesh()
+		select {
+		case err := <-stopped:
+			if errors.Is(err, context.Canceled) {
+				err = nil
+			}
+			return err
+		case <-time.After(time.Minute):
+			return errors.New("the mesh did not stop within a minute")
+		}
+	}
+	kv, err := waitBucket(ctx, js, stopped)
+	if err != nil {
+		_ = stop()
+		return Figures{}, err
+	}
+
+	start := time.Now()
+	waitCtx, cancelWait := context.WithTimeout(ctx, cfg.Wait)
+	defer cancelWait()
+	done := make(chan map[string]events.TaskState, 1)
+	watchErr := make(chan error, 1)
+	go func() {
+		states, err := waitTerminal(waitCtx, kv, tasks)
+		done <- states
+		watchErr <- err
+	}()
+	if err := deliver(ctx, cfg, tasks, func(t Task) error { return submit(ctx, js, t) }); err != nil {
+		_ = stop()
+		return Figures{}, err
+	}
+	states := <-done
+	werr := <-watchErr
+	wall := time.Since(start)
+	if werr != nil && ctx.Err() != nil {
+		_ = stop()
+		return Figures{}, ctx.Err()
+	}
+	if err := stop(); err != nil {
+		return Figures{}, fmt.Errorf("mesh: %w", err)
+	}
+
+	ends, err := collectEnds(ctx, js, kv, tasks, states)
+	if err != nil {
+		return Figures{}, err
+	}
+	outcomes := make(map[string]outcome, len(tasks))
+	for _, t := range tasks {
+		e := ends[t.ID]
+		o := outcome{ended: e.found && events.Terminal(e.state.Status), endRecords: e.endRecords, poison: e.poison}
+		if e.found {
+			o.status = e.state.Status
+			o.resolved = e.state.Status == events.StatusSucceeded
+			o.clientTokens = e.state.TokensIn + e.state.TokensOut
+			st := e.state
+			o.mesh = &st
+		} else {
+			o.status = "missing"
+		}
+		outcomes[t.ID] = o
+	}
+	f := figures(RunnerMesh, cfg.Mode, tasks, outcomes, model.Ledger(), model.Unassigned())
+	f.WallSeconds = wall.Seconds()
+	return f, nil
+}
+
+// startNATS starts a JetStream server on a random local port with its store
+// in a new temporary directory.
+func startNATS() (*server.Server, string, error) {
+	dir, err := os.MkdirTemp("", "spendbench-*")
+	if err != nil {
+		return nil, "", err
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "spendbench", Host: "127.0.0.1", Port: -1,
+		JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, "", err
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		_ = os.RemoveAll(dir)
+		return nil, "", errors.New("embedded NATS server not ready")
+	}
+	return ns, dir, nil
+}
+
+// waitBucket waits until the mesh has provisioned the task bucket.
+func waitBucket(ctx context.Context, js jetstream.JetStream, stopped <-chan error) (jetstream.KeyValue, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		kv, err := js.KeyValue(ctx, services.BucketTasks)
+		if err == nil {
+			return kv, nil
+		}
+		select {
+		case err := <-stopped:
+			return nil, fmt.Errorf("mesh stopped before it provisioned: %v", err)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("mesh never provisioned: %w", err)
+		}
+	}
+}
+
+// submit publishes a task on dispatch.submit.<type> like any client.
+func submit(ctx context.Context, js jetstream.JetStream, t Task) error {
+	data, err := json.Marshal(events.Submit{ID: t.ID, Type: t.Scenario, Subject: t.Subject, Payload: t.Payload})
+	if err != nil {
+		return err
+	}
+	_, err = js.Publish(ctx, events.SubmitSubject(t.Scenario), data, jetstream.WithMsgID("submit:"+t.ID))
+	return err
+}
+
+// waitTerminal watches the task bucket until every task's status is
+// terminal, and returns the last state seen of each. When ctx ends first it
+// returns what it has with ctx's error.
+func waitTerminal(ctx context.Context, kv jetstream.KeyValue, tasks []Task) (map[string]events.TaskState, error) {
+	want := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		want[t.ID] = true
+	}
+	states := make(map[string]events.TaskState, len(tasks))
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return states, err
+	}
+	defer func() { _ = w.Stop() }()
+	open := len(want)
+	for open > 0 {
+		select {
+		case <-ctx.Done():
+			return states, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return states, errors.New("task bucket watcher closed")
+			}
+			if e == nil || !want[e.Key()] || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var st events.TaskState
+			if json.Unmarshal(e.Value(), &st) != nil {
+				continue
+			}
+			was, seen := states[e.Key()]
+			states[e.Key()] = st
+			if events.Terminal(st.Status) && (!seen || !events.Terminal(was.Status)) {
+				open--
+			} else if !events.Terminal(st.Status) && seen && events.Terminal(was.Status) {
+				open++ // a terminal task never moves on by itself; count it if it does
+			}
+		}
+	}
+	return states, nil
+}
+
+// collectEnds reads every task's final state and counts its end records on
+// the stream.
+func collectEnds(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, tasks []Task, seen map[string]events.TaskState) (map[string]meshEnd, error) {
+	ends := make(map[string]meshEnd, len(tasks))
+	store := services.NewTaskStore(kv)
+	for _, t := range tasks {
+		st, err := store.Get(ctx, t.ID)
+		switch {
+		case err == nil:
+			ends[t.ID] = meshEnd{state: st, found: true}
+		case errors.Is(err, services.ErrTaskNotFound):
+			if s, ok := seen[t.ID]; ok {
+				ends[t.ID] = meshEnd{state: s, found: true}
+			} else {
+				ends[t.ID] = meshEnd{}
+			}
+		default:
+			return nil, fmt.Errorf("state of %s: %w", t.ID, err)
+		}
+	}
+	stream, err := js.Stream(ctx, services.Stream)
+	if err != nil {
+		return nil, err
+	}
+	for _, filter := range []string{events.StageFilter(events.StageSucceeded), events.StageFilter(events.StageCancelled), events.ReviewFilter} {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			return nil, err
+		}
+		for subject, n := range info.State.Subjects {
+			id := ""
+			poison := false
+			if tid, _, ok := events.ParseTaskSubject(subject); ok {
+				id = tid
+			} else if reason, key, ok := events.ParseReviewSubject(subject); ok {
+				switch reason {
+				case events.ReviewGated, events.ReviewEscalated, events.ReviewStuck:
+				case events.ReviewPoison:
+					poison = true
+				default:
+					continue // rejected input, human actions
+				}
+				id = key
+			}
+			e, ok := ends[id]
+			if !ok {
+				continue
+			}
+			e.endRecords += int(n)
+			e.poison = e.poison || poison
+			ends[id] = e
+		}
+	}
+	return ends, nil
+}
