@@ -190,12 +190,12 @@ func parseErrorClasses(s string) (map[int]string, error) {
 		n, err := strconv.Atoi(strings.TrimSpace(code))
 		class = strings.TrimSpace(class)
 		switch class {
-		case "transient", "deterministic", "auth", "quota":
+		case "transient", "deterministic", "auth", "quota", "config":
 		default:
 			ok = false
 		}
 		if !ok || err != nil || n < 100 || n > 999 {
-			return nil, fmt.Errorf("DISPATCH_ERROR_CLASSES: %q is not code=class (transient, deterministic, auth, quota)", item)
+			return nil, fmt.Errorf("DISPATCH_ERROR_CLASSES: %q is not code=class (transient, deterministic, auth, quota, config)", item)
 		}
 		m[n] = class
 	}

@@ -6,8 +6,8 @@ import (
 )
 
 func TestParseErrorClasses(t *testing.T) {
-	m, err := parseErrorClasses(" 409=transient, 418=deterministic ,")
-	if err != nil || m[409] != "transient" || m[418] != "deterministic" || len(m) != 2 {
+	m, err := parseErrorClasses(" 409=transient, 418=deterministic ,413=config")
+	if err != nil || m[409] != "transient" || m[418] != "deterministic" || m[413] != "config" || len(m) != 3 {
 		t.Fatalf("got %v, %v", m, err)
 	}
 	for _, bad := range []string{"409", "409=maybe", "x=transient", "42=auth"} {

@@ -241,7 +241,7 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	switch {
 	case res.Refused:
 		st.Refused++
-	case res.RequestHash != "" && (res.ErrorClass == events.ErrorClassDeterministic || res.ErrorClass == events.ErrorClassAuth || res.ErrorClass == events.ErrorClassQuota):
+	case res.RequestHash != "" && executor.Bans(res.ErrorClass):
 		if e := executor.FailedEntry(res.RequestHash, b.Run.Pass); !slices.Contains(st.FailedRequests, e) {
 			st.FailedRequests = append(st.FailedRequests, e)
 		}

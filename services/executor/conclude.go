@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 
@@ -50,8 +51,10 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 			return s.transient(ctx, a, r, c, o)
 		}
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, c.Class, errorText(o.err)
-		switch c.Class {
-		case events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota:
+		if events.DeploymentFault(c.Class) {
+			r.Error = s.rules.deploymentError(c.Class, o.err, cmp.Or(o.endpoint, a.endpoint))
+		}
+		if Bans(c.Class) {
 			// banned before the Executed goes out, so the next attempt sees it
 			if err := s.ledger.addFailed(ctx, a.base, o.hash, r.Error); err != nil {
 				return events.Result{}, err

@@ -99,9 +99,10 @@ func (c Config) Validate() error {
 	}
 	for code, class := range c.Rules.Status {
 		switch class {
-		case events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassModel:
+		case events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota,
+			events.ErrorClassConfig, events.ErrorClassModel:
 		default:
-			errs = append(errs, fmt.Errorf("executor: Rules.Status[%d] is %q, want transient, deterministic, auth, quota or model", code, class))
+			errs = append(errs, fmt.Errorf("executor: Rules.Status[%d] is %q, want transient, deterministic, auth, quota, config or model", code, class))
 		}
 	}
 	if c.Circuit.CoolDown < 0 || c.Circuit.MaxCoolDown < 0 {

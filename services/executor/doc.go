@@ -24,11 +24,16 @@
 //     attempt. Past the type's transient budget the attempt fails with
 //     "provider unavailable". A circuit breaker per endpoint stops calling an
 //     endpoint that keeps failing and lets one probe through after a cool-down.
-//   - deterministic (400, 404, 422 …), auth (401, 403) and quota (a 429 saying
-//     so): the attempt fails with everything the provider said, and the
-//     request's hash (RequestHash) is added to TaskState.FailedRequests. A
-//     later request with the same hash is refused without being sent
-//     (ErrorClassRefused): the request must change.
+//   - deterministic (400, 422 …), auth (401, 403), quota (a 429 saying so)
+//     and config (a 404: no such model or endpoint; a 400 saying the prompt
+//     exceeds the context): the attempt fails with everything the provider
+//     said, and the request's hash (RequestHash) is added to
+//     TaskState.FailedRequests. A later request with the same hash is
+//     refused without being sent (ErrorClassRefused): the request must
+//     change. Auth, quota and config are the deployment's fault
+//     (events.DeploymentFault): their error leads with what to fix
+//     ("deployment: the API key was refused (401) at … — check
+//     DISPATCH_OPENAI_API_KEY"), they go to a human and never lower trust.
 //
 // # Tools
 //
