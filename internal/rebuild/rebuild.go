@@ -297,7 +297,7 @@ type Live struct {
 
 // Compare reports every difference between the live stores and rebuilt.
 // Counters only the executor keeps (transient retries and their unbilled
-// spend, failed tool calls)
+// spend, failed tool calls, a cut-short tool loop kept to resume)
 // and the submission's stream sequence are not derived from events and are
 // left out.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
@@ -381,7 +381,7 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 
 // normTask leaves out what is not derived from events.
 func normTask(st events.TaskState) events.TaskState {
-	st.SubmitSeq, st.TransientRetries, st.Unbilled = 0, 0, events.Usage{}
+	st.SubmitSeq, st.TransientRetries, st.Unbilled, st.Resume = 0, 0, events.Usage{}, nil
 	st.FailedRequests = slices.DeleteFunc(slices.Clone(st.FailedRequests), func(h string) bool { return strings.HasPrefix(h, "tool:") })
 	if len(st.FailedRequests) == 0 {
 		st.FailedRequests = nil
