@@ -43,6 +43,18 @@
 // status and given to the model in full; a call identical to one that
 // failed deterministically (ToolCallHash) is refused before it is sent.
 //
+// A tool loop cut short — by a transient failure of the model or of a
+// tool, or by shutdown — is kept in the task state (TaskState.Resume, its
+// spend in TaskState.Unbilled) and the redelivery resumes where it
+// stopped: the model's paid turns are never sent again just to ask the
+// tool again. A tool that does not answer (no responders, a timeout, its
+// 5xx) makes the task wait: snoozed with half-jitter backoff
+// (Config.ToolBackoff), no model call, not an attempt, not counted against
+// the transient budget, until the tool answers; past the type's tool_wait
+// (DefaultToolWait, from the first time it did not answer) the attempt
+// fails with ErrorClassToolUnavailable, naming the tool and its subject,
+// for a human.
+//
 // Tokens and cost are summed over every call of the attempt. A cancelled
 // context (shutdown) is not an attempt either: Handle returns ctx.Err() so
 // the message is redelivered.
