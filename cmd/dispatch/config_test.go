@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,5 +25,15 @@ func TestParsePrices(t *testing.T) {
 	}
 	if _, err := parsePrices("gpt-4o=2.5"); err == nil {
 		t.Error("a price without output accepted")
+	}
+}
+
+func TestContextLengthBodyAddsToTheBuiltIn(t *testing.T) {
+	if got := (Config{}).contextLengthBody(); got != nil {
+		t.Errorf("unset: %q, want nil (the built-in markers)", got)
+	}
+	got := Config{ContextLengthBody: []string{"prompt is too long"}}.contextLengthBody()
+	if !slices.Contains(got, "prompt is too long") || !slices.Contains(got, "context_length_exceeded") {
+		t.Errorf("set: %q, want the built-in markers and the extra one", got)
 	}
 }
