@@ -86,6 +86,14 @@ const (
 	// ErrorClassAuth and ErrorClassQuota short-circuit to a human (401/403, quota exhausted).
 	ErrorClassAuth  = "auth"
 	ErrorClassQuota = "quota"
+	// ErrorClassConfig: the deployment is misconfigured — the model or the
+	// endpoint does not exist (404), the prompt exceeds the model's context.
+	// Short-circuits to a human with what to fix.
+	ErrorClassConfig = "config"
+	// ErrorClassToolUnavailable: a tool did not answer (no responders,
+	// timeouts) for as long as the type's tool wait allows. Short-circuits to
+	// a human, naming the tool and its subject.
+	ErrorClassToolUnavailable = "tool_unavailable"
 	// ErrorClassTimeout: an agent command timed out; short-circuits to a human.
 	ErrorClassTimeout = "timeout"
 	// ErrorClassRefused: the request was identical to one that already failed
@@ -102,8 +110,16 @@ const (
 // ShortCircuits reports whether a failure of this class goes straight to a
 // human: retrying cannot help.
 func ShortCircuits(class string) bool {
+	return class == ErrorClassTimeout || DeploymentFault(class)
+}
+
+// DeploymentFault reports whether a failure of this class is the
+// deployment's, not the task's: a refused API key, an exhausted quota, a
+// misconfigured model or endpoint, a tool that does not answer. Such a
+// failure never lowers a type's trust, and its error leads with what to fix.
+func DeploymentFault(class string) bool {
 	switch class {
-	case ErrorClassAuth, ErrorClassQuota, ErrorClassTimeout:
+	case ErrorClassAuth, ErrorClassQuota, ErrorClassConfig, ErrorClassToolUnavailable:
 		return true
 	}
 	return false

@@ -68,6 +68,10 @@ type TaskState struct {
 	// Unbilled is what model calls of the current attempt spent before a
 	// transient failure cut the attempt short; the attempt's Result adds it.
 	Unbilled Usage `json:"unbilled,omitzero"`
+	// Resume is the tool loop of the current attempt that a transient
+	// failure cut short, kept so its redelivery resumes where it stopped
+	// instead of paying for the model's turns again.
+	Resume *Resume `json:"resume,omitempty"`
 	// Pipeline progress: the current step, retries per step, loops per
 	// goto edge ("from>to"), and how often the task was skipped.
 	Step        string         `json:"step,omitempty"`
@@ -98,4 +102,47 @@ type Usage struct {
 // Add returns u plus v.
 func (u Usage) Add(v Usage) Usage {
 	return Usage{TokensIn: u.TokensIn + v.TokensIn, TokensOut: u.TokensOut + v.TokensOut, Cost: u.Cost + v.Cost}
+}
+
+// Resume is an attempt's tool loop cut short by a transient failure — a
+// tool that did not answer, a model call that failed — as the executor
+// keeps it between deliveries. The model's turns it holds are paid for
+// (their usage is in TaskState.Unbilled): the redelivered attempt answers
+// the pending calls first, without a model call, then goes on from Turns.
+type Resume struct {
+	// Pass is the pass of the attempt; any other pass ignores it.
+	Pass int `json:"pass"`
+	// Turns are the conversation after the prompt's messages: each
+	// assistant message with its tool calls, then the tool results so far.
+	Turns []Turn `json:"turns"`
+	// Pending are the tool calls of the last assistant turn not answered yet.
+	Pending []ToolCall `json:"pending,omitempty"`
+	// ToolCalls and ToolRefusals count the loop's tool calls so far, and
+	// those refused for repeating a failed call.
+	ToolCalls    int `json:"tool_calls,omitempty"`
+	ToolRefusals int `json:"tool_refusals,omitempty"`
+	// ToolWaitSince is when a tool of this attempt first failed to answer;
+	// the attempt waits for its tools at most the type's tool wait from then.
+	ToolWaitSince time.Time `json:"tool_wait_since,omitzero"`
+	// ToolWaits counts the snoozes spent waiting for a tool (their backoff).
+	ToolWaits int `json:"tool_waits,omitempty"`
+}
+
+// Turn is one message of a tool loop.
+type Turn struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+	// ToolCalls are the calls an assistant message asked for.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID names the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is one function call a model asked for.
+type ToolCall struct {
+	// ID is the provider's id of the call.
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Arguments is the JSON object of arguments, as the model wrote it.
+	Arguments string `json:"arguments"`
 }

@@ -47,6 +47,7 @@ var (
 	action = events.Action{
 		TaskID: "t-42", Action: events.ActionRequeue, Note: "try the theme file", By: "alice", At: at,
 	}
+	toolCall = events.ToolCall{ID: "call_0", Name: "search_docs", Arguments: `{"query":"theme colours"}`}
 )
 
 // populated holds one fully populated value per schema; TestPopulatedValuesAreComplete
@@ -85,6 +86,12 @@ var populated = []struct {
 		History: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
 		Rung: events.RungPivot, PivotCount: 1, DeadEnds: []events.DeadEnd{deadEnd}, RoundStart: 7,
 		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, TransientRetries: 4, Unbilled: events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.001},
+		Resume: &events.Resume{
+			Pass: 2, ToolCalls: 1, ToolRefusals: 1, ToolWaitSince: at, ToolWaits: 3,
+			// one turn with every field, so each is checked against the schema
+			Turns:   []events.Turn{{Role: "assistant", Content: "looking it up", ToolCalls: []events.ToolCall{toolCall}, ToolCallID: "call_0"}},
+			Pending: []events.ToolCall{toolCall},
+		},
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
 		Skips: 1, Decision: events.DecisionHandoff, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),

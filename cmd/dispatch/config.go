@@ -1,17 +1,20 @@
 package main
 
 import (
-	"dispatchmesh/services"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
+
+	"dispatchmesh/services"
+	"dispatchmesh/services/executor"
 )
 
 // Config is read from the environment, prefix DISPATCH_ (e.g. DISPATCH_NATS_URL).
@@ -38,10 +41,13 @@ type Config struct {
 	Prices string `envconfig:"PRICES" default:"gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6"`
 	// ErrorClasses overrides how a status code is classified:
 	// "409=transient,418=deterministic" (classes: transient, deterministic,
-	// auth, quota). QuotaBody and RateLimitBody add 429 body substrings.
-	ErrorClasses  string   `envconfig:"ERROR_CLASSES"`
-	QuotaBody     []string `envconfig:"QUOTA_BODY"`
-	RateLimitBody []string `envconfig:"RATE_LIMIT_BODY"`
+	// auth, quota, config). QuotaBody and RateLimitBody add 429 body
+	// substrings; ContextLengthBody adds 400 body substrings saying the
+	// prompt exceeds the model's context (class config).
+	ErrorClasses      string   `envconfig:"ERROR_CLASSES"`
+	QuotaBody         []string `envconfig:"QUOTA_BODY"`
+	RateLimitBody     []string `envconfig:"RATE_LIMIT_BODY"`
+	ContextLengthBody []string `envconfig:"CONTEXT_LENGTH_BODY"`
 	// PolicyFile holds the per-type policies (JSON); reloaded when it changes.
 	PolicyFile string `envconfig:"POLICY_FILE"`
 
@@ -190,16 +196,25 @@ func parseErrorClasses(s string) (map[int]string, error) {
 		n, err := strconv.Atoi(strings.TrimSpace(code))
 		class = strings.TrimSpace(class)
 		switch class {
-		case "transient", "deterministic", "auth", "quota":
+		case "transient", "deterministic", "auth", "quota", "config":
 		default:
 			ok = false
 		}
 		if !ok || err != nil || n < 100 || n > 999 {
-			return nil, fmt.Errorf("DISPATCH_ERROR_CLASSES: %q is not code=class (transient, deterministic, auth, quota)", item)
+			return nil, fmt.Errorf("DISPATCH_ERROR_CLASSES: %q is not code=class (transient, deterministic, auth, quota, config)", item)
 		}
 		m[n] = class
 	}
 	return m, nil
+}
+
+// contextLengthBody is what marks a 400 as a context-length error: the
+// built-in markers plus DISPATCH_CONTEXT_LENGTH_BODY's.
+func (c Config) contextLengthBody() []string {
+	if len(c.ContextLengthBody) == 0 {
+		return nil // the built-in markers
+	}
+	return append(slices.Clone(executor.DefaultContextLengthBody), c.ContextLengthBody...)
 }
 
 // streamConfig is what provisioning creates, from the environment.

@@ -1,13 +1,14 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
 
 func TestParseErrorClasses(t *testing.T) {
-	m, err := parseErrorClasses(" 409=transient, 418=deterministic ,")
-	if err != nil || m[409] != "transient" || m[418] != "deterministic" || len(m) != 2 {
+	m, err := parseErrorClasses(" 409=transient, 418=deterministic ,413=config")
+	if err != nil || m[409] != "transient" || m[418] != "deterministic" || m[413] != "config" || len(m) != 3 {
 		t.Fatalf("got %v, %v", m, err)
 	}
 	for _, bad := range []string{"409", "409=maybe", "x=transient", "42=auth"} {
@@ -24,5 +25,15 @@ func TestParsePrices(t *testing.T) {
 	}
 	if _, err := parsePrices("gpt-4o=2.5"); err == nil {
 		t.Error("a price without output accepted")
+	}
+}
+
+func TestContextLengthBodyAddsToTheBuiltIn(t *testing.T) {
+	if got := (Config{}).contextLengthBody(); got != nil {
+		t.Errorf("unset: %q, want nil (the built-in markers)", got)
+	}
+	got := Config{ContextLengthBody: []string{"prompt is too long"}}.contextLengthBody()
+	if !slices.Contains(got, "prompt is too long") || !slices.Contains(got, "context_length_exceeded") {
+		t.Errorf("set: %q, want the built-in markers and the extra one", got)
 	}
 }

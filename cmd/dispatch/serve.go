@@ -198,7 +198,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Stream:    cfg.streamConfig(),
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, Grace: cfg.Grace, Version: version,
-		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody},
+		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody,
+			ContextLengthBody: cfg.contextLengthBody()},
 	})
 	if err == nil || errors.Is(err, context.Canceled) {
 		log.Info("stopped cleanly")

@@ -45,7 +45,8 @@ const (
 )
 
 // ExecutorMaxDeliver bounds deliveries of one executor message: transient
-// snoozes (budget 8 per attempt) and circuit snoozes are deliveries too.
+// snoozes (budget 8 per attempt), circuit snoozes and the snoozes of a tool
+// wait (26 for the default 10m, about 60 for any wait) are deliveries too.
 const ExecutorMaxDeliver = 200
 
 // All is every service, in pipeline order.

@@ -129,6 +129,14 @@ type Type struct {
 	// TransientBudget is how many transient failures a task rides out before
 	// its attempt fails with "provider unavailable". Default 8.
 	TransientBudget int `json:"transient_budget,omitempty"`
+	// ToolWait bounds how long an attempt waits for a tool that does not
+	// answer (no responders, a timeout, a tool's 5xx), counted from the
+	// first time one did not: meanwhile the task is snoozed — no model call,
+	// not an attempt — and resumes where it stopped once the tool answers;
+	// past it the task goes to a human (error class tool_unavailable). The
+	// snoozes grow with the wait, so any wait takes about 60 deliveries at
+	// most. Default 10m.
+	ToolWait Duration `json:"tool_wait,omitempty"`
 	// Budget caps what one task may spend; past it the task goes to a human.
 	// Default: no cap.
 	Budget *Budget `json:"budget,omitempty"`
@@ -289,6 +297,9 @@ func (f *File) Validate() error {
 		if t.MaxRetries < 0 {
 			errs = append(errs, fmt.Errorf("%s: max_retries must not be negative", where))
 		}
+		if t.ToolWait < 0 {
+			errs = append(errs, fmt.Errorf("%s: tool_wait must not be negative", where))
+		}
 		if t.Threshold != nil && (*t.Threshold < 0 || *t.Threshold > 1) {
 			errs = append(errs, fmt.Errorf("%s: threshold must be within [0, 1]", where))
 		}
@@ -412,6 +423,9 @@ func (f *File) For(taskType string) Type {
 	}
 	if t.TransientBudget == 0 {
 		t.TransientBudget = d.TransientBudget
+	}
+	if t.ToolWait == 0 {
+		t.ToolWait = d.ToolWait
 	}
 	if t.Budget == nil {
 		t.Budget = d.Budget

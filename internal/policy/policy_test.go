@@ -6,12 +6,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"dispatchmesh/internal/policy"
 )
 
 const spec7 = `{
-  "defaults": {"model": "gpt-4o-mini"},
+  "defaults": {"model": "gpt-4o-mini", "tool_wait": "2m"},
   "types": {
     "go_fix": {
       "max_retries": 5,
@@ -24,7 +25,7 @@ const spec7 = `{
                               "on_fail": {"retry": 1, "goto": [{"step": "implement", "max": 3}, {"step": "plan"}]}}
       ]
     },
-    "css_fix": {"model": "gpt-4o", "simulated_success_rate": 0.05, "threshold": 0.2,
+    "css_fix": {"model": "gpt-4o", "simulated_success_rate": 0.05, "threshold": 0.2, "tool_wait": "30s",
                 "verifier": {"kind": "command", "command": ["./still-broken.sh"], "timeout": "10s"}}
   }
 }`
@@ -42,6 +43,9 @@ func TestParseAndMerge(t *testing.T) {
 	if c.Model != "gpt-4o" || c.SuccessRate() != 0.05 || *c.Threshold != 0.2 || c.Verifier.Kind != policy.VerifierCommand || c.MaxRetries != policy.DefaultMaxRetries {
 		t.Fatalf("css_fix = %+v", c)
 	}
+	if g.ToolWait != policy.Duration(2*time.Minute) || c.ToolWait != policy.Duration(30*time.Second) {
+		t.Fatalf("tool_wait of go_fix %v and css_fix %v, want the default's 2m and its own 30s", g.ToolWait, c.ToolWait)
+	}
 	if !f.For("triage_fix").IsExempt() || f.For("css_fix").IsExempt() {
 		t.Fatal("default exemptions wrong")
 	}
@@ -53,7 +57,7 @@ func TestParseAndMerge(t *testing.T) {
 
 func TestValidateReportsEveryProblem(t *testing.T) {
 	bad := `{"types": {"x": {
-	  "max_retries": -1, "threshold": 2, "executor": "magic",
+	  "max_retries": -1, "threshold": 2, "executor": "magic", "tool_wait": "-1s",
 	  "verifier": {"kind": "carrier-pigeon"},
 	  "tools": [{"name": "lookup"}],
 	  "steps": [
@@ -64,7 +68,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	if err == nil {
 		t.Fatal("accepted a bad policy")
 	}
-	for _, want := range []string{"max_retries", "threshold", "unknown executor", "carrier-pigeon", "tool 1 needs a name and a subject",
+	for _, want := range []string{"max_retries", "tool_wait", "threshold", "unknown executor", "carrier-pigeon", "tool 1 needs a name and a subject",
 		"a command step needs a command", `name "a" is used twice`, `goto "later" must name an earlier step`, "final must be fail or skip"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)

@@ -274,7 +274,7 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	switch {
 	case res.Refused:
 		st.Refused++
-	case res.RequestHash != "" && (res.ErrorClass == events.ErrorClassDeterministic || res.ErrorClass == events.ErrorClassAuth || res.ErrorClass == events.ErrorClassQuota):
+	case res.RequestHash != "" && executor.Bans(res.ErrorClass):
 		if e := executor.FailedEntry(res.RequestHash, b.Run.Pass); !slices.Contains(st.FailedRequests, e) {
 			st.FailedRequests = append(st.FailedRequests, e)
 		}
@@ -329,7 +329,7 @@ type Live struct {
 
 // Compare reports every difference between the live stores and rebuilt.
 // Counters only the executor keeps (transient retries and their unbilled
-// spend, failed tool calls)
+// spend, failed tool calls, a cut-short tool loop kept to resume)
 // and the submission's stream sequence are not derived from events and are
 // left out.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
@@ -413,7 +413,7 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 
 // normTask leaves out what is not derived from events.
 func normTask(st events.TaskState) events.TaskState {
-	st.SubmitSeq, st.TransientRetries, st.Unbilled = 0, 0, events.Usage{}
+	st.SubmitSeq, st.TransientRetries, st.Unbilled, st.Resume = 0, 0, events.Usage{}, nil
 	st.FailedRequests = slices.DeleteFunc(slices.Clone(st.FailedRequests), func(h string) bool { return strings.HasPrefix(h, "tool:") })
 	if len(st.FailedRequests) == 0 {
 		st.FailedRequests = nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"dispatchmesh/events"
@@ -26,6 +27,9 @@ type attempt struct {
 	br       *breaker
 	// banned maps a failed tool call's hash to its error, when known.
 	banned map[string]string
+	// prompt is how many of a model request's messages are the prompt's;
+	// the tool loop's turns follow them.
+	prompt int
 }
 
 // outcome is how the calls of an attempt ended.
@@ -42,6 +46,13 @@ type outcome struct {
 	// err is the error the attempt stopped on; endpoint is where it happened.
 	err      error
 	endpoint string
+	// tool is the tool whose call failed transiently (err), when one did.
+	tool *policy.Tool
+	// turns are the tool loop's messages after the prompt's, and pending
+	// the calls of the last answer not answered yet: what a cut-short try
+	// leaves to resume.
+	turns   []Message
+	pending []ToolCall
 }
 
 // add counts one model answer.
@@ -62,9 +73,18 @@ func (o *outcome) add(s *Service, a *attempt, req Request, resp Response) {
 }
 
 // converse runs the conversation: one model call, or a bounded tool loop
-// when tools are offered. probe says the breaker's first call is its probe.
-func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool, probe bool) outcome {
+// when tools are offered. A loop that a try before this one cut short
+// (facts.resume, whose turns req already holds) answers its pending tool
+// calls first, without a model call. probe says the breaker's first call is
+// its probe.
+func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool, probe bool) (o outcome) {
 	s := a.s
+	defer func() {
+		if probe { // given back: no model call reported on it
+			a.br.release(s.cfg.Now(), true)
+		}
+		o.turns = req.Messages[a.prompt:]
+	}()
 	byName := map[string]policy.Tool{}
 	for _, t := range tools {
 		byName[t.Name] = t
@@ -73,16 +93,40 @@ func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool
 	if limit <= 0 {
 		limit = DefaultMaxToolCalls
 	}
-	var o outcome
-	for calls := 0; ; calls++ {
+	if r := a.f.resume; r != nil {
+		o.pending, o.toolCalls, o.toolRefusals = callsOf(r.Pending), r.ToolCalls, r.ToolRefusals
+	}
+	for {
+		for len(o.pending) > 0 {
+			tc := o.pending[0]
+			content, refused := limitMessage(limit), false
+			if o.toolCalls < limit {
+				var err error
+				content, refused, err = a.runTool(ctx, byName, tc)
+				if err != nil {
+					t := byName[tc.Name]
+					o.err, o.endpoint, o.tool = err, "tool:"+t.Subject, &t
+					return o
+				}
+			}
+			o.toolCalls++
+			if refused {
+				o.toolRefusals++
+			}
+			s.metrics.toolCalls.WithLabelValues(tc.Name).Inc()
+			req.Messages = append(req.Messages, Message{Role: RoleTool, ToolCallID: tc.ID, Content: content})
+			o.pending = o.pending[1:]
+		}
+		if o.toolCalls >= limit && len(req.Tools) > 0 {
+			req.ToolChoice = ToolChoiceNone
+		}
 		o.hash = RequestHash(req)
-		if calls > 0 && a.f.failed[o.hash] { // the first request was checked before the breaker
+		if a.f.failed[o.hash] { // a resumed loop's next request may repeat one
 			o.err = errRefused
 			return o
 		}
 		resp, err := s.cfg.Model.Complete(ctx, req)
 		if err != nil && ctx.Err() != nil {
-			a.br.release(s.cfg.Now(), probe)
 			o.err = ctx.Err()
 			return o
 		}
@@ -106,28 +150,9 @@ func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool
 			}
 			return o
 		}
-		req.Messages = append(append([]Message(nil), req.Messages...),
+		req.Messages = append(slices.Clone(req.Messages),
 			Message{Role: RoleAssistant, Content: resp.Content, ToolCalls: resp.ToolCalls})
-		for _, tc := range resp.ToolCalls {
-			o.toolCalls++
-			s.metrics.toolCalls.WithLabelValues(tc.Name).Inc()
-			content := limitMessage(limit)
-			if o.toolCalls <= limit {
-				var refused bool
-				content, refused, err = a.runTool(ctx, byName, tc)
-				if err != nil {
-					o.err, o.endpoint = err, "tool:"+byName[tc.Name].Subject
-					return o
-				}
-				if refused {
-					o.toolRefusals++
-				}
-			}
-			req.Messages = append(req.Messages, Message{Role: RoleTool, ToolCallID: tc.ID, Content: content})
-		}
-		if o.toolCalls >= limit {
-			req.ToolChoice = ToolChoiceNone
-		}
+		o.pending = resp.ToolCalls
 	}
 }
 

@@ -23,6 +23,15 @@ func (b Backoff) Delay(n int, r float64) time.Duration {
 	return time.Duration(r * float64(b.Ceiling(n)))
 }
 
+// HalfJitter is the delay after the n-th failure when the count of delays
+// matters more than spreading them: half the ceiling plus r × the other
+// half. Never below half the ceiling, a wait of a given length takes a
+// bounded number of them, whatever the draws.
+func (b Backoff) HalfJitter(n int, r float64) time.Duration {
+	c := b.Ceiling(n)
+	return c/2 + time.Duration(r*float64(c-c/2))
+}
+
 // Ceiling is the largest delay after the n-th transient failure.
 func (b Backoff) Ceiling(n int) time.Duration {
 	base, factor, ceil := b.Base, b.Factor, b.Max

@@ -33,3 +33,27 @@ func TestBackoff(t *testing.T) {
 		})
 	}
 }
+
+func TestBackoffHalfJitter(t *testing.T) {
+	tests := []struct {
+		name string
+		b    executor.Backoff
+		n    int
+		r    float64
+		want time.Duration
+	}{
+		{"first, no draw", executor.Backoff{}, 1, 0, 500 * time.Millisecond},
+		{"first, half", executor.Backoff{}, 1, 0.5, 750 * time.Millisecond},
+		{"first, full draw", executor.Backoff{}, 1, 1, time.Second},
+		{"fourth, no draw", executor.Backoff{}, 4, 0, 4 * time.Second},
+		{"capped, no draw", executor.Backoff{Max: time.Minute}, 30, 0, 30 * time.Second},
+		{"capped, full draw", executor.Backoff{Max: time.Minute}, 30, 1, time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.b.HalfJitter(tt.n, tt.r); got != tt.want {
+				t.Errorf("HalfJitter(%d, %v) = %v, want %v", tt.n, tt.r, got, tt.want)
+			}
+		})
+	}
+}

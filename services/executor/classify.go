@@ -19,17 +19,21 @@ import (
 	"dispatchmesh/events"
 )
 
-// Default body markers of a 429 answer (Rules).
+// Default body markers of a 429 answer, and of a 400 saying the prompt is
+// longer than the model's context (Rules).
 var (
-	DefaultRateLimitBody = []string{"rate_limit_exceeded", "rate limit"}
-	DefaultQuotaBody     = []string{"insufficient_quota", "quota"}
+	DefaultRateLimitBody     = []string{"rate_limit_exceeded", "rate limit"}
+	DefaultQuotaBody         = []string{"insufficient_quota", "quota"}
+	DefaultContextLengthBody = []string{"context_length_exceeded", "maximum context length"}
 )
 
 // Rules tune Classify. The zero value is the built-in mapping.
 type Rules struct {
 	// Status gives the class of a status code (an HTTP status, a tool's
 	// Nats-Service-Error-Code), overriding the built-in mapping: 401 and 403
-	// auth; 408 and 5xx transient; 429 read from its body and headers; other
+	// auth; 408 and 5xx transient; 429 read from its body and headers; a
+	// model's 404 (no such model or endpoint) config, and its 400 config
+	// when the body says the context is exceeded (ContextLengthBody); other
 	// 4xx deterministic. Default: no overrides.
 	Status map[int]string
 	// RateLimitBody are substrings (case-insensitive) of a 429 answer that
@@ -40,6 +44,10 @@ type Rules struct {
 	// quota is exhausted: ErrorClassQuota. Default DefaultQuotaBody. A 429
 	// matching neither is transient.
 	QuotaBody []string
+	// ContextLengthBody are substrings (case-insensitive) of a model's 400
+	// answer saying the prompt exceeds the model's context: ErrorClassConfig.
+	// Default DefaultContextLengthBody.
+	ContextLengthBody []string
 	// Now is the clock a Retry-After HTTP date is read against. Default time.Now.
 	Now func() time.Time
 }
@@ -47,7 +55,9 @@ type Rules struct {
 // Classification is what Classify found.
 type Classification struct {
 	// Class is an events.ErrorClass*: transient, deterministic, auth, quota,
-	// timeout (an agent command timed out), or model when nothing is known.
+	// config (the model or endpoint does not exist, the prompt exceeds the
+	// context), timeout (an agent command timed out), or model when nothing
+	// is known.
 	Class string
 	// RetryAfter is the delay the answer asked for (Retry-After,
 	// retry-after-ms); zero when it gave none.
@@ -69,8 +79,8 @@ func Classify(err error, rules Rules) Classification {
 	if errors.As(err, &ce) {
 		return classifyCommand(ce)
 	}
-	if status, header, body := errorDetails(err); status != 0 {
-		return rules.byStatus(status, header, body)
+	if status, header, body, tool := errorDetails(err); status != 0 {
+		return rules.byStatus(status, header, body, !tool)
 	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
@@ -112,8 +122,9 @@ func classifyCommand(e *CommandError) Classification {
 	return Classification{Class: events.ErrorClassDeterministic, Reason: "command could not run"}
 }
 
-// errorDetails digs the status, headers and body text out of err.
-func errorDetails(err error) (status int, header http.Header, body string) {
+// errorDetails digs the status, headers and body text out of err; tool
+// says they are a tool's, not a model endpoint's.
+func errorDetails(err error) (status int, header http.Header, body string, tool bool) {
 	var pe *ProviderError
 	if errors.As(err, &pe) {
 		status, header = pe.StatusCode, pe.Header
@@ -137,15 +148,17 @@ func errorDetails(err error) (status int, header http.Header, body string) {
 		}
 		body = string(reqErr.Body)
 	case errors.As(err, &toolErr):
-		status, body = toolErr.Code, toolErr.Description+" "+string(toolErr.Body)
+		status, body, tool = toolErr.Code, toolErr.Description+" "+string(toolErr.Body), true
 	}
 	if status >= 200 && status < 300 {
 		status = 0 // an answer that arrived but could not be used: not an HTTP error
 	}
-	return status, header, body
+	return status, header, body, tool
 }
 
-func (r Rules) byStatus(status int, header http.Header, body string) Classification {
+// byStatus classifies an error status; model says it is a model endpoint's
+// answer (a tool's 404 is the model's mistake, not the deployment's).
+func (r Rules) byStatus(status int, header http.Header, body string, model bool) Classification {
 	reason := fmt.Sprintf("status %d", status)
 	c := Classification{Reason: reason}
 	if class, ok := r.Status[status]; ok {
@@ -158,6 +171,10 @@ func (r Rules) byStatus(status int, header http.Header, body string) Classificat
 			c = r.tooManyRequests(header, body)
 		case status == http.StatusRequestTimeout, status >= 500 && status < 600:
 			c.Class = events.ErrorClassTransient
+		case model && status == http.StatusNotFound:
+			c.Class, c.Reason = events.ErrorClassConfig, "status 404: no such model or endpoint"
+		case model && status == http.StatusBadRequest && r.contextExceeded(body):
+			c.Class, c.Reason = events.ErrorClassConfig, "status 400: the prompt exceeds the model's context"
 		case status >= 400 && status < 500:
 			c.Class = events.ErrorClassDeterministic
 		default:
@@ -196,6 +213,16 @@ func (r Rules) tooManyRequests(header http.Header, body string) Classification {
 		return Classification{Class: events.ErrorClassQuota, Reason: "status 429: quota exhausted"}
 	}
 	return Classification{Class: events.ErrorClassTransient, Reason: "status 429"}
+}
+
+// contextExceeded reports whether a 400's body says the prompt is longer
+// than the model's context.
+func (r Rules) contextExceeded(body string) bool {
+	markers := r.ContextLengthBody
+	if markers == nil {
+		markers = DefaultContextLengthBody
+	}
+	return containsAny(strings.ToLower(body), markers)
 }
 
 func containsAny(lower string, subs []string) bool {

@@ -40,7 +40,7 @@ func rawProvider(status int, body string) error {
 func TestClassify(t *testing.T) {
 	now := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
 	defaults := executor.Rules{Now: func() time.Time { return now }}
-	T, D, A, Q := events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota
+	T, D, A, Q, C := events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassConfig
 	tests := []struct {
 		name       string
 		err        error
@@ -62,7 +62,11 @@ func TestClassify(t *testing.T) {
 		{"504", rawProvider(504, ""), nil, T, 0},
 		{"408", provider(408, nil, "", "request timeout"), nil, T, 0},
 		{"400", provider(400, "invalid_value", "invalid_request_error", "Invalid value"), nil, D, 0},
-		{"404", provider(404, "model_not_found", "invalid_request_error", "The model does not exist"), nil, D, 0},
+		{"404 model", provider(404, "model_not_found", "invalid_request_error", "The model `gpt-5x` does not exist or you do not have access to it."), nil, C, 0},
+		{"404 endpoint", rawProvider(404, "404 page not found"), nil, C, 0},
+		{"400 context length", provider(400, "context_length_exceeded", "invalid_request_error", "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens."), nil, C, 0},
+		{"400 context length vllm", rawProvider(400, `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","code":400}`), nil, C, 0},
+		{"400 other", provider(400, "invalid_value", "invalid_request_error", "max_tokens is too large"), nil, D, 0},
 		{"409", provider(409, nil, "", "conflict"), nil, D, 0},
 		{"422", rawProvider(422, `{"detail":"unprocessable"}`), nil, D, 0},
 		{"401", provider(401, "invalid_api_key", "invalid_request_error", "Incorrect API key provided"), nil, A, 0},
@@ -82,10 +86,15 @@ func TestClassify(t *testing.T) {
 		{"override 500 deterministic", provider(500, nil, "", "bad input crashes the server"), &executor.Rules{Status: map[int]string{500: D}}, D, 0},
 		{"override 429 quota", provider(429, nil, "", "slow down", "Retry-After", "3"), &executor.Rules{Status: map[int]string{429: Q}}, Q, 0},
 		{"custom quota body", provider(429, nil, "", "billing hard limit reached"), &executor.Rules{QuotaBody: []string{"Billing Hard Limit"}}, Q, 0},
+		{"override 413 config", rawProvider(413, "request entity too large"), &executor.Rules{Status: map[int]string{413: C}}, C, 0},
+		{"override 404 deterministic", provider(404, "model_not_found", "", "no such model"), &executor.Rules{Status: map[int]string{404: D}}, D, 0},
+		{"custom context body", provider(400, nil, "", "prompt is too long: 210000 tokens > 200000 maximum"), &executor.Rules{ContextLengthBody: []string{"prompt is too long"}}, C, 0},
 		{"custom bodies replace defaults", provider(429, nil, "", "quota per minute"), &executor.Rules{RateLimitBody: []string{"per minute"}}, T, 0},
 		// tools (micro error codes)
 		{"tool 400", &executor.ToolError{Tool: "x", Code: 400, Description: "missing required field", Body: []byte(`{"field":"email"}`)}, nil, D, 0},
 		{"tool 401", &executor.ToolError{Tool: "x", Code: 401, Description: "unauthorized"}, nil, A, 0},
+		{"tool 404", &executor.ToolError{Tool: "x", Code: 404, Description: "no such user", Body: []byte(`{"model":"user"}`)}, nil, D, 0},
+		{"tool 400 context words", &executor.ToolError{Tool: "x", Code: 400, Description: "maximum context length"}, nil, D, 0},
 		{"tool 503", &executor.ToolError{Tool: "x", Code: 503, Description: "backend down"}, nil, T, 0},
 		{"tool 429 quota", &executor.ToolError{Tool: "x", Code: 429, Body: []byte(`{"error":"daily quota used up"}`)}, nil, Q, 0},
 		{"no responders", fmt.Errorf("tool x: %w", nats.ErrNoResponders), nil, T, 0},

@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 
@@ -19,11 +20,12 @@ var errRefused = errors.New("request identical to a failed one")
 // a snooze for a transient failure within the budget.
 func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.Result, error) {
 	if o.err != nil && ctx.Err() != nil {
+		s.keep(ctx, a, o)
 		return events.Result{}, ctx.Err() // shutdown, not an attempt: nak and redeliver
 	}
 	// The attempt's spend includes what earlier tries of it spent before a
 	// transient failure cut them short.
-	spent := a.f.unbilled.Add(events.Usage{TokensIn: o.tokensIn, TokensOut: o.tokensOut, Cost: o.cost})
+	spent := a.f.unbilled.Add(o.usage())
 	r := events.Result{
 		Model: a.model, RequestHash: o.hash, TransientRetries: a.f.transient,
 		TokensIn: spent.TokensIn, TokensOut: spent.TokensOut, Cost: spent.Cost,
@@ -46,12 +48,17 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassInvalidOutput, o.err.Error()
 	default:
 		c := Classify(o.err, s.rules)
-		if c.Class == events.ErrorClassTransient {
+		switch {
+		case c.Class == events.ErrorClassTransient && o.tool != nil:
+			return s.toolWait(ctx, a, r, c, o)
+		case c.Class == events.ErrorClassTransient:
 			return s.transient(ctx, a, r, c, o)
 		}
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, c.Class, errorText(o.err)
-		switch c.Class {
-		case events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota:
+		if events.DeploymentFault(c.Class) {
+			r.Error = s.rules.deploymentError(c.Class, o.err, cmp.Or(o.endpoint, a.endpoint))
+		}
+		if Bans(c.Class) {
 			// banned before the Executed goes out, so the next attempt sees it
 			if err := s.ledger.addFailed(ctx, a.base, o.hash, r.Error); err != nil {
 				return events.Result{}, err
@@ -70,14 +77,15 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 
 // transient snoozes the task — Retry-After when the answer gave one, else
 // the backoff over the attempt's transient count — or, past the type's
-// transient budget, fails the attempt with "provider unavailable".
+// transient budget, fails the attempt with "provider unavailable". A tool
+// loop it cuts short is kept to resume.
 func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c Classification, o outcome) (events.Result, error) {
 	endpoint := o.endpoint
 	if endpoint == "" {
 		endpoint = a.endpoint
 	}
 	s.metrics.transient.WithLabelValues(endpoint).Inc()
-	n, err := s.ledger.addTransient(ctx, a.base, events.Usage{TokensIn: o.tokensIn, TokensOut: o.tokensOut, Cost: o.cost})
+	n, err := s.ledger.cutShort(ctx, a.base, o.usage(), a.resumeOf(o), true)
 	if err != nil {
 		return events.Result{}, err
 	}

@@ -63,6 +63,12 @@ type Config struct {
 	// Backoff spaces the redeliveries after a transient failure without
 	// Retry-After. Default: full jitter over 1s × 2^(n-1), capped at 5m.
 	Backoff Backoff
+	// ToolBackoff spaces the snoozes of an attempt waiting for a tool that
+	// does not answer, with half jitter (Backoff.HalfJitter) so the type's
+	// tool wait takes a bounded number of deliveries; a wait longer than 20
+	// × Max raises the cap to a 20th of it. Default: 1s × 2^(n-1), capped at
+	// 1m (the default 10m wait takes at most 26 deliveries, any wait about 60).
+	ToolBackoff Backoff
 	// Circuit configures the breaker kept per model endpoint and per agent
 	// command. Default: open after 5 consecutive transient failures, for
 	// 30s, doubling up to 5m while probes fail.
@@ -94,14 +100,17 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("executor: price of %q must not be negative", name))
 		}
 	}
-	if c.Backoff.Base < 0 || c.Backoff.Max < 0 || c.Backoff.Factor < 0 || (c.Backoff.Factor != 0 && c.Backoff.Factor < 1) {
-		errs = append(errs, errors.New("executor: Backoff needs Base and Max ≥ 0 and Factor 0 (default) or ≥ 1"))
+	for name, b := range map[string]Backoff{"Backoff": c.Backoff, "ToolBackoff": c.ToolBackoff} {
+		if b.Base < 0 || b.Max < 0 || b.Factor < 0 || (b.Factor != 0 && b.Factor < 1) {
+			errs = append(errs, fmt.Errorf("executor: %s needs Base and Max ≥ 0 and Factor 0 (default) or ≥ 1", name))
+		}
 	}
 	for code, class := range c.Rules.Status {
 		switch class {
-		case events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassModel:
+		case events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota,
+			events.ErrorClassConfig, events.ErrorClassModel:
 		default:
-			errs = append(errs, fmt.Errorf("executor: Rules.Status[%d] is %q, want transient, deterministic, auth, quota or model", code, class))
+			errs = append(errs, fmt.Errorf("executor: Rules.Status[%d] is %q, want transient, deterministic, auth, quota, config or model", code, class))
 		}
 	}
 	if c.Circuit.CoolDown < 0 || c.Circuit.MaxCoolDown < 0 {
@@ -125,6 +134,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Rand == nil {
 		c.Rand = rand.Float64
+	}
+	if c.ToolBackoff.Max == 0 {
+		c.ToolBackoff.Max = DefaultToolBackoffMax
 	}
 	return c
 }

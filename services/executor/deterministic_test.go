@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services/executor"
 )
@@ -64,32 +65,58 @@ func TestDeterministicFailureBansTheRequest(t *testing.T) {
 	}
 }
 
-func TestAuthAndQuotaAreCalledOnce(t *testing.T) {
+// The deployment's faults — a refused key, an exhausted quota, a model or
+// endpoint that does not exist, a prompt longer than the model's context —
+// are called once, banned, and their error leads with what to fix, then
+// everything the provider said.
+func TestDeploymentErrorsAreCalledOnceAndSayWhatToFix(t *testing.T) {
 	tests := []struct {
-		name  string
-		reply func() (int, string)
-		class string
+		name   string
+		reply  openaitest.Reply
+		path   string // appended to the base URL
+		rules  map[int]string
+		class  string
+		fix    string // the error's start; {url} is the endpoint
+		detail string // a part of what the provider said
 	}{
-		{"quota", func() (int, string) {
-			return http.StatusTooManyRequests, `{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`
-		}, events.ErrorClassQuota},
-		{"401", func() (int, string) {
-			return http.StatusUnauthorized, `{"error":{"message":"Incorrect API key provided: sk-test.","type":"invalid_request_error","code":"invalid_api_key"}}`
-		}, events.ErrorClassAuth},
-		{"403", func() (int, string) {
-			return http.StatusForbidden, `{"error":{"message":"Project does not have access to model gpt-4o","type":"invalid_request_error","code":"model_not_found"}}`
-		}, events.ErrorClassAuth},
+		{"quota", status(http.StatusTooManyRequests, `{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`), "", nil,
+			events.ErrorClassQuota, "deployment: quota exhausted at {url} — raise the quota or the billing limit; ", "You exceeded your current quota"},
+		{"401", status(http.StatusUnauthorized, `{"error":{"message":"Incorrect API key provided: sk-test.","type":"invalid_request_error","code":"invalid_api_key"}}`), "", nil,
+			events.ErrorClassAuth, "deployment: the API key was refused (401) at {url} — check DISPATCH_OPENAI_API_KEY; ", "Incorrect API key provided"},
+		{"403", status(http.StatusForbidden, `{"error":{"message":"Project does not have access to model gpt-4o","type":"invalid_request_error","code":"model_not_found"}}`), "", nil,
+			events.ErrorClassAuth, `deployment: access to model "gpt-4o" was denied (403) at {url} — check the API key's permissions (DISPATCH_OPENAI_API_KEY) or set another model for the type; `, "does not have access"},
+		{"404 model", status(http.StatusNotFound, `{"error":{"message":"The model `+"`gpt-4o`"+` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}`), "", nil,
+			events.ErrorClassConfig, `deployment: model "gpt-4o" not found at {url} — set the type's model in the policy or DISPATCH_MODEL; `, "does not exist"},
+		{"404 endpoint", ok("never asked"), "/wrong", nil,
+			events.ErrorClassConfig, "deployment: {url} has no chat-completions endpoint (404) — check DISPATCH_OPENAI_BASE_URL; ", "404 Not Found"},
+		{"context length", status(http.StatusBadRequest, `{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`), "", nil,
+			events.ErrorClassConfig, `deployment: the prompt (9120 tokens) exceeds the context (8192 tokens) of model "gpt-4o" — choose a model with a larger context or shorten the type's prompt (its template, the history it includes); `, "reduce the length"},
+		{"context length without counts", status(http.StatusBadRequest, `{"error":{"message":"context_length_exceeded","type":"invalid_request_error"}}`), "", nil,
+			events.ErrorClassConfig, `deployment: the prompt exceeds the context of model "gpt-4o" — `, "context_length_exceeded"},
+		{"413 mapped to config", status(http.StatusRequestEntityTooLarge, "request entity too large"), "", map[int]string{413: events.ErrorClassConfig},
+			events.ErrorClassConfig, `deployment: {url} answered 413 Request Entity Too Large for model "gpt-4o", a configuration error (DISPATCH_ERROR_CLASSES) — `, "request entity too large"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, body := tt.reply()
-			e := newEnv(t, always(status(code, body)), policy.Type{}, nil)
+			var url string
+			e := newEnv(t, always(tt.reply), policy.Type{}, func(c *executor.Config) {
+				c.Rules.Status = tt.rules
+				url = strings.TrimSuffix(c.Model.(executor.Endpointer).Endpoint(), "/v1") + "/v1" + tt.path
+				c.Model = executor.NewOpenAI(executor.OpenAIConfig{BaseURL: url, APIKey: "sk-test"})
+			})
 			r := e.handle("t1", 1, testMessages).result(t)
-			if r.Outcome != events.OutcomeFailure || r.ErrorClass != tt.class || !events.ShortCircuits(r.ErrorClass) {
-				t.Errorf("result %+v, want a %s failure (short-circuits to a human)", r, tt.class)
+			if r.Outcome != events.OutcomeFailure || r.ErrorClass != tt.class || !events.ShortCircuits(r.ErrorClass) || !events.DeploymentFault(r.ErrorClass) {
+				t.Errorf("result %+v, want a %s failure (the deployment's, short-circuits to a human)", r, tt.class)
 			}
-			if n := e.model.Calls(); n != 1 {
-				t.Errorf("%d calls, want exactly 1", n)
+			if fix := strings.ReplaceAll(tt.fix, "{url}", url); !strings.HasPrefix(r.Error, fix) || !strings.Contains(r.Error, tt.detail) {
+				t.Errorf("error\n%s\nwant it to start with\n%s\nand to contain %q", r.Error, fix, tt.detail)
+			}
+			want := 1
+			if tt.path != "" {
+				want = 0 // the fake records chat-completions requests only
+			}
+			if n := e.model.Calls(); n != want {
+				t.Errorf("%d calls recorded, want exactly %d", n, want)
 			}
 			if st := e.state("t1"); !slices.Contains(st.FailedRequests, executor.FailedEntry(r.RequestHash, 1)) {
 				t.Errorf("failed requests %v lack %s", st.FailedRequests, r.RequestHash)

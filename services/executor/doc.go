@@ -24,11 +24,16 @@
 //     attempt. Past the type's transient budget the attempt fails with
 //     "provider unavailable". A circuit breaker per endpoint stops calling an
 //     endpoint that keeps failing and lets one probe through after a cool-down.
-//   - deterministic (400, 404, 422 …), auth (401, 403) and quota (a 429 saying
-//     so): the attempt fails with everything the provider said, and the
-//     request's hash (RequestHash) is added to TaskState.FailedRequests. A
-//     later request with the same hash is refused without being sent
-//     (ErrorClassRefused): the request must change.
+//   - deterministic (400, 422 …), auth (401, 403), quota (a 429 saying so)
+//     and config (a 404: no such model or endpoint; a 400 saying the prompt
+//     exceeds the context): the attempt fails with everything the provider
+//     said, and the request's hash (RequestHash) is added to
+//     TaskState.FailedRequests. A later request with the same hash is
+//     refused without being sent (ErrorClassRefused): the request must
+//     change. Auth, quota and config are the deployment's fault
+//     (events.DeploymentFault): their error leads with what to fix
+//     ("deployment: the API key was refused (401) at … — check
+//     DISPATCH_OPENAI_API_KEY"), they go to a human and never lower trust.
 //
 // # Tools
 //
@@ -37,6 +42,18 @@
 // A tool's error reply (micro error headers) is classified like an HTTP
 // status and given to the model in full; a call identical to one that
 // failed deterministically (ToolCallHash) is refused before it is sent.
+//
+// A tool loop cut short — by a transient failure of the model or of a
+// tool, or by shutdown — is kept in the task state (TaskState.Resume, its
+// spend in TaskState.Unbilled) and the redelivery resumes where it
+// stopped: the model's paid turns are never sent again just to ask the
+// tool again. A tool that does not answer (no responders, a timeout, its
+// 5xx) makes the task wait: snoozed with half-jitter backoff
+// (Config.ToolBackoff), no model call, not an attempt, not counted against
+// the transient budget, until the tool answers; past the type's tool_wait
+// (DefaultToolWait, from the first time it did not answer) the attempt
+// fails with ErrorClassToolUnavailable, naming the tool and its subject,
+// for a human.
 //
 // Tokens and cost are summed over every call of the attempt. A cancelled
 // context (shutdown) is not an attempt either: Handle returns ctx.Err() so

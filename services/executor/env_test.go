@@ -94,6 +94,11 @@ func (e *env) handle(id string, pass int, msgs []events.Message) handled {
 
 func (e *env) handleRun(id string, run events.Run, msgs []events.Message) handled {
 	e.t.Helper()
+	return e.handleCtx(context.Background(), id, run, msgs)
+}
+
+func (e *env) handleCtx(ctx context.Context, id string, run events.Run, msgs []events.Message) handled {
+	e.t.Helper()
 	in := events.Prompted{
 		Base:   events.Base{Task: events.Task{ID: id, Type: "css_fix", Subject: "app.css"}, Run: run, At: testNow, By: "prompt@test"},
 		Prompt: events.Prompt{Messages: msgs},
@@ -102,7 +107,7 @@ func (e *env) handleRun(id string, run events.Run, msgs []events.Message) handle
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	outs, err := e.Handle(context.Background(), &services.Msg{Subject: events.TaskSubject(id, events.StagePrompted), Data: data, Delivered: 1})
+	outs, err := e.Handle(ctx, &services.Msg{Subject: events.TaskSubject(id, events.StagePrompted), Data: data, Delivered: 1})
 	return handled{outs, err}
 }
 

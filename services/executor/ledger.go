@@ -28,6 +28,11 @@ type facts struct {
 	lastError string
 	// unbilled is what cut-short tries of this attempt spent.
 	unbilled events.Usage
+	// resume is this pass's tool loop as a cut-short try left it, or nil.
+	resume *events.Resume
+	// toolsFailedNow holds the tool calls that failed deterministically in
+	// this pass: a resumed loop refuses them like its own try would.
+	toolsFailedNow map[string]bool
 }
 
 // ledger keeps the per-task facts of the error discipline: in the task's
@@ -38,10 +43,13 @@ type ledger interface {
 	// begin reads the facts and marks the task running for this pass; skip
 	// is true when the task has moved on (a later pass, or ended).
 	begin(ctx context.Context, b events.Base) (f facts, skip bool, err error)
-	// addTransient counts a transient failure, keeps what its calls spent
-	// (unbilled until the attempt's Result), and returns the attempt's count.
-	addTransient(ctx context.Context, b events.Base, spent events.Usage) (int, error)
-	// settle resets the attempt's transient count once the attempt is over.
+	// cutShort keeps what a try cut short leaves for the attempt's next
+	// try: what its calls spent (unbilled until the attempt's Result) and
+	// its tool loop to resume (nil: none). transient counts the failure
+	// against the attempt's transient budget; the attempt's count is returned.
+	cutShort(ctx context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error)
+	// settle resets the attempt's transient count, unbilled spend and tool
+	// loop once the attempt is over.
 	settle(ctx context.Context, b events.Base) error
 	// addFailed records a hash that failed deterministically (idempotent).
 	addFailed(ctx context.Context, b events.Base, hash, errText string) error
@@ -69,9 +77,17 @@ func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error)
 			return kvcas.ErrNoChange
 		}
 		f = facts{failed: bannedBefore(st.FailedRequests, b.Run.Pass), failedNow: bannedIn(st.FailedRequests, b.Run.Pass),
-			transient: st.TransientRetries, lastError: st.LastError, unbilled: st.Unbilled}
-		if st.Status == events.StatusRunning && st.Pass == b.Run.Pass {
+			transient: st.TransientRetries, lastError: st.LastError, unbilled: st.Unbilled,
+			toolsFailedNow: toolsBannedIn(st.FailedRequests, b.Run.Pass)}
+		stale := st.Resume != nil && st.Resume.Pass != b.Run.Pass
+		if !stale && st.Resume != nil {
+			f.resume = st.Resume
+		}
+		if st.Status == events.StatusRunning && st.Pass == b.Run.Pass && !stale {
 			return kvcas.ErrNoChange // a redelivery: already running
+		}
+		if stale {
+			st.Resume = nil // an earlier pass's loop: never resumed
 		}
 		st.Status, st.Pass, st.UpdatedAt = events.StatusRunning, b.Run.Pass, b.At
 		return nil
@@ -95,10 +111,13 @@ func (l kvLedger) update(ctx context.Context, b events.Base, mutate func(st *eve
 	return st, storeErr(ctx, err)
 }
 
-func (l kvLedger) addTransient(ctx context.Context, b events.Base, spent events.Usage) (int, error) {
+func (l kvLedger) cutShort(ctx context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
 	st, err := l.update(ctx, b, func(st *events.TaskState) error {
-		st.TransientRetries++
+		if transient {
+			st.TransientRetries++
+		}
 		st.Unbilled = st.Unbilled.Add(spent)
+		st.Resume = resume
 		return nil
 	})
 	return st.TransientRetries, err
@@ -106,10 +125,10 @@ func (l kvLedger) addTransient(ctx context.Context, b events.Base, spent events.
 
 func (l kvLedger) settle(ctx context.Context, b events.Base) error {
 	_, err := l.update(ctx, b, func(st *events.TaskState) error {
-		if st.TransientRetries == 0 && st.Unbilled == (events.Usage{}) {
+		if st.TransientRetries == 0 && st.Unbilled == (events.Usage{}) && st.Resume == nil {
 			return kvcas.ErrNoChange
 		}
-		st.TransientRetries, st.Unbilled = 0, events.Usage{}
+		st.TransientRetries, st.Unbilled, st.Resume = 0, events.Usage{}, nil
 		return nil
 	})
 	return err
@@ -161,6 +180,18 @@ func bannedIn(entries []string, pass int) bool {
 	return false
 }
 
+// toolsBannedIn is the set of tool calls (ToolHashPrefix) that failed in pass itself.
+func toolsBannedIn(entries []string, pass int) map[string]bool {
+	m := map[string]bool{}
+	for _, e := range entries {
+		hash, p, ok := strings.Cut(e, "@")
+		if n, err := strconv.Atoi(p); ok && err == nil && n == pass && strings.HasPrefix(hash, ToolHashPrefix) {
+			m[hash] = true
+		}
+	}
+	return m
+}
+
 // bannedBefore is the set of hashes that failed in a pass before pass.
 func bannedBefore(entries []string, pass int) map[string]bool {
 	m := make(map[string]bool, len(entries))
@@ -186,6 +217,7 @@ type memTask struct {
 	refused   int
 	lastError string
 	unbilled  events.Usage
+	resume    *events.Resume
 }
 
 func (l *memLedger) task(id string) *memTask {
@@ -204,15 +236,23 @@ func (l *memLedger) begin(_ context.Context, b events.Base) (facts, bool, error)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	return facts{failed: bannedBefore(t.failed, b.Run.Pass), failedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient, lastError: t.lastError, unbilled: t.unbilled}, false, nil
+	f := facts{failed: bannedBefore(t.failed, b.Run.Pass), failedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient,
+		lastError: t.lastError, unbilled: t.unbilled, toolsFailedNow: toolsBannedIn(t.failed, b.Run.Pass)}
+	if t.resume != nil && t.resume.Pass == b.Run.Pass {
+		f.resume = t.resume
+	}
+	return f, false, nil
 }
 
-func (l *memLedger) addTransient(_ context.Context, b events.Base, spent events.Usage) (int, error) {
+func (l *memLedger) cutShort(_ context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	t.transient++
+	if transient {
+		t.transient++
+	}
 	t.unbilled = t.unbilled.Add(spent)
+	t.resume = resume
 	return t.transient, nil
 }
 
@@ -220,7 +260,7 @@ func (l *memLedger) settle(_ context.Context, b events.Base) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	t.transient, t.unbilled = 0, events.Usage{}
+	t.transient, t.unbilled, t.resume = 0, events.Usage{}, nil
 	return nil
 }
 

@@ -39,27 +39,34 @@ func TestLedgers(t *testing.T) {
 				t.Fatalf("begin on a new task = %+v, %v, %v", f, skip, err)
 			}
 			for want := 1; want <= 3; want++ {
-				if n, err := l.addTransient(ctx, b, events.Usage{}); err != nil || n != want {
-					t.Fatalf("addTransient = %d, %v; want %d", n, err, want)
+				if n, err := l.cutShort(ctx, b, events.Usage{}, nil, true); err != nil || n != want {
+					t.Fatalf("cutShort = %d, %v; want %d", n, err, want)
 				}
 			}
 			if f, _, _ := l.begin(ctx, b); f.transient != 3 {
 				t.Errorf("transient count %d after 3, want 3 (it survives redeliveries)", f.transient)
 			}
-			// What cut-short tries spent is kept until the attempt ends.
-			if _, err := l.addTransient(ctx, b, events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}); err != nil {
-				t.Fatal(err)
+			// What cut-short tries spent, and the tool loop to resume, are
+			// kept until the attempt ends; a tool wait is not a transient.
+			resume := &events.Resume{Pass: 1, Turns: []events.Turn{{Role: "assistant", ToolCalls: []events.ToolCall{{ID: "c1", Name: "x", Arguments: "{}"}}}},
+				Pending: []events.ToolCall{{ID: "c1", Name: "x", Arguments: "{}"}}, ToolWaits: 1}
+			if n, err := l.cutShort(ctx, b, events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}, resume, false); err != nil || n != 3 {
+				t.Fatalf("cutShort of a tool wait = %d, %v; want the count unchanged, 3", n, err)
 			}
-			if f, _, _ := l.begin(ctx, b); f.unbilled != (events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}) {
-				t.Errorf("unbilled %+v, want what the cut-short try spent", f.unbilled)
+			f, _, _ = l.begin(ctx, b)
+			if f.unbilled != (events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}) || f.resume == nil || len(f.resume.Pending) != 1 || f.resume.ToolWaits != 1 {
+				t.Errorf("unbilled %+v resume %+v, want what the cut-short try spent and its loop", f.unbilled, f.resume)
+			}
+			if f, _, _ := l.begin(ctx, other); f.resume != nil {
+				t.Errorf("another task resumes %+v", f.resume)
 			}
 			if err := l.settle(ctx, b); err != nil {
 				t.Fatal(err)
 			}
-			if f, _, _ := l.begin(ctx, b); f.unbilled != (events.Usage{}) || f.transient != 0 {
+			if f, _, _ := l.begin(ctx, b); f.unbilled != (events.Usage{}) || f.transient != 0 || f.resume != nil {
 				t.Errorf("after settle: %+v", f)
 			}
-			if n, _ := l.addTransient(ctx, b, events.Usage{}); n != 1 {
+			if n, _ := l.cutShort(ctx, b, events.Usage{}, nil, true); n != 1 {
 				t.Errorf("count after settle then a failure: %d, want 1", n)
 			}
 
@@ -75,17 +82,33 @@ func TestLedgers(t *testing.T) {
 				t.Fatal(err)
 			}
 			f, _, _ = l.begin(ctx, b)
-			if len(f.failed) != 0 || !f.failedNow {
-				t.Errorf("the same pass sees failed %v, failedNow %v; want its own bans only flagged", f.failed, f.failedNow)
+			if len(f.failed) != 0 || !f.failedNow || len(f.toolsFailedNow) != 1 || !f.toolsFailedNow["tool:h2"] {
+				t.Errorf("the same pass sees failed %v, failedNow %v, tools %v; want its own bans only flagged, its tool call listed",
+					f.failed, f.failedNow, f.toolsFailedNow)
 			}
 			later := b
 			later.Run.Pass++
 			f, _, _ = l.begin(ctx, later)
-			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] || f.failedNow {
+			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] || f.failedNow || len(f.toolsFailedNow) != 0 {
 				t.Errorf("failed %v, want h1 and tool:h2 once each", f.failed)
 			}
 			if f, _, _ := l.begin(ctx, other); len(f.failed) != 0 || f.transient != 0 {
 				t.Errorf("another task sees %+v, want nothing", f)
+			}
+
+			// a loop kept for one pass is never resumed by another
+			kept := *resume
+			kept.Pass = later.Run.Pass
+			if _, err := l.cutShort(ctx, later, events.Usage{}, &kept, false); err != nil {
+				t.Fatal(err)
+			}
+			if f, _, _ := l.begin(ctx, later); f.resume == nil {
+				t.Error("the redelivered pass 2 does not resume its loop")
+			}
+			third := later
+			third.Run.Pass++
+			if f, _, _ := l.begin(ctx, third); f.resume != nil {
+				t.Errorf("pass 3 resumes the loop of pass 2: %+v", f.resume)
 			}
 		})
 	}
@@ -104,7 +127,7 @@ func TestKVLedgerState(t *testing.T) {
 	if _, _, err := l.begin(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = l.addTransient(ctx, b, events.Usage{})
+	_, _ = l.cutShort(ctx, b, events.Usage{}, nil, true)
 	_ = l.addFailed(ctx, b, "h1", "boom")
 	_ = l.addRefused(ctx, b)
 	_ = l.addRefused(ctx, b)

@@ -31,6 +31,7 @@ const (
 	snoozeBackoff    = "backoff"     // a transient failure without Retry-After
 	snoozeRetryAfter = "retry_after" // the provider asked for the delay
 	snoozeCircuit    = "circuit"     // the endpoint's circuit is open
+	snoozeToolWait   = "tool_wait"   // a tool did not answer
 )
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,7 +42,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"endpoint"}),
 		snooze: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dispatch_executor_snooze_seconds",
-			Help:    "Delays of the snoozes the executor asked for, by reason (backoff, retry_after, circuit).",
+			Help:    "Delays of the snoozes the executor asked for, by reason (backoff, retry_after, circuit, tool_wait).",
 			Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
 		}, []string{"reason"}),
 		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{

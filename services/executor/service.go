@@ -51,8 +51,10 @@ func New(cfg Config) (*Service, error) {
 //
 // It returns an error instead when the prompt is not an attempt: ctx.Err()
 // on shutdown (the message is redelivered), a *services.SnoozeError for a
-// transient failure within the type's transient budget or while the
-// endpoint's circuit is open (redelivered after the delay, no Executed),
+// transient failure within the type's transient budget, while the
+// endpoint's circuit is open, or while a tool does not answer within the
+// type's tool wait (redelivered after the delay, no Executed; a tool loop
+// cut short is kept and resumed),
 // a poison DeadError for input that cannot be executed, and a plain error
 // when the task state cannot be read or written. A request identical to one
 // that already failed deterministically for the task is not sent: its
@@ -148,7 +150,14 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 		TaskID:         a.in.Task.ID,
 		Attempt:        a.in.Run.Attempt,
 	}
-	a.endpoint, a.model = s.endpoint(), req.Model
+	a.endpoint, a.model, a.prompt = s.endpoint(), req.Model, len(req.Messages)
+	if r := a.f.resume; r != nil {
+		// A try of this attempt was cut short: go on from its turns.
+		req.Messages = append(req.Messages, messagesOf(r.Turns)...)
+		for hash := range a.f.toolsFailedNow {
+			a.banned[hash] = "it failed earlier in this attempt; its error is in the conversation above"
+		}
+	}
 	return s.run(ctx, a, req, func(probe bool) outcome { return a.converse(ctx, req, tools, probe) })
 }
 
@@ -205,9 +214,10 @@ func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.R
 	}, nil
 }
 
-// settle ends the attempt's run of transient failures.
+// settle ends the attempt's run of transient failures and its cut-short
+// tool loop.
 func (s *Service) settle(ctx context.Context, a *attempt) error {
-	if a.f.transient == 0 && a.f.unbilled == (events.Usage{}) {
+	if a.f.transient == 0 && a.f.unbilled == (events.Usage{}) && a.f.resume == nil {
 		return nil
 	}
 	return s.ledger.settle(ctx, a.base)

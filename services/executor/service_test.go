@@ -156,7 +156,7 @@ func TestHandleHTTPError(t *testing.T) {
 		{"500", apiError(http.StatusInternalServerError, "the server had an error"), "", "the server had an error"},
 		{"502 not JSON", reply{status: http.StatusBadGateway, body: "<html>bad gateway</html>"}, "", "502"},
 		{"400", apiError(http.StatusBadRequest, "messages: missing required field"), events.ErrorClassDeterministic, "missing required field"},
-		{"404", apiError(http.StatusNotFound, "The model `gpt-5o` does not exist"), events.ErrorClassDeterministic, "does not exist"},
+		{"404", apiError(http.StatusNotFound, "The model `gpt-4o` does not exist"), events.ErrorClassConfig, "does not exist"},
 		{"422", apiError(http.StatusUnprocessableEntity, "unprocessable"), events.ErrorClassDeterministic, "422 Unprocessable Entity"},
 		{"401", apiError(http.StatusUnauthorized, "Incorrect API key provided"), events.ErrorClassAuth, "Incorrect API key"},
 		{"403", apiError(http.StatusForbidden, "not allowed"), events.ErrorClassAuth, "not allowed"},

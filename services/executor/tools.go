@@ -22,6 +22,11 @@ const (
 	DefaultMaxToolCalls = 8
 	// DefaultToolTimeout bounds one tool call when the tool sets no timeout.
 	DefaultToolTimeout = 30 * time.Second
+	// DefaultToolWait bounds how long an attempt waits for a tool that does
+	// not answer when the policy's tool_wait is not set.
+	DefaultToolWait = 10 * time.Minute
+	// DefaultToolBackoffMax caps the snoozes of that wait (Config.ToolBackoff).
+	DefaultToolBackoffMax = time.Minute
 )
 
 // toolsFor are the tools offered to an attempt: the type's tools, plus its

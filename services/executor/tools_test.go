@@ -2,12 +2,10 @@ package executor_test
 
 import (
 	"encoding/json"
-	"errors"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -218,19 +216,6 @@ func TestFailedToolCallStaysRefusedAcrossAttempts(t *testing.T) {
 	}
 	if got := lastTool(t, e.model.Requests()[3]); !strings.Contains(got, "earlier attempt") {
 		t.Errorf("refusal %s, want it to say the call failed in an earlier attempt", got)
-	}
-}
-
-func TestToolUnavailableIsTransient(t *testing.T) {
-	ns := natstest.Start(t) // nothing serves the subject: no responders
-	e := newEnv(t, always(toolCalls(1, [2]string{"create_user", `{"name":"Ann","email":"a@b"}`})),
-		policy.Type{Tools: []policy.Tool{createUser}}, func(c *executor.Config) { c.NATS = ns.NC })
-	h := e.handle("t1", 1, testMessages)
-	if d := h.snooze(t); d != 500*time.Millisecond || !errors.Is(h.err, nats.ErrNoResponders) {
-		t.Errorf("snooze %v (%v), want the first backoff for no responders", d, h.err)
-	}
-	if n := e.counter("dispatch_executor_transient_retries_total", map[string]string{"endpoint": "tool:" + createUser.Subject}); n != 1 {
-		t.Errorf("transient retries of the tool %v, want 1", n)
 	}
 }
 

@@ -73,6 +73,9 @@ func applyLadder(st *events.TaskState, t events.Task, run events.Run, res events
 	case d.Handoff():
 		st.Status, st.Decision = events.StatusBlocked, events.DecisionHandoff
 		st.Reason = fmt.Sprintf("HANDOFF after %d attempts (%s); last error: %s", run.Attempt, d.Reason, oneLine(res.Error))
+		if events.DeploymentFault(res.ErrorClass) { // the error says what to fix: it leads
+			st.Reason = fmt.Sprintf("%s (HANDOFF after %d attempts: %s)", oneLine(res.Error), run.Attempt, d.Reason)
+		}
 	default:
 		st.Status, st.Decision, st.Reason = events.StatusPending, events.DecisionRetry, ""
 	}
@@ -84,6 +87,9 @@ func applyStep(st *events.TaskState, run events.Run, res events.Result, pol poli
 	if !success && events.ShortCircuits(res.ErrorClass) {
 		st.Status, st.Decision = events.StatusBlocked, events.DecisionHandoff
 		st.Reason = fmt.Sprintf("HANDOFF at step %s (%s failure: retrying cannot help): %s", run.Step, res.ErrorClass, oneLine(res.Error))
+		if events.DeploymentFault(res.ErrorClass) { // the error says what to fix: it leads
+			st.Reason = fmt.Sprintf("%s (HANDOFF at step %s: %s failure, retrying cannot help)", oneLine(res.Error), run.Step, res.ErrorClass)
+		}
 		return
 	}
 	step := run.Step

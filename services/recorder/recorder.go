@@ -211,14 +211,17 @@ func TrustOutcome(key string, run events.Run, res events.Result, at time.Time) t
 
 // CountsForTrust reports whether an outcome says something about how well
 // the type's tasks go. Failures the model did not cause — a provider that
-// stayed unavailable, a bad API key, an exhausted quota, a request refused
-// before it was sent — must not get a type gated.
+// stayed unavailable, a request refused before it was sent, and every fault
+// of the deployment (events.DeploymentFault: a bad API key, an exhausted
+// quota, a misconfigured model, a tool that does not answer) — must not get
+// a type gated.
 func CountsForTrust(res events.Result) bool {
 	if res.Outcome == events.OutcomeSuccess {
 		return true
 	}
-	switch res.ErrorClass {
-	case events.ErrorClassTransient, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassRefused:
+	switch {
+	case res.ErrorClass == events.ErrorClassTransient, res.ErrorClass == events.ErrorClassRefused,
+		events.DeploymentFault(res.ErrorClass):
 		return false
 	}
 	return true

@@ -1,0 +1,91 @@
+package mesh_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/openaitest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
+)
+
+// Errors about the deployment are not the task's fault: a model that does
+// not exist, a refused key, an exhausted quota and a prompt longer than the
+// context each cost one call, reach a human with a reason that leads with
+// what to fix, and never touch the type's trust.
+func TestDeploymentFaultsReachAHumanWithTheFix(t *testing.T) {
+	replies := map[string]openaitest.Reply{
+		"model.go": {Status: http.StatusNotFound,
+			Body: `{"error":{"message":"The model ` + "`gpt-5x`" + ` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}`},
+		"key.go": {Status: http.StatusUnauthorized,
+			Body: `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`},
+		"quota.go": {Status: http.StatusTooManyRequests,
+			Body: `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`},
+		"context.go": {Status: http.StatusBadRequest,
+			Body: `{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`},
+	}
+	var mu sync.Mutex
+	calls := map[string]int{}
+	e := newEnv(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		for subject, reply := range replies {
+			if strings.Contains(r.Messages[1].Content, subject) {
+				mu.Lock()
+				calls[subject]++
+				mu.Unlock()
+				return reply
+			}
+		}
+		return openaitest.Reply{Content: openaitest.Success("unexpected")}
+	}, &policy.File{Types: map[string]policy.Type{"bug_fix": {Model: "gpt-5x"}}})
+	e.start()
+	fixes := map[string]string{
+		"model.go":   `deployment: model "gpt-5x" not found at ` + e.model.BaseURL() + ` — set the type's model in the policy or DISPATCH_MODEL`,
+		"key.go":     `deployment: the API key was refused (401) at ` + e.model.BaseURL() + ` — check DISPATCH_OPENAI_API_KEY`,
+		"quota.go":   `deployment: quota exhausted at ` + e.model.BaseURL() + ` — raise the quota or the billing limit`,
+		"context.go": `deployment: the prompt (9120 tokens) exceeds the context (8192 tokens) of model "gpt-5x" — choose a model with a larger context`,
+	}
+	for subject := range replies {
+		e.submit(events.Submit{ID: strings.TrimSuffix(subject, ".go"), Type: "bug_fix", Subject: subject})
+	}
+	for subject, fix := range fixes {
+		id := strings.TrimSuffix(subject, ".go")
+		if got := last(e.waitEnd(id)).Stage; got != "review.escalated" {
+			t.Errorf("%s ended with %s, want review.escalated", id, got)
+		}
+		st := e.state(id)
+		mu.Lock()
+		n := calls[subject]
+		mu.Unlock()
+		if st.Status != events.StatusBlocked || st.Attempts != 1 || n != 1 {
+			t.Errorf("%s: %s after %d attempts and %d calls, want blocked after 1 and 1", id, st.Status, st.Attempts, n)
+		}
+		if !strings.HasPrefix(st.Reason, fix) || !strings.Contains(st.Reason, "HANDOFF") {
+			t.Errorf("%s: reason\n%s\nwant it to lead with\n%s", id, st.Reason, fix)
+		}
+	}
+	for _, m := range e.reviews("escalated") {
+		var esc events.Escalated
+		if err := jsonUnmarshal(m.Data, &esc); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(esc.Reason, fixes[esc.Task.Subject]) {
+			t.Errorf("escalation record of %s: reason %q, want the fix first", esc.Task.ID, esc.Reason)
+		}
+	}
+	stores, err := services.OpenStores(context.Background(), e.srv.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, err := trust.NewStore(stores.Trust, trust.Policy{}).Get(context.Background(), "bug_fix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stats.Outcomes) != 0 || stats.Failures != 0 || stats.Successes != 0 {
+		t.Errorf("trust of bug_fix %+v, want no outcome recorded", stats)
+	}
+}
