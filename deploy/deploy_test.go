@@ -31,7 +31,9 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/mesh"
 	"dispatchmesh/services"
+	"dispatchmesh/services/intake"
 )
 
 // Every NATS user of users.conf. The password of user u is read from the
@@ -183,7 +185,7 @@ func checkPermissions(t *testing.T, u *server.User) {
 		t.Errorf("user %s may not subscribe to its inbox %s", u.Username, inbox)
 	}
 	for _, s := range p.Subscribe.Allow {
-		if s == inbox || (u.Username == "intake" && (s == events.SubmitAPI || strings.HasPrefix(s, "$SRV."))) {
+		if s == inbox || (u.Username == "intake" && (s == events.SubmitAPI || s == intake.StatusAPI || strings.HasPrefix(s, "$SRV."))) {
 			continue
 		}
 		t.Errorf("user %s may subscribe to %q (only its own inbox)", u.Username, s)
@@ -210,6 +212,9 @@ func checkPermissions(t *testing.T, u *server.User) {
 			}
 		}
 	}
+	if access, ok := mesh.Buckets[u.Username]; ok {
+		checkBuckets(t, u.Username, access, p.Publish.Allow)
+	}
 	if u.Username == "client" || u.Username == "web" {
 		for _, d := range dispatchDurables {
 			for _, s := range []string{
@@ -220,6 +225,36 @@ func checkPermissions(t *testing.T, u *server.User) {
 			} {
 				if !slices.Contains(p.Publish.Deny, s) {
 					t.Errorf("user %s: %s is not denied", u.Username, s)
+				}
+			}
+		}
+	}
+}
+
+// checkBuckets compares a service's KV grants with mesh.Buckets, the
+// buckets the service binds: every one it uses is readable (bind, get,
+// watch), only those it writes are writable, and no other is named.
+func checkBuckets(t *testing.T, user string, access mesh.Access, allow []string) {
+	t.Helper()
+	for _, b := range services.AllBuckets {
+		switch {
+		case slices.Contains(access.All(), b):
+			for _, s := range []string{
+				"$JS.API.STREAM.INFO.KV_" + b, "$JS.API.STREAM.MSG.GET.KV_" + b,
+				"$JS.API.DIRECT.GET.KV_" + b, "$JS.API.DIRECT.GET.KV_" + b + ".>",
+				"$JS.API.CONSUMER.CREATE.KV_" + b + ".>", "$JS.API.CONSUMER.DELETE.KV_" + b + ".>", "$JS.FC.KV_" + b + ".>",
+			} {
+				if !slices.Contains(allow, s) {
+					t.Errorf("user %s uses bucket %s (mesh.Buckets) but lacks publish %s", user, b, s)
+				}
+			}
+			if writes := slices.Contains(access.Writes, b); slices.Contains(allow, "$KV."+b+".>") != writes {
+				t.Errorf("user %s: $KV.%s.> granted must be %v (mesh.Buckets writes %v)", user, b, writes, access.Writes)
+			}
+		default:
+			for _, s := range allow {
+				if strings.Contains(s, "KV_"+b) || strings.HasPrefix(s, "$KV."+b+".") {
+					t.Errorf("user %s may %s, but does not use bucket %s (mesh.Buckets)", user, s, b)
 				}
 			}
 		}
@@ -545,7 +580,10 @@ type serviceSpec struct {
 
 var serviceSpecs = map[string]serviceSpec{
 	services.ConsumerIntake: {
-		outputs: []string{events.TaskSubject("s1", events.StageQueued), events.ReviewSubject(events.ReviewRejected, "s1")},
+		outputs: []string{
+			events.TaskSubject("s1", events.StageQueued), events.ReviewSubject(events.ReviewRejected, "s1"),
+			events.SubmitSubject("smoke"), // the submit API queues what it accepts
+		},
 		rw:      []string{services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageVerified),
 	},
@@ -561,7 +599,7 @@ var serviceSpecs = map[string]serviceSpec{
 	},
 	services.ConsumerPrompt: {
 		outputs: []string{events.TaskSubject("s1", events.StagePrompted)},
-		ro:      []string{services.BucketHistory, services.BucketTasks},
+		ro:      []string{services.BucketHistory},
 		foreign: events.TaskSubject("s1", events.StageExecuted),
 	},
 	services.ConsumerExecutor: {
@@ -578,7 +616,6 @@ var serviceSpecs = map[string]serviceSpec{
 		foreign: events.TaskSubject("s1", events.StageAdmitted),
 	},
 	services.ConsumerReaper: {
-		rw:      []string{services.BucketTasks},
 		foreign: events.ReviewSubject(events.ReviewEscalated, "s1"),
 	},
 }
@@ -661,7 +698,9 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 			}
 
 			c.denyPublish(t, spec.foreign)
-			c.denyPublish(t, events.SubmitSubject("css_fix"))
+			if name != services.ConsumerIntake {
+				c.denyPublish(t, events.SubmitSubject("css_fix"))
+			}
 			c.denyPublish(t, "$JS.API.STREAM.DELETE."+services.Stream)
 			other := services.ConsumerGate
 			if name == other {

@@ -43,7 +43,7 @@ func (c StreamConfig) withDefaults() StreamConfig {
 	return c
 }
 
-// Stores are the KV buckets the services use.
+// Stores are the KV buckets the services use; one a process did not bind is nil.
 type Stores struct {
 	Tasks, Trust, History jetstream.KeyValue
 }
@@ -108,18 +108,52 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	return &st, nil
 }
 
-// OpenStores binds to buckets that already exist (a service that does not provision).
+// AllBuckets are the KV buckets Provision creates.
+var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory}
+
+// OpenStores binds to every bucket, which must exist (admin tools).
 func OpenStores(ctx context.Context, js jetstream.JetStream) (*Stores, error) {
+	return OpenBuckets(ctx, js, AllBuckets...)
+}
+
+// OpenBuckets binds to the named buckets, which must exist; the others stay
+// nil. A service binds only the buckets it uses, so it can run as a NATS user
+// that may touch nothing else.
+func OpenBuckets(ctx context.Context, js jetstream.JetStream, names ...string) (*Stores, error) {
 	var st Stores
-	var err error
-	if st.Tasks, err = js.KeyValue(ctx, BucketTasks); err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", BucketTasks, err)
-	}
-	if st.Trust, err = js.KeyValue(ctx, BucketTrust); err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", BucketTrust, err)
-	}
-	if st.History, err = js.KeyValue(ctx, BucketHistory); err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", BucketHistory, err)
+	for _, name := range names {
+		p := st.field(name)
+		if p == nil {
+			return nil, fmt.Errorf("bucket %s: not one of the mesh's buckets %v", name, AllBuckets)
+		}
+		kv, err := js.KeyValue(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", name, err)
+		}
+		*p = kv
 	}
 	return &st, nil
+}
+
+// Only returns the stores of the named buckets; the others are nil.
+func (s *Stores) Only(names ...string) *Stores {
+	var only Stores
+	for _, name := range names {
+		if p := only.field(name); p != nil {
+			*p = *s.field(name)
+		}
+	}
+	return &only
+}
+
+func (s *Stores) field(bucket string) *jetstream.KeyValue {
+	switch bucket {
+	case BucketTasks:
+		return &s.Tasks
+	case BucketTrust:
+		return &s.Trust
+	case BucketHistory:
+		return &s.History
+	}
+	return nil
 }

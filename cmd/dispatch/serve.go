@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"dispatchmesh/internal/dirlock"
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/web"
@@ -35,6 +36,17 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	log := cfg.logger()
+	// One store, one process: a second `up` on the same data dir would open
+	// the same JetStream store beside the first.
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("DISPATCH_DATA_DIR: %w", err)
+	}
+	lock, err := dirlock.Acquire(dataDir)
+	if err != nil {
+		return fmt.Errorf("data dir %w: only one `dispatch up` may use it; stop that one or set DISPATCH_DATA_DIR", err)
+	}
+	defer lock.Release()
 	// The review page's address is checked before anything starts: beyond
 	// localhost without a token, `up` refuses to start.
 	var webLn net.Listener
@@ -46,7 +58,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		webLn = ln
 		defer ln.Close()
 	}
-	ns, err := startServer(cfg)
+	ns, err := startServer(cfg, dataDir)
 	if err != nil {
 		return err
 	}
@@ -66,7 +78,6 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		defer stop()
 		defer cancel() // runs before stop: stop waits for the page to end
 	}
-	dataDir, _ := filepath.Abs(cfg.DataDir)
 	fmt.Printf("dispatchmesh %s is up\n", version)
 	fmt.Printf("  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
 	fmt.Printf("  data dir: %s\n", dataDir)
@@ -107,7 +118,7 @@ func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln 
 	return func() { <-done; nc.Close() }, nil
 }
 
-func startServer(cfg Config) (*server.Server, error) {
+func startServer(cfg Config, dataDir string) (*server.Server, error) {
 	host, portStr, err := net.SplitHostPort(cfg.NATSListen)
 	if err != nil {
 		return nil, fmt.Errorf("DISPATCH_NATS_LISTEN %q: %w", cfg.NATSListen, err)
@@ -121,7 +132,7 @@ func startServer(cfg Config) (*server.Server, error) {
 		Host:       host,
 		Port:       port,
 		JetStream:  true,
-		StoreDir:   filepath.Join(cfg.DataDir, "jetstream"),
+		StoreDir:   filepath.Join(dataDir, "jetstream"),
 		NoSigs:     true,
 	})
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
+	"dispatchmesh/internal/natsperm"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
@@ -126,14 +126,16 @@ func Run(ctx context.Context, o Options) error {
 		o.Version = "0.1.0"
 	}
 
+	// Each service binds only the buckets it uses (Buckets): as a
+	// least-privilege NATS user it may touch nothing else.
 	var stores *services.Stores
 	if o.Provision {
 		stores, err = services.Provision(ctx, o.JS, o.Stream)
 	} else {
-		stores, err = services.OpenStores(ctx, o.JS)
+		stores, err = services.OpenBuckets(ctx, o.JS, bucketsOf(o.Services)...)
 	}
 	if err != nil {
-		return fmt.Errorf("stores (is the mesh provisioned? run `dispatch provision`): %w", err)
+		return startError(o.NC, err)
 	}
 	specs, err := o.build(stores)
 	if err != nil {
@@ -145,12 +147,23 @@ func Run(ctx context.Context, o Options) error {
 	}
 
 	if slices.Contains(o.Services, Intake) {
-		api := &intake.API{JS: o.JS, Tasks: services.NewTaskStore(stores.Tasks)}
+		st := newStoresOf(Intake, stores)
+		api := &intake.API{JS: o.JS, Tasks: st.tasks()}
+		if st.err != nil {
+			return st.err
+		}
 		svc, err := api.Start(o.NC, o.Version)
 		if err != nil {
 			return fmt.Errorf("micro api: %w", err)
 		}
 		defer svc.Stop()
+		// A refused subscription fails silently: the endpoint would never
+		// answer. After a round trip the server's refusal has arrived.
+		if err := o.NC.FlushTimeout(10 * time.Second); err != nil {
+			o.Log.Warn("micro api: could not check the subscriptions", "err", err)
+		} else if perr := natsperm.Last(o.NC); perr != nil {
+			return fmt.Errorf("micro api: %w", perr)
+		}
 	}
 
 	// One service failing stops them all: a mesh with a dead stage would
@@ -177,9 +190,25 @@ func Run(ctx context.Context, o Options) error {
 	close(errs)
 	var all []error
 	for err := range errs {
-		all = append(all, err)
+		all = append(all, startError(o.NC, err))
 	}
 	return errors.Join(all...)
+}
+
+// startError names why the mesh could not bind or create what it needs: a
+// refusal by the server (the NATS user's permissions lack it; the refused
+// call itself only timed out), or a stream or bucket that does not exist
+// (nobody provisioned).
+func startError(nc *nats.Conn, err error) error {
+	err = natsperm.Explain(nc, err)
+	var perr *natsperm.Error
+	switch {
+	case errors.As(err, &perr):
+		return err
+	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w (is the mesh provisioned? run `dispatch provision` as the admin user)", err)
+	}
+	return err
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -190,69 +219,81 @@ func orDefault[T comparable](v, def T) T {
 	return def
 }
 
-// build makes the router spec of every selected service.
-func (o Options) build(st *services.Stores) ([]services.Spec, error) {
-	tasks := services.NewTaskStore(st.Tasks)
-	trustStore := trust.NewStore(st.Trust, o.Scoring)
-	hist := history.NewStore(st.History, 0)
-	inst := func(name string) string { return name + "@" + o.Instance }
+// build makes the router spec of every selected service, each with the
+// stores of its own buckets.
+func (o Options) build(all *services.Stores) ([]services.Spec, error) {
 	var specs []services.Spec
 	for _, name := range o.Services {
-		switch name {
-		case Intake:
-			s, err := intake.New(intake.Config{Tasks: tasks, Policy: o.Policy, Instance: inst(name), Log: o.Log})
-			if err != nil {
-				return nil, err
-			}
-			specs = append(specs, s.Spec())
-		case Reaper:
-			specs = append(specs, services.ReaperSpec(o.JS))
-		case Verifier:
-			s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: tasks, Instance: inst(name), Log: o.Log})
-			if err != nil {
-				return nil, err
-			}
-			specs = append(specs, services.Spec{
-				Name:    services.ConsumerVerifier,
-				Filters: []string{events.StageFilter(events.StageQueued), events.StageFilter(events.StageRetry)},
-				Handler: s.Handle, Concurrency: 8,
-			})
-		case Gate:
-			s, err := gate.New(gate.Config{Trust: trustStore, Tasks: tasks, Policy: o.Policy, Scoring: o.Scoring, Instance: inst(name), Log: o.Log})
-			if err != nil {
-				return nil, err
-			}
-			specs = append(specs, s.Spec())
-		case Prompt:
-			s, err := prompt.New(prompt.Config{History: hist, Policy: o.Policy, DefaultModel: o.DefaultModel, Instance: inst(name), Log: o.Log})
-			if err != nil {
-				return nil, err
-			}
-			specs = append(specs, services.Spec{
-				Name: services.ConsumerPrompt, Filters: []string{events.StageFilter(events.StageAdmitted)},
-				Handler: s.Handle, Concurrency: 8,
-			})
-		case Executor:
-			s, err := executor.New(executor.Config{
-				Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
-				Tasks: tasks, NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst(name), Log: o.Log,
-			})
-			if err != nil {
-				return nil, err
-			}
-			// Every transient snooze is a delivery: the executor's messages
-			// need room for the transient budget and circuit snoozes.
-			specs = append(specs, services.Spec{
-				Name: services.ConsumerExecutor, Filters: []string{events.StageFilter(events.StagePrompted)},
-				Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true,
-			})
-		case Recorder:
-			s, err := recorder.New(recorder.Config{Tasks: tasks, Trust: trustStore, History: hist, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst(name), Log: o.Log})
-			if err != nil {
-				return nil, err
-			}
-			specs = append(specs, s.Spec())
+		st := newStoresOf(name, all)
+		spec, err := o.spec(name, st)
+		if st.err != nil {
+			return nil, st.err
 		}
+		if err != nil {
+			return nil, err
+		}
+		specs = append(specs, spec)
 	}
 	return specs, nil
+}
+
+// spec makes the router spec of service name.
+func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
+	inst := name + "@" + o.Instance
+	switch name {
+	case Intake:
+		s, err := intake.New(intake.Config{Tasks: st.tasks(), Policy: o.Policy, Instance: inst, Log: o.Log})
+		if err != nil {
+			return services.Spec{}, err
+		}
+		return s.Spec(), nil
+	case Reaper:
+		return services.ReaperSpec(o.JS), nil
+	case Verifier:
+		s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks(), Instance: inst, Log: o.Log})
+		if err != nil {
+			return services.Spec{}, err
+		}
+		return services.Spec{
+			Name:    services.ConsumerVerifier,
+			Filters: []string{events.StageFilter(events.StageQueued), events.StageFilter(events.StageRetry)},
+			Handler: s.Handle, Concurrency: 8,
+		}, nil
+	case Gate:
+		s, err := gate.New(gate.Config{Trust: st.trust(o.Scoring), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Instance: inst, Log: o.Log})
+		if err != nil {
+			return services.Spec{}, err
+		}
+		return s.Spec(), nil
+	case Prompt:
+		s, err := prompt.New(prompt.Config{History: st.history(), Policy: o.Policy, DefaultModel: o.DefaultModel, Instance: inst, Log: o.Log})
+		if err != nil {
+			return services.Spec{}, err
+		}
+		return services.Spec{
+			Name: services.ConsumerPrompt, Filters: []string{events.StageFilter(events.StageAdmitted)},
+			Handler: s.Handle, Concurrency: 8,
+		}, nil
+	case Executor:
+		s, err := executor.New(executor.Config{
+			Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
+			Tasks: st.tasks(), NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
+		})
+		if err != nil {
+			return services.Spec{}, err
+		}
+		// Every transient snooze is a delivery: the executor's messages
+		// need room for the transient budget and circuit snoozes.
+		return services.Spec{
+			Name: services.ConsumerExecutor, Filters: []string{events.StageFilter(events.StagePrompted)},
+			Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true,
+		}, nil
+	case Recorder:
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), Trust: st.trust(o.Scoring), History: st.history(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		if err != nil {
+			return services.Spec{}, err
+		}
+		return s.Spec(), nil
+	}
+	return services.Spec{}, fmt.Errorf("mesh: unknown service %q", name)
 }

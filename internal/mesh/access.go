@@ -1,0 +1,91 @@
+package mesh
+
+import (
+	"fmt"
+	"slices"
+
+	"dispatchmesh/history"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
+)
+
+// Access is what a service does with the KV buckets.
+type Access struct {
+	// Reads are the buckets it only reads; Writes those it also writes.
+	Reads, Writes []string
+}
+
+// All is every bucket the service uses.
+func (a Access) All() []string { return slices.Concat(a.Writes, a.Reads) }
+
+// Buckets is the KV buckets each service uses: the one place to change when
+// a service starts using a bucket. A service binds exactly these at start,
+// so it runs as a NATS user that may touch nothing else, and
+// deploy/nats/users.conf grants exactly these (deploy/deploy_test.go
+// compares them: a bucket in Writes needs $KV.<bucket>.>, one in Reads must
+// not have it). A service that asks build for a store not listed here fails
+// to start.
+var Buckets = map[string]Access{
+	Intake:   {Writes: []string{services.BucketTasks}}, // the submit/status API too
+	Verifier: {Writes: []string{services.BucketTasks}},
+	Gate:     {Writes: []string{services.BucketTrust, services.BucketTasks}},
+	Prompt:   {Reads: []string{services.BucketHistory}},
+	Executor: {Writes: []string{services.BucketTasks}},
+	Recorder: {Writes: []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}},
+	Reaper:   {}, // reads DISPATCH messages, no bucket
+}
+
+// bucketsOf is every bucket the named services use, each once.
+func bucketsOf(names []string) []string {
+	var all []string
+	for _, name := range names {
+		for _, b := range Buckets[name].All() {
+			if !slices.Contains(all, b) {
+				all = append(all, b)
+			}
+		}
+	}
+	return all
+}
+
+// storesOf hands one service the stores of the buckets Buckets lists for
+// it. Asking for another records an error: the table is out of date.
+type storesOf struct {
+	service string
+	kv      *services.Stores // only the service's buckets; the others nil
+	err     error
+}
+
+func newStoresOf(service string, all *services.Stores) *storesOf {
+	return &storesOf{service: service, kv: all.Only(Buckets[service].All()...)}
+}
+
+func (s *storesOf) unlisted(bucket string) {
+	if s.err == nil {
+		s.err = fmt.Errorf("mesh: service %s uses bucket %s, which mesh.Buckets does not list for it", s.service, bucket)
+	}
+}
+
+func (s *storesOf) tasks() *services.TaskStore {
+	if s.kv.Tasks == nil {
+		s.unlisted(services.BucketTasks)
+		return nil
+	}
+	return services.NewTaskStore(s.kv.Tasks)
+}
+
+func (s *storesOf) trust(scoring trust.Policy) *trust.Store {
+	if s.kv.Trust == nil {
+		s.unlisted(services.BucketTrust)
+		return nil
+	}
+	return trust.NewStore(s.kv.Trust, scoring)
+}
+
+func (s *storesOf) history() *history.Store {
+	if s.kv.History == nil {
+		s.unlisted(services.BucketHistory)
+		return nil
+	}
+	return history.NewStore(s.kv.History, 0)
+}
