@@ -31,7 +31,7 @@ func TestPolicyAdmitCanary(t *testing.T) {
 		{"a free place", trust.Policy{}, held("a", "b"), "c", true, true, 3},
 		{"every place held", trust.Policy{}, held("a", "b", "c"), "d", false, false, 3},
 		{"a redelivery keeps its place", trust.Policy{}, held("a", "b", "c"), "b", true, false, 3},
-		{"an outcome already recorded", trust.Policy{}, trust.Stats{Outcomes: []trust.Outcome{{Key: "d"}}}, "d", true, false, 0},
+		{"a scored type has no canaries", trust.Policy{MinOutcomes: 1}, trust.Stats{Outcomes: []trust.Outcome{{Key: "o"}}}, "d", true, false, 0},
 		{"a bigger canary", trust.Policy{Canary: 5}, held("a", "b", "c"), "d", true, true, 4},
 		{"no canaries", trust.Policy{Canary: -1}, held("a", "b", "c"), "d", true, false, 3},
 		{"expired places are given up", trust.Policy{CanaryTTL: 30 * time.Second}, held("a", "b", "c"), "d", true, true, 1},
@@ -50,22 +50,25 @@ func TestPolicyAdmitCanary(t *testing.T) {
 	}
 }
 
-// Recording an outcome, or releasing a pass that records none, frees its
-// place; a key that holds none changes nothing.
-func TestCanaryReleasedByItsOutcome(t *testing.T) {
+// A task's place is given up when it ends, and every place once the type
+// is scored; a key that holds none changes nothing.
+func TestCanaryReleased(t *testing.T) {
 	now := time.Now()
-	var p trust.Policy
-	s, _, _ := p.AdmitCanary(trust.Stats{}, "t1:1:outcome", now)
-	s, _, _ = p.AdmitCanary(s, "t2:1:outcome", now)
-	s, _ = p.Record(s, trust.Outcome{Key: "t1:1:outcome", At: now})
-	if len(s.Canaries) != 1 || s.Canaries[0].Key != "t2:1:outcome" {
-		t.Fatalf("after the outcome: %+v", s.Canaries)
-	}
+	p := trust.Policy{MinOutcomes: 3}
+	s, _, _ := p.AdmitCanary(trust.Stats{}, "t1", now)
+	s, _, _ = p.AdmitCanary(s, "t2", now)
 	if _, changed := trust.Release(s, "nope"); changed {
 		t.Fatal("releasing a key without a place changed the stats")
 	}
-	if s, changed := trust.Release(s, "t2:1:outcome"); !changed || s.Canaries != nil {
+	s, changed := trust.Release(s, "t1")
+	if !changed || len(s.Canaries) != 1 || s.Canaries[0].Key != "t2" {
 		t.Fatalf("release: changed=%v %+v", changed, s.Canaries)
+	}
+	for i := range 3 {
+		s, _ = p.Record(s, trust.Outcome{Key: fmt.Sprint(i), At: now})
+	}
+	if s.Canaries != nil {
+		t.Fatalf("a scored type keeps canary places: %+v", s.Canaries)
 	}
 }
 
@@ -118,7 +121,7 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
-			ok, err := store.Canary(ctx, "css_fix", fmt.Sprintf("t%d:1:outcome", i), time.Now())
+			ok, err := store.Canary(ctx, "css_fix", fmt.Sprintf("t%d", i), time.Now())
 			if err != nil {
 				t.Error(err)
 			}
@@ -140,7 +143,7 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	if _, err := store.Release(ctx, "css_fix", st.Canaries[0].Key); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := store.Canary(ctx, "css_fix", "late:1:outcome", time.Now()); err != nil || !ok {
+	if ok, err := store.Canary(ctx, "css_fix", "late", time.Now()); err != nil || !ok {
 		t.Fatalf("a freed place was not given: %v %v", ok, err)
 	}
 }

@@ -22,13 +22,14 @@ type Stats struct {
 	// Daily is what the type spent per UTC day ("2006-01-02"), the last
 	// SpendDays days kept; the gate enforces a type's daily budget with it.
 	Daily map[string]Spend `json:"daily,omitempty"`
-	// Canaries are the passes admitted while the type had too few outcomes
-	// to score, whose outcomes are not recorded yet (at most Policy.Canary).
+	// Canaries are the tasks admitted while the type had too few outcomes
+	// to score and not ended yet (at most Policy.Canary); cleared once the
+	// window holds MinOutcomes outcomes.
 	Canaries []Canary `json:"canaries,omitempty"`
 }
 
-// Canary is one admitted pass of an unproven type: Key is the key its
-// outcome will be recorded under, At when it was admitted.
+// Canary is one admitted task of an unproven type: Key is the task's id, At
+// when it was first admitted.
 type Canary struct {
 	Key string    `json:"key"`
 	At  time.Time `json:"at"`
@@ -58,17 +59,17 @@ func Day(t time.Time) string { return t.UTC().Format("2006-01-02") }
 // SpentOn is what the type spent on t's UTC day.
 func (s Stats) SpentOn(t time.Time) Spend { return s.Daily[Day(t)] }
 
-// Record returns s with outcome o appended, the window trimmed to p.Window,
-// the lifetime totals bumped and the canary place of o.Key released. When an
-// outcome with o.Key is already in the window it returns s unchanged and
-// changed=false. (An outcome already trimmed out of the window would be
-// counted again.) s is not modified.
+// Record returns s with outcome o appended, the window trimmed to p.Window
+// and the lifetime totals bumped; once the window holds MinOutcomes outcomes
+// the type is scored and its canary places are cleared. When an outcome with
+// o.Key is already in the window it returns s unchanged and changed=false.
+// (An outcome already trimmed out of the window would be counted again.) s
+// is not modified.
 func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	p = p.WithDefaults()
 	if slices.ContainsFunc(s.Outcomes, func(x Outcome) bool { return x.Key == o.Key }) {
 		return s, false
 	}
-	s, _ = Release(s, o.Key)
 	// Keep the window in (At, Key) order whatever order outcomes arrive in,
 	// so a replay of the stream (dispatch rebuild) yields the same window.
 	i := len(s.Outcomes)
@@ -77,6 +78,9 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	}
 	next = s
 	next.Outcomes = lastN(slices.Insert(slices.Clone(s.Outcomes), i, o), p.Window)
+	if len(next.Outcomes) >= p.MinOutcomes {
+		next.Canaries = nil // scored from now on: the canary phase is over
+	}
 	if o.Success {
 		next.Successes++
 	} else {
@@ -132,17 +136,16 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 	return next, probe, true
 }
 
-// AdmitCanary decides whether the pass whose outcome will be recorded under key
-// may go while the type is unproven (fewer than MinOutcomes outcomes): it may
-// when it already holds a place (a redelivery), when its outcome is already
-// recorded, or when fewer than p.Canary places are held; places older than
-// p.CanaryTTL are given up first. changed reports whether next differs from
-// s. s is not modified.
+// AdmitCanary decides whether task key (its id) may go while its type is
+// unproven (fewer than MinOutcomes outcomes): it may when it already holds a
+// place (a retry or a redelivery: a canary keeps its place until it ends, so
+// its whole ladder is measured), or when fewer than p.Canary places are held;
+// places older than p.CanaryTTL are given up first (a task lost or stuck).
+// changed reports whether next differs from s. s is not modified.
 func (p Policy) AdmitCanary(s Stats, key string, now time.Time) (next Stats, admit, changed bool) {
 	p = p.WithDefaults()
-	if p.Canary < 0 ||
-		slices.ContainsFunc(s.Canaries, func(c Canary) bool { return c.Key == key }) ||
-		slices.ContainsFunc(s.Outcomes, func(o Outcome) bool { return o.Key == key }) {
+	if p.Canary < 0 || len(lastN(s.Outcomes, p.Window)) >= p.MinOutcomes ||
+		slices.ContainsFunc(s.Canaries, func(c Canary) bool { return c.Key == key }) {
 		return s, true, false
 	}
 	held := slices.DeleteFunc(slices.Clone(s.Canaries), func(c Canary) bool { return now.Sub(c.At) >= p.CanaryTTL })

@@ -39,13 +39,17 @@ func (s *Store) Get(ctx context.Context, taskType string) (Stats, error) {
 }
 
 // Record adds outcome o to taskType's stats and returns the stats after it.
-// It is idempotent: an outcome whose key is already in the window changes nothing.
-func (s *Store) Record(ctx context.Context, taskType string, o Outcome) (Stats, error) {
+// It is idempotent: an outcome whose key is already in the window changes
+// nothing. When release is set (the id of a task that ended) its canary
+// place is given up in the same write.
+func (s *Store) Record(ctx context.Context, taskType string, o Outcome, release string) (Stats, error) {
 	if o.Key == "" {
 		return Stats{}, fmt.Errorf("%w: outcome without a key", ErrInvalid)
 	}
 	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		return s.policy.Record(cur, o)
+		next, recorded := s.policy.Record(cur, o)
+		next, released := Release(next, release)
+		return next, recorded || released
 	})
 }
 
@@ -69,8 +73,8 @@ func (s *Store) Gate(ctx context.Context, taskType, key string, below bool) (pro
 	return probe, st.BlockStreak, nil
 }
 
-// Canary asks for a canary place for the pass whose outcome will be recorded
-// under key (see Policy.AdmitCanary) and reports whether the pass may go.
+// Canary asks for a canary place for task key (its id; see
+// Policy.AdmitCanary) and reports whether its pass may go.
 func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time) (admit bool, err error) {
 	if key == "" {
 		return false, fmt.Errorf("%w: canary call without a key", ErrInvalid)
@@ -83,8 +87,8 @@ func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time)
 	return admit, err
 }
 
-// Release gives up the canary place of key, if it holds one: for an outcome
-// that is not recorded (it says nothing about the type).
+// Release gives up the canary place of task key, if it holds one: the task
+// ended without an outcome recorded for its type.
 func (s *Store) Release(ctx context.Context, taskType, key string) (Stats, error) {
 	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) { return Release(cur, key) })
 }

@@ -40,7 +40,7 @@ func TestStoreRecordIdempotent(t *testing.T) {
 	ctx := t.Context()
 	o := trust.Outcome{Key: "task1:1", Success: false, At: time.Date(2026, 5, 18, 14, 22, 0, 0, time.UTC)}
 	for range 2 {
-		if _, err := store.Record(ctx, "css_fix", o); err != nil {
+		if _, err := store.Record(ctx, "css_fix", o, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,7 +160,7 @@ func TestStoreConcurrentRecords(t *testing.T) {
 		wg.Go(func() {
 			for i := range perWriter {
 				o := trust.Outcome{Key: fmt.Sprintf("w%d-t%d:1", w, i), Success: i%4 != 0}
-				if _, err := store.Record(ctx, "css_fix", o); err != nil {
+				if _, err := store.Record(ctx, "css_fix", o, ""); err != nil {
 					t.Errorf("writer %d record %d: %v", w, i, err)
 					return
 				}
@@ -208,7 +208,7 @@ func TestStorePutAll(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := store.Record(ctx, "a_fix", trust.Outcome{Key: "late:1", Success: true}); err != nil {
+	if _, err := store.Record(ctx, "a_fix", trust.Outcome{Key: "late:1", Success: true}, ""); err != nil {
 		t.Fatal(err)
 	}
 	want[0].Outcomes = append(want[0].Outcomes, trust.Outcome{Key: "late:1", Success: true})
@@ -232,10 +232,10 @@ func TestStoreRejectsInvalidInput(t *testing.T) {
 	srv := natstest.Start(t)
 	store := trust.NewStore(newKV(t, srv.JS), trust.Policy{})
 	ctx := t.Context()
-	if _, err := store.Record(ctx, "CSS.fix", trust.Outcome{Key: "k"}); !errors.Is(err, trust.ErrInvalid) {
+	if _, err := store.Record(ctx, "CSS.fix", trust.Outcome{Key: "k"}, ""); !errors.Is(err, trust.ErrInvalid) {
 		t.Errorf("invalid type: err = %v", err)
 	}
-	if _, err := store.Record(ctx, "css_fix", trust.Outcome{}); !errors.Is(err, trust.ErrInvalid) {
+	if _, err := store.Record(ctx, "css_fix", trust.Outcome{}, ""); !errors.Is(err, trust.ErrInvalid) {
 		t.Errorf("outcome without a key: err = %v", err)
 	}
 	if _, _, err := store.Gate(ctx, "css_fix", "", true); !errors.Is(err, trust.ErrInvalid) {

@@ -194,6 +194,7 @@ func (r *replayer) review(reason string, data []byte) error {
 			return err
 		}
 		r.gate(ev.Base, ev.Trust, true)
+		r.release(ev.Task.Type, ev.Task.ID)
 		r.setStatus(ev.Base, events.StatusNeedsHumanReview, ev.Reason)
 	case events.ReviewEscalated:
 		var ev events.Escalated
@@ -203,6 +204,7 @@ func (r *replayer) review(reason string, data []byte) error {
 		if ev.Cause != events.CauseRungRate {
 			return nil // the recorder's handoffs are replayed from their attempts
 		}
+		r.release(ev.Task.Type, ev.Task.ID)
 		st := r.task(ev.Task.ID)
 		if st.Pass <= ev.Run.Pass && !events.Terminal(st.Status) {
 			gate.HandOff(st, ev.Base, ev.Reason)
@@ -224,6 +226,13 @@ func (r *replayer) review(reason string, data []byte) error {
 	return nil
 }
 
+// release mirrors a task giving up its canary place when it ends.
+func (r *replayer) release(taskType, id string) {
+	if s, ok := r.out.Trust[taskType]; ok {
+		*s, _ = trust.Release(*s, id)
+	}
+}
+
 // gate mirrors the gate's writes to its type's trust stats: the block
 // streak (trust.Policy.Gate) and the canary places (trust.Policy.AdmitCanary).
 func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
@@ -243,7 +252,7 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 	case events.CauseTrusted:
 	case events.CauseUnproven:
 		scoring := r.o.Policy.For(b.Task.Type).Scoring(r.o.Scoring)
-		*s, _, _ = scoring.AdmitCanary(*s, services.MsgID(b.Task.ID, b.Run.Pass, "outcome"), b.At)
+		*s, _, _ = scoring.AdmitCanary(*s, b.Task.ID, b.At)
 		return
 	case "": // recorded before gate causes existed: read the decision as it was then
 		switch {
@@ -303,10 +312,11 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	if recorder.CountsForTrust(res) {
 		s := r.stats(t.Type)
 		*s, _ = r.o.Scoring.Record(*s, recorder.TrustOutcome(key, b.Run, res, stored))
-	} else if s, ok := r.out.Trust[t.Type]; ok {
-		*s, _ = trust.Release(*s, key)
 	}
 	recorder.Apply(st, t, b.Run, res, pol, stored)
+	if st.Decision != events.DecisionRetry {
+		r.release(t.Type, t.ID)
+	}
 }
 
 // Difference is one store entry where the live store and the replay disagree.

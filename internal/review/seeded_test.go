@@ -178,7 +178,7 @@ func TestShowTrustAndRecords(t *testing.T) {
 	}
 	store := trust.NewStore(kv, trust.Policy{})
 	for i := range 12 {
-		if _, err := store.Record(bg, "css_fix", trust.Outcome{Key: "k" + string(rune('a'+i)), Success: i == 5, At: s.now}); err != nil {
+		if _, err := store.Record(bg, "css_fix", trust.Outcome{Key: "k" + string(rune('a'+i)), Success: i == 5, At: s.now}, ""); err != nil {
 			t.Fatal(err)
 		}
 	}

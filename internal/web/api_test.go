@@ -59,7 +59,7 @@ func newSeeded(t *testing.T, token string) *seeded {
 	// blk-1: escalated after two attempts; gtd-1: gated; run-1: running.
 	ts := trust.NewStore(stores.Trust, trust.Policy{})
 	for i, ok := range []bool{false, true, false} {
-		if _, err := ts.Record(bg, "css_fix", trust.Outcome{Key: "o" + string(rune('0'+i)), Success: ok, At: time.Now()}); err != nil {
+		if _, err := ts.Record(bg, "css_fix", trust.Outcome{Key: "o" + string(rune('0'+i)), Success: ok, At: time.Now()}, ""); err != nil {
 			t.Fatal(err)
 		}
 	}

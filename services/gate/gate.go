@@ -8,9 +8,10 @@
 //     trust collapses; after ProbeAfter consecutive blocks of new tasks the
 //     next new task goes through as an exploration probe, and the probe's
 //     own retries go on re-measuring the type;
-//   - a type with too few outcomes to be scored sends a few canaries at a
-//     time (Policy.Canary); the other passes wait, snoozed and unspent, until
-//     the canaries' outcomes can score the type;
+//   - a type with too few outcomes to be scored sends a few canary tasks at
+//     a time (Policy.Canary), each keeping its place until it ends so its
+//     whole ladder is measured; the other tasks wait, snoozed and unspent,
+//     until the canaries' outcomes can score the type;
 //   - a retry climbs onto a rung only while the type's retries on that rung
 //     succeed often enough (Policy.RungFloor, measured after RungMinSamples):
 //     otherwise the task is handed to a human now (dispatch.review.escalated,
@@ -27,6 +28,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"dispatchmesh/events"
@@ -112,8 +114,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	v := scoring.Evaluate(t.Type, stats)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
-	passKey := services.MsgID(t.ID, b.Run.Pass, "outcome") // the canary place: released with the outcome
 	spent := stats.SpentOn(b.At)
+	// A canary that the gate stops gives up its place.
+	release := ""
+	if slices.ContainsFunc(stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
+		release = t.ID
+	}
 
 	switch {
 	case b.Run.Reviewed:
@@ -122,7 +128,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
 		d.Blocked, d.Cause = true, events.CauseBudget
 		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
-		return s.block(ctx, b, d)
+		return s.block(ctx, b, d, release)
 	case d.Exempt:
 		d.Cause = events.CauseExempt
 	case b.Run.Probe:
@@ -132,7 +138,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		// new tasks count towards the block streak and become probes.
 		d.Blocked, d.Cause, d.Reason = true, events.CauseTrust, v.Reason
 		s.log.Info("retry gated", "task", t.ID, "type", t.Type, "attempt", b.Run.Attempt, "reason", v.Reason)
-		return s.block(ctx, b, d)
+		return s.block(ctx, b, d, release)
 	case v.Below:
 		probe, streak, err := s.cfg.Trust.Gate(ctx, t.Type, gateKey, true)
 		if err != nil {
@@ -141,7 +147,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if !probe {
 			d.Blocked, d.Cause, d.Reason = true, events.CauseTrust, v.Reason
 			s.log.Info("task gated", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "reason", v.Reason, "streak", streak)
-			return s.block(ctx, b, d)
+			return s.block(ctx, b, d, release)
 		}
 		d.Probe, d.Cause, b.Run.Probe = true, events.CauseProbe, true
 		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", v.Score)
@@ -163,12 +169,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			d.Cause = events.CauseRungRate
 			d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s retries of %s succeeded %d of %d times (%.0f%%), below the floor of %.0f%%",
 				b.Run.Attempt, b.Run.Rung, t.Type, successes, tries, 100*float64(successes)/float64(tries), 100*scoring.RungFloor)
-			return s.handoff(ctx, b, d)
+			return s.handoff(ctx, b, d, release)
 		}
 	}
 
 	if d.Cause == events.CauseUnproven {
-		admit, err := s.cfg.Trust.Canary(ctx, t.Type, passKey, b.At)
+		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At)
 		if err != nil {
 			return nil, err
 		}
@@ -204,7 +210,10 @@ func (s *Service) admit(b events.Base, d events.TrustDecision) ([]services.Out, 
 
 // block files the task for human review with status needs_human_review,
 // with what was tried when a retry is stopped.
-func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecision, release string) ([]services.Out, error) {
+	if err := s.release(ctx, b.Task.Type, release); err != nil {
+		return nil, err
+	}
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
 		st, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason)
@@ -220,7 +229,10 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 
 // handoff stops the task before an attempt that would rarely succeed: one
 // escalation record, status blocked — the end of its ladder.
-func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDecision, release string) ([]services.Out, error) {
+	if err := s.release(ctx, b.Task.Type, release); err != nil {
+		return nil, err
+	}
 	var st events.TaskState
 	if s.cfg.Tasks != nil {
 		var err error
@@ -244,6 +256,15 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 		TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
 	})
 	return []services.Out{out}, err
+}
+
+// release gives up the canary place of a task the gate stops.
+func (s *Service) release(ctx context.Context, taskType, id string) error {
+	if id == "" {
+		return nil
+	}
+	_, err := s.cfg.Trust.Release(ctx, taskType, id)
+	return err
 }
 
 // HandOff is what a handoff before a retry does to the task's state (the

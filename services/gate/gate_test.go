@@ -47,7 +47,7 @@ func (e *env) outcomes(typ string, n, successes int, rung string) {
 	e.t.Helper()
 	for i := range n {
 		o := trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != ""}
-		if _, err := e.trust.Record(context.Background(), typ, o); err != nil {
+		if _, err := e.trust.Record(context.Background(), typ, o, ""); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -115,7 +115,7 @@ func TestGateDecisions(t *testing.T) {
 		{"a human's requeue goes", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "f", "css_fix", events.Run{Pass: 5, Attempt: 5, Reviewed: true}, events.StageAdmitted, events.CauseReviewed},
 		{"a probe's retry goes on", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "g", "css_fix", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Probe: true}, events.StageAdmitted, events.CauseProbe},
 		{"a type over its daily budget", func(e *env) {
-			if _, err := e.trust.Record(context.Background(), "spendy", trust.Outcome{Key: "x", Success: true, At: now, Tokens: 50}); err != nil {
+			if _, err := e.trust.Record(context.Background(), "spendy", trust.Outcome{Key: "x", Success: true, At: now, Tokens: 50}, ""); err != nil {
 				t.Fatal(err)
 			}
 		}, "h", "spendy", first(), events.ReviewGated, events.CauseBudget},
@@ -165,8 +165,12 @@ func TestGateCanaries(t *testing.T) {
 	if st, _ := e.tasks.Get(context.Background(), "w1"); st.Status != events.StatusPending {
 		t.Fatalf("a waiting task is %s", st.Status)
 	}
-	// c0's outcome frees its place.
-	if _, err := e.trust.Record(context.Background(), "new_type", trust.Outcome{Key: "c0:1:outcome", Success: true, At: now}); err != nil {
+	// A canary keeps its place for its retries until it ends.
+	if to, _, err := e.pass("c1", "new_type", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, 0); err != nil || to != events.StageAdmitted {
+		t.Fatalf("a canary's retry: %s %v", to, err)
+	}
+	// c0 ends: its place is free.
+	if _, err := e.trust.Record(context.Background(), "new_type", trust.Outcome{Key: "c0:1:outcome", Success: true, At: now}, "c0"); err != nil {
 		t.Fatal(err)
 	}
 	if to, _, err := e.pass("w1", "new_type", first(), 0); err != nil || to != events.StageAdmitted {

@@ -142,11 +142,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
+	// A task that ends gives up its canary place, if it held one.
+	release := ""
+	if st.Decision != events.DecisionRetry {
+		release = t.ID
+	}
 	var stats trust.Stats
-	if CountsForTrust(res) {
-		stats, err = s.cfg.Trust.Record(ctx, t.Type, TrustOutcome(key, b.Run, res, now))
-	} else {
-		stats, err = s.cfg.Trust.Release(ctx, t.Type, key) // a canary's place, if the pass held one
+	switch {
+	case CountsForTrust(res):
+		stats, err = s.cfg.Trust.Record(ctx, t.Type, TrustOutcome(key, b.Run, res, now), release)
+	case release != "":
+		stats, err = s.cfg.Trust.Release(ctx, t.Type, release)
+	default:
+		stats, err = s.cfg.Trust.Get(ctx, t.Type)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
