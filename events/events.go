@@ -221,6 +221,9 @@ type TrustDecision struct {
 	// task's next rung, when the gate weighed them.
 	RungTries     int `json:"rung_tries,omitempty"`
 	RungSuccesses int `json:"rung_successes,omitempty"`
+	// Rung is set when the gate moved a retry up the ladder because
+	// retries on its own rung rarely succeed for the type: the rung it runs on.
+	Rung string `json:"rung,omitempty"`
 }
 
 // Admitted is published by the gate when the task may be dispatched.

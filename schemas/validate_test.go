@@ -32,7 +32,7 @@ var (
 	}
 	trust = events.TrustDecision{
 		Score: 0.42, Outcomes: 12, Threshold: 0.15, Exempt: true, Probe: true, Blocked: true, Reason: "probe",
-		Cause: events.CauseProbe, RungTries: 9, RungSuccesses: 4,
+		Cause: events.CauseProbe, RungTries: 9, RungSuccesses: 4, Rung: events.RungPivot,
 	}
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",

@@ -178,3 +178,32 @@ func Normalize(s string) string {
 	}
 	return b.String()
 }
+
+// Skip returns the rung a retry runs on when retries on some rungs are
+// measured to rarely succeed (below reports it): rung itself when it earns
+// its call, else the next rung up the ladder that does — REFINE, then PIVOT,
+// then RESEARCH while its one pass is unused; RESEARCH falls back to PIVOT —
+// or RungHandoff when none does. A rung without enough data is not below,
+// so the ladder applies until there is data.
+func Skip(rung string, researchUsed bool, below func(rung string) bool) string {
+	var order []string
+	switch rung {
+	case events.RungRefine:
+		order = []string{events.RungRefine, events.RungPivot, events.RungResearch}
+	case events.RungPivot:
+		order = []string{events.RungPivot, events.RungResearch}
+	case events.RungResearch:
+		order = []string{events.RungResearch, events.RungPivot}
+	default:
+		return rung
+	}
+	for _, r := range order {
+		if r == events.RungResearch && researchUsed && r != rung {
+			continue
+		}
+		if !below(r) {
+			return r
+		}
+	}
+	return events.RungHandoff
+}

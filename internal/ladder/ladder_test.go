@@ -170,3 +170,33 @@ func countResearch(ends []events.DeadEnd) int {
 	}
 	return n
 }
+
+func TestSkip(t *testing.T) {
+	belowOf := func(rungs ...string) func(string) bool {
+		return func(r string) bool { return slices.Contains(rungs, r) }
+	}
+	R, P, S, H := events.RungRefine, events.RungPivot, events.RungResearch, events.RungHandoff
+	tests := []struct {
+		rung         string
+		researchUsed bool
+		below        []string
+		want         string
+	}{
+		{R, false, nil, R},
+		{R, false, []string{R}, P},
+		{R, false, []string{R, P}, S},
+		{R, true, []string{R, P}, H},
+		{R, false, []string{R, P, S}, H},
+		{P, false, []string{R}, P},
+		{P, false, []string{P}, S},
+		{P, true, []string{P}, H},
+		{S, false, []string{S}, P},
+		{S, false, []string{S, P}, H},
+		{"", false, []string{R, P, S}, ""}, // a pipeline step has no rung
+	}
+	for _, tt := range tests {
+		if got := ladder.Skip(tt.rung, tt.researchUsed, belowOf(tt.below...)); got != tt.want {
+			t.Errorf("Skip(%q, used=%v, below=%v) = %q, want %q", tt.rung, tt.researchUsed, tt.below, got, tt.want)
+		}
+	}
+}

@@ -225,3 +225,31 @@ func TestHopelessTasksStopWhenTrustCollapses(t *testing.T) {
 		t.Fatalf("a new task of a type at trust 0 ended with %s after %d calls", got, e.model.Calls()-calls)
 	}
 }
+
+// A type whose REFINE retries never succeed but whose PIVOT retries do: once
+// REFINE is measured, a task's retry skips it and runs on PIVOT — resolved,
+// one call cheaper — instead of being handed off.
+func TestRetrySkipsARungThatNeverSucceeds(t *testing.T) {
+	e := newEnv(t, func(n int, req openaitest.Request) openaitest.Reply {
+		if strings.Contains(req.Messages[1].Content, "<dead_ends>") {
+			return openaitest.Reply{Content: openaitest.Success("a new idea")}
+		}
+		return openaitest.Reply{Content: openaitest.Failure(fmt.Sprintf("patch it %d", n), "still broken")}
+	}, &policy.File{Types: map[string]policy.Type{"bug_fix": {RungMinSamples: 2}}})
+	e.start()
+	calls := map[string]int{}
+	for i := range 4 {
+		before := e.model.Calls()
+		id := e.submit(events.Submit{ID: fmt.Sprintf("p%d", i), Type: "bug_fix", Subject: fmt.Sprintf("p%d.go", i)})
+		if got := last(e.waitEnd(id)).Stage; got != events.StageSucceeded {
+			t.Fatalf("%s ended with %s", id, got)
+		}
+		calls[id] = e.model.Calls() - before
+	}
+	if calls["p0"] != 3 || calls["p1"] != 3 || calls["p2"] != 2 || calls["p3"] != 2 {
+		t.Fatalf("calls per task = %v, want 3 while REFINE is measured, then 2", calls)
+	}
+	if st := e.state("p3"); st.History[1].Rung != events.RungPivot {
+		t.Fatalf("p3's retry ran on %s", st.History[1].Rung)
+	}
+}

@@ -121,7 +121,7 @@ var checkRows = []check{
 	{name: "tokens per resolved, mesh / loop", get: func(c Comparison) float64 { return float64(c.TokensPerResolved) }, digits: 3},
 	{name: "wasted tokens, mesh / loop", get: func(c Comparison) float64 { return float64(c.WastedTokens) }, digits: 3},
 	{name: "tasks the loop resolved and the mesh did not", get: func(c Comparison) float64 { return float64(c.LoopResolvedMeshNot) }},
-	{name: "fixable + history tasks the mesh left unresolved", get: func(c Comparison) float64 { return float64(c.CarryOverUnresolved) }},
+	{name: "fixable + history + pivot tasks the mesh left unresolved", get: func(c Comparison) float64 { return float64(c.CarryOverUnresolved) }},
 	{name: "resolvable tasks the mesh left unresolved", get: func(c Comparison) float64 { return float64(c.ResolvableUnresolved) }},
 }
 

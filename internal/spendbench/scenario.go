@@ -29,6 +29,12 @@ const (
 	// A client that carries the previous attempt's outcome into the next
 	// request resolves it.
 	History = "history"
+	// Pivot: a billed failure answer declaring the approach PIVOT-<ticket>
+	// unless the request lists that approach as a dead end (it contains the
+	// approach and the words "dead end"), then success. A client that tells
+	// the model which approach failed and asks for another resolves it;
+	// adjusting the same approach does not.
+	Pivot = "pivot"
 	// Hopeless: always a billed failure answer.
 	Hopeless = "hopeless"
 	// BadKey: always 401 invalid_api_key (free).
@@ -41,7 +47,7 @@ const (
 )
 
 // Scenarios lists every scenario, in report order.
-var Scenarios = []string{Healthy, Flaky, RateLimited, Fixable, History, Coinflip, Hopeless, BadKey, Quota}
+var Scenarios = []string{Healthy, Flaky, RateLimited, Fixable, History, Pivot, Coinflip, Hopeless, BadKey, Quota}
 
 // Share is a scenario's share of a workload, in percent.
 type Share struct {
@@ -49,19 +55,21 @@ type Share struct {
 	Percent  float64 `json:"percent"`
 }
 
-// DefaultMix is the workload's composition: 60 % that any client resolves
-// (healthy, flaky, rate-limited, coinflip mostly), 22 % that only a client
-// carrying what happened before resolves (fixable, history), 22 % that no
-// retry resolves (hopeless, bad key, exhausted quota).
+// DefaultMix is the workload's composition: 52 % that any client resolves
+// (healthy, flaky, rate-limited, coinflip mostly), 26 % that only a client
+// carrying what happened before resolves (fixable, history, pivot), 22 %
+// that no retry resolves (hopeless, bad key, exhausted quota).
 var DefaultMix = []Share{
-	{Healthy, 30}, {Flaky, 12}, {RateLimited, 6}, {Fixable, 10}, {History, 12},
-	{Coinflip, 8}, {Hopeless, 15}, {BadKey, 4}, {Quota, 3},
+	{Healthy, 26}, {Flaky, 12}, {RateLimited, 6}, {Fixable, 10}, {History, 10},
+	{Pivot, 6}, {Coinflip, 8}, {Hopeless, 15}, {BadKey, 4}, {Quota, 3},
 }
 
 // NeedsCarryOver reports whether a scenario is resolved only by a request
 // that carries something from an earlier call (the provider's error or the
 // previous outcome): what a stateless loop cannot do.
-func NeedsCarryOver(scenario string) bool { return scenario == Fixable || scenario == History }
+func NeedsCarryOver(scenario string) bool {
+	return scenario == Fixable || scenario == History || scenario == Pivot
+}
 
 // Resolvable reports whether some client can resolve tasks of the scenario.
 func Resolvable(scenario string) bool {
@@ -131,6 +139,12 @@ func decide(scenario, ticket, content string, p prior) answer {
 				fmt.Sprintf("the handler was not the cause; the crash comes from a stale cache entry in the loader, look there first (%s)", hintToken(ticket)))
 		}
 		return success(scenario, ticket)
+	case Pivot:
+		if !strings.Contains(content, pivotToken(ticket)) || !strings.Contains(strings.ToLower(strings.ReplaceAll(content, "_", " ")), "dead end") {
+			return failure(fmt.Sprintf("patch the parser in place (%s)", pivotToken(ticket)),
+				fmt.Sprintf("the parser still rejects the input (try %d)", p.billed+1))
+		}
+		return success(scenario, ticket)
 	case Hopeless:
 		return failure(fmt.Sprintf("rework the module, variant %d", p.billed+1),
 			fmt.Sprintf("the upstream dependency is broken; nothing in this repository fixes it (try %d)", p.billed+1))
@@ -150,8 +164,9 @@ func decide(scenario, ticket, content string, p prior) answer {
 	return apiError(kindUnknown, http.StatusBadRequest, "invalid_request_error", "", "spendbench: unknown scenario "+scenario, nil)
 }
 
-func fixToken(ticket string) string  { return "FIX-" + ticket }
-func hintToken(ticket string) string { return "HINT-" + ticket }
+func fixToken(ticket string) string   { return "FIX-" + ticket }
+func hintToken(ticket string) string  { return "HINT-" + ticket }
+func pivotToken(ticket string) string { return "PIVOT-" + ticket }
 
 // hash is a stable hash of a ticket and a number, every bit of it
 // independent of the others' (FNV's low bit, for one, is only the parity

@@ -82,6 +82,24 @@ func TestServerScenarios(t *testing.T) {
 		t.Fatalf("history with the hint: %q", resp.Content)
 	}
 
+	// pivot: a billed failure until the request lists its approach as a dead end
+	resp, err = ask(t, m, payload(Pivot, "p-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ = executor.ParseResult(resp.Content)
+	if r.Status != events.OutcomeFailure || !strings.Contains(r.Approach, "PIVOT-p-1") {
+		t.Fatalf("pivot first call: %q", resp.Content)
+	}
+	resp, _ = ask(t, m, payload(Pivot, "p-1")+"<previous_attempts>"+r.Approach+"</previous_attempts>")
+	if r, _ := executor.ParseResult(resp.Content); r.Status != events.OutcomeFailure {
+		t.Fatalf("pivot refined without a dead end: %q", resp.Content)
+	}
+	resp, _ = ask(t, m, payload(Pivot, "p-1")+"<dead_ends><dead_end>"+r.Approach+"</dead_end></dead_ends>")
+	if r, _ := executor.ParseResult(resp.Content); r.Status != events.OutcomeSuccess {
+		t.Fatalf("pivot with the dead end: %q", resp.Content)
+	}
+
 	// rate limited: a transient 429 with Retry-After, then success
 	_, err = ask(t, m, payload(RateLimited, "r-1"))
 	if c := executor.Classify(err, executor.Rules{}); c.Class != events.ErrorClassTransient || c.RetryAfter != time.Second {

@@ -14,7 +14,8 @@
 //     until the canaries' outcomes can score the type;
 //   - a retry climbs onto a rung only while the type's retries on that rung
 //     succeed often enough (Policy.RungFloor, measured after RungMinSamples):
-//     otherwise the task is handed to a human now (dispatch.review.escalated,
+//     otherwise it moves up to the next rung that does (ladder.Skip), and when
+//     none does the task is handed to a human now (dispatch.review.escalated,
 //     status blocked) instead of paying for an attempt that rarely succeeds;
 //   - a type over its daily budget is blocked with cause budget.
 //
@@ -33,6 +34,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -162,14 +164,22 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
-	if retry := b.Run.Attempt > 1; retry {
-		below, tries, successes := scoring.RungBelow(stats, b.Run.Rung)
+	if retry := b.Run.Attempt > 1; retry && b.Run.Rung != "" {
+		below := func(rung string) bool { low, _, _ := scoring.RungBelow(stats, rung); return low }
+		_, tries, successes := scoring.RungBelow(stats, b.Run.Rung)
 		d.RungTries, d.RungSuccesses = tries, successes
-		if below {
+		measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
+			b.Run.Rung, t.Type, successes, tries, 100*scoring.RungFloor)
+		switch next := ladder.Skip(b.Run.Rung, ladder.ResearchUsed(b.Run.DeadEnds), below); next {
+		case b.Run.Rung:
+		case events.RungHandoff:
 			d.Cause = events.CauseRungRate
-			d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s retries of %s succeeded %d of %d times (%.0f%%), below the floor of %.0f%%",
-				b.Run.Attempt, b.Run.Rung, t.Type, successes, tries, 100*float64(successes)/float64(tries), 100*scoring.RungFloor)
+			d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s, and so do the rungs above it", b.Run.Attempt, measured)
 			return s.handoff(ctx, b, d, release)
+		default:
+			d.Rung, d.Reason = next, fmt.Sprintf("attempt %d runs on %s: %s", b.Run.Attempt, next, measured)
+			s.log.Info("retry moved up the ladder", "task", t.ID, "type", t.Type, "from", b.Run.Rung, "to", next)
+			b.Run.Rung = next
 		}
 	}
 

@@ -119,9 +119,10 @@ func TestGateDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "h", "spendy", first(), events.ReviewGated, events.CauseBudget},
-		{"a retry onto a rung that rarely succeeds is handed off", func(e *env) {
+		{"a retry is handed off when its rung and those above rarely succeed", func(e *env) {
 			e.outcomes("css_fix", 20, 20, "")
 			e.outcomes("css_fix", 9, 1, events.RungPivot)
+			e.outcomes("css_fix", 8, 0, events.RungResearch)
 		}, "i", "css_fix", retry(events.RungPivot), events.ReviewEscalated, events.CauseRungRate},
 		{"a retry onto a rung that succeeds often enough goes", func(e *env) {
 			e.outcomes("css_fix", 20, 20, "")
@@ -227,5 +228,18 @@ func TestGatedRetryCarriesItsAttempts(t *testing.T) {
 	}
 	if st, _ := e.tasks.Get(ctx, "tried"); st.Status != events.StatusNeedsHumanReview {
 		t.Fatalf("status %s", st.Status)
+	}
+}
+
+// A retry whose rung rarely succeeds moves up to the next rung that earns
+// its call (or has no data yet), instead of being handed off.
+func TestGateMovesARetryUpTheLadder(t *testing.T) {
+	e := newEnv(t, nil)
+	e.outcomes("css_fix", 20, 20, "")
+	e.outcomes("css_fix", 10, 0, events.RungRefine)
+	e.outcomes("css_fix", 10, 9, events.RungPivot)
+	to, d, err := e.pass("up", "css_fix", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, 0)
+	if err != nil || to != events.StageAdmitted || d.Rung != events.RungPivot || d.RungTries != 10 || d.RungSuccesses != 0 {
+		t.Fatalf("went to %s with %+v (%v)", to, d, err)
 	}
 }
