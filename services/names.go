@@ -7,6 +7,9 @@ const (
 	// AdvisoryStream captures max-delivery advisories of Stream's consumers, so
 	// a message whose worker died on its last delivery still reaches review.
 	AdvisoryStream = "DISPATCH_ADVISORIES"
+	// CounterStream holds the server-side spend counters (trust.Spending):
+	// dispatch.count.<type>.<unit>.<day>, one message per counter.
+	CounterStream = "DISPATCH_COUNTERS"
 
 	BucketTasks   = "dispatch_tasks"   // task state by task id
 	BucketTrust   = "dispatch_trust"   // trust stats by task type

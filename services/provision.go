@@ -52,6 +52,9 @@ type Stores struct {
 // reply) is deliberately not among them: the stream would answer requests.
 var StreamSubjects = []string{events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
 
+// CounterSubjects are the subjects of CounterStream (trust.SpendRoot).
+const CounterSubjects = "dispatch.count.>"
+
 // AdvisorySubject captures max-delivery advisories of Stream's consumers.
 const AdvisorySubject = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + Stream + ".>"
 
@@ -84,6 +87,22 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", AdvisoryStream, err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        CounterStream,
+		Description: "dispatchmesh: what each task type spent per day, server-side counters deduplicated by outcome",
+		Subjects:    []string{CounterSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Duplicates:  cfg.Duplicates,
+		Replicas:    cfg.Replicas,
+		// A counter is its latest message.
+		MaxMsgsPerSubject: 1,
+		AllowMsgCounter:   true,
+		AllowDirect:       true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)
 	}
 	var st Stores
 	for _, b := range []struct {

@@ -9,19 +9,17 @@ import (
 type Stats struct {
 	Type string `json:"type"`
 	// Outcomes is the window, oldest first, at most Policy.Window entries.
+	// It needs no lifetime totals (Prometheus counts outcomes) and keeps no
+	// spend (Spending does, exactly): every field here is idempotent under
+	// redelivery, because an outcome recorded again after it left a full
+	// window sorts before it and is trimmed at once.
 	Outcomes []Outcome `json:"outcomes"`
-	// Successes and Failures are lifetime totals, not windowed.
-	Successes int `json:"successes"`
-	Failures  int `json:"failures"`
 	// BlockStreak counts consecutive gate blocks of this type.
 	BlockStreak int `json:"block_streak"`
 	// Gates are the recent gate decisions that changed the streak (the last
 	// GateMemory), so a redelivered gate call gets the same answer even after
 	// other tasks of the type went through the gate.
 	Gates []GateMark `json:"gates,omitempty"`
-	// Daily is what the type spent per UTC day ("2006-01-02"), the last
-	// SpendDays days kept; the gate enforces a type's daily budget with it.
-	Daily map[string]Spend `json:"daily,omitempty"`
 	// Canaries are the tasks admitted while the type had too few outcomes
 	// to score and not ended yet (at most Policy.Canary); cleared once the
 	// window holds MinOutcomes outcomes.
@@ -50,17 +48,23 @@ type GateMark struct {
 // GateMemory is how many gate decisions Stats remembers.
 const GateMemory = 64
 
-// SpendDays is how many days of spend Stats keeps.
-const SpendDays = 7
+// Counts are the successes and failures in the window.
+func (s Stats) Counts() (successes, failures int) {
+	for _, o := range s.Outcomes {
+		if o.Success {
+			successes++
+		} else {
+			failures++
+		}
+	}
+	return successes, failures
+}
 
-// Day is the key of t's UTC day in Stats.Daily.
+// Day is the UTC day of t as spend counters name it ("2006-01-02").
 func Day(t time.Time) string { return t.UTC().Format("2006-01-02") }
 
-// SpentOn is what the type spent on t's UTC day.
-func (s Stats) SpentOn(t time.Time) Spend { return s.Daily[Day(t)] }
-
-// Record returns s with outcome o appended, the window trimmed to p.Window
-// and the lifetime totals bumped; once the window holds MinOutcomes outcomes
+// Record returns s with outcome o appended and the window trimmed to
+// p.Window; once the window holds MinOutcomes outcomes
 // the type is scored and its canary places are cleared. When an outcome with
 // o.Key is already in the window it returns s unchanged and changed=false.
 // (An outcome already trimmed out of the window would be counted again.) s
@@ -80,24 +84,6 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	next.Outcomes = lastN(slices.Insert(slices.Clone(s.Outcomes), i, o), p.Window)
 	if len(next.Outcomes) >= p.MinOutcomes {
 		next.Canaries = nil // scored from now on: the canary phase is over
-	}
-	if o.Success {
-		next.Successes++
-	} else {
-		next.Failures++
-	}
-	if o.Tokens != 0 || o.Cost != 0 {
-		next.Daily = make(map[string]Spend, len(s.Daily)+1)
-		oldest := Day(o.At.AddDate(0, 0, -SpendDays+1))
-		for day, sp := range s.Daily {
-			if day >= oldest {
-				next.Daily[day] = sp
-			}
-		}
-		sp := next.Daily[Day(o.At)]
-		sp.Tokens += o.Tokens
-		sp.Cost += o.Cost
-		next.Daily[Day(o.At)] = sp
 	}
 	return next, true
 }

@@ -29,7 +29,7 @@ func TestStoreGetAbsent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Type != "css_fix" || len(st.Outcomes) != 0 || st.Successes != 0 || st.BlockStreak != 0 {
+	if st.Type != "css_fix" || len(st.Outcomes) != 0 || st.BlockStreak != 0 {
 		t.Errorf("absent stats = %+v", st)
 	}
 }
@@ -48,7 +48,7 @@ func TestStoreRecordIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Failures != 1 || st.Successes != 0 || len(st.Outcomes) != 1 {
+	if ok, failed := st.Counts(); failed != 1 || ok != 0 || len(st.Outcomes) != 1 {
 		t.Errorf("after a duplicate record: %+v", st)
 	}
 	if !st.Outcomes[0].At.Equal(o.At) || st.Outcomes[0].Key != o.Key {
@@ -145,7 +145,8 @@ func TestStoreGateAdmitWritesNothing(t *testing.T) {
 func TestStoreConcurrentRecords(t *testing.T) {
 	const writers, perWriter = 8, 50
 	srv := natstest.Start(t)
-	reader := trust.NewStore(newKV(t, srv.JS), trust.Policy{})
+	all := trust.Policy{Window: writers * perWriter} // every outcome stays in the window
+	reader := trust.NewStore(newKV(t, srv.JS), all)
 	ctx := t.Context()
 
 	var wg sync.WaitGroup
@@ -156,7 +157,7 @@ func TestStoreConcurrentRecords(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		store := trust.NewStore(kv, trust.Policy{})
+		store := trust.NewStore(kv, all)
 		wg.Go(func() {
 			for i := range perWriter {
 				o := trust.Outcome{Key: fmt.Sprintf("w%d-t%d:1", w, i), Success: i%4 != 0}
@@ -173,14 +174,12 @@ func TestStoreConcurrentRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := st.Successes + st.Failures; got != writers*perWriter {
-		t.Errorf("lifetime total = %d, want %d (lost updates)", got, writers*perWriter)
+	ok, failed := st.Counts()
+	if got := ok + failed; got != writers*perWriter {
+		t.Errorf("window holds %d outcomes, want %d (lost updates)", got, writers*perWriter)
 	}
-	if want := writers * ((perWriter + 3) / 4); st.Failures != want { // every i%4 == 0 failed
-		t.Errorf("failures = %d, want %d", st.Failures, want)
-	}
-	if len(st.Outcomes) != 50 {
-		t.Errorf("window holds %d outcomes, want 50", len(st.Outcomes))
+	if want := writers * ((perWriter + 3) / 4); failed != want { // every i%4 == 0 failed
+		t.Errorf("failures = %d, want %d", failed, want)
 	}
 	seen := map[string]bool{}
 	for _, o := range st.Outcomes {
@@ -200,8 +199,8 @@ func TestStorePutAll(t *testing.T) {
 		t.Fatalf("All on an empty bucket = %v, %v", all, err)
 	}
 	want := []trust.Stats{
-		{Type: "a_fix", Outcomes: seq("SF"), Successes: 1, Failures: 1},
-		{Type: "b_fix", Outcomes: seq("S"), Successes: 7, BlockStreak: 2, Gates: []trust.GateMark{{Key: "x:1"}}},
+		{Type: "a_fix", Outcomes: seq("SF")},
+		{Type: "b_fix", Outcomes: seq("S"), BlockStreak: 2, Gates: []trust.GateMark{{Key: "x:1"}}},
 	}
 	for _, st := range []trust.Stats{want[1], want[0]} {
 		if err := store.Put(ctx, st); err != nil {
@@ -212,7 +211,6 @@ func TestStorePutAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	want[0].Outcomes = append(want[0].Outcomes, trust.Outcome{Key: "late:1", Success: true})
-	want[0].Successes++
 	all, err = store.All(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -221,8 +219,7 @@ func TestStorePutAll(t *testing.T) {
 		t.Fatalf("All = %+v", all)
 	}
 	for i := range want {
-		if got := all[i]; got.Successes != want[i].Successes || got.Failures != want[i].Failures ||
-			len(got.Outcomes) != len(want[i].Outcomes) || got.BlockStreak != want[i].BlockStreak || len(got.Gates) != len(want[i].Gates) {
+		if got := all[i]; len(got.Outcomes) != len(want[i].Outcomes) || got.BlockStreak != want[i].BlockStreak || len(got.Gates) != len(want[i].Gates) {
 			t.Errorf("All[%d] = %+v, want %+v", i, got, want[i])
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/rebuild"
 	"dispatchmesh/services"
+	"dispatchmesh/trust"
 )
 
 // cmdRebuild recomputes the task-state, trust and history stores from the
@@ -80,5 +81,6 @@ func liveStores(ctx context.Context, js jetstream.JetStream) (rebuild.Live, erro
 	if err != nil {
 		return rebuild.Live{}, err
 	}
-	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History}, nil
+	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History,
+		Spending: trust.NewSpending(js, services.CounterStream)}, nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"dispatchmesh/history"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -80,6 +82,13 @@ func (s *storesOf) trust(scoring trust.Policy) *trust.Store {
 		return nil
 	}
 	return trust.NewStore(s.kv.Trust, scoring)
+}
+
+// spending is the spend counters (stream DISPATCH_COUNTERS): the recorder
+// counts, the gate reads them for a type with a daily budget. Bound on first
+// use, so a service that never reads them needs no permission for them.
+func (s *storesOf) spending(js jetstream.JetStream) *trust.Spending {
+	return trust.NewSpending(js, services.CounterStream)
 }
 
 func (s *storesOf) history() *history.Store {

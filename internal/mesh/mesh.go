@@ -260,7 +260,7 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 			Handler: s.Handle, Concurrency: 8,
 		}, nil
 	case Gate:
-		s, err := gate.New(gate.Config{Trust: st.trust(o.Scoring), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Instance: inst, Log: o.Log})
+		s, err := gate.New(gate.Config{Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -289,7 +289,7 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 			Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true,
 		}, nil
 	case Recorder:
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), Trust: st.trust(o.Scoring), History: st.history(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), Trust: st.trust(o.Scoring), History: st.history(), Spending: st.spending(o.JS), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

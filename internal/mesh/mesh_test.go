@@ -14,6 +14,7 @@ import (
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
+	"dispatchmesh/trust"
 )
 
 func TestHappyPathThroughAllServices(t *testing.T) {
@@ -278,11 +279,11 @@ func TestConcurrentOutcomesKeepTrustExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stats struct{ Successes, Failures int }
+	var stats trust.Stats
 	if err := jsonUnmarshal(entry.Value(), &stats); err != nil {
 		t.Fatal(err)
 	}
-	if stats.Successes+stats.Failures != tasks || stats.Successes != e.model.Calls()-stats.Failures {
-		t.Fatalf("trust stats %+v after %d outcomes", stats, tasks)
+	if ok, failed := stats.Counts(); ok+failed != tasks || ok != e.model.Calls()-failed {
+		t.Fatalf("trust window %d/%d after %d outcomes", ok, failed, tasks)
 	}
 }

@@ -33,6 +33,8 @@ type Stores struct {
 	Tasks   map[string]*events.TaskState
 	Trust   map[string]*trust.Stats
 	History map[string]*history.Record
+	// Spend is what each (type, UTC day) spent: the spend counters.
+	Spend map[[2]string]trust.DaySpend
 	// Events is how many stream messages were replayed.
 	Events int
 }
@@ -55,6 +57,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	}
 	r := &replayer{o: o, requeues: map[string]events.Action{}, out: &Stores{
 		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
+		Spend: map[[2]string]trust.DaySpend{},
 	}}
 	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
 		// Readers come and go (every page, every command): let the server
@@ -309,6 +312,14 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
 	}, r.o.HistoryLimit)
+	if tokens := res.TokensIn + res.TokensOut; tokens != 0 || res.Cost != 0 {
+		k := [2]string{t.Type, trust.Day(stored)}
+		d := r.out.Spend[k]
+		d.Type, d.Day = k[0], k[1]
+		d.Tokens += int64(tokens)
+		d.NanoUSD += trust.NanoUSD(res.Cost)
+		r.out.Spend[k] = d
+	}
 	if recorder.CountsForTrust(res) {
 		s := r.stats(t.Type)
 		*s, _ = r.o.Scoring.Record(*s, recorder.TrustOutcome(key, b.Run, res, stored))
@@ -335,6 +346,7 @@ func (d Difference) String() string {
 // Live are the live stores.
 type Live struct {
 	Tasks, Trust, History jetstream.KeyValue
+	Spending              *trust.Spending
 }
 
 // Compare reports every difference between the live stores and rebuilt.
@@ -355,7 +367,40 @@ func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, err
 	if err != nil {
 		return nil, err
 	}
-	return slices.Concat(tasks, stats, hist), nil
+	spend, err := compareSpend(ctx, live.Spending, rebuilt.Spend)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(tasks, stats, hist, spend), nil
+}
+
+// compareSpend compares the live spend counters with the rebuilt ones.
+func compareSpend(ctx context.Context, live *trust.Spending, rebuilt map[[2]string]trust.DaySpend) ([]Difference, error) {
+	if live == nil {
+		return nil, nil
+	}
+	have, err := live.All(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys := map[string][2]string{}
+	for k := range have {
+		keys[k[0]+"/"+k[1]] = k
+	}
+	for k := range rebuilt {
+		keys[k[0]+"/"+k[1]] = k
+	}
+	var diffs []Difference
+	for _, name := range sortedKeys(keys) {
+		h, b := have[keys[name]], rebuilt[keys[name]]
+		if h.Tokens != b.Tokens {
+			diffs = append(diffs, Difference{"spend", name, "tokens", fmt.Sprint(h.Tokens), fmt.Sprint(b.Tokens)})
+		}
+		if h.NanoUSD != b.NanoUSD {
+			diffs = append(diffs, Difference{"spend", name, "nanousd", fmt.Sprint(h.NanoUSD), fmt.Sprint(b.NanoUSD)})
+		}
+	}
+	return diffs, nil
 }
 
 func same[T any](v T) T { return v }
@@ -418,6 +463,23 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 			return err
 		}
 	}
+	if live.Spending == nil {
+		return nil
+	}
+	have, err := live.Spending.All(ctx)
+	if err != nil {
+		return err
+	}
+	for k := range have {
+		if _, ok := rebuilt.Spend[k]; !ok {
+			rebuilt.Spend[k] = trust.DaySpend{Type: k[0], Day: k[1]}
+		}
+	}
+	for k, want := range rebuilt.Spend {
+		if err := live.Spending.CorrectTo(ctx, have[k], want); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -443,7 +505,7 @@ func keysOf(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
 	return keys, nil
 }
 
-func sortedKeys(m map[string]bool) []string {
+func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

@@ -49,11 +49,12 @@ type TrustView struct {
 	MinOutcomes int     `json:"min_outcomes"`
 	Exempt      bool    `json:"exempt,omitempty"`
 	// Gated is true while the gate blocks the type's tasks; Reason says why.
-	Gated       bool   `json:"gated"`
-	Reason      string `json:"reason,omitempty"`
-	Successes   int    `json:"successes"`
-	Failures    int    `json:"failures"`
-	BlockStreak int    `json:"block_streak"`
+	Gated  bool   `json:"gated"`
+	Reason string `json:"reason,omitempty"`
+	// Successes and Failures are counted in the scoring window.
+	Successes   int `json:"successes"`
+	Failures    int `json:"failures"`
+	BlockStreak int `json:"block_streak"`
 	// Recent are the newest outcomes in the scoring window, oldest first.
 	Recent []trust.Outcome `json:"recent"`
 }
@@ -65,20 +66,17 @@ const RecentOutcomes = 20
 // override the scoring defaults.
 func (c *Client) view(st trust.Stats) TrustView {
 	pol := c.cfg.Policy.For(st.Type)
-	scoring := c.cfg.Scoring
-	if pol.Threshold != nil {
-		scoring.Threshold = *pol.Threshold
-	}
+	scoring := pol.Scoring(c.cfg.Scoring).WithDefaults() // as the gate scores it (an explicit threshold 0 never gates)
 	scoring.Exempt = []string{}
-	scoring = scoring.WithDefaults()
 	v := scoring.Evaluate(st.Type, st)
+	ok, failed := st.Counts()
 	recent := st.Outcomes
 	if len(recent) > RecentOutcomes {
 		recent = recent[len(recent)-RecentOutcomes:]
 	}
 	tv := TrustView{
 		Type: st.Type, Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, MinOutcomes: scoring.MinOutcomes,
-		Exempt: pol.IsExempt(), Successes: st.Successes, Failures: st.Failures, BlockStreak: st.BlockStreak,
+		Exempt: pol.IsExempt(), Successes: ok, Failures: failed, BlockStreak: st.BlockStreak,
 		Recent: append([]trust.Outcome{}, recent...),
 	}
 	tv.Gated = v.Below && !tv.Exempt

@@ -56,6 +56,9 @@ const MaxCanaryDelay = 8 * time.Second
 type Config struct {
 	// Trust is the trust stats store (required).
 	Trust *trust.Store
+	// Spending is what each type spent per day; required when a type has a
+	// daily_budget.
+	Spending *trust.Spending
 	// Tasks, when set, gets the status of the tasks the gate stops.
 	Tasks *services.TaskStore
 	// Policy supplies per-type exemption, threshold, canary and rung floor.
@@ -116,7 +119,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	v := scoring.Evaluate(t.Type, stats)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
-	spent := stats.SpentOn(b.At)
+	var spent trust.Spend
+	if pol.DailyBudget != nil {
+		if s.cfg.Spending == nil {
+			return nil, fmt.Errorf("gate: type %s has a daily budget but the gate has no spend counters", t.Type)
+		}
+		if spent, err = s.cfg.Spending.On(ctx, t.Type, b.At); err != nil {
+			return nil, err
+		}
+	}
 	// A canary that the gate stops gives up its place.
 	release := ""
 	if slices.ContainsFunc(stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {

@@ -23,6 +23,7 @@ type env struct {
 	t     *testing.T
 	gate  *gate.Service
 	trust *trust.Store
+	spend *trust.Spending
 	tasks *services.TaskStore
 }
 
@@ -33,8 +34,9 @@ func newEnv(t *testing.T, pol *policy.File) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, trust: trust.NewStore(stores.Trust, trust.Policy{}), tasks: services.NewTaskStore(stores.Tasks)}
-	e.gate, err = gate.New(gate.Config{Trust: e.trust, Tasks: e.tasks, Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now }})
+	e := &env{t: t, trust: trust.NewStore(stores.Trust, trust.Policy{}), tasks: services.NewTaskStore(stores.Tasks),
+		spend: trust.NewSpending(srv.JS, services.CounterStream)}
+	e.gate, err = gate.New(gate.Config{Trust: e.trust, Spending: e.spend, Tasks: e.tasks, Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +117,7 @@ func TestGateDecisions(t *testing.T) {
 		{"a human's requeue goes", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "f", "css_fix", events.Run{Pass: 5, Attempt: 5, Reviewed: true}, events.StageAdmitted, events.CauseReviewed},
 		{"a probe's retry goes on", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "g", "css_fix", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Probe: true}, events.StageAdmitted, events.CauseProbe},
 		{"a type over its daily budget", func(e *env) {
-			if _, err := e.trust.Record(context.Background(), "spendy", trust.Outcome{Key: "x", Success: true, At: now, Tokens: 50}, ""); err != nil {
+			if err := e.spend.Add(context.Background(), "spendy", "x", now, 50, 0); err != nil {
 				t.Fatal(err)
 			}
 		}, "h", "spendy", first(), events.ReviewGated, events.CauseBudget},

@@ -33,6 +33,9 @@ type Config struct {
 	Tasks   *services.TaskStore // required
 	Trust   *trust.Store        // required
 	History *history.Store      // required
+	// Spending counts what each type spent per day (the gate's daily
+	// budget). Default: not counted.
+	Spending *trust.Spending
 	// Policy supplies each type's max_retries (default 7) and pipeline.
 	Policy *policy.Source
 	// Scoring is used to report the trust score in escalation records.
@@ -158,6 +161,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
+	}
+	if s.cfg.Spending != nil {
+		if err := s.cfg.Spending.Add(ctx, t.Type, key, now, res.TokensIn+res.TokensOut, res.Cost); err != nil {
+			return nil, err
+		}
 	}
 	if last, ok := lastRecord(&st); !ok || last.Pass != b.Run.Pass {
 		// The task moved on (or this is an old pass): whatever this attempt
