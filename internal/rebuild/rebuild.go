@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -391,7 +392,7 @@ func compareSpend(ctx context.Context, live *trust.Spending, rebuilt map[[2]stri
 		keys[k[0]+"/"+k[1]] = k
 	}
 	var diffs []Difference
-	for _, name := range sortedKeys(keys) {
+	for _, name := range slices.Sorted(maps.Keys(keys)) {
 		h, b := have[keys[name]], rebuilt[keys[name]]
 		if h.Tokens != b.Tokens {
 			diffs = append(diffs, Difference{"spend", name, "tokens", fmt.Sprint(h.Tokens), fmt.Sprint(b.Tokens)})
@@ -420,7 +421,7 @@ func compareBucket[T any](ctx context.Context, store string, kv jetstream.KeyVal
 		seen[k] = true
 	}
 	var diffs []Difference
-	for _, k := range sortedKeys(seen) {
+	for _, k := range slices.Sorted(maps.Keys(seen)) {
 		lv, _, found, err := kvcas.Get[T](ctx, kv, k)
 		if err != nil {
 			return nil, err
@@ -505,15 +506,6 @@ func keysOf(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
 	return keys, nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 // fieldDiffs compares two values field by field through their JSON form;
 // numbers compare with a small tolerance (sums of costs in another order).
 func fieldDiffs(store, key string, live, built any) []Difference {
@@ -526,7 +518,7 @@ func fieldDiffs(store, key string, live, built any) []Difference {
 	for f := range bm {
 		fields[f] = true
 	}
-	for _, f := range sortedKeys(fields) {
+	for _, f := range slices.Sorted(maps.Keys(fields)) {
 		if !equalJSON(lm[f], bm[f]) {
 			diffs = append(diffs, Difference{store, key, f, clip(lm[f]), clip(bm[f])})
 		}

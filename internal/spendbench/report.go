@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -286,13 +287,13 @@ func (s Summary) Report(w io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(b, "mesh end statuses:")
-		for _, k := range sortedKeys(m.Statuses) {
+		for _, k := range slices.Sorted(maps.Keys(m.Statuses)) {
 			fmt.Fprintf(b, " %s %s", k, m.Statuses[k].format(0))
 		}
 		fmt.Fprintln(b)
 		if len(m.Rungs) > 0 {
 			fmt.Fprintf(b, "mesh prompt tokens per call by rung:")
-			for _, k := range sortedKeys(m.Rungs) {
+			for _, k := range slices.Sorted(maps.Keys(m.Rungs)) {
 				fmt.Fprintf(b, " %s %s", orString(k, "(none)"), m.Rungs[k].format(0))
 			}
 			fmt.Fprintln(b)
@@ -356,13 +357,4 @@ func formatRatio(r Ratio) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f×", float64(r))
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -1,11 +1,10 @@
 package executor
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/internal/spend"
+	"dispatchmesh/services"
 )
 
 // metrics are the executor's Prometheus metrics. They are always kept and
@@ -87,33 +86,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return m
 	}
-	m.transient = register(reg, m.transient)
-	m.snooze = register(reg, m.snooze)
-	m.circuit = register(reg, m.circuit)
-	m.refused = register(reg, m.refused)
-	m.sameError = register(reg, m.sameError)
-	m.errors = register(reg, m.errors)
-	m.toolCalls = register(reg, m.toolCalls)
-	m.toolRefusals = register(reg, m.toolRefusals)
-	m.tokens = register(reg, m.tokens)
-	m.cost = register(reg, m.cost)
-	m.prompt = register(reg, m.prompt)
+	m.transient = services.Register(reg, m.transient)
+	m.snooze = services.Register(reg, m.snooze)
+	m.circuit = services.Register(reg, m.circuit)
+	m.refused = services.Register(reg, m.refused)
+	m.sameError = services.Register(reg, m.sameError)
+	m.errors = services.Register(reg, m.errors)
+	m.toolCalls = services.Register(reg, m.toolCalls)
+	m.toolRefusals = services.Register(reg, m.toolRefusals)
+	m.tokens = services.Register(reg, m.tokens)
+	m.cost = services.Register(reg, m.cost)
+	m.prompt = services.Register(reg, m.prompt)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
 }
 
 func (m *metrics) usage(model, taskType string, in, out int, cost float64) {
