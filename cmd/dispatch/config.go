@@ -79,11 +79,27 @@ type Config struct {
 	// Concurrency is how many messages each service instance handles at once
 	// (0: the service's default — 16 for the executor, 8 for the others).
 	Concurrency int `envconfig:"CONCURRENCY"`
+	// Per-service concurrency, over Concurrency: a slow model wants many
+	// executor workers without as many recorders contending. 0: Concurrency.
+	IntakeConcurrency   int `envconfig:"INTAKE_CONCURRENCY"`
+	VerifierConcurrency int `envconfig:"VERIFIER_CONCURRENCY"`
+	GateConcurrency     int `envconfig:"GATE_CONCURRENCY"`
+	PromptConcurrency   int `envconfig:"PROMPT_CONCURRENCY"`
+	ExecutorConcurrency int `envconfig:"EXECUTOR_CONCURRENCY"`
+	RecorderConcurrency int `envconfig:"RECORDER_CONCURRENCY"`
 	// Grace is how long in-flight work may finish after SIGTERM.
 	Grace time.Duration `envconfig:"GRACE" default:"25s"`
 	// LogLevel is debug, info, warn or error; LogFormat text or json.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+}
+
+// serviceConcurrency is the per-service concurrency set in the environment.
+func (c Config) serviceConcurrency() map[string]int {
+	return map[string]int{
+		"intake": c.IntakeConcurrency, "verifier": c.VerifierConcurrency, "gate": c.GateConcurrency,
+		"prompt": c.PromptConcurrency, "executor": c.ExecutorConcurrency, "recorder": c.RecorderConcurrency,
+	}
 }
 
 func loadConfig() (Config, error) {
@@ -105,6 +121,14 @@ func (c Config) Validate() error {
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
 		errs = append(errs, fmt.Errorf("DISPATCH_REPLICAS must be 1-5, got %d", c.Replicas))
+	}
+	for name, n := range c.serviceConcurrency() {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("DISPATCH_%s_CONCURRENCY must not be negative, got %d", strings.ToUpper(name), n))
+		}
+	}
+	if c.Concurrency < 0 {
+		errs = append(errs, fmt.Errorf("DISPATCH_CONCURRENCY must not be negative, got %d", c.Concurrency))
 	}
 	if c.MaxDeliver < 2 {
 		errs = append(errs, fmt.Errorf("DISPATCH_MAX_DELIVER must be at least 2, got %d", c.MaxDeliver))

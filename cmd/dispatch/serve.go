@@ -208,7 +208,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Provision: connName == "dispatch-up" || cfg.Provision, // `up` owns its embedded server
 		Stream:    cfg.streamConfig(),
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
-		Concurrency: cfg.Concurrency, Grace: cfg.Grace, Version: version,
+		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
 		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody,
 			ContextLengthBody: cfg.contextLengthBody()},
 	})

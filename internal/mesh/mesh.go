@@ -85,7 +85,10 @@ type Options struct {
 	MaxDeliver  int
 	AckWait     time.Duration
 	Concurrency int
-	Grace       time.Duration
+	// ServiceConcurrency overrides Concurrency per service (by name: Intake,
+	// Verifier, …); 0 or absent: Concurrency, else the service's default.
+	ServiceConcurrency map[string]int
+	Grace              time.Duration
 	// ErrorRules override how the executor classifies errors.
 	ErrorRules executor.Rules
 	// Version is reported by the micro service.
@@ -175,7 +178,7 @@ func Run(ctx context.Context, o Options) error {
 	for _, spec := range specs {
 		spec.MaxDeliver = max(o.MaxDeliver, spec.MaxDeliver)
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
-		spec.Concurrency = orDefault(o.Concurrency, spec.Concurrency)
+		spec.Concurrency = o.concurrency(spec)
 		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace}
 		wg.Add(1)
 		go func() {
@@ -209,6 +212,12 @@ func startError(nc *nats.Conn, err error) error {
 		return fmt.Errorf("%w (is the mesh provisioned? run `dispatch provision` as the admin user)", err)
 	}
 	return err
+}
+
+// concurrency is how many messages spec's service handles at once: its own
+// setting, else the mesh-wide one, else the service's default.
+func (o Options) concurrency(spec services.Spec) int {
+	return orDefault(o.ServiceConcurrency[spec.Name], orDefault(o.Concurrency, spec.Concurrency))
 }
 
 func orDefault[T comparable](v, def T) T {
