@@ -53,12 +53,14 @@ func NewSpending(js jetstream.JetStream, stream string) *Spending {
 	return &Spending{js: js, stream: stream}
 }
 
-// Add counts what the outcome with key spent on at's UTC day.
+// Add counts what the outcome with key spent on at's UTC day: both
+// increments are in flight together.
 func (s *Spending) Add(ctx context.Context, taskType, key string, at time.Time, tokens int, cost float64) error {
 	if !events.ValidType(taskType) || key == "" {
 		return fmt.Errorf("%w: spend of type %q with key %q", ErrInvalid, taskType, key)
 	}
 	day := Day(at)
+	var acks []jetstream.PubAckFuture
 	for _, c := range []struct {
 		unit string
 		n    int64
@@ -66,21 +68,32 @@ func (s *Spending) Add(ctx context.Context, taskType, key string, at time.Time, 
 		if c.n == 0 {
 			continue
 		}
-		if err := s.incr(ctx, SpendSubject(taskType, c.unit, day), key+":"+c.unit, c.n); err != nil {
-			return err
+		f, err := s.js.PublishMsgAsync(incrMsg(SpendSubject(taskType, c.unit, day), c.n), jetstream.WithMsgID(key+":"+c.unit))
+		if err != nil {
+			return fmt.Errorf("trust: count spend of %s: %w", taskType, err)
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("trust: count %s: %w", f.Msg().Subject, err)
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	return nil
 }
 
-func (s *Spending) incr(ctx context.Context, subject, msgID string, n int64) error {
+func incrMsg(subject string, n int64) *nats.Msg {
 	m := nats.NewMsg(subject)
 	m.Header.Set("Nats-Incr", strconv.FormatInt(n, 10))
-	var opts []jetstream.PublishOpt
-	if msgID != "" {
-		opts = append(opts, jetstream.WithMsgID(msgID))
-	}
-	if _, err := s.js.PublishMsg(ctx, m, opts...); err != nil {
+	return m
+}
+
+func (s *Spending) incr(ctx context.Context, subject string, n int64) error {
+	if _, err := s.js.PublishMsg(ctx, incrMsg(subject, n)); err != nil {
 		return fmt.Errorf("trust: count %s: %w", subject, err)
 	}
 	return nil
@@ -198,7 +211,7 @@ func (s *Spending) CorrectTo(ctx context.Context, have, want DaySpend) error {
 		n    int64
 	}{{unitTokens, want.Tokens - have.Tokens}, {unitNanoUSD, want.NanoUSD - have.NanoUSD}} {
 		if c.n != 0 {
-			if err := s.incr(ctx, SpendSubject(want.Type, c.unit, want.Day), "", c.n); err != nil {
+			if err := s.incr(ctx, SpendSubject(want.Type, c.unit, want.Day), c.n); err != nil {
 				return err
 			}
 		}
