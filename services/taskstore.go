@@ -57,7 +57,16 @@ func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, even
 // moved past that pass or the task already ended: a late redelivery of an old
 // message never rewinds a task. It returns the state after the change.
 func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) (events.TaskState, error) {
-	return s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+	st, _, err := s.SetStatusChanged(ctx, b, status, reason)
+	return st, err
+}
+
+// SetStatusChanged is SetStatus that also reports whether this call made the
+// change (false for a redelivery, or a task that moved on): what ends a task
+// is counted once.
+func (s *TaskStore) SetStatusChanged(ctx context.Context, b events.Base, status, reason string) (st events.TaskState, changed bool, err error) {
+	st, err = s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+		changed = false
 		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status) {
 			return kvcas.ErrNoChange
 		}
@@ -68,8 +77,10 @@ func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason
 		if reason != "" {
 			st.Reason = reason
 		}
+		changed = true
 		return nil
 	})
+	return st, changed && err == nil, err
 }
 
 // NewState is the state of a task that has just been accepted.

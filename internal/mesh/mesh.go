@@ -147,6 +147,13 @@ func Run(ctx context.Context, o Options) error {
 	var metrics *services.Metrics
 	if o.Registry != nil {
 		metrics = services.NewMetrics(o.Registry)
+		var stages []string
+		for _, spec := range specs {
+			if spec.Stream == "" || spec.Stream == services.Stream {
+				stages = append(stages, spec.Name)
+			}
+		}
+		o.Registry.MustRegister(services.NewConsumerStats(o.JS, stages...))
 	}
 
 	if slices.Contains(o.Services, Intake) {
@@ -259,7 +266,7 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 	case Reaper:
 		return services.ReaperSpec(o.JS), nil
 	case Verifier:
-		s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks(), Instance: inst, Log: o.Log})
+		s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks(), Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -269,7 +276,7 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 			Handler: s.Handle, Concurrency: 8,
 		}, nil
 	case Gate:
-		s, err := gate.New(gate.Config{Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Instance: inst, Log: o.Log})
+		s, err := gate.New(gate.Config{Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -223,7 +223,12 @@ func (s *Service) settle(ctx context.Context, a *attempt) error {
 	return s.ledger.settle(ctx, a.base)
 }
 
+// cost prices an answer by the requested model, else the answering one; the
+// simulated model's answers cost nothing.
 func (s *Service) cost(requested string, resp Response) float64 {
+	if resp.Simulated {
+		return 0
+	}
 	if p, ok := s.cfg.Prices[requested]; ok {
 		return p.Cost(resp.TokensIn, resp.TokensOut)
 	}

@@ -104,7 +104,8 @@ func TestSimulatedHonoursContext(t *testing.T) {
 
 func TestHandleSimulated(t *testing.T) {
 	s, logs := newService(t, executor.Config{Model: executor.Simulated{Rate: rate(0)}, Prices: prices})
-	outs, err := s.Handle(context.Background(), prompted(t, "t1", "css_fix", "", 2))
+	// The prompt names a priced model: the simulated answer still costs nothing.
+	outs, err := s.Handle(context.Background(), prompted(t, "t1", "css_fix", "gpt-4o", 2))
 	if err != nil {
 		t.Fatalf("Handle: %v", err)
 	}

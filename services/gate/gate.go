@@ -32,6 +32,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"dispatchmesh/events"
 	"dispatchmesh/internal/kvcas"
 	"dispatchmesh/internal/ladder"
@@ -67,6 +69,8 @@ type Config struct {
 	// blocks, 3 canaries, rung floor 0.25 after 8 samples); a type's policy
 	// overrides them (policy.Type.Scoring).
 	Scoring trust.Policy
+	// Registry receives the gate's metrics (metrics.go). Default: none.
+	Registry prometheus.Registerer
 	// Instance names this process in events.
 	Instance string
 	Log      *slog.Logger
@@ -75,8 +79,9 @@ type Config struct {
 
 // Service is the gate handler.
 type Service struct {
-	cfg Config
-	log *slog.Logger
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
 }
 
 // New checks cfg and returns the gate.
@@ -90,7 +95,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate")}, nil
+	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate"), metrics: newMetrics(cfg.Registry)}, nil
 }
 
 // Spec is the gate's consumer: verified tasks.
@@ -117,6 +122,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 	v := scoring.Evaluate(t.Type, stats)
+	s.metrics.score.WithLabelValues(t.Type).Set(v.Score)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
 	var spent trust.Spend
@@ -202,6 +208,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		waited := b.At.Sub(m.Time)
 		if !admit && waited < scoring.CanaryTTL {
 			delay := canaryDelay(m.Delivered)
+			s.metrics.waits.WithLabelValues(t.Type).Inc()
 			s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", v.Outcomes, "delay", delay)
 			return nil, services.Snooze(delay, ErrCanaryWait)
 		}
@@ -225,6 +232,7 @@ func canaryDelay(delivered int) time.Duration {
 }
 
 func (s *Service) admit(b events.Base, d events.TrustDecision) ([]services.Out, error) {
+	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d})
 	return []services.Out{out}, err
 }
@@ -235,11 +243,15 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
+	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
-		st, err := s.cfg.Tasks.SetStatus(ctx, b, events.StatusNeedsHumanReview, d.Reason)
+		st, changed, err := s.cfg.Tasks.SetStatusChanged(ctx, b, events.StatusNeedsHumanReview, d.Reason)
 		if err != nil {
 			return nil, err
+		}
+		if changed {
+			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
 		}
 		attempts = st.History
 	}
@@ -254,10 +266,13 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
+	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var st events.TaskState
 	if s.cfg.Tasks != nil {
+		changed := false
 		var err error
 		st, err = s.cfg.Tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+			changed = false
 			if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
 				return kvcas.ErrNoChange // moved on, or a redelivery: the record is republished as it was
 			}
@@ -265,10 +280,14 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 				*st = services.NewState(b.Task)
 			}
 			HandOff(st, b, d.Reason)
+			changed = true
 			return nil
 		})
 		if err != nil {
 			return nil, err
+		}
+		if changed {
+			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
 		}
 	}
 	s.log.Info("task handed off before a retry", "task", b.Task.ID, "type", b.Task.Type, "reason", d.Reason)

@@ -41,7 +41,7 @@ const outcomeRefused = "refused"
 // The executor's dispatch_prompt_tokens histogram gives the prompt tokens
 // per model call on each rung: rate(…_sum[1d]) / rate(…_count[1d]) by (type, rung).
 type metrics struct {
-	finished         *prometheus.CounterVec   // type, status
+	tasks            *services.TaskMetrics
 	attempts         *prometheus.CounterVec   // type, rung, outcome
 	retries          *prometheus.CounterVec   // type, rung, outcome
 	sameError        *prometheus.CounterVec   // type
@@ -57,8 +57,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	m := &metrics{
-		finished: counter("dispatch_tasks_finished_total",
-			"Tasks an attempt ended, by type and status (succeeded, blocked, failed).", "type", "status"),
+		tasks: services.NewTaskMetrics(reg),
 		attempts: counter("dispatch_attempts_total",
 			"Attempts recorded, by type, rung (none for pipeline steps) and outcome (success, failure, refused).", "type", "rung", "outcome"),
 		retries: counter("dispatch_retries_total",
@@ -82,7 +81,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return m
 	}
-	m.finished = services.Register(reg, m.finished)
 	m.attempts = services.Register(reg, m.attempts)
 	m.retries = services.Register(reg, m.retries)
 	m.sameError = services.Register(reg, m.sameError)
@@ -116,7 +114,7 @@ func (m *metrics) recorded(st *events.TaskState) {
 	if !events.Terminal(st.Status) {
 		return
 	}
-	m.finished.WithLabelValues(st.Type, st.Status).Inc()
+	m.tasks.Finish(st.Type, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
 	n, spent := spend.Round(st)
 	tokens, cost := float64(max(spent.TokensIn+spent.TokensOut, 0)), max(spent.Cost, 0)
 	if spend.Resolved(st.Status) {

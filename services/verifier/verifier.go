@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
@@ -43,6 +44,9 @@ type Config struct {
 	// Tasks, when set, gets status verifying before a check and cancelled
 	// for a cancelled task. Default nil: task state is left alone.
 	Tasks *services.TaskStore
+	// Registry receives the task metrics (a cancelled task is counted as
+	// dispatch_tasks_finished_total{status="cancelled"}). Default: none.
+	Registry prometheus.Registerer
 	// Instance names this instance in the events' by field.
 	// Default "verifier@<hostname>:<pid>".
 	Instance string
@@ -54,6 +58,7 @@ type Config struct {
 
 // Service is the verifier stage.
 type Service struct {
+	metrics  *services.TaskMetrics
 	nc       *nats.Conn
 	http     *http.Client
 	policy   *policy.Source
@@ -69,7 +74,7 @@ type Service struct {
 func New(cfg Config) (*Service, error) {
 	s := &Service{
 		nc: cfg.NC, http: cfg.HTTPClient, policy: cfg.Policy, tasks: cfg.Tasks,
-		instance: cfg.Instance, log: cfg.Log, now: cfg.Now,
+		instance: cfg.Instance, log: cfg.Log, now: cfg.Now, metrics: services.NewTaskMetrics(cfg.Registry),
 	}
 	if s.instance == "" {
 		host, _ := os.Hostname()
@@ -192,8 +197,12 @@ func (s *Service) check(ctx context.Context, t events.Task, pv policy.Verifier) 
 // cancel records the task as cancelled (when Tasks is set) and emits Cancelled.
 func (s *Service) cancel(ctx context.Context, b events.Base, v events.Verification, reason string) ([]services.Out, error) {
 	if s.tasks != nil {
-		if _, err := s.tasks.SetStatus(ctx, b, events.StatusCancelled, reason); err != nil {
+		_, changed, err := s.tasks.SetStatusChanged(ctx, b, events.StatusCancelled, reason)
+		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status cancelled: %w", err))
+		}
+		if changed {
+			s.metrics.Finish(b.Task.Type, events.StatusCancelled, b.At.Sub(b.Task.SubmittedAt))
 		}
 	}
 	return outs(services.Next(b, events.StageCancelled, events.EventCancelled, events.Cancelled{Base: b, Verification: v}))
