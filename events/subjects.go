@@ -104,6 +104,7 @@ func ParseReviewSubject(subject string) (reason, key string, ok bool) {
 const (
 	HeaderEvent    = "Dispatch-Event"   // versioned event name, e.g. task.queued.v1
 	HeaderTaskID   = "Dispatch-Task-Id" // the task the message belongs to
+	HeaderPass     = "Dispatch-Pass"    // the task's pass the message belongs to (decimal)
 	HeaderReason   = "Dispatch-Reason"  // review reason (rejected, gated, …)
 	HeaderError    = "Dispatch-Error"   // human-readable error text
 	HeaderService  = "Dispatch-Service" // service instance that published it
