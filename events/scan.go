@@ -64,13 +64,10 @@ func scanSubmit(data []byte) (id, deep string, problems []string) {
 			stack = stack[:len(stack)-1]
 		case string:
 			if off, bad := badString(raw); bad {
-				name := field
-				if isKey && len(stack) == 1 {
-					name = "" // a top-level field name itself
-				}
-				if !reported[name] {
-					reported[name] = true
-					problems = append(problems, utf8Problem(name, len(stack), at+int64(off)))
+				where := utf8Where(field, isKey, len(stack))
+				if !reported[where] {
+					reported[where] = true
+					problems = append(problems, fmt.Sprintf("%s not valid UTF-8 (at byte %d)", where, at+int64(off)))
 				}
 			}
 			if isKey {
@@ -84,20 +81,27 @@ func scanSubmit(data []byte) (id, deep string, problems []string) {
 				id = v
 			}
 		}
-		if len(stack) > 0 && stack[len(stack)-1].object {
+		if len(stack) == 0 {
+			return id, "", problems // the message's value ended: what follows is trailing data
+		}
+		if stack[len(stack)-1].object {
 			stack[len(stack)-1].wantKey = true // a value ended: a key comes next
 		}
 	}
 }
 
-func utf8Problem(field string, depth int, at int64) string {
+// utf8Where names where a string that is not valid UTF-8 sits: the
+// top-level field it is or is inside of, a field name, the message.
+func utf8Where(field string, isKey bool, depth int) string {
 	switch {
-	case field == "":
-		return fmt.Sprintf("a field name is not valid UTF-8 (at byte %d)", at)
+	case depth == 0:
+		return "the message is"
+	case depth == 1 && isKey:
+		return "a field name is"
 	case depth == 1:
-		return fmt.Sprintf("%q is not valid UTF-8 (at byte %d)", field, at)
+		return fmt.Sprintf("%q is", field)
 	}
-	return fmt.Sprintf("%q holds a string that is not valid UTF-8 (at byte %d)", field, at)
+	return fmt.Sprintf("%q holds a string that is", field)
 }
 
 // badString reports whether the JSON string token raw (after what preceded

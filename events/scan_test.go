@@ -97,6 +97,11 @@ func TestDecodeSubmitRefusesWhatLaterStagesCannotCarry(t *testing.T) {
 			name: "high surrogate before another escape", data: `{"type":"a","subject":"\ud800\u0041"}`,
 			wantErr: []string{`"subject" is not valid UTF-8`},
 		},
+		{
+			name: "the id of the message, not of trailing data", data: `{"id":"first","type":"a","subject":"s"} {"id":"second"}`,
+			wantID: "first", wantErr: []string{"trailing data"},
+		},
+		{name: "a bare string that is not UTF-8", data: "\"\xff\"", wantErr: []string{"the message is not valid UTF-8 (at byte 1)"}},
 		{name: "surrogate pair escaped", data: `{"type":"a","subject":"\ud83d\ude00 \u00e9 \\ud800"}`},
 		{name: "U+FFFD written by the sender", data: `{"type":"a","subject":"\ufffd ` + "\uFFFD" + ` \uFFFD"}`},
 		{name: "multi-byte UTF-8", data: `{"type":"a","subject":"s","metadata":{"ключ":"値 😀"}}`},
