@@ -459,7 +459,7 @@ func consumerConfigs() map[string]jetstream.ConsumerConfig {
 		return c
 	}
 	return map[string]jetstream.ConsumerConfig{
-		services.ConsumerIntake:   cfg(services.ConsumerIntake, 5, events.SubmitFilter),
+		services.ConsumerIntake:   cfg(services.ConsumerIntake, 5, events.SubmitFilters...),
 		services.ConsumerVerifier: cfg(services.ConsumerVerifier, 5, events.StageFilter(events.StageQueued), events.StageFilter(events.StageRetry)),
 		services.ConsumerGate:     cfg(services.ConsumerGate, 5, events.StageFilter(events.StageVerified)),
 		services.ConsumerPrompt:   cfg(services.ConsumerPrompt, 5, events.StageFilter(events.StageAdmitted)),
@@ -481,7 +481,7 @@ func streamOf(durable string) string {
 // (dispatch.>): that also captures the request subject dispatch.api.submit, so
 // the stream would store every API request and answer it with a PubAck that
 // races (and usually beats) the micro service's reply.
-var streamSubjects = []string{events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
+var streamSubjects = []string{events.SubmitRoot, events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
 
 // provision does what `dispatch up`/provision does, as admin.
 func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {

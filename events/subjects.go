@@ -10,7 +10,7 @@ const (
 	ReviewRoot    = Root + ".review" // dispatch.review.<reason>.<id>
 	SubmitAPI     = Root + ".api.submit"
 	AllSubjects   = Root + ".>"
-	SubmitFilter  = SubmitRoot + ".>"
+	SubmitFilter  = SubmitRoot + ".>" // every dispatch.submit.<type>
 	ReviewFilter  = ReviewRoot + ".>"
 	taskWildcard  = TaskRoot + ".*."
 	reviewSubject = ReviewRoot + "."
@@ -40,6 +40,10 @@ const (
 	ReviewAction = "action"
 )
 
+// SubmitFilters match every submission: dispatch.submit.<type>, and bare
+// dispatch.submit, which names no type: it is kept, and rejected.
+var SubmitFilters = []string{SubmitRoot, SubmitFilter}
+
 // SubmitSubject is where clients publish a task of the given type.
 func SubmitSubject(taskType string) string { return SubmitRoot + "." + taskType }
 
@@ -58,6 +62,17 @@ func ReviewSubject(reason, key string) string { return reviewSubject + reason + 
 
 // ReviewTaskFilter matches every review record of one task.
 func ReviewTaskFilter(id string) string { return reviewSubject + "*." + id }
+
+// ParseSubmitSubject reads the <type> token of dispatch.submit.<type>: all
+// of the rest of the subject, valid type or not (DecodeSubmit checks it).
+// ok is false for any other subject, bare dispatch.submit included.
+func ParseSubmitSubject(subject string) (taskType string, ok bool) {
+	taskType, ok = strings.CutPrefix(subject, SubmitRoot+".")
+	if !ok || taskType == "" {
+		return "", false
+	}
+	return taskType, true
+}
 
 // ParseTaskSubject splits dispatch.task.<id>.<stage>.
 func ParseTaskSubject(subject string) (id, stage string, ok bool) {
@@ -89,6 +104,7 @@ func ParseReviewSubject(subject string) (reason, key string, ok bool) {
 const (
 	HeaderEvent    = "Dispatch-Event"   // versioned event name, e.g. task.queued.v1
 	HeaderTaskID   = "Dispatch-Task-Id" // the task the message belongs to
+	HeaderPass     = "Dispatch-Pass"    // the task's pass the message belongs to (decimal)
 	HeaderReason   = "Dispatch-Reason"  // review reason (rejected, gated, …)
 	HeaderError    = "Dispatch-Error"   // human-readable error text
 	HeaderService  = "Dispatch-Service" // service instance that published it

@@ -73,6 +73,24 @@ func TestFiltersMatch(t *testing.T) {
 	if !subjectMatches(events.SubmitFilter, submit) || subjectMatches(events.SubmitFilter, events.SubmitAPI) {
 		t.Errorf("SubmitFilter must match %s and not %s", submit, events.SubmitAPI)
 	}
+	// Every submission, bare dispatch.submit too, is matched by exactly one
+	// of SubmitFilters (a consumer's filters must not overlap); the API is not.
+	for _, subj := range []string{submit, events.SubmitRoot, "dispatch.submit.a.b", "dispatch.submit.*"} {
+		n := 0
+		for _, f := range events.SubmitFilters {
+			if subjectMatches(f, subj) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d of SubmitFilters %v match %s, want 1", n, events.SubmitFilters, subj)
+		}
+	}
+	for _, f := range events.SubmitFilters {
+		if subjectMatches(f, events.SubmitAPI) {
+			t.Errorf("%s matches %s", f, events.SubmitAPI)
+		}
+	}
 }
 
 // subjectMatches applies NATS wildcard rules: * is one token, > the rest.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"time"
 )
 
@@ -83,24 +84,38 @@ type Submit struct {
 // DecodeSubmit parses and validates a submission. subjectType is the <type>
 // token of the subject it arrived on ("" when it came through the API); when
 // both are given they must agree, and a missing "type" field is taken from the
-// subject. The error is an *InvalidError listing every problem found.
+// subject. The error is an *InvalidError listing every problem found; the
+// Submit returned with it holds what could be read, its ID a valid id or "".
+//
+// Beyond the schema it refuses what a later stage could not carry: a message
+// nested deeper than MaxDepth, a string that is not valid UTF-8 (the decoder
+// would silently replace it), a task that the mesh's events encode in more
+// than MaxSubmitBytes. The id of a rejected message is read even when the
+// message is oversized or malformed, so its review record is kept under it.
 func DecodeSubmit(data []byte, subjectType string) (Submit, error) {
 	var s Submit
+	id, deep, problems := scanSubmit(data)
+	readable := Submit{}
+	if ValidID(id) {
+		readable.ID = id
+	}
 	if len(data) > MaxSubmitBytes {
-		return s, &InvalidError{Problems: []string{fmt.Sprintf("message is %d bytes, limit is %d", len(data), MaxSubmitBytes)}}
+		return readable, &InvalidError{Problems: []string{fmt.Sprintf("message is %d bytes, limit is %d", len(data), MaxSubmitBytes)}}
+	}
+	if deep != "" {
+		return readable, &InvalidError{Problems: append(problems, deep)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
-		return s, &InvalidError{Problems: []string{"malformed JSON: " + describeJSONError(err)}}
+		return readable, &InvalidError{Problems: append(problems, "malformed JSON: "+describeJSONError(err))}
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return s, &InvalidError{Problems: []string{"malformed JSON: trailing data after the object"}}
+		return readable, &InvalidError{Problems: append(problems, "malformed JSON: trailing data after the object")}
 	}
 	if s.Type == "" {
 		s.Type = subjectType
 	}
-	var problems []string
 	switch {
 	case s.Type == "":
 		problems = append(problems, `"type" is required`)
@@ -126,10 +141,48 @@ func DecodeSubmit(data []byte, subjectType string) (Submit, error) {
 	if len(s.Metadata) > MaxMetadataPairs {
 		problems = append(problems, fmt.Sprintf(`"metadata" has %d entries, limit is %d`, len(s.Metadata), MaxMetadataPairs))
 	}
+	if problems == nil {
+		// What the mesh publishes is the task re-encoded: <, >, & and
+		// U+2028/2029 in strings grow to 6 bytes each. It must fit too.
+		switch enc, err := json.Marshal(s); {
+		case err != nil:
+			problems = append(problems, "cannot be encoded: "+err.Error())
+		case len(enc) > MaxSubmitBytes:
+			problems = append(problems, fmt.Sprintf("the task is %d bytes as the mesh encodes it (<, > and & are escaped as 6 bytes each), limit is %d", len(enc), MaxSubmitBytes))
+		}
+	}
 	if problems != nil {
+		if !ValidID(s.ID) {
+			s.ID = ""
+		}
 		return s, &InvalidError{Problems: problems}
 	}
 	return s, nil
+}
+
+// DecodeSubmitFrom decodes a submission published on subject: the type is
+// the subject's <type> token (see DecodeSubmit). A message on bare
+// dispatch.submit is rejected whatever it holds: the type belongs in the
+// subject, where permissions and consumers see it (the API endpoint
+// dispatch.api.submit takes the type from the body instead).
+func DecodeSubmitFrom(subject string, data []byte) (Submit, error) {
+	taskType, ok := ParseSubmitSubject(subject)
+	s, err := DecodeSubmit(data, taskType)
+	if ok {
+		return s, err
+	}
+	problems := []string{fmt.Sprintf("published on %q, which names no task type: publish on %s.<type>", subject, SubmitRoot)}
+	var inv *InvalidError
+	if errors.As(err, &inv) {
+		problems = append(problems, inv.Problems...)
+	}
+	return s, &InvalidError{Problems: problems}
+}
+
+// GeneratedID is the id of a submission that did not bring one: derived from
+// the message's place in the stream, so a redelivery yields the same id.
+func GeneratedID(seq uint64, stored time.Time) string {
+	return "t" + strconv.FormatInt(stored.UnixNano(), 36) + "-" + strconv.FormatUint(seq, 36)
 }
 
 // Task turns a valid submission into a task with the given id and time.

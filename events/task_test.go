@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"dispatchmesh/events"
 )
@@ -295,6 +296,10 @@ func FuzzDecodeSubmit(f *testing.F) {
 		{`{"type":"a","subject":"s","metadata":{}}`, ""},
 		{`null`, "x"},
 		{``, ""},
+		{`{"type":"a","subject":"s","payload":[[[[[[[[[[]]]]]]]]]]}`, ""},
+		{"{\"type\":\"a\",\"subject\":\"\xff\"}", ""},
+		{`{"type":"a","subject":"\ud800"}`, ""},
+		{`{"type":"a","subject":"s","payload":"<<<<&&&>>>"}`, ""},
 	} {
 		f.Add([]byte(seed.data), seed.subjectType)
 	}
@@ -333,6 +338,20 @@ func FuzzDecodeSubmit(f *testing.F) {
 		}
 		if len(s.Payload) > 0 && !json.Valid(s.Payload) {
 			t.Fatalf("accepted payload %q", s.Payload)
+		}
+		if !utf8.Valid(data) {
+			t.Fatalf("accepted invalid UTF-8 %q", data)
+		}
+		// Every later stage decodes the events that carry what intake accepted.
+		queued, err := json.Marshal(events.Queued{Base: events.Base{Task: s.Task("t-1", time.Unix(0, 0))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(queued, new(events.Queued)); err != nil {
+			t.Fatalf("the queued event of %q does not decode: %v", data, err)
+		}
+		if len(queued) > events.MaxSubmitBytes+1024 {
+			t.Fatalf("accepted a task whose queued event is %d bytes", len(queued))
 		}
 
 		// What intake accepted, re-encoded, is accepted again and means the same.

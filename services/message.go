@@ -3,6 +3,7 @@ package services
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -52,19 +53,62 @@ func Emit(subject, msgID, name, taskID string, v any) (Out, error) {
 	return Out{Subject: subject, MsgID: msgID, Header: h, Data: data}, nil
 }
 
-// Next builds the event of the next stage of the task in b.
+// Next builds the event of the next stage of the task in b. Its headers
+// name the task and the pass, so whoever cannot decode the body (a
+// dead-letter, a reviewer) still knows where it belongs.
 func Next(b events.Base, stage, name string, v any) (Out, error) {
-	return Emit(events.TaskSubject(b.Task.ID, stage), MsgID(b.Task.ID, b.Run.Pass, stage), name, b.Task.ID, v)
+	out, err := Emit(events.TaskSubject(b.Task.ID, stage), MsgID(b.Task.ID, b.Run.Pass, stage), name, b.Task.ID, v)
+	if err == nil {
+		out.Header.Set(events.HeaderPass, strconv.Itoa(b.Run.Pass))
+	}
+	return out, err
 }
 
 // ToReview builds a review record for the task in b.
 func ToReview(b events.Base, reason, name, text string, v any) (Out, error) {
 	out, err := Emit(events.ReviewSubject(reason, b.Task.ID), MsgID(b.Task.ID, b.Run.Pass, reason), name, b.Task.ID, v)
 	if err == nil {
+		out.Header.Set(events.HeaderPass, strconv.Itoa(b.Run.Pass))
 		out.Header.Set(events.HeaderReason, reason)
 		out.Header.Set(events.HeaderError, text)
 	}
 	return out, err
+}
+
+// TaskOf reads which task, and which pass of it, a message belongs to
+// without relying on its body: the Dispatch-Task-Id and Dispatch-Pass
+// headers, else the subject (dispatch.task.<id>.<stage>) and what of the
+// body decodes. A submission belongs to the task it makes: its id, or the
+// one intake generates, on pass 1 — unless it is invalid (no task). id is
+// "" and pass 0 when they cannot be read.
+func TaskOf(m *Msg) (id string, pass int) {
+	id = m.Header.Get(events.HeaderTaskID)
+	if id == "" {
+		id, _, _ = events.ParseTaskSubject(m.Subject)
+	}
+	if n, err := strconv.Atoi(m.Header.Get(events.HeaderPass)); err == nil && n > 0 {
+		pass = n
+	} else {
+		var v struct {
+			Run struct {
+				Pass int `json:"pass"`
+			} `json:"run"`
+		}
+		if json.Unmarshal(m.Data, &v) == nil && v.Run.Pass > 0 {
+			pass = v.Run.Pass
+		}
+	}
+	if id == "" {
+		if _, ok := events.ParseSubmitSubject(m.Subject); ok {
+			if sub, err := events.DecodeSubmitFrom(m.Subject, m.Data); err == nil {
+				id, pass = sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time).ID, 1
+			}
+		}
+	}
+	if !events.ValidID(id) {
+		return "", 0
+	}
+	return id, pass
 }
 
 // Decode unmarshals a message body into v. Its error is permanent: the same

@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,9 +49,11 @@ type Stores struct {
 	Tasks, Trust, History jetstream.KeyValue
 }
 
-// StreamSubjects are the subjects kept on Stream. dispatch.api.> (request-
-// reply) is deliberately not among them: the stream would answer requests.
-var StreamSubjects = []string{events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
+// StreamSubjects are the subjects kept on Stream: every submission (bare
+// dispatch.submit too, so a message there is rejected, not lost), task event
+// and review record. dispatch.api.> (request-reply) is deliberately not among
+// them: the stream would answer requests.
+var StreamSubjects = append(slices.Clone(events.SubmitFilters), events.TaskRoot+".>", events.ReviewFilter)
 
 // CounterSubjects are the subjects of CounterStream (trust.SpendRoot).
 const CounterSubjects = "dispatch.count.>"

@@ -299,16 +299,16 @@ func (r *Router) deadLetter(ctx context.Context, log *slog.Logger, spec Spec, ms
 
 // DeadLetter builds the review record of a message that cannot be handled:
 // the original bytes, the Dispatch-* headers of the original, and the reason.
-// Its Msg-Id derives from the original's stream position, so the router and
+// The record is filed under key, else under the task the message belongs
+// to (TaskOf: headers and subject, never only a body that may be what
+// failed), else under seq-N; its Dispatch-Task-Id and Dispatch-Pass say
+// which task and pass it stopped, so review can act on the task. Its
+// Msg-Id derives from the original's stream position, so the router and
 // the reaper never record the same message twice.
 func DeadLetter(m *Msg, stream, reason, key string, cause error) Out {
+	id, pass := TaskOf(m)
 	if key == "" {
-		key = m.Header.Get(events.HeaderTaskID)
-	}
-	if key == "" {
-		if id, _, ok := events.ParseTaskSubject(m.Subject); ok {
-			key = id
-		}
+		key = id
 	}
 	if !events.ValidID(key) {
 		key = "seq-" + strconv.FormatUint(m.Seq, 10)
@@ -317,6 +317,12 @@ func DeadLetter(m *Msg, stream, reason, key string, cause error) Out {
 	for k, v := range m.Header {
 		if len(k) > 9 && k[:9] == "Dispatch-" {
 			h[k] = v
+		}
+	}
+	if key == id {
+		h.Set(events.HeaderTaskID, id)
+		if pass > 0 {
+			h.Set(events.HeaderPass, strconv.Itoa(pass))
 		}
 	}
 	h.Set(events.HeaderEvent, "review."+reason+".v1")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 
@@ -47,31 +48,45 @@ func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
+		skipped := rebuilt.Skipped
+		if skipped == nil {
+			skipped = []rebuild.Skipped{}
+		}
 		if err := enc.Encode(map[string]any{
 			"events": rebuilt.Events, "tasks": len(rebuilt.Tasks), "types": len(rebuilt.Trust),
-			"histories": len(rebuilt.History), "differences": diffs,
+			"histories": len(rebuilt.History), "differences": diffs, "skipped": skipped,
 		}); err != nil {
 			return err
 		}
 	} else {
 		fmt.Fprintf(stdout, "replayed %d events: %d tasks, %d task types, %d histories\n",
 			rebuilt.Events, len(rebuilt.Tasks), len(rebuilt.Trust), len(rebuilt.History))
+		for _, sk := range rebuilt.Skipped {
+			fmt.Fprintln(stdout, "  skipped (undecodable):", sk)
+		}
 		for _, d := range diffs {
 			fmt.Fprintln(stdout, "  differs:", d)
 		}
-		if len(diffs) == 0 {
+		if len(diffs) == 0 && len(rebuilt.Skipped) == 0 {
 			fmt.Fprintln(stdout, "the live stores agree with the stream")
 		}
+	}
+	// An undecodable event is a difference too: the stream holds something
+	// no store reflects (its service dead-lettered it: see dispatch review).
+	var found []error
+	if n := len(rebuilt.Skipped); n > 0 {
+		found = append(found, fmt.Errorf("%d events could not be decoded and were skipped", n))
 	}
 	if *apply {
 		if err := rebuild.Apply(ctx, live, rebuilt); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "live stores overwritten with the rebuilt ones")
-		return nil
+	} else if len(diffs) > 0 {
+		found = append(found, fmt.Errorf("%d differences (run with -apply to restore the stores from the stream)", len(diffs)))
 	}
-	if len(diffs) > 0 {
-		return &exitError{1, fmt.Errorf("%d differences (run with -apply to restore the stores from the stream)", len(diffs))}
+	if len(found) > 0 {
+		return &exitError{1, errors.Join(found...)}
 	}
 	return nil
 }

@@ -198,6 +198,9 @@ func printDetail(out io.Writer, d review.Detail) {
 			acts += ", requeue"
 		}
 		fmt.Fprintf(w, "actions\t%s (dispatch review <action> %s -note TEXT)\n", acts, d.ID)
+		if d.NoRequeue != "" {
+			fmt.Fprintf(w, "requeue\tnot possible: %s\n", d.NoRequeue)
+		}
 	} else {
 		fmt.Fprintf(w, "actions\tnone now: %s\n", d.NotActionable)
 	}

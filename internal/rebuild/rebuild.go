@@ -38,6 +38,21 @@ type Stores struct {
 	Spend map[[2]string]trust.DaySpend
 	// Events is how many stream messages were replayed.
 	Events int
+	// Skipped are the events that could not be decoded: reported and left
+	// out, the rest of the stream replayed. The mesh could not decode them
+	// either (their service dead-lettered them), so it never applied them.
+	Skipped []Skipped
+}
+
+// Skipped is one stream message a replay could not decode.
+type Skipped struct {
+	Subject string `json:"subject"`
+	Seq     uint64 `json:"seq"`
+	Error   string `json:"error"`
+}
+
+func (s Skipped) String() string {
+	return fmt.Sprintf("%s (seq %d): %s", s.Subject, s.Seq, s.Error)
 }
 
 // Options of a replay.
@@ -51,7 +66,8 @@ type Options struct {
 }
 
 // Replay reads every task event and review record on the stream, in order,
-// and folds them into fresh stores.
+// and folds them into fresh stores. An event it cannot decode is skipped and
+// listed in Stores.Skipped; only failing to read the stream is an error.
 func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, error) {
 	if o.HistoryLimit <= 0 {
 		o.HistoryLimit = history.DefaultLimit
@@ -86,7 +102,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 				return nil, err
 			}
 			if err := r.apply(msg.Subject(), msg.Data(), md.Timestamp.UTC()); err != nil {
-				return nil, fmt.Errorf("replay %s (seq %d): %w", msg.Subject(), md.Sequence.Stream, err)
+				r.out.Skipped = append(r.out.Skipped, Skipped{Subject: msg.Subject(), Seq: md.Sequence.Stream, Error: err.Error()})
 			}
 		}
 		if err := batch.Error(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/user"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -175,9 +176,8 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 	}
 	var task events.Task
 	if action == events.ActionRequeue {
-		var ok bool
-		if task, ok = taskOf(entries, id); !ok {
-			return Decision{}, fmt.Errorf("cannot requeue task %s: its events have aged out of the stream, so its payload is gone; submit it again", id)
+		if task, err = requeueTask(entries, id); err != nil {
+			return Decision{}, err
 		}
 	}
 
@@ -314,6 +314,9 @@ func (c *Client) publish(ctx context.Context, subject, msgID, name string, a eve
 	msg.Data = data
 	msg.Header.Set(events.HeaderEvent, name)
 	msg.Header.Set(events.HeaderTaskID, a.TaskID)
+	if r, ok := v.(events.Retry); ok {
+		msg.Header.Set(events.HeaderPass, strconv.Itoa(r.Run.Pass))
+	}
 	msg.Header.Set(events.HeaderService, "human:"+a.By)
 	for try := 1; ; try++ {
 		_, err = c.cfg.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID))

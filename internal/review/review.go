@@ -35,8 +35,10 @@ var (
 	// ErrNotReviewable: the task is not waiting for a human (it is pending,
 	// running, parked or already succeeded). See StateError.
 	ErrNotReviewable = errors.New("review: task is not waiting for a human")
-	// ErrNoTask: the review record has no task to act on (rejected input
-	// that never became a task): it can be resolved or rejected, not requeued.
+	// ErrNoTask: there is no task to send again — the review record has no
+	// task (rejected input that never became a task), or no event of the
+	// task holds one that can be (aged out, undecodable): it can be
+	// resolved or rejected, not requeued.
 	ErrNoTask = errors.New("review: no task state for this record")
 	// ErrInvalid: a missing note or reviewer, an invalid id, a bad filter.
 	ErrInvalid = errors.New("review: invalid request")

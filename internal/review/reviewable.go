@@ -19,7 +19,9 @@ import (
 //
 // A task whose newest event is a poison or stuck record of its current pass
 // is also actionable whatever its status says: the message carrying it was
-// dead-lettered, so nothing of it is in flight. pending, verifying, running
+// dead-lettered, so nothing of it is in flight. This is the one place that
+// decides it, from the stream: the poison path writes no task state (the
+// router cannot, and a second writer would be a second truth to rebuild). pending, verifying, running
 // and parked tasks are in flight (parked ones come back by themselves) and
 // succeeded ones are done: acting on them is refused with a StateError.
 var ReviewStatuses = []string{events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled}
@@ -69,9 +71,12 @@ func checkReviewable(st events.TaskState, t tail, action string) error {
 }
 
 // halted: the task's newest event is a dead-letter record (poison, stuck…)
-// of its current pass, so nothing of the task is in flight.
+// of its current pass, so nothing of the task is in flight. The record's
+// pass is its Dispatch-Pass header, else its body's; a record with neither
+// (written before records carried the header, its body undecodable) counts
+// as the current pass: nothing newer on the stream shows the task moving.
 func halted(st events.TaskState, t tail) bool {
 	reason, isReview := strings.CutPrefix(t.Stage, "review.")
 	return isReview && reason != ReasonAction && reason != events.ReviewRejected &&
-		st.Status != events.StatusSucceeded && t.Pass > 0 && t.Pass >= st.Pass
+		st.Status != events.StatusSucceeded && (t.Pass == 0 || t.Pass >= st.Pass)
 }

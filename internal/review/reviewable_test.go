@@ -26,7 +26,9 @@ func TestCheckReviewable(t *testing.T) {
 		{"poison of the current pass", events.StatusRunning, 2, tail{"review.poison", 2}, true, ""},
 		{"poison while verifying", events.StatusVerifying, 1, tail{"review.poison", 1}, true, ""},
 		{"poison of an old pass", events.StatusRunning, 3, tail{"review.poison", 2}, false, "running (pass 3)"},
-		{"poison without a pass", events.StatusRunning, 1, tail{"review.poison", 0}, false, "running"},
+		// A record from before Dispatch-Pass whose body does not decode
+		// (issue 9: a queued event nested too deep for the verifier).
+		{"poison without a pass", events.StatusPending, 1, tail{"review.poison", 0}, true, ""},
 		{"rejected resubmission", events.StatusRunning, 1, tail{"review.rejected", 1}, false, "running"},
 		{"pending", events.StatusPending, 2, tail{events.StageRetry, 2}, false, "pending (pass 2)"},
 		{"running", events.StatusRunning, 1, tail{events.StagePrompted, 1}, false, "the mesh is working on it"},
@@ -148,7 +150,11 @@ func TestWhy(t *testing.T) {
 		{events.TaskState{Status: "needs_human_review", Reason: "Blocked: css_fix trust score 0.00 below 0.15"}, nil, tail{},
 			"needs_human_review: Blocked: css_fix trust score 0.00 below 0.15"},
 		{events.TaskState{Status: "running"}, []Record{{Reason: "poison", Error: "failed 10 deliveries"}, {Reason: "action"}}, tail{Stage: "review.poison"},
-			"running: failed 10 deliveries"},
+			"running: stopped by poison: failed 10 deliveries"},
+		{events.TaskState{Status: "pending", Pass: 1}, []Record{{Reason: "poison", Error: "undecodable"}}, tail{Stage: "review.poison", Pass: 1},
+			"pending: stopped by poison: undecodable"},
+		{events.TaskState{Status: "running", Pass: 3}, []Record{{Reason: "poison", Error: "old"}}, tail{Stage: "review.poison", Pass: 2},
+			"running: old"}, // an old pass's record: the task is not stopped by it
 		{events.TaskState{Status: "running"}, []Record{{Reason: "poison", Error: "failed 10 deliveries"}}, tail{Stage: "prompted"},
 			"running"},
 		{events.TaskState{Status: "succeeded", History: []events.AttemptRecord{{Attempt: 1}, {Attempt: 2}}},

@@ -2,6 +2,7 @@ package review_test
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -88,7 +89,7 @@ func TestRequeueOfPoisonedTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !d.Actionable || d.Why != "running: last error: first failure" {
+	if !d.Actionable || !d.CanRequeue || d.Why != "running: stopped by poison: failed 10 deliveries, last error: boom; last error: first failure" {
 		t.Fatalf("detail: actionable %v (%s), why %q", d.Actionable, d.NotActionable, d.Why)
 	}
 	if _, err := s.rc.Requeue(bg, "p-1", "the deliveries failed on a bad template; fixed", "alice"); err != nil {
@@ -211,5 +212,85 @@ func TestShowTrustAndRecords(t *testing.T) {
 	}
 	if _, err := s.rc.Show(bg, "nothing-here"); err == nil || !strings.Contains(err.Error(), "no task or review record") {
 		t.Fatalf("show of an unknown id: %v", err)
+	}
+}
+
+// Issue 9: a task whose queued event no later stage can decode (a payload
+// nested 9,999 levels deep, accepted by an intake without a depth limit)
+// was dead-lettered as poison and stayed pending, and review refused to act
+// ("the mesh is working on it"). Its records carry no pass a reviewer can
+// decode; the task is still actionable: resolve and reject work, and
+// requeue says why it cannot send the task again.
+func TestUndecodablePoisonedTaskIsActionable(t *testing.T) {
+	s := newSeeded(t)
+	deep := strings.Repeat("[", 9999) + strings.Repeat("]", 9999)
+	for _, id := range []string{"deep-1", "deep-2"} {
+		body := []byte(`{"task":{"id":"` + id + `","type":"css_fix","subject":"a.css","payload":` + deep + `},"run":{"pass":1,"attempt":1}}`)
+		s.publish(events.TaskSubject(id, events.StageQueued), events.EventQueued, map[string]string{events.HeaderTaskID: id}, body)
+		s.publish(events.ReviewSubject(events.ReviewPoison, id), events.EventPoison, map[string]string{
+			events.HeaderTaskID: id, events.HeaderError: "undecodable dispatch.task." + id + ".queued: exceeded max depth",
+			events.HeaderOrigSubj: events.TaskSubject(id, events.StageQueued),
+		}, body)
+		s.put(events.TaskState{ID: id, Type: "css_fix", Subject: "a.css", Status: events.StatusPending, Pass: 1})
+	}
+
+	d, err := s.rc.Show(bg, "deep-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Actionable || d.CanRequeue || !strings.Contains(d.NoRequeue, "none of its events on the stream can be decoded") {
+		t.Fatalf("detail: actionable %v (%s), can requeue %v (%s)", d.Actionable, d.NotActionable, d.CanRequeue, d.NoRequeue)
+	}
+	if d.Why != "pending: stopped by poison: undecodable dispatch.task.deep-1.queued: exceeded max depth" {
+		t.Errorf("why = %q", d.Why)
+	}
+	q, err := s.rc.List(bg, review.Filter{Reason: events.ReviewPoison})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Items) != 2 || q.Items[0].TaskID != "deep-1" || q.Items[0].Type != "css_fix" {
+		t.Fatalf("poison queue: %+v", q.Items)
+	}
+
+	_, err = s.rc.Requeue(bg, "deep-1", "try again", "alice")
+	if !errors.Is(err, review.ErrNoTask) || !strings.Contains(err.Error(), "resolve or reject it, and submit it again") {
+		t.Fatalf("requeue: %v", err)
+	}
+	if _, err := s.rc.Resolve(bg, "deep-1", "fixed by hand", "alice"); err != nil {
+		t.Fatalf("resolve: %v", err)
+	}
+	if _, err := s.rc.Reject(bg, "deep-2", "payload is garbage", "alice"); err != nil {
+		t.Fatalf("reject: %v", err)
+	}
+	for id, want := range map[string]string{"deep-1": events.StatusSucceeded, "deep-2": events.StatusFailed} {
+		if st, _ := s.tasks.Get(bg, id); st.Status != want {
+			t.Errorf("%s: status %s, want %s", id, st.Status, want)
+		}
+	}
+	if q, _ := s.rc.List(bg, review.Filter{}); len(q.Items) != 0 {
+		t.Errorf("open items after both decisions: %+v", q.Items)
+	}
+}
+
+// A poison record's pass is read from its Dispatch-Pass header when its body
+// does not decode: a record of an old pass does not make a task that moved
+// on actionable; one of the current pass does.
+func TestPoisonPassFromHeader(t *testing.T) {
+	s := newSeeded(t)
+	for _, c := range []struct {
+		id         string
+		recordPass string
+		ok         bool
+	}{{"h-old", "2", false}, {"h-now", "3", true}} {
+		s.publish(events.ReviewSubject(events.ReviewPoison, c.id), events.EventPoison,
+			map[string]string{events.HeaderTaskID: c.id, events.HeaderPass: c.recordPass, events.HeaderError: "boom"}, []byte("{not json"))
+		s.put(events.TaskState{ID: c.id, Type: "css_fix", Subject: "a.css", Status: events.StatusRunning, Pass: 3})
+		d, err := s.rc.Show(bg, c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Actionable != c.ok {
+			t.Errorf("%s: actionable %v (%s), want %v", c.id, d.Actionable, d.NotActionable, c.ok)
+		}
 	}
 }

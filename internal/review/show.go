@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,9 @@ type Detail struct {
 	Actionable    bool   `json:"actionable"`
 	CanRequeue    bool   `json:"can_requeue"`
 	NotActionable string `json:"not_actionable,omitempty"`
+	// NoRequeue says why an actionable task cannot be requeued (no event
+	// on the stream holds a task that can be sent again).
+	NoRequeue string `json:"no_requeue,omitempty"`
 }
 
 // TrustView is one task type's trust score with its recent outcomes.
@@ -184,6 +188,9 @@ func (c *Client) Show(ctx context.Context, id string) (Detail, error) {
 		d.NotActionable = err.Error()
 	} else {
 		d.Actionable, d.CanRequeue = true, true
+		if _, err := requeueTask(entries, id); err != nil {
+			d.CanRequeue, d.NoRequeue = false, err.Error()
+		}
 	}
 	d.Why = why(st, d.Records, t)
 	return d, nil
@@ -194,13 +201,21 @@ func (c *Client) Show(ctx context.Context, id string) (Detail, error) {
 // task's newest event).
 func why(st events.TaskState, recs []Record, t tail) string {
 	parts := []string{}
+	r := lastStop(recs)
+	stoppedAt := r.Error != "" && t.Stage == "review."+r.Reason
+	if stoppedAt && halted(st, t) && !slices.Contains(ReviewStatuses, st.Status) {
+		// The status is what the pipeline last wrote; the record says why
+		// nothing moves (its message was dead-lettered).
+		parts = append(parts, "stopped by "+r.Reason+": "+r.Error)
+		stoppedAt = false
+	}
 	if st.Reason != "" {
 		parts = append(parts, st.Reason)
 	}
 	if st.LastError != "" && !strings.Contains(st.Reason, st.LastError) {
 		parts = append(parts, "last error: "+st.LastError)
 	}
-	if r := lastStop(recs); len(parts) == 0 && r.Error != "" && t.Stage == "review."+r.Reason {
+	if len(parts) == 0 && stoppedAt {
 		parts = append(parts, r.Error)
 	}
 	if len(parts) == 0 && st.Status == events.StatusSucceeded && len(st.History) > 0 {
@@ -237,17 +252,22 @@ func decisionsOf(recs []Record) []decision {
 	return ds
 }
 
-// tail is the newest event of a task: its stage and pass.
+// tail is the newest event of a task: its stage and pass (0: unknown).
 type tail struct {
 	Stage string
 	Pass  int
 }
 
+// tailOf reads the pass of the newest event from its Dispatch-Pass header,
+// else from its body: a dead-lettered body often does not decode.
 func tailOf(entries []timeline.Entry) tail {
 	if len(entries) == 0 {
 		return tail{}
 	}
 	e := entries[len(entries)-1]
+	if e.Pass > 0 {
+		return tail{Stage: e.Stage, Pass: e.Pass}
+	}
 	var v struct {
 		Run events.Run `json:"run"`
 	}
@@ -266,4 +286,23 @@ func taskOf(entries []timeline.Entry, id string) (events.Task, bool) {
 		}
 	}
 	return events.Task{}, false
+}
+
+// requeueTask is the task a requeue sends again, or why there is none (an
+// error matching ErrNoTask): resolve and reject still work.
+func requeueTask(entries []timeline.Entry, id string) (events.Task, error) {
+	if task, ok := taskOf(entries, id); ok {
+		return task, nil
+	}
+	why := "its events have aged out of the stream, so its payload is gone"
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Stage, "review.") {
+			why = "none of its events on the stream can be decoded, so there is nothing to send again (see its poison record)"
+			break
+		}
+		if e.Stage == "review."+events.ReviewPoison {
+			why = "it stopped before intake queued it (its submission was dead-lettered), so no event holds it"
+		}
+	}
+	return events.Task{}, fmt.Errorf("%w: cannot requeue task %s: %s; resolve or reject it, and submit it again", ErrNoTask, id, why)
 }

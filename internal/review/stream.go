@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -63,6 +64,15 @@ func record(msg jetstream.Msg) Record {
 // rejected submission's original bytes, any client's message): anything
 // decodes, what does not parse is kept as Raw.
 func decodeRecord(subject string, h nats.Header, data []byte) Record {
+	r := decodeBody(subject, h, data)
+	// The pass in the header holds even when the body does not decode.
+	if n, err := strconv.Atoi(h.Get(events.HeaderPass)); err == nil && n > 0 {
+		r.Pass = n
+	}
+	return r
+}
+
+func decodeBody(subject string, h nats.Header, data []byte) Record {
 	r := Record{
 		Subject: subject, Event: h.Get(events.HeaderEvent), By: h.Get(events.HeaderService),
 		Error: h.Get(events.HeaderError), OrigSubject: h.Get(events.HeaderOrigSubj),

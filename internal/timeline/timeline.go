@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,14 +18,17 @@ import (
 
 // Entry is one event of a task as stored on the stream.
 type Entry struct {
-	Seq     uint64          `json:"seq"`
-	Time    time.Time       `json:"time"`
-	Subject string          `json:"subject"`
-	Event   string          `json:"event"`
-	Stage   string          `json:"stage"` // the stage, or review.<reason>
-	By      string          `json:"by,omitempty"`
-	Error   string          `json:"error,omitempty"`
-	Data    json.RawMessage `json:"data,omitempty"`
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"`
+	Subject string    `json:"subject"`
+	Event   string    `json:"event"`
+	Stage   string    `json:"stage"` // the stage, or review.<reason>
+	By      string    `json:"by,omitempty"`
+	Error   string    `json:"error,omitempty"`
+	// Pass is the Dispatch-Pass header: the task's pass the event belongs
+	// to, known even when the body does not decode (0: not given).
+	Pass int             `json:"pass,omitempty"`
+	Data json.RawMessage `json:"data,omitempty"`
 }
 
 // Final reports whether the entry ends the task (until a human acts), and
@@ -97,6 +101,9 @@ func FromMsg(msg jetstream.Msg) Entry {
 	}
 	h := msg.Headers()
 	e.Event, e.By, e.Error = h.Get(events.HeaderEvent), h.Get(events.HeaderService), h.Get(events.HeaderError)
+	if n, err := strconv.Atoi(h.Get(events.HeaderPass)); err == nil && n > 0 {
+		e.Pass = n
+	}
 	if _, stage, ok := events.ParseTaskSubject(e.Subject); ok {
 		e.Stage = stage
 	} else if reason, _, ok := events.ParseReviewSubject(e.Subject); ok {

@@ -12,8 +12,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"dispatchmesh/events"
@@ -51,29 +49,19 @@ func New(cfg Config) (*Service, error) {
 	return &Service{cfg: cfg, log: cfg.Log.With("service", "intake")}, nil
 }
 
-// Spec is the service's consumer: every submission.
+// Spec is the service's consumer: every submission, bare dispatch.submit
+// included (it names no type: it is rejected, not lost).
 func (s *Service) Spec() services.Spec {
-	return services.Spec{Name: services.ConsumerIntake, Filters: []string{events.SubmitFilter}, Handler: s.Handle, Concurrency: 8}
-}
-
-// GeneratedID is the id of a submission that did not bring one: derived from
-// the message's place in the stream, so a redelivery yields the same id.
-func GeneratedID(seq uint64, stored time.Time) string {
-	return "t" + strconv.FormatInt(stored.UnixNano(), 36) + "-" + strconv.FormatUint(seq, 36)
+	return services.Spec{Name: services.ConsumerIntake, Filters: events.SubmitFilters, Handler: s.Handle, Concurrency: 8}
 }
 
 // Handle accepts one submission.
 func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
-	subjectType := strings.TrimPrefix(m.Subject, events.SubmitRoot+".")
-	sub, err := events.DecodeSubmit(m.Data, subjectType)
+	sub, err := events.DecodeSubmitFrom(m.Subject, m.Data)
 	if err != nil {
-		key := ""
-		if events.ValidID(sub.ID) {
-			key = sub.ID
-		}
-		return nil, services.DeadKey(events.ReviewRejected, key, err)
+		return nil, services.DeadKey(events.ReviewRejected, sub.ID, err) // "" when no id can be read: seq-N
 	}
-	task := sub.Task(GeneratedID(m.Seq, m.Time), m.Time)
+	task := sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time)
 	run := s.firstRun(task)
 	st := services.NewState(task)
 	st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
