@@ -34,7 +34,7 @@ import (
 
 // Service names, as accepted by Options.Services and the CLI.
 const (
-	Intake   = "intake" // also serves the micro API (dispatch.api.submit, dispatch.api.status)
+	Intake   = "intake" // also serves the micro API (dispatch.api.submit, dispatch.api.status, dispatch.api.wait)
 	Verifier = "verifier"
 	Gate     = "gate"
 	Prompt   = "prompt"
@@ -156,7 +156,11 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("micro api: %w", err)
 		}
-		defer svc.Stop()
+		defer api.Stop() // then answers the waits in progress
+		defer svc.Stop() // first: no new requests
+		// A stopping mesh answers its waits at once (503: ask again), not
+		// after its services drained.
+		context.AfterFunc(ctx, api.Stop)
 		// A refused subscription fails silently: the endpoint would never
 		// answer. After a round trip the server's refusal has arrived.
 		if err := o.NC.FlushTimeout(10 * time.Second); err != nil {
