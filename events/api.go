@@ -192,7 +192,9 @@ type WaitReply struct {
 	TimedOut bool `json:"timed_out,omitempty"`
 	// Stage is the task's latest event: a stage (queued, retry, verified,
 	// admitted, prompted, executed, succeeded, cancelled) or
-	// review.<reason> (gated, escalated, stuck, poison, action).
+	// review.<reason> (gated, escalated, stuck, poison, action). The state
+	// is stored before the event that announces it: for a moment a terminal
+	// Status may come with the stage before it.
 	Stage string `json:"stage,omitempty"`
 	// Step and Rung are the pipeline step and the escalation rung of the
 	// task's current (or last) attempt.
