@@ -47,7 +47,8 @@ type (
 	Result = events.Result
 )
 
-// DefaultRequestTimeout bounds Submit and Status when ctx has no deadline.
+// DefaultRequestTimeout bounds Submit and Status when ctx has no deadline:
+// while no service answers they ask again until then.
 const DefaultRequestTimeout = 10 * time.Second
 
 // Client talks to the mesh on one NATS connection. It is safe for
@@ -147,14 +148,22 @@ func taskRequest(id string, timeout time.Duration) ([]byte, error) {
 }
 
 // request sends body to subject and decodes the answer into v, or returns
-// the *Error it carries.
+// the *Error it carries. While no service answers (the mesh is starting or
+// an instance restarting) it asks again until ctx ends.
 func (c *Client) request(ctx context.Context, subject string, body []byte, v any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.requestTimeout)
 		defer cancel()
 	}
-	msg, err := c.nc.RequestWithContext(ctx, subject, body)
+	var msg *nats.Msg
+	var err error
+	for retry := 50 * time.Millisecond; ; retry = min(2*retry, time.Second) {
+		msg, err = c.nc.RequestWithContext(ctx, subject, body)
+		if !errors.Is(err, nats.ErrNoResponders) || !sleep(ctx, retry) {
+			break
+		}
+	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return &Error{Code: events.CodeUnavailable, Problems: []string{},

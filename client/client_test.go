@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"dispatchmesh/client"
 	"dispatchmesh/events"
+	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/services"
 )
@@ -192,7 +195,9 @@ func TestNoMesh(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	_, err = c.Submit(ctx, client.Task{Type: "css_fix", Subject: "s"})
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond) // it asks until then
+	_, err = c.Submit(short, client.Task{Type: "css_fix", Subject: "s"})
+	cancelShort()
 	if !errors.Is(err, client.ErrUnavailable) || !strings.Contains(err.Error(), "is the mesh up") {
 		t.Fatalf("Submit without a mesh: %v", err)
 	}
@@ -202,6 +207,33 @@ func TestNoMesh(t *testing.T) {
 	if _, err := client.New(srv.NC, client.WithRequestTimeout(0)); !errors.Is(err, client.ErrInvalidOption) {
 		t.Fatalf("WithRequestTimeout(0): %v", err)
 	}
+}
+
+// A submit sent while the mesh starts is answered once it is up.
+func TestSubmitWhileTheMeshStarts(t *testing.T) {
+	srv := natstest.Start(t)
+	c, err := client.New(srv.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	answered := make(chan error, 1)
+	go func() {
+		_, err := c.Submit(ctx, client.Task{Type: "css_fix", Subject: "s"})
+		answered <- err
+	}()
+	nc, _ := srv.Connect(t)
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- mesh.Run(mctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Grace: time.Second})
+	}()
+	if err := <-answered; err != nil {
+		t.Fatalf("Submit: %v", err)
+	}
+	stop()
+	<-done // stopped while starting, it may report the cancel: not this test's concern
 }
 
 // The client names the task stream itself, to stay light: it must be the
