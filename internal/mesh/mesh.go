@@ -194,6 +194,11 @@ func Run(ctx context.Context, o Options) error {
 	close(errs)
 	var all []error
 	for err := range errs {
+		// A service stopped while it was still starting (binding its
+		// consumer) was stopped, not broken: by ctx, or by another's failure.
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			continue
+		}
 		all = append(all, startError(o.NC, err))
 	}
 	return errors.Join(all...)
