@@ -121,6 +121,16 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		}
 		return nil
 	})
+	// The wait API, as the client: intake watches the task's state and
+	// listens for its rejection with its own user's grants.
+	msg, err := client.nc.Request(intake.WaitAPI, []byte(`{"id":"e2e-api","timeout":"5s"}`), 10*time.Second)
+	if err != nil {
+		t.Fatalf("request %s: %v", intake.WaitAPI, err)
+	}
+	var waited events.WaitReply
+	if err := json.Unmarshal(msg.Data, &waited); err != nil || waited.Status != events.StatusSucceeded || waited.Result == nil {
+		t.Fatalf("wait API answered %s: %v", msg.Data, err)
+	}
 	if out := runToEnd(t, "status", as("client"), dispatch, "status", "e2e-0"); !strings.Contains(out, string(events.StatusSucceeded)) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
 	}

@@ -44,6 +44,10 @@ var messages = []struct {
 	{events.EventAction, events.Action{}},
 	{"task_state.v1", events.TaskState{}},
 	{"model_result.v1", modelResult{}},
+	{"api.request.v1", events.TaskRequest{}},
+	{"api.submit.reply.v1", events.SubmitReply{}},
+	{"api.wait.reply.v1", events.WaitReply{}},
+	{"api.error.v1", events.ErrorReply{}},
 }
 
 // TestSchemasMatchGoTypes is the drift test: every JSON field the Go type

@@ -86,9 +86,10 @@ func TestEveryEventHasASchema(t *testing.T) {
 			t.Errorf("events.%s = %q has no schema: %v", constName, name, err)
 		}
 	}
-	// And every schema is an event, or one of the two non-event messages.
+	// And every schema is an event, or one of the non-event messages: the
+	// task state, the model's answer, the request-reply API's messages.
 	for _, name := range schemas.Names() {
-		if !slices.Contains(want, name) && name != "task_state.v1" && name != "model_result.v1" {
+		if !slices.Contains(want, name) && name != "task_state.v1" && name != "model_result.v1" && !strings.HasPrefix(name, "api.") {
 			t.Errorf("schema %s names no events.Event* constant", name)
 		}
 	}
@@ -108,6 +109,7 @@ func TestEnumsMatchConstants(t *testing.T) {
 		{"model_result.v1", "#/properties/status", "Outcome"},
 		{events.EventAction, "#/properties/action", "Action"},
 		{"task_state.v1", "#/$defs/action/properties/action", "Action"},
+		{"api.wait.reply.v1", "#/properties/status", "Status"},
 	} {
 		v, err := loadSchema(c.schema)
 		if err != nil {
@@ -174,4 +176,30 @@ func stringConsts(t *testing.T, prefix string) map[string]string {
 		}
 	}
 	return consts
+}
+
+// TestAPIErrorCodesMatchConstants: the codes api.error.v1 lists are the
+// events.Code* constants, no more, no fewer.
+func TestAPIErrorCodesMatchConstants(t *testing.T) {
+	v, err := loadSchema("api.error.v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := v.resolve("#/properties/error/properties/code")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var enum []int
+	for _, e := range node.(map[string]any)["enum"].([]any) {
+		n, err := e.(json.Number).Int64()
+		if err != nil {
+			t.Fatalf("code %v: %v", e, err)
+		}
+		enum = append(enum, int(n))
+	}
+	want := []int{events.CodeBadRequest, events.CodeNotFound, events.CodeRejected, events.CodeInternal, events.CodeUnavailable}
+	slices.Sort(enum)
+	if !slices.Equal(enum, want) {
+		t.Errorf("api.error.v1 codes %v, events.Code* constants %v", enum, want)
+	}
 }

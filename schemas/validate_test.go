@@ -99,6 +99,14 @@ var populated = []struct {
 	{"model_result.v1", modelResult{
 		Status: "success", Approach: "move the rule", Summary: "done", Changes: []string{"src/app.css"},
 	}},
+	{"api.request.v1", events.TaskRequest{ID: "t-42", Timeout: "1m30s"}},
+	{"api.submit.reply.v1", events.SubmitReply{ID: "t-42", Duplicate: true}},
+	{"api.wait.reply.v1", events.WaitReply{
+		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Status: events.StatusSucceeded, Terminal: true, TimedOut: true,
+		Stage: "review.action", Step: "implement", Rung: events.RungPivot, Reason: "resolved by alice", LastError: "tests failed",
+		Attempts: 3, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Result: &result, UpdatedAt: at,
+	}},
+	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
 }
 
 func TestPopulatedValuesAreComplete(t *testing.T) {
@@ -200,6 +208,15 @@ func TestSchemasRejectBadEvents(t *testing.T) {
 		{"task_state.v1", func(m map[string]any) { m["actions"] = []any{map[string]any{}} }, `/actions/0: "task_id" is required`},
 		{"model_result.v1", func(m map[string]any) { delete(m, "approach") }, `/: "approach" is required`},
 		{"model_result.v1", func(m map[string]any) { m["status"] = "partial" }, `/status: "partial" is not one of`},
+		{"api.request.v1", func(m map[string]any) { m["timeout"] = "soon" }, `/timeout: "soon" does not match`},
+		{"api.request.v1", func(m map[string]any) { m["timeout"] = 30 }, `/timeout: is integer, want string`},
+		{"api.request.v1", func(m map[string]any) { delete(m, "id") }, `/: "id" is required`},
+		{"api.wait.reply.v1", func(m map[string]any) { m["stage"] = "thinking" }, `/stage: "thinking" does not match`},
+		{"api.wait.reply.v1", func(m map[string]any) { m["status"] = "done" }, `/status: "done" is not one of`},
+		{"api.wait.reply.v1", func(m map[string]any) { obj(m, "result")["outcome"] = "maybe" }, `/result/outcome: "maybe" is not one of`},
+		{"api.error.v1", func(m map[string]any) { obj(m, "error")["problems"] = nil }, `/error/problems: is null, want array`},
+		{"api.error.v1", func(m map[string]any) { obj(m, "error")["code"] = 418 }, `/error/code: 418 is not one of`},
+		{"api.error.v1", func(m map[string]any) { m["id"] = "t-42" }, `/: unknown property "id"`},
 	} {
 		v, err := loadSchema(c.schema)
 		if err != nil {

@@ -32,6 +32,13 @@ func (s *TaskStore) Get(ctx context.Context, id string) (events.TaskState, error
 	return st, err
 }
 
+// Watch watches a task's state: its current value (if any), then every
+// change, on w.Updates(); a nil entry marks the end of the current value.
+// Stop w when done.
+func (s *TaskStore) Watch(ctx context.Context, id string) (jetstream.KeyWatcher, error) {
+	return s.kv.Watch(ctx, id)
+}
+
 // Update changes a task's state with a compare-and-set loop (see kvcas.Update).
 // found is false when the task has no state yet.
 func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *events.TaskState, found bool) error) (events.TaskState, error) {

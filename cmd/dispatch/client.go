@@ -15,10 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"dispatchmesh/client"
 	"dispatchmesh/events"
 	"dispatchmesh/internal/timeline"
 	"dispatchmesh/schemas"
-	"dispatchmesh/services"
 )
 
 var stdout io.Writer = os.Stdout
@@ -36,6 +36,20 @@ func clientJS(cfg Config) (jetstream.JetStream, func(), error) {
 	return js, nc.Close, nil
 }
 
+// meshClient connects as the "client" NATS user and returns the Go client.
+func meshClient(cfg Config) (*client.Client, func(), error) {
+	nc, err := cfg.connect("", "client")
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return c, nc.Close, nil
+}
+
 func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("submit", flag.ContinueOnError)
 	typ := fs.String("type", "", "task type (required), e.g. css_fix")
@@ -43,32 +57,26 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	payload := fs.String("payload", "", "JSON payload for the prompt template")
 	id := fs.String("id", "", "task id (default: generated); the same id twice makes one task")
 	maxRetries := fs.Int("max-retries", 0, "attempts before a human is asked (default: the type's)")
-	wait := fs.Bool("wait", false, "print each stage as it happens; exit non-zero unless the task succeeds")
+	wait := fs.Bool("wait", false, "print each stage as it happens, then the outcome; exit non-zero unless the task succeeds")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long -wait waits")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	sub := events.Submit{ID: *id, Type: *typ, Subject: *subject, MaxRetries: *maxRetries}
+	task := client.Task{ID: *id, Type: *typ, Subject: *subject, MaxRetries: *maxRetries}
 	if *payload != "" {
-		sub.Payload = json.RawMessage(*payload)
+		task.Payload = json.RawMessage(*payload)
 	}
-	if sub.ID == "" {
-		sub.ID = nuid.Next()
+	if task.ID == "" {
+		task.ID = nuid.Next()
 	}
-	body, err := json.Marshal(sub)
-	if err != nil {
-		return fmt.Errorf("payload: %w", err) // json.RawMessage that is not JSON
-	}
-	if _, err := events.DecodeSubmit(body, ""); err != nil {
-		return err
-	}
-	js, closeFn, err := clientJS(cfg)
+	c, closeFn, err := meshClient(cfg)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	if _, err := js.Publish(ctx, events.SubmitSubject(sub.Type), body, jetstream.WithMsgID("submit:"+sub.ID)); err != nil {
-		return fmt.Errorf("submit: %w", err)
+	sub, err := c.Submit(ctx, task)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintln(stdout, sub.ID)
 	if !*wait {
@@ -76,29 +84,64 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	return waitFor(wctx, js, sub.ID)
+	return waitFor(wctx, c, sub.ID)
 }
 
-// waitFor prints the task's events until it ends; a non-success end is an
-// exit code 1, a timeout 2.
-func waitFor(ctx context.Context, js jetstream.JetStream, id string) error {
-	var last timeline.Entry
-	var ended, ok bool
-	err := timeline.Follow(ctx, js, id, true, func(e timeline.Entry) bool {
-		fmt.Fprintf(stdout, "%s  %-18s %s\n", e.Time.Local().Format("15:04:05.000"), e.Stage, e.Summary())
-		last = e
-		ended, ok = e.Final()
-		return !ended
+// waitFor prints the task's events as they happen, then its outcome; a
+// non-success end is an exit code 1, a timeout 2.
+func waitFor(ctx context.Context, c *client.Client, id string) error {
+	lastStage := ""
+	err := c.Watch(ctx, id, func(e client.Event) bool {
+		lastStage = e.Stage
+		en := timeline.Entry{Seq: e.Seq, Time: e.Time, Event: e.Name, Stage: e.Stage, By: e.By, Error: e.Error, Data: e.Data}
+		fmt.Fprintf(stdout, "%s  %-18s %s\n", e.Time.Local().Format("15:04:05.000"), e.Stage, en.Summary())
+		final, _ := e.Final()
+		return !final
 	})
-	switch {
-	case ended && ok:
-		return nil
-	case ended:
-		return &exitError{1, fmt.Errorf("task %s ended with %s", id, last.Stage)}
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return &exitError{2, fmt.Errorf("task %s: gave up waiting", id)}
+	if err != nil && ctx.Err() == nil {
+		return err
 	}
-	return err
+	if ctx.Err() != nil {
+		return &exitError{2, fmt.Errorf("task %s: gave up waiting at stage %s", id, orUnknown(lastStage))}
+	}
+	out, err := c.Wait(ctx, id) // the task has ended: answered at once
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return &exitError{2, fmt.Errorf("task %s: gave up waiting: %w", id, err)}
+	case err != nil:
+		return err
+	}
+	printOutcome(stdout, out)
+	if out.Status != events.StatusSucceeded {
+		return &exitError{1, fmt.Errorf("task %s ended %s", id, out.Status)}
+	}
+	return nil
+}
+
+// printOutcome prints a finished task's status, cost and final answer.
+func printOutcome(w io.Writer, out client.Outcome) {
+	fmt.Fprintf(w, "%s after %d attempt(s), %d+%d tokens, $%.4f\n", out.Status, out.Attempts, out.TokensIn, out.TokensOut, out.Cost)
+	if out.Reason != "" {
+		fmt.Fprintf(w, "reason: %s\n", out.Reason)
+	}
+	if r := out.Result; r != nil {
+		if r.Approach != "" {
+			fmt.Fprintf(w, "approach: %s\n", r.Approach)
+		}
+		if r.Summary != "" {
+			fmt.Fprintf(w, "summary: %s\n", r.Summary)
+		}
+		for _, ch := range r.Changes {
+			fmt.Fprintf(w, "change: %s\n", ch)
+		}
+	}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 func cmdStatus(ctx context.Context, cfg Config, args []string) error {
@@ -113,18 +156,14 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	if !events.ValidID(fs.Arg(0)) {
 		return fmt.Errorf("invalid task id %q: 1-%d characters of A-Z, a-z, 0-9, _ or -", fs.Arg(0), events.MaxIDLen)
 	}
-	js, closeFn, err := clientJS(cfg)
+	c, closeFn, err := meshClient(cfg)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	kv, err := js.KeyValue(ctx, services.BucketTasks)
+	st, err := c.Status(ctx, fs.Arg(0))
 	if err != nil {
-		return fmt.Errorf("no task store (is the mesh provisioned?): %w", err)
-	}
-	st, err := services.NewTaskStore(kv).Get(ctx, fs.Arg(0))
-	if err != nil {
-		return fmt.Errorf("task %s: %w", fs.Arg(0), err)
+		return err
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)

@@ -78,6 +78,13 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		defer stop()
 		defer cancel() // runs before stop: stop waits for the page to end
 	}
+	// "is up" means it: the services run and the API answers, so a client
+	// that starts when it reads the banner is served.
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, cfg, log, url, "dispatch-up", mesh.All) }()
+	if err := waitAPI(ctx, url, served); err != nil {
+		return err
+	}
 	fmt.Printf("dispatchmesh %s is up\n", version)
 	fmt.Printf("  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
 	fmt.Printf("  data dir: %s\n", dataDir)
@@ -93,7 +100,33 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	}
 	fmt.Printf("  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
 	fmt.Printf("            dispatch submit -type css_fix -subject src/app.css -wait\n")
-	return serve(ctx, cfg, log, url, "dispatch-up", mesh.All)
+	fmt.Printf("  wait:     nats req dispatch.api.wait '{\"id\":\"ID\",\"timeout\":\"60s\"}' --timeout 65s\n")
+	return <-served
+}
+
+// waitAPI returns once the micro service "dispatch" at url answers a ping,
+// or with serve's error if it stops first.
+func waitAPI(ctx context.Context, url string, served <-chan error) error {
+	nc, err := nats.Connect(url, nats.Name("dispatch-up-ready"))
+	if err != nil {
+		return fmt.Errorf("connect to the embedded server: %w", err)
+	}
+	defer nc.Close()
+	for {
+		if _, err := nc.Request("$SRV.PING."+services.MicroService, nil, time.Second); err == nil {
+			return nil
+		}
+		select {
+		case err := <-served:
+			if err == nil {
+				err = ctx.Err()
+			}
+			return err
+		case <-ctx.Done():
+			return <-served
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // startWeb serves the review page on ln, on its own connection to url,

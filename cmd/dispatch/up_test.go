@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -26,8 +27,8 @@ func TestMain(m *testing.M) {
 }
 
 // startUp runs `dispatch up` on dataDir as a process, killed at cleanup,
-// and waits until it says it is up.
-func startUp(t *testing.T, dataDir string) (pid int, kill func()) {
+// waits until it says it is up, and returns its NATS URL.
+func startUp(t *testing.T, dataDir string) (pid int, url string, kill func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := upCommand(ctx, dataDir)
@@ -53,8 +54,15 @@ func startUp(t *testing.T, dataDir string) (pid int, kill func()) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return cmd.Process.Pid, kill
+	m := natsURL.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("dispatch up printed no NATS URL:\n%s", out.String())
+	}
+	return cmd.Process.Pid, m[1], kill
 }
+
+// natsURL finds the URL in up's banner ("  NATS:     nats://…").
+var natsURL = regexp.MustCompile(`NATS:\s+(nats://\S+)`)
 
 func upCommand(ctx context.Context, dataDir string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, os.Args[0], "up")
@@ -76,7 +84,7 @@ func upCommand(ctx context.Context, dataDir string) *exec.Cmd {
 // the first is gone (killed: the kernel drops its lock) the dir is free.
 func TestSecondUpOnOneDataDirFails(t *testing.T) {
 	dataDir := t.TempDir()
-	pid, kill := startUp(t, dataDir)
+	pid, _, kill := startUp(t, dataDir)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -2,10 +2,15 @@ package mesh_test
 
 import (
 	"encoding/json"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"dispatchmesh/events"
@@ -58,12 +63,16 @@ func TestSubmitAPI(t *testing.T) {
 	if !strings.HasPrefix(problem, "400 ") || !strings.Contains(problem, "max_retries") {
 		t.Fatalf("wrong-typed field answered %q", problem)
 	}
+	// The body says it too, as JSON: clients that do not read headers see it.
+	if ae := e.askAPI(events.SubmitAPI, `{"type":"css_fix"}`).fails(t, events.CodeBadRequest); !slices.Equal(ae.Problems, []string{`"subject" is required`}) {
+		t.Fatalf("missing subject answered %+v", ae)
+	}
 	_, problem = ask(`not json`)
 	if !strings.HasPrefix(problem, "400 ") || !strings.Contains(problem, "malformed JSON") {
 		t.Fatalf("malformed input answered %q", problem)
 	}
-	kept := e.waitReviews(events.ReviewRejected, 2)
-	if string(kept[1].Data) != "not json" && string(kept[0].Data) != "not json" {
+	kept := e.waitReviews(events.ReviewRejected, 3)
+	if !slices.ContainsFunc(kept, func(m *nats.Msg) bool { return string(m.Data) == "not json" }) {
 		t.Fatal("rejected input not kept with its original bytes")
 	}
 
@@ -76,4 +85,210 @@ func TestSubmitAPI(t *testing.T) {
 	if err := json.Unmarshal(msg.Data, &st); err != nil || st.Status != events.StatusSucceeded {
 		t.Fatalf("status reply %s: %v", msg.Data, err)
 	}
+}
+
+// apiAnswer is one answer of the request-reply API.
+type apiAnswer struct {
+	data       []byte
+	code, desc string // the micro error headers
+}
+
+// askAPI sends body to subject once the micro service answers pings.
+func (e *env) askAPI(subject, body string) apiAnswer {
+	e.t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		msg, err := e.srv.NC.Request(subject, []byte(body), patience)
+		if err == nil {
+			return apiAnswer{msg.Data, msg.Header.Get(micro.ErrorCodeHeader), msg.Header.Get(micro.ErrorHeader)}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("request %s: %v", subject, err)
+		}
+		time.Sleep(10 * time.Millisecond) // the service is not registered yet
+	}
+}
+
+// fails checks the answer is an error with code, in the headers and as the
+// JSON body, and returns it.
+func (a apiAnswer) fails(t *testing.T, code int) *events.APIError {
+	t.Helper()
+	var r events.ErrorReply
+	dec := json.NewDecoder(strings.NewReader(string(a.data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil || r.Error == nil {
+		t.Fatalf("answer %s is not an error reply: %v", a.data, err)
+	}
+	if r.Error.Code != code || a.code != strconv.Itoa(code) || a.desc != r.Error.Message || r.Error.Problems == nil {
+		t.Fatalf("answer %s (headers %s %q), want code %d in both", a.data, a.code, a.desc, code)
+	}
+	return r.Error
+}
+
+// decodes checks the answer is a success and decodes it into v.
+func (a apiAnswer) decodes(t *testing.T, v any) {
+	t.Helper()
+	if a.code != "" || strings.Contains(string(a.data), `"error"`) {
+		t.Fatalf("answer %s failed: %s %s", a.data, a.code, a.desc)
+	}
+	if err := json.Unmarshal(a.data, v); err != nil {
+		t.Fatalf("answer %s: %v", a.data, err)
+	}
+}
+
+// Status takes a bare id or {"id": …}; an id whose submission was rejected
+// is answered with the rejection and its problems, an unknown one with 404.
+func TestStatusAPI(t *testing.T) {
+	e := newEnv(t, succeed, nil)
+	e.start()
+	id := e.submit(events.Submit{ID: "st-1", Type: "css_fix", Subject: "src/app.css"})
+	e.waitEnd(id)
+	for _, body := range []string{id, id + "\n", `"` + id + `"`, `{"id":"` + id + `"}`} {
+		var st events.TaskState
+		e.askAPI(intake.StatusAPI, body).decodes(t, &st)
+		if st.ID != id || st.Status != events.StatusSucceeded {
+			t.Fatalf("status %q answered %+v", body, st)
+		}
+	}
+
+	e.submitRaw("css_fix", []byte(`{"id":"st-bad","subject":"","max_retries":-1}`))
+	e.waitReviews(events.ReviewRejected, 1)
+	ae := e.askAPI(intake.StatusAPI, `{"id":"st-bad"}`).fails(t, events.CodeRejected)
+	if !strings.Contains(ae.Message, "st-bad was rejected") ||
+		!slices.Equal(ae.Problems, []string{`"subject" is required`, `"max_retries" must not be negative`}) {
+		t.Fatalf("rejected id answered %+v", ae)
+	}
+
+	if ae := e.askAPI(intake.StatusAPI, "nobody").fails(t, events.CodeNotFound); ae.Message != "task nobody not found" {
+		t.Fatalf("unknown id answered %+v", ae)
+	}
+	ae = e.askAPI(intake.StatusAPI, `{"id":"a.b"}`).fails(t, events.CodeBadRequest)
+	if len(ae.Problems) != 1 || !strings.Contains(ae.Problems[0], `"id" "a.b"`) {
+		t.Fatalf("invalid id answered %+v", ae)
+	}
+}
+
+// Wait answers when the task is terminal, with the final answer; a wait
+// that times out says where the task is, and waiting again gets the end.
+func TestWaitAPI(t *testing.T) {
+	e := newEnv(t, succeed, nil)
+	e.model.Block = make(chan struct{}) // every model call waits for this
+	e.start()
+	e.submit(events.Submit{ID: "w-1", Type: "css_fix", Subject: "src/app.css"})
+	select {
+	case <-time.After(patience):
+		t.Fatal("the model was never called")
+	case <-func() chan struct{} {
+		c := make(chan struct{})
+		go func() {
+			for e.model.Calls() == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			close(c)
+		}()
+		return c
+	}():
+	}
+	var r events.WaitReply
+	e.askAPI(intake.WaitAPI, `{"id":"w-1","timeout":"200ms"}`).decodes(t, &r)
+	if !r.TimedOut || r.Terminal || r.Status != events.StatusRunning || r.Stage != events.StagePrompted || r.Result != nil {
+		t.Fatalf("a wait on a task at the model answered %+v", r)
+	}
+
+	close(e.model.Block)
+	r = events.WaitReply{}
+	e.askAPI(intake.WaitAPI, "w-1").decodes(t, &r)
+	if r.TimedOut || !r.Terminal || r.Status != events.StatusSucceeded || r.Attempts != 1 || r.TokensIn != 100 || r.Cost < 0 {
+		t.Fatalf("wait answered %+v", r)
+	}
+	if r.Result == nil || r.Result.Outcome != events.OutcomeSuccess || r.Result.Approach != "fix the selector" || r.Result.Summary != "done" {
+		t.Fatalf("wait answered the result %+v", r.Result)
+	}
+	// The recorder stores the state, then publishes the succeeded event.
+	if r.Stage != events.StageSucceeded && r.Stage != events.StageExecuted {
+		t.Fatalf("wait answered stage %q", r.Stage)
+	}
+
+	// Already terminal: answered at once, the same.
+	var again events.WaitReply
+	e.askAPI(intake.WaitAPI, `{"id":"w-1"}`).decodes(t, &again)
+	if again.Status != events.StatusSucceeded || again.Result == nil || !reflect.DeepEqual(again.Result, r.Result) {
+		t.Fatalf("second wait answered %+v", again)
+	}
+
+	if ae := e.askAPI(intake.WaitAPI, `{"id":"nobody","timeout":"100ms"}`).fails(t, events.CodeNotFound); !strings.Contains(ae.Message, "no task with this id appeared in 100ms") {
+		t.Fatalf("unknown id answered %+v", ae)
+	}
+	e.askAPI(intake.WaitAPI, `{"id":"w-1","timeout":"1h"}`).fails(t, events.CodeBadRequest)
+}
+
+// A wait on a task whose submission is rejected answers the rejection:
+// kept before the wait began, or arriving while it waits.
+func TestWaitAPIRejected(t *testing.T) {
+	e := newEnv(t, succeed, nil)
+	e.start()
+	e.waitEnd(e.submit(events.Submit{ID: "ok-1", Type: "css_fix", Subject: "s"})) // every service is up
+	e.submitRaw("css_fix", []byte(`{"id":"rej-1","type":"css_fix"}`))
+	e.waitReviews(events.ReviewRejected, 1)
+	ae := e.askAPI(intake.WaitAPI, "rej-1").fails(t, events.CodeRejected)
+	if !slices.Equal(ae.Problems, []string{`"subject" is required`}) {
+		t.Fatalf("stored rejection answered %+v", ae)
+	}
+
+	got := make(chan apiAnswer, 1)
+	go func() { got <- e.askAPI(intake.WaitAPI, `{"id":"rej-2","timeout":"1m"}`) }()
+	// Once the wait listens for the rejection, the bad task arrives.
+	deadline := time.Now().Add(patience)
+	for !e.listening(events.ReviewSubject(events.ReviewRejected, "rej-2")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the wait never listened for rejections")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.submitRaw("css_fix", []byte(`{"id":"rej-2","subject":"s","max_retries":"lots"}`))
+	select {
+	case a := <-got:
+		if ae := a.fails(t, events.CodeRejected); len(ae.Problems) != 1 || !strings.Contains(ae.Problems[0], "max_retries") {
+			t.Fatalf("live rejection answered %+v", ae)
+		}
+	case <-time.After(patience):
+		t.Fatal("the wait never answered the rejection")
+	}
+}
+
+// A stopping mesh answers the waits in progress at once: 503, ask again.
+func TestWaitAPIStop(t *testing.T) {
+	e := newEnv(t, succeed, nil)
+	e.model.Block = make(chan struct{})
+	stop := e.start()
+	e.submit(events.Submit{ID: "stop-1", Type: "css_fix", Subject: "s"})
+	got := make(chan apiAnswer, 1)
+	go func() { got <- e.askAPI(intake.WaitAPI, `{"id":"stop-1","timeout":"10m"}`) }()
+	deadline := time.Now().Add(patience)
+	for e.model.Calls() == 0 || !e.listening(events.ReviewSubject(events.ReviewRejected, "stop-1")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the task never reached the model, or the wait never began")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case a := <-got:
+		a.fails(t, events.CodeUnavailable)
+	case <-time.After(patience):
+		t.Fatal("the wait was not answered when the mesh stopped")
+	}
+	close(e.model.Block)
+	<-stopped
+}
+
+// listening reports whether anyone subscribes to subject.
+func (e *env) listening(subject string) bool {
+	e.t.Helper()
+	subs, err := e.srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: subject})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return subs.Total > 0
 }

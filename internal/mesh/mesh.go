@@ -34,7 +34,7 @@ import (
 
 // Service names, as accepted by Options.Services and the CLI.
 const (
-	Intake   = "intake" // also serves the micro API (dispatch.api.submit, dispatch.api.status)
+	Intake   = "intake" // also serves the micro API (dispatch.api.submit, dispatch.api.status, dispatch.api.wait)
 	Verifier = "verifier"
 	Gate     = "gate"
 	Prompt   = "prompt"
@@ -166,7 +166,11 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("micro api: %w", err)
 		}
-		defer svc.Stop()
+		defer api.Stop() // then answers the waits in progress
+		defer svc.Stop() // first: no new requests
+		// A stopping mesh answers its waits at once (503: ask again), not
+		// after its services drained.
+		context.AfterFunc(ctx, api.Stop)
 		// A refused subscription fails silently: the endpoint would never
 		// answer. After a round trip the server's refusal has arrived.
 		if err := o.NC.FlushTimeout(10 * time.Second); err != nil {
@@ -200,6 +204,11 @@ func Run(ctx context.Context, o Options) error {
 	close(errs)
 	var all []error
 	for err := range errs {
+		// A service stopped while it was still starting (binding its
+		// consumer) was stopped, not broken: by ctx, or by another's failure.
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			continue
+		}
 		all = append(all, startError(o.NC, err))
 	}
 	return errors.Join(all...)

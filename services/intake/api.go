@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,58 +22,114 @@ import (
 )
 
 // SubmitReply answers a synchronous submit.
-type SubmitReply struct {
-	ID string `json:"id"`
-	// Duplicate is true when a task with this id already existed: nothing new
-	// was queued.
-	Duplicate bool `json:"duplicate,omitempty"`
-}
+type SubmitReply = events.SubmitReply
 
 // Subjects of the request-reply API.
 const (
-	StatusAPI = events.Root + ".api.status"
+	StatusAPI = events.APIStatus
+	WaitAPI   = events.APIWait
 )
 
-// API serves dispatch.api.submit and dispatch.api.status as a micro service
-// (listed by `nats micro ls`). Invalid submissions are answered with error
-// code 400 and the problems, and kept on dispatch.review.rejected.
+// DefaultMaxWaits is API.MaxWaits when unset.
+const DefaultMaxWaits = 1024
+
+// API serves dispatch.api.submit, dispatch.api.status and dispatch.api.wait
+// as a micro service (listed by `nats micro ls`). Every answer is JSON; a
+// failure is an events.ErrorReply whose code and message are also in the
+// micro error headers. Invalid submissions are answered with code 400 and
+// the problems, and kept on dispatch.review.rejected.
 type API struct {
 	JS    jetstream.JetStream
 	Tasks *services.TaskStore
+	// MaxWaits bounds the waits this instance holds at once; more are
+	// answered 503. Default DefaultMaxWaits.
+	MaxWaits int
+
+	mu      sync.Mutex
+	stream  jetstream.Stream // bound on first use
+	ctx     context.Context  // ends the waits in progress on Stop
+	stop    context.CancelFunc
+	waiting int
+	waits   sync.WaitGroup
 }
 
-// Start registers the micro service on nc.
+// Start registers the micro service on nc. Call Stop after the service's own
+// Stop to end the waits in progress.
 func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
+	a.mu.Lock()
+	a.ctx, a.stop = context.WithCancel(context.Background())
+	a.mu.Unlock()
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        services.MicroService,
 		Version:     version,
-		Description: "dispatchmesh: synchronous task submit and status",
+		Description: "dispatchmesh: synchronous task submit, status and wait",
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := svc.AddEndpoint("submit", micro.HandlerFunc(a.submit), micro.WithEndpointSubject(events.SubmitAPI)); err != nil {
-		return nil, err
-	}
-	if err := svc.AddEndpoint("status", micro.HandlerFunc(a.status), micro.WithEndpointSubject(StatusAPI)); err != nil {
-		return nil, err
+	for _, e := range []struct {
+		name, subject string
+		handler       micro.HandlerFunc
+	}{
+		{"submit", events.SubmitAPI, a.submit},
+		{"status", StatusAPI, a.status},
+		{"wait", WaitAPI, a.wait},
+	} {
+		if err := svc.AddEndpoint(e.name, e.handler, micro.WithEndpointSubject(e.subject)); err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
 	}
 	return svc, nil
+}
+
+// Stop answers the waits in progress with 503 (ask again: another instance
+// may answer) and returns once they are answered.
+func (a *API) Stop() {
+	a.mu.Lock()
+	if a.stop != nil {
+		a.stop()
+	}
+	a.mu.Unlock()
+	a.waits.Wait()
+}
+
+// answer sends v, or err as an events.ErrorReply with the micro error
+// headers (code and message).
+func answer(req micro.Request, v any, err error) {
+	if err == nil {
+		_ = req.RespondJSON(v)
+		return
+	}
+	ae := apiError(err)
+	body, merr := json.Marshal(events.ErrorReply{Error: ae})
+	if merr != nil {
+		body = nil
+	}
+	// A header value is one line.
+	desc := strings.NewReplacer("\r", " ", "\n", " ").Replace(ae.Message)
+	_ = req.Error(strconv.Itoa(ae.Code), desc, body)
+}
+
+// apiError is err as an API error: an *events.APIError as it is, an
+// invalid task as a 400 with its problems, anything else a 500.
+func apiError(err error) *events.APIError {
+	var ae *events.APIError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var inv *events.InvalidError
+	if errors.As(err, &inv) {
+		return events.NewAPIError(events.CodeBadRequest, err.Error(), inv.Problems...)
+	}
+	return events.NewAPIError(events.CodeInternal, err.Error())
 }
 
 func (a *API) submit(req micro.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reply, err := a.Submit(ctx, req.Data())
-	var inv *events.InvalidError
-	switch {
-	case errors.As(err, &inv):
-		_ = req.Error("400", err.Error(), nil)
-	case err != nil:
-		_ = req.Error("500", err.Error(), nil)
-	default:
-		_ = req.RespondJSON(reply)
-	}
+	answer(req, reply, err)
 }
 
 // Submit validates data and queues it for intake. Invalid input returns an
@@ -122,18 +181,80 @@ func (a *API) keepRejected(ctx context.Context, data []byte, id string, cause er
 func (a *API) status(req micro.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	id := string(req.Data())
-	if !events.ValidID(id) {
-		_ = req.Error("400", fmt.Sprintf("invalid task id %q", id), nil)
-		return
+	st, err := a.Status(ctx, req.Data())
+	answer(req, st, err)
+}
+
+// Status answers a status request (a bare id or {"id": …}): the task's
+// state; for an id without a task, its rejection (events.CodeRejected)
+// when one is kept, else events.CodeNotFound.
+func (a *API) Status(ctx context.Context, data []byte) (events.TaskState, error) {
+	r, err := events.DecodeTaskRequest(data)
+	if err != nil {
+		return events.TaskState{}, err
 	}
-	st, err := a.Tasks.Get(ctx, id)
+	st, err := a.Tasks.Get(ctx, r.ID)
+	if errors.Is(err, services.ErrTaskNotFound) {
+		if err := a.storedRejection(ctx, r.ID); err != nil {
+			return st, err
+		}
+		return st, events.NewAPIError(events.CodeNotFound, "task "+r.ID+" not found")
+	}
+	return st, err
+}
+
+// storedRejection returns the CodeRejected error of the last submission
+// of id that was rejected, nil when none is kept.
+func (a *API) storedRejection(ctx context.Context, id string) error {
+	msg, err := a.lastMsg(ctx, events.ReviewSubject(events.ReviewRejected, id))
 	switch {
-	case errors.Is(err, services.ErrTaskNotFound):
-		_ = req.Error("404", "task "+id+" not found", nil)
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil
 	case err != nil:
-		_ = req.Error("500", err.Error(), nil)
-	default:
-		_ = req.RespondJSON(st)
+		return err
 	}
+	return rejection(id, msg.Header, msg.Data)
+}
+
+// rejection says why the submission of id kept with header h and its
+// original bytes was rejected. The problems are found again by decoding the
+// original as intake did; the kept error text stands in when that finds none.
+func rejection(id string, h nats.Header, original []byte) *events.APIError {
+	reason := h.Get(events.HeaderError)
+	// Submitted on dispatch.submit.<type>: the type token counts; through
+	// the API (or anywhere else): it does not.
+	subjectType, ok := strings.CutPrefix(h.Get(events.HeaderOrigSubj), events.SubmitRoot+".")
+	if !ok {
+		subjectType = ""
+	}
+	var problems []string
+	var inv *events.InvalidError
+	if _, err := events.DecodeSubmit(original, subjectType); errors.As(err, &inv) {
+		problems = inv.Problems
+	} else if reason != "" {
+		problems = []string{reason}
+	}
+	if reason == "" {
+		reason = "invalid task"
+	}
+	return events.NewAPIError(events.CodeRejected,
+		fmt.Sprintf("task %s was rejected when submitted and never ran (%s): %s", id, events.ReviewSubject(events.ReviewRejected, id), reason),
+		problems...)
+}
+
+// lastMsg is the last message stored on subject in the task stream.
+func (a *API) lastMsg(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	a.mu.Lock()
+	stream := a.stream
+	a.mu.Unlock()
+	if stream == nil {
+		s, err := a.JS.Stream(ctx, services.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", services.Stream, err)
+		}
+		a.mu.Lock()
+		a.stream, stream = s, s
+		a.mu.Unlock()
+	}
+	return stream.GetLastMsgForSubject(ctx, subject)
 }

@@ -1,0 +1,4 @@
+package client
+
+// StreamForTest is the stream the client reads task events from.
+const StreamForTest = stream

@@ -1,0 +1,7 @@
+// Package examples holds copyable programs that submit a task to a running
+// `dispatch up`, wait for its outcome and print it — with the stock `nats`
+// CLI (cli/), Node.js (js/, npm package "nats"; also a verifier and a tool
+// written as NATS micro services), C (c/, Debian's libnats-dev) and the Go
+// client (go/) — and the interop test that runs every one of them against
+// a real `dispatch up`.
+package examples

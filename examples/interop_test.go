@@ -1,0 +1,381 @@
+package examples_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"dispatchmesh/client"
+	"dispatchmesh/events"
+	"dispatchmesh/internal/procgroup"
+)
+
+// patience bounds every wait: a deadlock guard, not a timing assertion.
+const patience = 2 * time.Minute
+
+// badTask is invalid twice over: every example must show both problems.
+const badTask = `{"type":"css_fix","max_retries":-1}`
+
+// TestExamplesInterop builds dispatch, starts `dispatch up` (embedded NATS
+// on a free port, a temp data dir, a fake OpenAI-compatible model that calls
+// the type's tool) and runs every example against it as a user would: each
+// must see its task succeed, and the clear validation error of a bad task.
+// The JavaScript verifier and tool run as micro services, and every task
+// goes through them. Outside CI an example whose toolchain is missing is
+// skipped, saying so; in CI (CI set, as .ci/run does) it fails.
+func TestExamplesInterop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs programs: not with -short")
+	}
+	start := time.Now()
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "dispatchmesh/cmd/dispatch", "dispatchmesh/examples/go")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	t.Logf("built dispatch and the Go example in %s", time.Since(start).Round(time.Millisecond))
+
+	node := toolchain("node", "js/node_modules/nats/package.json")
+	model := fakeModel(t)
+	policy := `{}`
+	if node.missing == "" {
+		policy = `{"types": {"css_fix": {
+			"verifier": {"kind": "nats", "subject": "verify.css_fix", "timeout": "30s"},
+			"tools": [{"name": "lookup_selector", "subject": "tool.css.lookup", "description": "Find where a CSS selector is defined",
+				"parameters": {"type": "object", "properties": {"selector": {"type": "string"}}, "required": ["selector"]}}]}}}`
+	}
+	url := startUp(t, filepath.Join(bin, "dispatch"), model.URL+"/v1", policy)
+	t.Logf("dispatch up at %s after %s", url, time.Since(start).Round(time.Millisecond))
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The JavaScript verifier and tool: every css_fix task goes through them.
+	if node.missing == "" {
+		for _, prog := range []string{"verifier.mjs", "tool.mjs"} {
+			background(t, url, "js", "node", prog)
+		}
+		waitServices(t, nc, "css_verifier", "css_tools")
+	}
+
+	for _, ex := range []struct {
+		name string
+		tc   tc
+		argv []string
+		// prepare runs first (a compiler) when set.
+		prepare []string
+	}{
+		{"cli", toolchain("nats", ""), []string{"sh", "cli/submit.sh"}, nil},
+		{"js", node, []string{"node", "js/submit.mjs"}, nil},
+		{"c", toolchain("cc", "/usr/include/nats/nats.h"), []string{filepath.Join(bin, "submit-c")},
+			[]string{"cc", "-Wall", "-Werror", "-o", filepath.Join(bin, "submit-c"), "c/submit.c", "-lnats"}},
+		{"go", tc{}, []string{filepath.Join(bin, "go")}, nil},
+	} {
+		t.Run(ex.name, func(t *testing.T) {
+			if ex.tc.missing != "" {
+				if os.Getenv("CI") != "" {
+					t.Fatalf("%s is missing: .ci/run installs it", ex.tc.missing)
+				}
+				t.Skipf("%s is missing: skipped (.ci/run installs it; CI fails without it)", ex.tc.missing)
+			}
+			begun := time.Now()
+			if ex.prepare != nil {
+				if out, code := run(t, url, ex.prepare...); code != 0 {
+					t.Fatalf("%v exited %d:\n%s", ex.prepare, code, out)
+				}
+			}
+			out, code := run(t, url, ex.argv...)
+			if code != 0 || !strings.Contains(out, "succeeded") || !strings.Contains(out, "aligned the button") {
+				t.Fatalf("the example exited %d, want its task to succeed and its answer printed:\n%s", code, out)
+			}
+			m := submitted.FindStringSubmatch(out)
+			if m == nil {
+				t.Fatalf("the example did not say which task it submitted:\n%s", out)
+			}
+			if node.missing == "" {
+				throughJS(t, c, m[1], out)
+			}
+
+			out, code = run(t, url, append(ex.argv, badTask)...)
+			plain := strings.ReplaceAll(out, `\"`, `"`) // the CLI prints the JSON answer
+			if code == 0 || !strings.Contains(plain, `"subject" is required`) || !strings.Contains(plain, `"max_retries" must not be negative`) {
+				t.Fatalf("a bad task: the example exited %d, want the validation error:\n%s", code, out)
+			}
+			t.Logf("%s: ran in %s", ex.name, time.Since(begun).Round(time.Millisecond))
+		})
+	}
+
+	// The JavaScript verifier can also say a problem is gone: the task is
+	// cancelled before any model call.
+	if node.missing == "" {
+		out, code := run(t, url, "node", "js/submit.mjs", `{"type":"css_fix","subject":"src/done.fixed.css"}`)
+		if code != 1 || !strings.Contains(out, "cancelled") {
+			t.Fatalf("a stale task: exited %d, want it cancelled:\n%s", code, out)
+		}
+	}
+	t.Logf("interop test took %s", time.Since(start).Round(time.Millisecond))
+}
+
+// submitted finds the id an example printed: "submitted <id>, waiting".
+var submitted = regexp.MustCompile(`submitted ([A-Za-z0-9_-]+), waiting`)
+
+// tc is a toolchain: what is missing of it, "" when it is all there.
+type tc struct{ missing string }
+
+// toolchain checks that command is on PATH and file (relative to examples/
+// or absolute) exists.
+func toolchain(command, file string) tc {
+	if _, err := exec.LookPath(command); err != nil {
+		return tc{missing: "the command " + command}
+	}
+	if file != "" {
+		if _, err := os.Stat(file); err != nil {
+			return tc{missing: file}
+		}
+	}
+	return tc{}
+}
+
+// throughJS checks the task went through the JavaScript verifier and that
+// the model's call to the JavaScript tool was answered.
+func throughJS(t *testing.T, c *client.Client, id, out string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	var verified events.Verified
+	var executed events.Executed
+	err := c.Watch(ctx, id, func(e client.Event) bool {
+		switch e.Stage {
+		case events.StageVerified:
+			_ = e.Decode(&verified)
+		case events.StageExecuted:
+			_ = e.Decode(&executed)
+		}
+		final, _ := e.Final()
+		return !final
+	})
+	if err != nil {
+		t.Fatalf("watch %s: %v", id, err)
+	}
+	if v := verified.Verification; v.Verifier != "nats" || v.Verdict != events.VerdictExists || !strings.Contains(v.Detail, "JavaScript verifier") {
+		t.Errorf("task %s was verified by %+v, not the JavaScript verifier", id, v)
+	}
+	if executed.Result.ToolCalls != 1 || !strings.Contains(out, "the JavaScript tool") {
+		t.Errorf("task %s: %d tool calls, and the answer does not quote the JavaScript tool:\n%s", id, executed.Result.ToolCalls, out)
+	}
+}
+
+// env is the environment of the programs: this one's, without DISPATCH_*
+// settings, with NATS_URL.
+func env(url string) []string {
+	var e []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DISPATCH_") && !strings.HasPrefix(kv, "NATS_URL=") {
+			e = append(e, kv)
+		}
+	}
+	return append(e, "NATS_URL="+url)
+}
+
+// run runs argv in examples/ and returns its output and exit code.
+func run(t *testing.T, url string, argv ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	cmd := procgroup.Command(ctx, argv, ".", nil)
+	cmd.Env = env(url)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("%v did not end in %s:\n%s", argv, patience, out)
+	case err == nil:
+		return string(out), 0
+	case asExit(err, &ee):
+		return string(out), ee.ExitCode()
+	}
+	t.Fatalf("%v: %v\n%s", argv, err, out)
+	return "", 0
+}
+
+func asExit(err error, ee **exec.ExitError) bool {
+	e, ok := err.(*exec.ExitError)
+	*ee = e
+	return ok
+}
+
+// background runs argv in dir until the test ends.
+func background(t *testing.T, url, dir string, argv ...string) *lockedBuffer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := procgroup.Command(ctx, argv, dir, nil)
+	cmd.Env = env(url)
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("%v: %v", argv, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("%v printed:\n%s", argv, out.String())
+		}
+	})
+	return out
+}
+
+// startUp runs `dispatch up` until the test ends and returns its NATS URL
+// once it says it is up.
+func startUp(t *testing.T, dispatch, modelURL, policy string) string {
+	t.Helper()
+	dir := t.TempDir()
+	policyFile := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(policyFile, []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := procgroup.Command(ctx, []string{dispatch, "up"}, dir, nil)
+	cmd.Env = append(env(""), "DISPATCH_NATS_LISTEN=127.0.0.1:-1", "DISPATCH_DATA_DIR="+filepath.Join(dir, "data"),
+		"DISPATCH_HTTP_LISTEN=off", "DISPATCH_POLICY_FILE="+policyFile,
+		"DISPATCH_OPENAI_BASE_URL="+modelURL, "DISPATCH_OPENAI_API_KEY=interop", "DISPATCH_MODEL=fake")
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("dispatch up printed:\n%s", out.String())
+		}
+	})
+	deadline := time.Now().Add(patience)
+	for {
+		if m := upURL.FindStringSubmatch(out.String()); m != nil && strings.Contains(out.String(), " is up") {
+			return m[1]
+		}
+		select {
+		case <-done:
+			t.Fatalf("dispatch up exited:\n%s", out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatch up never came up:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var upURL = regexp.MustCompile(`NATS:\s+(nats://\S+)`)
+
+// waitServices waits until each named micro service answers a ping.
+func waitServices(t *testing.T, nc *nats.Conn, names ...string) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for _, name := range names {
+		for {
+			if _, err := nc.Request("$SRV.PING."+name, nil, time.Second); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("micro service %s never answered", name)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// fakeModel is an OpenAI-compatible endpoint: offered tools, it first calls
+// the first one; then, or without tools, it answers a success whose
+// summary quotes what the tool said.
+func fakeModel(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Model    string `json:"model"`
+			Messages []struct {
+				Role    string `json:"role"`
+				Content string `json:"content"`
+			} `json:"messages"`
+			Tools []struct {
+				Function struct {
+					Name string `json:"name"`
+				} `json:"function"`
+			} `json:"tools"`
+		}
+		if r.URL.Path != "/v1/chat/completions" || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, `{"error":{"message":"not a chat completion"}}`, http.StatusNotFound)
+			return
+		}
+		toolSaid := ""
+		for _, m := range req.Messages {
+			if m.Role == "tool" {
+				toolSaid = m.Content
+			}
+		}
+		msg := map[string]any{"role": "assistant"}
+		if len(req.Tools) > 0 && toolSaid == "" {
+			msg["content"] = ""
+			msg["tool_calls"] = []map[string]any{{"id": "call_1", "type": "function",
+				"function": map[string]any{"name": req.Tools[0].Function.Name, "arguments": `{"selector":".btn"}`}}}
+		} else {
+			summary := "aligned the button"
+			if toolSaid != "" {
+				summary += "; the tool said " + toolSaid
+			}
+			content, _ := json.Marshal(map[string]any{"status": "success", "approach": "move the rule",
+				"summary": summary, "changes": []string{"src/app.css"}})
+			msg["content"] = string(content)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"id": "chatcmpl-interop", "object": "chat.completion", "created": 1700000000, "model": req.Model,
+			"choices": []map[string]any{{"index": 0, "finish_reason": "stop", "message": msg}},
+			"usage":   map[string]any{"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+		})
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,194 @@
+package intake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"dispatchmesh/events"
+)
+
+// lookupTimeout bounds the reads that complete a wait's answer.
+const lookupTimeout = 5 * time.Second
+
+// wait answers dispatch.api.wait. A micro endpoint's handler runs on its
+// subscription's one goroutine: each wait runs on its own, at most MaxWaits
+// at once.
+func (a *API) wait(req micro.Request) {
+	r, err := events.DecodeTaskRequest(req.Data())
+	if err != nil {
+		answer(req, nil, err)
+		return
+	}
+	ctx, ok := a.acquire()
+	if !ok {
+		answer(req, nil, events.NewAPIError(events.CodeUnavailable, "too many waits in progress, or the service is stopping: ask again"))
+		return
+	}
+	go func() {
+		defer a.release()
+		reply, err := a.Wait(ctx, r.ID, r.WaitTimeout())
+		answer(req, reply, err)
+	}()
+}
+
+func (a *API) acquire() (context.Context, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	limit := a.MaxWaits
+	if limit <= 0 {
+		limit = DefaultMaxWaits
+	}
+	if a.ctx == nil || a.ctx.Err() != nil || a.waiting >= limit {
+		return nil, false
+	}
+	a.waiting++
+	a.waits.Add(1)
+	return a.ctx, true
+}
+
+func (a *API) release() {
+	a.mu.Lock()
+	a.waiting--
+	a.mu.Unlock()
+	a.waits.Done()
+}
+
+// Wait watches the task's state — a KV watch of its key, no polling —
+// until its status is terminal, then answers its outcome (with the final
+// answer of a succeeded task). When timeout passes first the answer has
+// TimedOut set and says where the task is (status and stage). An id
+// without a task is answered with its rejection (events.CodeRejected) as
+// soon as one is kept, else with events.CodeNotFound at the timeout. When
+// ctx ends first (the service stops) the error is events.CodeUnavailable.
+func (a *API) Wait(ctx context.Context, id string, timeout time.Duration) (events.WaitReply, error) {
+	// Subscribed before anything is read: a rejection is either stored
+	// before the read below or delivered here.
+	rejected := make(chan *nats.Msg, 4)
+	sub, err := a.JS.Conn().ChanSubscribe(events.ReviewSubject(events.ReviewRejected, id), rejected)
+	if err != nil {
+		return events.WaitReply{}, fmt.Errorf("watch rejections of %s: %w", id, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	w, err := a.Tasks.Watch(wctx, id)
+	if err != nil {
+		return events.WaitReply{}, fmt.Errorf("watch task %s: %w", id, err)
+	}
+	defer func() { _ = w.Stop() }()
+
+	var st events.TaskState
+	found := false
+	for {
+		select {
+		case e, open := <-w.Updates():
+			switch {
+			case !open: // the watch ended with wctx (or the connection)
+				return a.unfinished(ctx, wctx, id, st, found, timeout)
+			case e == nil: // the current value, if any, has been delivered
+				if !found {
+					if err := a.storedRejection(wctx, id); err != nil {
+						return events.WaitReply{}, err
+					}
+				}
+			case e.Operation() != jetstream.KeyValuePut:
+				found = false // deleted or aged out
+			default:
+				if err := json.Unmarshal(e.Value(), &st); err != nil {
+					return events.WaitReply{}, fmt.Errorf("task %s: state: %w", id, err)
+				}
+				found = true
+				if events.Terminal(st.Status) {
+					return a.outcome(ctx, st, false), nil
+				}
+			}
+		case m := <-rejected:
+			if !found {
+				return events.WaitReply{}, rejection(id, m.Header, m.Data)
+			}
+		case <-wctx.Done():
+			return a.unfinished(ctx, wctx, id, st, found, timeout)
+		}
+	}
+}
+
+// unfinished answers a wait that ended before the task was terminal.
+func (a *API) unfinished(ctx, wctx context.Context, id string, st events.TaskState, found bool, timeout time.Duration) (events.WaitReply, error) {
+	switch {
+	case ctx.Err() != nil:
+		return events.WaitReply{}, events.NewAPIError(events.CodeUnavailable, "the service is stopping: ask again")
+	case wctx.Err() == nil:
+		return events.WaitReply{}, fmt.Errorf("task %s: the watch of its state ended", id)
+	case !found:
+		return events.WaitReply{}, events.NewAPIError(events.CodeNotFound,
+			fmt.Sprintf("task %s not found: no task with this id appeared in %s", id, timeout))
+	}
+	return a.outcome(ctx, st, true), nil
+}
+
+// outcome is the answer for a task in state st: where it stands, and the
+// final answer of a succeeded task. What cannot be read in time is left out.
+func (a *API) outcome(ctx context.Context, st events.TaskState, timedOut bool) events.WaitReply {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+	defer cancel()
+	r := events.NewWaitReply(st)
+	r.TimedOut = timedOut
+	r.Stage = a.stage(ctx, st.ID)
+	if st.Status == events.StatusSucceeded {
+		r.Result = a.result(ctx, st)
+	}
+	return r
+}
+
+// stage is the stage of the task's latest event: its last task event or
+// review record, whichever is later.
+func (a *API) stage(ctx context.Context, id string) string {
+	var latest *jetstream.RawStreamMsg
+	for _, filter := range []string{events.TaskFilter(id), events.ReviewTaskFilter(id)} {
+		if m, err := a.lastMsg(ctx, filter); err == nil && (latest == nil || m.Sequence > latest.Sequence) {
+			latest = m
+		}
+	}
+	if latest == nil {
+		return ""
+	}
+	if _, stage, ok := events.ParseTaskSubject(latest.Subject); ok {
+		return stage
+	}
+	if reason, _, ok := events.ParseReviewSubject(latest.Subject); ok {
+		return "review." + reason
+	}
+	return ""
+}
+
+// result is the final answer of a succeeded task: the succeeded event's
+// result. The recorder stores the task's state before it publishes that
+// event; until it is stored, the success the recorder read (the pass's
+// executed event) is the same result. Nil when a human resolved the task.
+func (a *API) result(ctx context.Context, st events.TaskState) *events.Result {
+	if m, err := a.lastMsg(ctx, events.TaskSubject(st.ID, events.StageSucceeded)); err == nil {
+		var ev events.Succeeded
+		if json.Unmarshal(m.Data, &ev) == nil {
+			return &ev.Result
+		}
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	m, err := a.lastMsg(ctx, events.TaskSubject(st.ID, events.StageExecuted))
+	if err != nil {
+		return nil
+	}
+	var ev events.Executed
+	if json.Unmarshal(m.Data, &ev) != nil || ev.Result.Outcome != events.OutcomeSuccess || ev.Run.Pass != st.Pass {
+		return nil
+	}
+	return &ev.Result
+}
