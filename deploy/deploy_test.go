@@ -558,7 +558,10 @@ var serviceSpecs = map[string]serviceSpec{
 		foreign: events.TaskSubject("s1", events.StageAdmitted),
 	},
 	services.ConsumerGate: {
-		outputs: []string{events.TaskSubject("s1", events.StageAdmitted), events.ReviewSubject(events.ReviewGated, "s1")},
+		outputs: []string{
+			events.TaskSubject("s1", events.StageAdmitted), events.ReviewSubject(events.ReviewGated, "s1"),
+			events.ReviewSubject(events.ReviewEscalated, "s1"), // a handoff before a retry (rung_rate)
+		},
 		rw:      []string{services.BucketTrust, services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageSucceeded),
 	},
