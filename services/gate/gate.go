@@ -117,6 +117,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
 	spent := stats.SpentOn(b.At)
+	// A redelivered pass that an earlier delivery stopped stays stopped.
+	if m.Delivered > 1 && !b.Run.Reviewed {
+		if outs, ok, err := s.stopped(ctx, b, d, stats, pol); ok || err != nil {
+			return outs, err
+		}
+	}
 	// A canary that the gate stops gives up its place.
 	release := ""
 	if slices.ContainsFunc(stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
