@@ -100,6 +100,7 @@ type NATS struct {
 	Proc *Process
 	bin  string
 	dir  string
+	port int
 }
 
 // StartNATS runs bin with natsDir's single.conf (and users.conf) on client
@@ -128,7 +129,7 @@ func StartNATS(t testing.TB, bin, natsDir string, port int) *NATS {
 			t.Fatal(err)
 		}
 	}
-	n := &NATS{bin: bin, dir: dir}
+	n := &NATS{bin: bin, dir: dir, port: port}
 	n.start(t)
 	return n
 }
@@ -161,13 +162,11 @@ func (n *NATS) start(t testing.TB) {
 	n.URL = ports.Nats[0]
 }
 
-// Restart stops the server with sig (SIGTERM: a clean shutdown, SIGKILL: a
-// crash), waits for it to exit and starts it again on the same port and
-// store. The server must have been started on a fixed port.
-func (n *NATS) Restart(t testing.TB, sig syscall.Signal) {
+// Stop stops the server with sig (SIGTERM: a clean shutdown, SIGKILL: a
+// crash) and waits for it to exit.
+func (n *NATS) Stop(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	url := n.URL
-	if err := n.Proc.Signal(sig); err != nil {
+	if err := n.Proc.Signal(sig); err != nil && !n.Proc.Exited() {
 		t.Fatalf("signal nats-server: %v", err)
 	}
 	select {
@@ -175,10 +174,24 @@ func (n *NATS) Restart(t testing.TB, sig syscall.Signal) {
 	case <-time.After(45 * time.Second):
 		t.Fatalf("nats-server did not exit on %v", sig)
 	}
+}
+
+// Start starts a stopped server again, on the same store and (when it was
+// started on a fixed port) the same port.
+func (n *NATS) Start(t testing.TB) {
+	t.Helper()
+	url := n.URL
 	n.start(t)
-	if n.URL != url {
+	if n.port > 0 && n.URL != url {
 		t.Fatalf("nats-server came back on %s, not %s", n.URL, url)
 	}
+}
+
+// Restart stops the server with sig and starts it again.
+func (n *NATS) Restart(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	n.Stop(t, sig)
+	n.Start(t)
 }
 
 func readFile(t testing.TB, path string) string {
