@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -574,7 +573,6 @@ func (c *checker) rebuild(ctx context.Context) error {
 		return fmt.Errorf("rebuild: %w", err)
 	}
 	c.r.RebuildDiffs = len(diffs)
-	sort.SliceStable(diffs, func(i, j int) bool { return diffs[i].Store < diffs[j].Store })
 	for _, d := range diffs {
 		task := ""
 		if d.Store == services.BucketTasks {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +39,11 @@ const (
 	ackWait         = 2 * time.Second
 	recorderAckWait = 30 * time.Second
 	grace           = 3 * time.Second
+	// slack is how long before a model call a fault may have happened and
+	// still explain why the call was repeated or cut short: an outage (a
+	// server restart, SIGTERM of everything) lasts a few seconds, and a
+	// killed executor's message comes back after ackWait.
+	slack = 10 * time.Second
 )
 
 // suite sizes one mode of the fault suite.
@@ -146,7 +152,7 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 	r.pm.mu.Lock()
 	in := faults.Input{
 		JS: r.admin, Policy: r.policy, Tasks: tasks, Calls: r.model.ledger(),
-		Disruptions: slices.Clone(r.pm.disruptions), Slack: recorderAckWait + grace, Faults: maps(r.pm.counts),
+		Disruptions: slices.Clone(r.pm.disruptions), Slack: slack, Faults: maps.Clone(r.pm.counts),
 	}
 	unplanned := slices.Clone(r.pm.unplanned)
 	r.pm.mu.Unlock()
@@ -176,14 +182,6 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 			t.Errorf("%d %s problems:\n%s", len(byKind[kind]), kind, summary(byKind[kind], 10))
 		}
 	}
-}
-
-func maps(m map[string]int) map[string]int {
-	out := make(map[string]int, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // The real binaries as separate processes, two instances of each service,

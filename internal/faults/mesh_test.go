@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -368,5 +367,5 @@ func summary(items []string, n int) string {
 	if len(items) <= n {
 		return strings.Join(items, "\n")
 	}
-	return strings.Join(slices.Clip(items[:n]), "\n") + fmt.Sprintf("\n… and %d more", len(items)-n)
+	return strings.Join(items[:n], "\n") + fmt.Sprintf("\n… and %d more", len(items)-n)
 }
