@@ -8,13 +8,10 @@ package deploy_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -32,13 +29,10 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/mesh"
+	"dispatchmesh/internal/proctest"
 	"dispatchmesh/services"
 	"dispatchmesh/services/intake"
 )
-
-// Every NATS user of users.conf. The password of user u is read from the
-// environment variable passwordVar(u).
-var users = []string{"intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper", "web", "client", "admin"}
 
 // Stage services: NATS user = durable consumer name = `dispatch <command>`.
 var stageServices = []string{
@@ -50,26 +44,6 @@ var stageServices = []string{
 var dispatchDurables = stageServices[:6]
 
 const advisoryFilter = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + services.Stream + ".>"
-
-func passwordVar(user string) string { return "NATS_PASSWORD_" + strings.ToUpper(user) }
-
-// setPasswords sets a fresh random password for every user (letters and
-// digits, starting with a letter, as users.conf asks) and POD_NAME for the
-// Kubernetes config.
-func setPasswords(t *testing.T) map[string]string {
-	t.Helper()
-	pw := make(map[string]string, len(users))
-	for _, u := range users {
-		b := make([]byte, 24)
-		if _, err := rand.Read(b); err != nil {
-			t.Fatal(err)
-		}
-		pw[u] = "p" + hex.EncodeToString(b)
-		t.Setenv(passwordVar(u), pw[u])
-	}
-	t.Setenv("POD_NAME", "nats-0")
-	return pw
-}
 
 func confFiles(t *testing.T) []string {
 	t.Helper()
@@ -92,15 +66,6 @@ func confFiles(t *testing.T) []string {
 	return files
 }
 
-func parseConf(t *testing.T, path string) *server.Options {
-	t.Helper()
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	return opts
-}
-
 func readFile(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -114,10 +79,10 @@ func readFile(t *testing.T, path string) string {
 // (a) every .conf parses, with the users and permissions the mesh needs
 
 func TestConfigsParse(t *testing.T) {
-	pw := setPasswords(t)
+	pw := proctest.SetPasswords(t)
 	for _, f := range confFiles(t) {
 		t.Run(f, func(t *testing.T) {
-			opts := parseConf(t, f)
+			opts := proctest.ParseConf(t, f)
 			checkUsers(t, opts, pw)
 			if filepath.Base(f) == "users.conf" {
 				return // include-only: no server settings
@@ -144,7 +109,7 @@ func checkUsers(t *testing.T, opts *server.Options, pw map[string]string) {
 			t.Errorf("unexpected user %q", u.Username)
 			continue
 		} else if u.Password != want {
-			t.Errorf("user %s: password is not the value of $%s", u.Username, passwordVar(u.Username))
+			t.Errorf("user %s: password is not the value of $%s", u.Username, proctest.PasswordVar(u.Username))
 		}
 		if u.Account == nil || u.Account.Name != services.Stream {
 			t.Errorf("user %s is not in account DISPATCH", u.Username)
@@ -152,7 +117,7 @@ func checkUsers(t *testing.T, opts *server.Options, pw map[string]string) {
 		checkPermissions(t, u)
 	}
 	slices.Sort(names)
-	want := slices.Clone(users)
+	want := slices.Clone(proctest.Users)
 	slices.Sort(want)
 	if !slices.Equal(names, want) {
 		t.Errorf("users = %v, want %v", names, want)
@@ -265,21 +230,21 @@ func checkBuckets(t *testing.T, user string, access mesh.Access, allow []string)
 
 // The passwords exist only in the environment: no default, no literal.
 func TestPasswordsComeFromEnvironment(t *testing.T) {
-	setPasswords(t)
+	proctest.SetPasswords(t)
 	single := filepath.Join("nats", "single.conf")
 
-	os.Unsetenv(passwordVar("gate")) // t.Setenv restores it
+	os.Unsetenv(proctest.PasswordVar("gate")) // t.Setenv restores it
 	_, err := server.ProcessConfigFile(single)
-	if err == nil || !strings.Contains(err.Error(), passwordVar("gate")) {
-		t.Fatalf("without $%s: err = %v, want a missing variable error", passwordVar("gate"), err)
+	if err == nil || !strings.Contains(err.Error(), proctest.PasswordVar("gate")) {
+		t.Fatalf("without $%s: err = %v, want a missing variable error", proctest.PasswordVar("gate"), err)
 	}
 
 	// The Secret template's placeholders must not be usable passwords.
-	m := regexp.MustCompile(`(?m)^\s*` + passwordVar("gate") + `:\s*"([^"]*)"`).FindStringSubmatch(readFile(t, filepath.Join("k8s", "secrets.template.yaml")))
+	m := regexp.MustCompile(`(?m)^\s*` + proctest.PasswordVar("gate") + `:\s*"([^"]*)"`).FindStringSubmatch(readFile(t, filepath.Join("k8s", "secrets.template.yaml")))
 	if m == nil {
 		t.Fatal("secrets.template.yaml has no NATS_PASSWORD_GATE placeholder")
 	}
-	t.Setenv(passwordVar("gate"), m[1])
+	t.Setenv(proctest.PasswordVar("gate"), m[1])
 	if _, err := server.ProcessConfigFile(single); err == nil {
 		t.Errorf("the Secret template placeholder %q parses as a password", m[1])
 	}
@@ -440,8 +405,8 @@ func startServer(t *testing.T, opts *server.Options) *server.Server {
 // startSingle runs single.conf on random ports with its store in a temp dir.
 func startSingle(t *testing.T) (*server.Server, map[string]string) {
 	t.Helper()
-	pw := setPasswords(t)
-	opts := parseConf(t, filepath.Join("nats", "single.conf"))
+	pw := proctest.SetPasswords(t)
+	opts := proctest.ParseConf(t, filepath.Join("nats", "single.conf"))
 	opts.Host, opts.Port = "127.0.0.1", -1
 	opts.HTTPHost, opts.HTTPPort = "127.0.0.1", -1
 	opts.StoreDir = t.TempDir()
@@ -595,7 +560,10 @@ var serviceSpecs = map[string]serviceSpec{
 		foreign: events.TaskSubject("s1", events.StageAdmitted),
 	},
 	services.ConsumerGate: {
-		outputs: []string{events.TaskSubject("s1", events.StageAdmitted), events.ReviewSubject(events.ReviewGated, "s1")},
+		outputs: []string{
+			events.TaskSubject("s1", events.StageAdmitted), events.ReviewSubject(events.ReviewGated, "s1"),
+			events.ReviewSubject(events.ReviewEscalated, "s1"), // a handoff before a retry (rung_rate)
+		},
 		rw:      []string{services.BucketTrust, services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageSucceeded),
 	},
@@ -1107,11 +1075,11 @@ func TestKnownIssueConsumerDeliverSubject(t *testing.T) {
 // (c) the cluster configs
 
 func TestClusterConfigs(t *testing.T) {
-	setPasswords(t)
+	proctest.SetPasswords(t)
 	names := map[string]bool{}
 	var cluster string
 	for i := 1; i <= 3; i++ {
-		opts := parseConf(t, filepath.Join("nats", "cluster", fmt.Sprintf("node-%d.conf", i)))
+		opts := proctest.ParseConf(t, filepath.Join("nats", "cluster", fmt.Sprintf("node-%d.conf", i)))
 		if names[opts.ServerName] || opts.ServerName == "" {
 			t.Fatalf("node-%d: server_name %q missing or not unique", i, opts.ServerName)
 		}
@@ -1125,7 +1093,7 @@ func TestClusterConfigs(t *testing.T) {
 		}
 	}
 	for i := 1; i <= 3; i++ {
-		opts := parseConf(t, filepath.Join("nats", "cluster", fmt.Sprintf("node-%d.conf", i)))
+		opts := proctest.ParseConf(t, filepath.Join("nats", "cluster", fmt.Sprintf("node-%d.conf", i)))
 		hosts := routeHosts(t, opts.Routes, 6222)
 		for name := range names {
 			if name != opts.ServerName && !slices.Contains(hosts, name) {
@@ -1136,7 +1104,7 @@ func TestClusterConfigs(t *testing.T) {
 
 	// Kubernetes: server_name from POD_NAME, routes to every StatefulSet pod.
 	t.Setenv("POD_NAME", "nats-1")
-	opts := parseConf(t, filepath.Join("k8s", "nats", "nats.conf"))
+	opts := proctest.ParseConf(t, filepath.Join("k8s", "nats", "nats.conf"))
 	if opts.ServerName != "nats-1" || opts.Cluster.Name != cluster {
 		t.Fatalf("k8s nats.conf: server_name %q cluster %q", opts.ServerName, opts.Cluster.Name)
 	}
@@ -1172,30 +1140,13 @@ func TestClusterNodesFormJetStreamCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
 	}
-	pw := setPasswords(t)
+	pw := proctest.SetPasswords(t)
 	// JetStream clustering needs configured routes at startup, so pick the
 	// three route ports first and, like common.conf, give every node all three.
-	var ports []int
-	var routes []string
-	for range 3 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[len(ports)-1]))
-		l.Close()
-	}
+	routes := proctest.FreePorts(t, 3)
 	var nodes []*server.Server
 	for i := 1; i <= 3; i++ {
-		opts := parseConf(t, filepath.Join("nats", "cluster", fmt.Sprintf("node-%d.conf", i)))
-		opts.Host, opts.Port = "127.0.0.1", -1
-		opts.HTTPPort = 0
-		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", ports[i-1]
-		opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
-		opts.StoreDir = t.TempDir()
-		opts.NoSigs, opts.NoLog = true, true
-		nodes = append(nodes, startServer(t, opts))
+		nodes = append(nodes, startServer(t, proctest.ClusterNode(t, "nats", i, -1, routes, t.TempDir())))
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -1401,7 +1352,7 @@ func TestKubernetesDeployments(t *testing.T) {
 				"kind: Deployment",
 				`args: ["` + name + `"]`,
 				"name: DISPATCH_NATS_USER\n              value: " + name + "\n",
-				"key: " + passwordVar(name) + "\n",
+				"key: " + proctest.PasswordVar(name) + "\n",
 				"name: DISPATCH_METRICS_LISTEN",
 				"path: /healthz",
 				"readinessProbe:",
@@ -1424,7 +1375,7 @@ func TestKubernetesDeployments(t *testing.T) {
 		})
 	}
 	job := readFile(t, filepath.Join("k8s", "provision-job.yaml"))
-	for _, want := range []string{"value: admin", "key: " + passwordVar("admin"), "name: DISPATCH_REPLICAS\n              value: \"3\""} {
+	for _, want := range []string{"value: admin", "key: " + proctest.PasswordVar("admin"), "name: DISPATCH_REPLICAS\n              value: \"3\""} {
 		if !strings.Contains(job, want) {
 			t.Errorf("provision-job.yaml lacks %q", want)
 		}
@@ -1450,8 +1401,8 @@ func TestKubernetesDeployments(t *testing.T) {
 // variables users.conf reads.
 func TestPasswordVariablesAgree(t *testing.T) {
 	var want []string
-	for _, u := range users {
-		want = append(want, passwordVar(u))
+	for _, u := range proctest.Users {
+		want = append(want, proctest.PasswordVar(u))
 	}
 	ref := regexp.MustCompile(`\$(NATS_PASSWORD_[A-Z0-9_]+)`)
 	var got []string

@@ -81,6 +81,9 @@ type TaskState struct {
 	// Decision is what the recorder decided after the latest attempt: one of
 	// the Decision* constants.
 	Decision string `json:"decision,omitempty"`
+	// Cause is why the gate stopped the task, when it did (trust, budget,
+	// rung_rate); empty otherwise.
+	Cause Cause `json:"cause,omitempty"`
 	// WakeAt is when a parked task comes back.
 	WakeAt time.Time `json:"wake_at,omitzero"`
 	// Actions are the human review actions taken on the task.

@@ -93,7 +93,7 @@ var populated = []struct {
 			Pending: []events.ToolCall{toolCall},
 		},
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
-		Skips: 1, Decision: events.DecisionHandoff, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
+		Skips: 1, Decision: events.DecisionHandoff, Cause: events.CauseRungRate, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}},
 	{"model_result.v1", modelResult{

@@ -113,7 +113,7 @@ func ApplyAction(st *events.TaskState, a events.Action) {
 	case events.ActionReject:
 		st.Status, st.Reason = events.StatusFailed, "rejected by "+who
 	case events.ActionRequeue:
-		st.Status, st.Reason, st.Decision = events.StatusPending, "", ""
+		st.Status, st.Reason, st.Decision, st.Cause = events.StatusPending, "", "", ""
 		st.RoundStart, st.Pass, st.Rung = st.Attempts, st.Pass+1, events.RungRefine
 		st.WakeAt = time.Time{}
 		st.Skips, st.StepRetries, st.Loops = 0, nil, nil // fresh pipeline budgets too

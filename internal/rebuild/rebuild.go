@@ -215,7 +215,9 @@ func (r *replayer) review(reason string, data []byte) error {
 		}
 		r.gate(ev.Base, ev.Trust, true)
 		r.release(ev.Task.Type, ev.Task.ID)
-		r.setStatus(ev.Base, events.StatusNeedsHumanReview, ev.Reason)
+		if st := r.task(ev.Task.ID); st.Pass <= ev.Run.Pass && !events.Terminal(st.Status) {
+			gate.Block(st, ev.Base, ev.Reason, ev.Trust.Cause)
+		}
 	case events.ReviewEscalated:
 		var ev events.Escalated
 		if err := json.Unmarshal(data, &ev); err != nil {

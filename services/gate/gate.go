@@ -134,6 +134,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return nil, err
 		}
 	}
+	// A redelivered pass that an earlier delivery stopped stays stopped.
+	if m.Delivered > 1 && !b.Run.Reviewed {
+		if outs, ok, err := s.stopped(ctx, b, d, stats, pol); ok || err != nil {
+			return outs, err
+		}
+	}
 	// A canary that the gate stops gives up its place.
 	release := ""
 	if slices.ContainsFunc(stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
@@ -246,7 +252,19 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
-		st, changed, err := s.cfg.Tasks.SetStatusChanged(ctx, b, events.StatusNeedsHumanReview, d.Reason)
+		changed := false
+		st, err := s.cfg.Tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+			changed = false
+			if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
+				return kvcas.ErrNoChange // moved on, or a redelivery
+			}
+			if !found {
+				*st = services.NewState(b.Task)
+			}
+			Block(st, b, d.Reason, d.Cause)
+			changed = true
+			return nil
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -307,9 +325,17 @@ func (s *Service) release(ctx context.Context, taskType, id string) error {
 	return err
 }
 
-// HandOff is what a handoff before a retry does to the task's state (the
-// gate and dispatch rebuild apply it alike).
+// Block is what a gate block (cause trust or budget) does to the task's
+// state; HandOff what a handoff before a retry does. The gate and dispatch
+// rebuild apply them alike.
+func Block(st *events.TaskState, b events.Base, reason string, cause events.Cause) {
+	st.Status, st.Reason, st.Cause = events.StatusNeedsHumanReview, reason, cause
+	st.Pass, st.UpdatedAt = b.Run.Pass, b.At
+}
+
+// HandOff: see Block.
 func HandOff(st *events.TaskState, b events.Base, reason string) {
 	st.Status, st.Decision, st.Reason, st.Rung = events.StatusBlocked, events.DecisionHandoff, reason, events.RungHandoff
+	st.Cause = events.CauseRungRate
 	st.Pass, st.UpdatedAt = b.Run.Pass, b.At
 }

@@ -1,0 +1,577 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/rebuild"
+	"dispatchmesh/services"
+	"dispatchmesh/services/recorder"
+	"dispatchmesh/trust"
+)
+
+// Call is one request the scripted model received.
+type Call struct {
+	// Instance is the executor instance that sent it.
+	Instance string
+	Task     string
+	// Pass and Attempt are the run the prompt was built for.
+	Pass, Attempt int
+	// Answer is the letter answered (AnswerTransient for a 503).
+	Answer byte
+	Status int
+	// TokensIn and TokensOut are what a 200 answer billed.
+	TokensIn, TokensOut int
+	Start               time.Time
+	// Answered is false when the caller went away before the answer was
+	// written: a kill mid-call.
+	Answered bool
+}
+
+// final reports whether the call got an answer that ends an attempt (not
+// a transient error).
+func (c Call) final() bool { return c.Answered && c.Answer != AnswerTransient }
+
+// Disruption is one fault the suite caused.
+type Disruption struct {
+	What string
+	// Instance is the process it hit; "" for the whole mesh (a server
+	// restart, a stream leader shut down, SIGTERM of everything).
+	Instance string
+	At       time.Time
+}
+
+// Input is what the checker holds the mesh's stores to.
+type Input struct {
+	// JS sees every stream and bucket (the admin user).
+	JS jetstream.JetStream
+	// Policy is the policy the mesh ran with; Scoring its trust scoring.
+	Policy  *policy.Source
+	Scoring trust.Policy
+	// Tasks are the tasks submitted (their publish acknowledged), with the
+	// plan the model followed for each.
+	Tasks map[string]Plan
+	// Calls are every request the model received.
+	Calls []Call
+	// Disruptions are the faults caused, for explaining repeated calls.
+	Disruptions []Disruption
+	// Slack is how long before a call a disruption may have happened and
+	// still be why it was repeated or cut short (a connection that was
+	// down, a redelivery after AckWait).
+	Slack time.Duration
+	// Faults counts the faults caused, by kind, for the report.
+	Faults map[string]int
+}
+
+// Problem is one way the stores break an invariant.
+type Problem struct {
+	Task   string // "" for a type or a store
+	Kind   string
+	Detail string
+}
+
+func (p Problem) String() string {
+	if p.Task == "" {
+		return p.Kind + ": " + p.Detail
+	}
+	return fmt.Sprintf("%s: task %s: %s", p.Kind, p.Task, p.Detail)
+}
+
+// Problem kinds.
+const (
+	KindLost       = "lost"       // submitted, then nothing: no event, no state
+	KindStranded   = "stranded"   // never reached a terminal state
+	KindDuplicated = "duplicated" // an outcome (terminal record, attempt, history entry) twice
+	KindState      = "state"      // the task state disagrees with the stream
+	KindAttempts   = "attempts"   // not the attempts the model's answers imply
+	KindCalls      = "calls"      // model calls and recorded outcomes disagree
+	KindRepeat     = "repeat"     // a model call repeated or cut short with no fault to explain it
+	KindHistory    = "history"    // not one history entry per attempt
+	KindDrift      = "drift"      // trust counters or daily spend differ from the recorded outcomes
+	KindRebuild    = "rebuild"    // dispatch rebuild disagrees with the live stores
+	KindUnknown    = "unknown"    // a task nobody submitted
+)
+
+// Report is what Check found.
+type Report struct {
+	Submitted, Terminal, Lost, Duplicated, Stranded int
+	// Ends counts the tasks by how they ended.
+	Ends map[string]int
+	// Attempts is every attempt recorded; Admitted the passes the gate
+	// let through, by cause.
+	Attempts int
+	Admitted map[string]int
+	// Faults counts the faults caused, by kind; Kills the SIGKILLs among them.
+	Faults map[string]int
+	Kills  int
+	// Redeliveries counts deliveries beyond a message's first, per durable.
+	Redeliveries map[string]int
+	// ModelCalls is every request the model received: Repeated were
+	// answered for a pass already answered (a kill between the call and its
+	// publish), CutShort lost their caller mid-call, Transient were 503s.
+	ModelCalls, Repeated, CutShort, Transient int
+	// CounterDrift counts the task types whose trust counters or daily
+	// spend differ from the recorded outcomes.
+	CounterDrift int
+	// RebuildDiffs counts the differences dispatch rebuild finds.
+	RebuildDiffs int
+	// Events is how many messages the stream holds.
+	Events   int
+	Problems []Problem
+}
+
+// OK reports whether every invariant held.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+func (r *Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "submitted %d, terminal %d, lost %d, duplicated %d, stranded %d\n",
+		r.Submitted, r.Terminal, r.Lost, r.Duplicated, r.Stranded)
+	fmt.Fprintf(&b, "  ended: %s; %d attempts, %d events on the stream\n", counts(r.Ends), r.Attempts, r.Events)
+	fmt.Fprintf(&b, "  gate let through: %s\n", counts(r.Admitted))
+	fmt.Fprintf(&b, "  kills %d; faults: %s\n", r.Kills, counts(r.Faults))
+	total := 0
+	for _, n := range r.Redeliveries {
+		total += n
+	}
+	fmt.Fprintf(&b, "  redeliveries %d (%s)\n", total, countsOrdered(r.Redeliveries, Durables))
+	fmt.Fprintf(&b, "  model calls %d: repeated %d (a kill between the call and its publish), cut short %d (a kill mid-call), transient %d\n",
+		r.ModelCalls, r.Repeated, r.CutShort, r.Transient)
+	fmt.Fprintf(&b, "  counter drift %d, rebuild differences %d, problems %d\n", r.CounterDrift, r.RebuildDiffs, len(r.Problems))
+	return b.String()
+}
+
+func counts(m map[string]int) string {
+	return countsOrdered(m, slices.Sorted(maps.Keys(m)))
+}
+
+func countsOrdered(m map[string]int, order []string) string {
+	var parts []string
+	for _, k := range order {
+		if n, ok := m[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// checker holds what Check read.
+type checker struct {
+	in     Input
+	v      *streamView
+	states map[string]events.TaskState
+	hist   map[string][]history.Entry // by task
+	calls  map[string]map[int][]Call  // by task and pass, in arrival order
+	r      *Report
+}
+
+func (c *checker) problem(task, kind, format string, args ...any) {
+	c.r.Problems = append(c.r.Problems, Problem{Task: task, Kind: kind, Detail: fmt.Sprintf(format, args...)})
+}
+
+// Check reads the stream, the task, trust and history buckets and the
+// stage consumers, and holds them to the invariants of a mesh that lost
+// nothing and did nothing twice, whatever faults it went through:
+//
+//   - every submitted task reached exactly one terminal record, and its
+//     state agrees with it;
+//   - it made the attempts the model's answers imply (a gate may stop it
+//     earlier), each attempt once, with the outcome the model answered;
+//   - every attempt has its history entry, once;
+//   - every model call's pass has its outcome, and a pass answered twice
+//     (or a call cut short) has a fault to explain it;
+//   - each type's trust counters and daily spend equal what its recorded
+//     outcomes imply;
+//   - dispatch rebuild, replaying the stream, agrees with the live stores.
+//
+// The mesh must be idle (see Idle) for the result to mean anything.
+func Check(ctx context.Context, in Input) (*Report, error) {
+	c := &checker{in: in, hist: map[string][]history.Entry{}, calls: map[string]map[int][]Call{}, r: &Report{
+		Submitted: len(in.Tasks), Ends: map[string]int{}, Faults: in.Faults,
+	}}
+	var err error
+	if c.v, err = readStream(ctx, in.JS); err != nil {
+		return nil, err
+	}
+	c.r.Events, c.r.Admitted = c.v.msgs, c.v.admitted
+	if c.states, err = readBucket[events.TaskState](ctx, in.JS, services.BucketTasks); err != nil {
+		return nil, err
+	}
+	stats, err := readBucket[trust.Stats](ctx, in.JS, services.BucketTrust)
+	if err != nil {
+		return nil, err
+	}
+	records, err := readBucket[history.Record](ctx, in.JS, services.BucketHistory)
+	if err != nil {
+		return nil, err
+	}
+	for _, rec := range records {
+		for _, e := range rec.Entries {
+			c.hist[e.TaskID] = append(c.hist[e.TaskID], e)
+		}
+	}
+	if c.r.Redeliveries, err = redeliveries(ctx, in.JS, c.v); err != nil {
+		return nil, err
+	}
+	for kind, n := range in.Faults {
+		if strings.HasPrefix(kind, "kill") {
+			c.r.Kills += n
+		}
+	}
+	c.r.ModelCalls = len(in.Calls)
+	for _, call := range in.Calls {
+		byPass := c.calls[call.Task]
+		if byPass == nil {
+			byPass = map[int][]Call{}
+			c.calls[call.Task] = byPass
+		}
+		byPass[call.Pass] = append(byPass[call.Pass], call)
+		if call.Answer == AnswerTransient {
+			c.r.Transient++
+		}
+		if _, ok := in.Tasks[call.Task]; !ok {
+			c.problem(call.Task, KindCalls, "the model was called for a task nobody submitted")
+		}
+	}
+
+	for _, id := range slices.Sorted(maps.Keys(in.Tasks)) {
+		c.task(id, in.Tasks[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.states)) {
+		if _, ok := in.Tasks[id]; !ok {
+			c.problem(id, KindUnknown, "a task state for a task nobody submitted (status %s)", c.states[id].Status)
+		}
+	}
+	if err := c.trust(ctx, stats); err != nil {
+		return nil, err
+	}
+	if err := c.rebuild(ctx); err != nil {
+		return nil, err
+	}
+	return c.r, nil
+}
+
+// task checks one submitted task.
+func (c *checker) task(id string, plan Plan) {
+	te := c.v.tasks[id]
+	if te == nil {
+		te = &taskEvents{executed: map[int][]events.Executed{}}
+	}
+	st, hasState := c.states[id]
+	if te.queued == 0 && !hasState {
+		c.r.Lost++
+		c.problem(id, KindLost, "submitted (publish acknowledged, %d on the stream) but never queued and no task state", te.submits)
+		return
+	}
+	if !hasState {
+		c.problem(id, KindState, "queued but no task state")
+	}
+
+	var end ending
+	switch len(te.endings) {
+	case 0:
+		c.r.Stranded++
+		c.problem(id, KindStranded, "no terminal record: state %s at pass %d after %d attempts (reason %q); events %s",
+			st.Status, st.Pass, st.Attempts, st.Reason, strings.Join(te.trail, " "))
+	default:
+		c.r.Terminal++
+		end = te.endings[0]
+		if len(te.endings) > 1 {
+			c.r.Duplicated++
+			c.problem(id, KindDuplicated, "%d terminal records: %v; events %s", len(te.endings), te.endings, strings.Join(te.trail, " "))
+		}
+		label := end.Kind
+		if end.Cause == events.CauseRungRate {
+			label = endRungRate
+		}
+		c.r.Ends[label]++
+	}
+
+	// The attempts, one Executed per pass and one pass per attempt.
+	passes := slices.Sorted(maps.Keys(te.executed))
+	var executed []events.Executed
+	byAttempt := map[int]int{}
+	duplicated := false
+	for i, pass := range passes {
+		evs := te.executed[pass]
+		if len(evs) > 1 {
+			duplicated = true
+			c.problem(id, KindDuplicated, "pass %d has %d executed events", pass, len(evs))
+		}
+		ex := evs[0]
+		if prev, ok := byAttempt[ex.Run.Attempt]; ok {
+			duplicated = true
+			c.problem(id, KindDuplicated, "attempt %d executed twice (passes %d and %d)", ex.Run.Attempt, prev, pass)
+		} else if ex.Run.Attempt != i+1 {
+			c.problem(id, KindAttempts, "pass %d ran attempt %d, expected attempt %d", pass, ex.Run.Attempt, i+1)
+		}
+		byAttempt[ex.Run.Attempt] = pass
+		executed = append(executed, ex)
+	}
+	n := len(executed)
+	c.r.Attempts += n
+
+	// The model answered each attempt as planned, and the state recorded it.
+	for _, ex := range executed {
+		want, class := Outcome(plan.Answer(ex.Run.Attempt))
+		if ex.Result.Refused || ex.Result.Outcome != want || ex.Result.ErrorClass != class {
+			c.problem(id, KindAttempts, "attempt %d (pass %d): the model answered %c, the outcome is %s/%s (refused %v)",
+				ex.Run.Attempt, ex.Run.Pass, plan.Answer(ex.Run.Attempt), ex.Result.Outcome, ex.Result.ErrorClass, ex.Result.Refused)
+		}
+	}
+	if hasState {
+		c.state(id, st, end, executed)
+	}
+
+	// The attempts the plan implies: all of them, unless the gate stopped
+	// the task early.
+	t := events.Task{ID: id, Type: st.Type}
+	if n > 0 {
+		t = executed[0].Task
+	}
+	maxRetries := recorder.MaxRetries(t, c.in.Policy.For(t.Type))
+	want, succeeds := plan.Expect(maxRetries)
+	switch {
+	case len(te.endings) == 0:
+	case end.Kind == EndSucceeded:
+		if !succeeds || n != want {
+			c.problem(id, KindAttempts, "succeeded after %d attempts; plan %s succeeds at attempt %d", n, plan, want)
+		}
+	case end.Kind == EndEscalated && end.Cause == "":
+		if succeeds || n != want {
+			c.problem(id, KindAttempts, "handed off after %d attempts; plan %s ends after %d (success %v)", n, plan, want, succeeds)
+		}
+	case end.Kind == EndGated || end.Kind == EndEscalated:
+		if n >= want {
+			c.problem(id, KindAttempts, "the gate stopped it (%s) after %d attempts; plan %s ends after %d", end, n, plan, want)
+		}
+	default:
+		c.problem(id, KindAttempts, "ended %s; nothing in this workload ends so", end)
+	}
+
+	c.modelCalls(id, te, executed)
+	if !duplicated {
+		c.history(id, executed)
+	}
+}
+
+// endStatus is the task status each terminal record leaves.
+var endStatus = map[string]string{
+	EndSucceeded: events.StatusSucceeded,
+	EndCancelled: events.StatusCancelled,
+	EndGated:     events.StatusNeedsHumanReview,
+	EndEscalated: events.StatusBlocked,
+	EndStuck:     events.StatusBlocked,
+}
+
+// state compares the task state with the stream.
+func (c *checker) state(id string, st events.TaskState, end ending, executed []events.Executed) {
+	if want, ok := endStatus[end.Kind]; ok && st.Status != want {
+		c.problem(id, KindState, "status %s, but the stream ended it %s", st.Status, end)
+	}
+	if st.Attempts != len(executed) {
+		c.problem(id, KindState, "state counts %d attempts, the stream has %d", st.Attempts, len(executed))
+	}
+	if len(st.History) != len(executed) {
+		c.problem(id, KindState, "state records %d attempts, the stream has %d", len(st.History), len(executed))
+		return
+	}
+	for i, rec := range st.History {
+		ex := executed[i]
+		if rec.Pass != ex.Run.Pass || rec.Attempt != ex.Run.Attempt || rec.Outcome != ex.Result.Outcome ||
+			rec.TokensIn != ex.Result.TokensIn || rec.TokensOut != ex.Result.TokensOut {
+			c.problem(id, KindState, "attempt record %d is pass %d attempt %d %s (%d/%d tokens), the stream has pass %d attempt %d %s (%d/%d tokens)",
+				i+1, rec.Pass, rec.Attempt, rec.Outcome, rec.TokensIn, rec.TokensOut,
+				ex.Run.Pass, ex.Run.Attempt, ex.Result.Outcome, ex.Result.TokensIn, ex.Result.TokensOut)
+		}
+	}
+}
+
+// modelCalls holds the model's calls for a task to its recorded attempts.
+func (c *checker) modelCalls(id string, te *taskEvents, executed []events.Executed) {
+	byPass := c.calls[id]
+	for _, pass := range slices.Sorted(maps.Keys(byPass)) {
+		calls := byPass[pass]
+		if _, ok := te.executed[pass]; !ok {
+			c.problem(id, KindCalls, "the model was called %d times for pass %d, which has no outcome", len(calls), pass)
+		}
+		var answered []Call
+		for _, call := range calls {
+			switch {
+			case !call.Answered:
+				c.r.CutShort++
+				if !c.explained(call.Instance, call.Start.Add(-c.in.Slack), call.Start.Add(c.in.Slack)) {
+					c.problem(id, KindRepeat, "a call for pass %d from %s at %s was cut short with no fault near it",
+						pass, call.Instance, call.Start.Format(time.RFC3339Nano))
+				}
+			case call.final():
+				answered = append(answered, call)
+			}
+		}
+		for i := 1; i < len(answered); i++ {
+			c.r.Repeated++
+			prev, next := answered[i-1], answered[i]
+			if !c.explained(prev.Instance, prev.Start.Add(-c.in.Slack), next.Start) {
+				c.problem(id, KindRepeat, "pass %d answered twice (%s at %s, then %s at %s) with no fault between",
+					pass, prev.Instance, prev.Start.Format(time.RFC3339Nano), next.Instance, next.Start.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	for _, ex := range executed {
+		var answered []Call
+		for _, call := range byPass[ex.Run.Pass] {
+			if call.final() {
+				answered = append(answered, call)
+			}
+		}
+		if len(answered) == 0 {
+			c.problem(id, KindCalls, "attempt %d (pass %d) has an outcome but the model never answered it", ex.Run.Attempt, ex.Run.Pass)
+			continue
+		}
+		if !slices.ContainsFunc(answered, func(call Call) bool {
+			return call.Attempt == ex.Run.Attempt && call.TokensIn == ex.Result.TokensIn && call.TokensOut == ex.Result.TokensOut
+		}) {
+			c.problem(id, KindCalls, "attempt %d (pass %d) recorded %d/%d tokens; no answer of the model for it billed that",
+				ex.Run.Attempt, ex.Run.Pass, ex.Result.TokensIn, ex.Result.TokensOut)
+		}
+	}
+}
+
+// explained reports whether a fault hit instance (or the whole mesh)
+// between from and to.
+func (c *checker) explained(instance string, from, to time.Time) bool {
+	for _, d := range c.in.Disruptions {
+		if (d.Instance == "" || d.Instance == instance) && !d.At.Before(from) && !d.At.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// history checks one history entry per attempt.
+func (c *checker) history(id string, executed []events.Executed) {
+	want := map[string]bool{}
+	for _, ex := range executed {
+		want[services.MsgID(id, ex.Run.Pass, "outcome")] = true
+	}
+	seen := map[string]int{}
+	for _, e := range c.hist[id] {
+		seen[e.Key]++
+	}
+	for _, key := range slices.Sorted(maps.Keys(seen)) {
+		switch {
+		case seen[key] > 1:
+			c.r.Duplicated++
+			c.problem(id, KindDuplicated, "history entry %s kept %d times", key, seen[key])
+		case !want[key]:
+			c.problem(id, KindHistory, "history entry %s has no attempt on the stream", key)
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(want)) {
+		if seen[key] == 0 {
+			c.problem(id, KindHistory, "attempt %s has no history entry", key)
+		}
+	}
+}
+
+// trust checks each type's trust window and daily spend against what the
+// recorded attempts of its tasks imply: every outcome in the window is a
+// recorded attempt that counts for trust, once, with its outcome; and the
+// spend counters of every (type, day) are the sum of the recorded attempts'
+// tokens and cost — the figures a recorder killed before its ack must not
+// count twice.
+func (c *checker) trust(ctx context.Context, stats map[string]trust.Stats) error {
+	recorded := map[string]bool{} // outcome key → success, of attempts that count for trust
+	want := map[[2]string]trust.DaySpend{}
+	for id, st := range c.states {
+		for _, rec := range st.History {
+			if recorder.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
+				recorded[services.MsgID(id, rec.Pass, "outcome")] = rec.Outcome == events.OutcomeSuccess
+			}
+			if tokens := rec.TokensIn + rec.TokensOut; tokens != 0 || rec.Cost != 0 {
+				k := [2]string{st.Type, trust.Day(rec.At)}
+				d := want[k]
+				d.Type, d.Day = k[0], k[1]
+				d.Tokens += int64(tokens)
+				d.NanoUSD += trust.NanoUSD(rec.Cost)
+				want[k] = d
+			}
+		}
+	}
+	for _, typ := range slices.Sorted(maps.Keys(stats)) {
+		seen := map[string]bool{}
+		for _, o := range stats[typ].Outcomes {
+			success, ok := recorded[o.Key]
+			switch {
+			case seen[o.Key]:
+				c.r.CounterDrift++
+				c.problem("", KindDrift, "type %s: outcome %s twice in the trust window", typ, o.Key)
+			case !ok:
+				c.r.CounterDrift++
+				c.problem("", KindDrift, "type %s: outcome %s in the trust window is no recorded attempt that counts for trust", typ, o.Key)
+			case success != o.Success:
+				c.r.CounterDrift++
+				c.problem("", KindDrift, "type %s: outcome %s is success=%v in the trust window, %v recorded", typ, o.Key, o.Success, success)
+			}
+			seen[o.Key] = true
+		}
+	}
+	have, err := trust.NewSpending(c.in.JS, services.CounterStream).All(ctx)
+	if err != nil {
+		return fmt.Errorf("spend counters: %w", err)
+	}
+	keys := map[string][2]string{}
+	for k := range have {
+		keys[k[0]+"/"+k[1]] = k
+	}
+	for k := range want {
+		keys[k[0]+"/"+k[1]] = k
+	}
+	for _, name := range slices.Sorted(maps.Keys(keys)) {
+		live, rec := have[keys[name]], want[keys[name]]
+		if live.Tokens != rec.Tokens || live.NanoUSD != rec.NanoUSD {
+			c.r.CounterDrift++
+			c.problem("", KindDrift, "spend of %s: %d tokens $%.6f counted, %d tokens $%.6f recorded (%+d tokens)",
+				name, live.Tokens, float64(live.NanoUSD)/1e9, rec.Tokens, float64(rec.NanoUSD)/1e9, live.Tokens-rec.Tokens)
+		}
+	}
+	return nil
+}
+
+// rebuild runs what `dispatch rebuild` runs and reports every difference.
+func (c *checker) rebuild(ctx context.Context) error {
+	rebuilt, err := rebuild.Replay(ctx, c.in.JS, rebuild.Options{Policy: c.in.Policy, Scoring: c.in.Scoring})
+	if err != nil {
+		return fmt.Errorf("rebuild: %w", err)
+	}
+	live, err := services.OpenStores(ctx, c.in.JS)
+	if err != nil {
+		return err
+	}
+	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, History: live.History,
+		Spending: trust.NewSpending(c.in.JS, services.CounterStream)}, rebuilt)
+	if err != nil {
+		return fmt.Errorf("rebuild: %w", err)
+	}
+	c.r.RebuildDiffs = len(diffs)
+	for _, d := range diffs {
+		task := ""
+		if d.Store == services.BucketTasks {
+			task = d.Key
+		}
+		c.problem(task, KindRebuild, "%s", d)
+	}
+	return nil
+}
