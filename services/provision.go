@@ -99,10 +99,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		Storage:     jetstream.FileStorage,
 		Duplicates:  cfg.Duplicates,
 		Replicas:    cfg.Replicas,
-		// A counter is its latest message.
-		MaxMsgsPerSubject: 1,
-		AllowMsgCounter:   true,
-		AllowDirect:       true,
+		// Every increment is kept for the audit horizon, not only each
+		// counter's latest: a server rebuilds its Msg-Id dedup window from
+		// the messages it stores, so an increment deleted early would be
+		// counted again by a redelivery after a restart.
+		MaxAge:          cfg.MaxAge,
+		AllowMsgCounter: true,
+		AllowDirect:     true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)

@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -57,5 +61,51 @@ func TestSpending(t *testing.T) {
 	}
 	if err := s.Add(ctx, "CSS.fix", "k", day1, 1, 0); err == nil {
 		t.Fatal("an invalid type was counted")
+	}
+}
+
+// An outcome counted before a server restart and recorded again after it
+// (its recorder was killed before the ack) is still counted once: the
+// counter stream keeps the increments its dedup window is rebuilt from.
+func TestSpendingAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	start := func() (*server.Server, jetstream.JetStream) {
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ := jetstream.New(nc)
+		return ns, js
+	}
+	ctx := context.Background()
+	ns, js := start()
+	if _, err := services.Provision(ctx, js, services.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	for _, key := range []string{"a:1:outcome", "b:1:outcome"} {
+		if err := trust.NewSpending(js, services.CounterStream).Add(ctx, "css_fix", key, at, 100, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	ns, js = start()
+	t.Cleanup(ns.Shutdown)
+	s := trust.NewSpending(js, services.CounterStream)
+	if err := s.Add(ctx, "css_fix", "a:1:outcome", at, 100, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.On(ctx, "css_fix", at); err != nil || got.Tokens != 200 {
+		t.Fatalf("after a restart and a redelivery: %+v, %v; want 200 tokens", got, err)
 	}
 }
