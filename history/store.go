@@ -42,9 +42,12 @@ func Key(taskType, subject string) string {
 }
 
 // Store keeps the recent entries of each (type, subject) in a KV bucket.
+// Appends of one process go through a kvcas.Writer: those to one subject
+// that arrive together are written together.
 type Store struct {
-	kv    jetstream.KeyValue
-	limit int
+	kv     jetstream.KeyValue
+	limit  int
+	writer *kvcas.Writer[Record]
 }
 
 // NewStore returns a store on kv keeping at most limit entries per
@@ -53,12 +56,12 @@ func NewStore(kv jetstream.KeyValue, limit int) *Store {
 	if limit <= 0 {
 		limit = DefaultLimit
 	}
-	return &Store{kv: kv, limit: limit}
+	return &Store{kv: kv, limit: limit, writer: kvcas.NewWriter[Record](kv)}
 }
 
 // Append adds e to the history of (taskType, subject), in At order, dropping
 // the oldest entries beyond the limit. It is a compare-and-set retried on
-// conflict, and idempotent: an entry whose Key is already kept changes nothing.
+// conflict (kvcas.Writer), and idempotent: an entry whose Key is already kept changes nothing.
 func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) error {
 	if e.Key == "" {
 		return fmt.Errorf("%w: entry without a key", ErrInvalid)
@@ -67,7 +70,7 @@ func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) e
 	if err != nil {
 		return err
 	}
-	_, err = kvcas.Update(ctx, s.kv, key, func(rec *Record, _ bool) error {
+	_, err = s.writer.Update(ctx, key, func(rec *Record, _ bool) error {
 		rec.Type, rec.Subject = taskType, subject
 		entries, changed := Insert(rec.Entries, e, s.limit)
 		if !changed {

@@ -22,14 +22,20 @@ var ErrInvalid = errors.New("trust: invalid input")
 // Store keeps one Stats per task type in a KV bucket, keyed by the type.
 // Every update is a compare-and-set on the key's revision, retried on
 // conflict, so concurrent writers never lose an update.
+//
+// The updates of one process go through a kvcas.Writer: a type's updates
+// that arrive together are written together, so a burst of outcomes of one
+// type costs one write instead of a compare-and-set each and the conflicts
+// between them.
 type Store struct {
 	kv     jetstream.KeyValue
 	policy Policy
+	writer *kvcas.Writer[Stats]
 }
 
 // NewStore returns a store on kv that applies p (zero fields are defaults).
 func NewStore(kv jetstream.KeyValue, p Policy) *Store {
-	return &Store{kv: kv, policy: p.WithDefaults()}
+	return &Store{kv: kv, policy: p.WithDefaults(), writer: kvcas.NewWriter[Stats](kv)}
 }
 
 // Get returns the stats of taskType, or Stats{Type: taskType} when there are none.
@@ -142,13 +148,13 @@ func (s *Store) All(ctx context.Context) ([]Stats, error) {
 }
 
 // update applies fn to the current stats of taskType under compare-and-set,
-// retrying on conflict (kvcas.Update). When fn reports no change nothing is
+// retrying on conflict (kvcas.Writer). When fn reports no change nothing is
 // written and the current stats are returned.
 func (s *Store) update(ctx context.Context, taskType string, fn func(Stats) (Stats, bool)) (Stats, error) {
 	if !events.ValidType(taskType) {
 		return Stats{}, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
 	}
-	st, err := kvcas.Update(ctx, s.kv, taskType, func(cur *Stats, _ bool) error {
+	st, err := s.writer.Update(ctx, taskType, func(cur *Stats, _ bool) error {
 		if cur.Type == "" {
 			cur.Type = taskType
 		}

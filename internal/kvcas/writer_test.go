@@ -1,0 +1,151 @@
+package kvcas_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/natstest"
+)
+
+type tally struct {
+	Keys []string `json:"keys"`
+}
+
+// add is an idempotent update: it adds k unless it is there.
+func add(k string) func(*tally, bool) error {
+	return func(v *tally, _ bool) error {
+		if slices.Contains(v.Keys, k) {
+			return kvcas.ErrNoChange
+		}
+		v.Keys = append(slices.Clone(v.Keys), k)
+		return nil
+	}
+}
+
+func bucket(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	srv := natstest.Start(t)
+	kv, err := srv.JS.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "writer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// Two writers (two instances) and many goroutines each, every update twice
+// (a redelivery): every key lands exactly once.
+func TestWriterConcurrentExact(t *testing.T) {
+	kv := bucket(t)
+	writers := []*kvcas.Writer[tally]{kvcas.NewWriter[tally](kv), kvcas.NewWriter[tally](kv)}
+	const n = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*n)
+	for i := range n {
+		for rep := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w := writers[(i+rep)%2]
+				if _, err := w.Update(context.Background(), "hot", add(fmt.Sprint(i))); err != nil {
+					errs <- err
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	v, _, _, err := kvcas.Get[tally](t.Context(), kv, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Keys) != n {
+		t.Fatalf("%d keys stored, want %d", len(v.Keys), n)
+	}
+	slices.Sort(v.Keys)
+	if len(slices.Compact(v.Keys)) != n {
+		t.Fatalf("duplicates stored: %v", v.Keys)
+	}
+}
+
+// A writer decides on the stored value, never on one it remembers from
+// before another writer's update: an update that would change nothing on
+// the remembered value is checked against a fresh read, and one that would
+// change it is reapplied after the conflict.
+func TestWriterNeverDecidesOnAStaleValue(t *testing.T) {
+	kv := bucket(t)
+	a, b := kvcas.NewWriter[tally](kv), kvcas.NewWriter[tally](kv)
+	ctx := t.Context()
+	if _, err := a.Update(ctx, "k", add("x")); err != nil { // a remembers [x]
+		t.Fatal(err)
+	}
+	if _, err := b.Update(ctx, "k", add("y")); err != nil { // stored: [x y]
+		t.Fatal(err)
+	}
+
+	var seen []string
+	v, err := a.Update(ctx, "k", func(v *tally, _ bool) error {
+		seen = slices.Clone(v.Keys)
+		return kvcas.ErrNoChange
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(seen, []string{"x", "y"}) || !slices.Equal(v.Keys, []string{"x", "y"}) {
+		t.Fatalf("a no-change update saw %v and returned %v, want the stored [x y]", seen, v.Keys)
+	}
+
+	if _, err := b.Update(ctx, "k", add("z")); err != nil { // stored: [x y z]; a still remembers [x]
+		t.Fatal(err)
+	}
+	if v, err = a.Update(ctx, "k", add("w")); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(v.Keys, []string{"x", "y", "z", "w"}) {
+		t.Fatalf("got %v, want [x y z w]: an update lost or applied to a stale value", v.Keys)
+	}
+	stored, _, _, err := kvcas.Get[tally](ctx, kv, "k")
+	if err != nil || !slices.Equal(stored.Keys, v.Keys) {
+		t.Fatalf("stored %v (%v), returned %v", stored.Keys, err, v.Keys)
+	}
+}
+
+// An update that fails leaves the others of its batch applied, and its
+// caller gets the error.
+func TestWriterErrorIsTheCallersOwn(t *testing.T) {
+	kv := bucket(t)
+	w := kvcas.NewWriter[tally](kv)
+	ctx := t.Context()
+	refused := fmt.Errorf("refused")
+	var wg sync.WaitGroup
+	results := make([]error, 20)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				_, results[i] = w.Update(ctx, "k", func(*tally, bool) error { return refused })
+				return
+			}
+			_, results[i] = w.Update(ctx, "k", add(fmt.Sprint(i)))
+		}()
+	}
+	wg.Wait()
+	for i, err := range results {
+		if want := i%2 == 0; (err == refused) != want {
+			t.Fatalf("update %d: err %v", i, err)
+		}
+	}
+	v, _, _, err := kvcas.Get[tally](ctx, kv, "k")
+	if err != nil || len(v.Keys) != 10 {
+		t.Fatalf("stored %v (%v), want the 10 accepted updates", v.Keys, err)
+	}
+}
