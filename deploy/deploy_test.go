@@ -149,13 +149,36 @@ func checkPermissions(t *testing.T, u *server.User) {
 	if !slices.Contains(p.Subscribe.Allow, inbox) {
 		t.Errorf("user %s may not subscribe to its inbox %s", u.Username, inbox)
 	}
+	// Every service and the review page serve their micro service
+	// dispatch-<name> ($SRV.PING|INFO|STATS, dispatch.health.<name>) and
+	// answer on the requester's inbox, never on a service's.
+	ops := services.OpsName(u.Username)
+	opsSubs := []string{"$SRV.*", "$SRV.*." + ops, "$SRV.*." + ops + ".*", services.HealthSubject(u.Username)}
+	serves := slices.Contains(mesh.All, u.Username) || u.Username == "web"
+	if serves {
+		for _, s := range opsSubs {
+			if !slices.Contains(p.Subscribe.Allow, s) {
+				t.Errorf("user %s may not subscribe to %s: its micro service %s would not answer", u.Username, s, ops)
+			}
+		}
+		if !slices.Contains(p.Publish.Allow, "_INBOX.>") {
+			t.Errorf("user %s may not publish on _INBOX.>: its micro service could not reply", u.Username)
+		}
+		for _, svc := range mesh.All {
+			if d := "_INBOX." + svc + ".>"; !slices.Contains(p.Publish.Deny, d) {
+				t.Errorf("user %s may publish on %s, another service's inbox", u.Username, d)
+			}
+		}
+	} else if slices.Contains(p.Publish.Allow, "_INBOX.>") {
+		t.Errorf("user %s serves nothing but may publish on _INBOX.>", u.Username)
+	}
 	for _, s := range p.Subscribe.Allow {
 		// intake serves the micro API; its waits listen for rejections.
-		if s == inbox || (u.Username == "intake" && (s == events.SubmitAPI || s == intake.StatusAPI || s == intake.WaitAPI ||
-			s == events.ReviewSubject(events.ReviewRejected, "*") || strings.HasPrefix(s, "$SRV."))) {
+		if s == inbox || (serves && slices.Contains(opsSubs, s)) || (u.Username == "intake" && (s == events.SubmitAPI || s == intake.StatusAPI || s == intake.WaitAPI ||
+			s == events.ReviewSubject(events.ReviewRejected, "*") || s == "$SRV.*."+services.MicroService || s == "$SRV.*."+services.MicroService+".*")) {
 			continue
 		}
-		t.Errorf("user %s may subscribe to %q (only its own inbox)", u.Username, s)
+		t.Errorf("user %s may subscribe to %q (only its own inbox and its micro services)", u.Username, s)
 	}
 	if slices.Contains(dispatchDurables, u.Username) || u.Username == services.ConsumerReaper {
 		stream := services.Stream
@@ -1354,9 +1377,8 @@ func TestKubernetesDeployments(t *testing.T) {
 				"name: DISPATCH_NATS_USER\n              value: " + name + "\n",
 				"key: " + proctest.PasswordVar(name) + "\n",
 				"name: DISPATCH_METRICS_LISTEN",
-				"path: /healthz",
-				"readinessProbe:",
-				"livenessProbe:",
+				"readinessProbe:\n            httpGet:\n              path: /readyz\n",
+				"livenessProbe:\n            httpGet:\n              path: /healthz\n",
 				"terminationGracePeriodSeconds: 60",
 				"resources:",
 				"runAsNonRoot: true",

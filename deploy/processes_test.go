@@ -10,6 +10,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,9 +50,18 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch provision said:\n%s", out)
 	}
 
+	// Each process serves /readyz on a metrics port of its own; the review
+	// page runs too, as the web user.
 	running := map[string]*proctest.Process{}
-	for _, name := range mesh.All {
-		running[name] = proctest.Start(t, name, as(name), dispatch, name)
+	ports := proctest.FreePorts(t, len(mesh.All)+1)
+	metrics := map[string]string{}
+	for i, name := range append(slices.Clone(mesh.All), "web") {
+		metrics[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
+		argv := []string{dispatch, name}
+		if name == "web" {
+			argv = append(argv, "-listen", "127.0.0.1:0")
+		}
+		running[name] = proctest.Start(t, name, append(as(name), "DISPATCH_METRICS_LISTEN="+metrics[name]), argv...)
 	}
 
 	// The wrong user: gate may not read the history the prompt builder
@@ -149,6 +161,26 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	gate.waitViolation(t, "Publish", "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
 	gate.noViolations(t)
 
+	// Every process is ready, and every service answers micro's discovery
+	// ($SRV.PING, as `nats micro ls` sends it) with its stats, under its
+	// own user's grants.
+	for name, addr := range metrics {
+		proctest.WaitFor(t, patience, name+" /readyz", func() error {
+			proctest.CheckRunning(t, running)
+			res, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return err
+			}
+			defer res.Body.Close()
+			body, _ := io.ReadAll(res.Body)
+			if res.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", res.Status, body)
+			}
+			return nil
+		})
+	}
+	checkMicro(t, admin.nc, running)
+
 	// Every service is still running on its own durable and was refused
 	// nothing.
 	proctest.CheckRunning(t, running)
@@ -163,6 +195,64 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		}
 		if out := p.Output(); strings.Contains(strings.ToLower(out), "permission") {
 			t.Errorf("%s was refused something:\n%s", name, out)
+		}
+	}
+	if out := running["web"].Output(); strings.Contains(strings.ToLower(out), "permission") {
+		t.Errorf("web was refused something:\n%s", out)
+	}
+}
+
+// checkMicro asks $SRV.PING as nats micro ls does and wants an answer from
+// dispatch (the API) and dispatch-<name> of every running process, then
+// each one's $SRV.STATS: consuming (serving), ready, no errors, and for
+// every stage but the reaper messages handled.
+func checkMicro(t *testing.T, nc *nats.Conn, running map[string]*proctest.Process) {
+	t.Helper()
+	want := []string{services.MicroService}
+	for name := range running {
+		want = append(want, services.OpsName(name))
+	}
+	slices.Sort(want)
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.PING", inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for len(names) < len(want) {
+		msg, err := sub.NextMsg(patience)
+		if err != nil {
+			t.Fatalf("$SRV.PING answered by %v, want %v: %v", names, want, err)
+		}
+		var p micro.Ping
+		if err := json.Unmarshal(msg.Data, &p); err != nil {
+			t.Fatalf("$SRV.PING answer %q: %v", msg.Data, err)
+		}
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, want) {
+		t.Fatalf("$SRV.PING answered by %v, want %v", names, want)
+	}
+	for name := range running {
+		msg, err := nc.Request("$SRV.STATS."+services.OpsName(name), nil, patience)
+		if err != nil {
+			t.Fatalf("$SRV.STATS.%s: %v", services.OpsName(name), err)
+		}
+		var stats micro.Stats
+		var st services.OpsStatus
+		if err := json.Unmarshal(msg.Data, &stats); err != nil || len(stats.Endpoints) != 1 {
+			t.Fatalf("$SRV.STATS.%s answered %s (%v)", services.OpsName(name), msg.Data, err)
+		}
+		if err := json.Unmarshal(stats.Endpoints[0].Data, &st); err != nil {
+			t.Fatalf("$SRV.STATS.%s data %s: %v", services.OpsName(name), stats.Endpoints[0].Data, err)
+		}
+		if !st.Running || !st.Ready || st.Errors != 0 || (name != mesh.Reaper && name != "web" && st.Handled == 0) {
+			t.Errorf("%s: %+v", services.OpsName(name), st)
 		}
 	}
 }

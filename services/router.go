@@ -88,6 +88,8 @@ type Router struct {
 	// Grace is how long in-flight handlers may run after shutdown begins
 	// before their context is cancelled (they then nak). Default 25s.
 	Grace time.Duration
+	// Stats, when set, counts what Run does and whether it consumes.
+	Stats *RunStats
 }
 
 // ConsumerConfig is the durable pull consumer of a service.
@@ -124,6 +126,8 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", spec.Name, err)
 	}
+	r.Stats.setRunning(true)
+	defer r.Stats.setRunning(false)
 
 	// Handlers outlive ctx by Grace so a shutdown lets them finish.
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
@@ -132,6 +136,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	go func() {
 		select {
 		case <-ctx.Done():
+			r.Stats.setRunning(false) // no longer taking messages
 			drain()
 			grace := r.Grace
 			if grace <= 0 {
@@ -226,6 +231,8 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg je
 		Seq: md.Sequence.Stream, Delivered: int(md.NumDelivered), Time: md.Timestamp,
 	}
 	log = log.With("subject", m.Subject, "seq", m.Seq, "delivered", m.Delivered)
+	r.Stats.begin()
+	defer r.Stats.end()
 
 	start := time.Now()
 	stop := heartbeat(msg, spec.AckWait/3)
@@ -248,7 +255,7 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg je
 			}
 		}
 		r.settle(log, msg.Ack(), "ack")
-		r.Metrics.count(spec.Name, "ok")
+		r.count(spec.Name, "ok")
 	case snoozed && m.Delivered >= spec.MaxDeliver:
 		// The server would not deliver it again: keep it for a human.
 		r.deadLetter(pctx, log, spec, msg, m, events.ReviewPoison, "",
@@ -256,14 +263,14 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg je
 	case snoozed:
 		log.Debug("snoozed", "delay", delay, "err", err)
 		r.settle(log, msg.NakWithDelay(delay), "nak")
-		r.Metrics.count(spec.Name, "snoozed")
+		r.count(spec.Name, "snoozed")
 	case errors.As(err, &dead):
 		log.Warn("sending to review", "reason", dead.Reason, "err", dead.Err)
 		r.deadLetter(pctx, log, spec, msg, m, dead.Reason, dead.Key, dead.Err)
 	case ctx.Err() != nil:
 		log.Info("shutdown: handing message back", "err", err)
 		r.settle(log, msg.Nak(), "nak")
-		r.Metrics.count(spec.Name, "shutdown")
+		r.count(spec.Name, "shutdown")
 	default:
 		r.retry(pctx, log, spec, msg, m, err)
 	}
@@ -280,7 +287,7 @@ func (r *Router) retry(ctx context.Context, log *slog.Logger, spec Spec, msg jet
 	delay := spec.Backoff(m.Delivered)
 	log.Warn("handler failed; retrying", "err", err, "delay", delay)
 	r.settle(log, msg.NakWithDelay(delay), "nak")
-	r.Metrics.count(spec.Name, "retried")
+	r.count(spec.Name, "retried")
 }
 
 // deadLetter copies the original bytes to dispatch.review.<reason>.<key>
@@ -294,7 +301,7 @@ func (r *Router) deadLetter(ctx context.Context, log *slog.Logger, spec Spec, ms
 		return
 	}
 	r.settle(log, msg.TermWithReason(reason), "term")
-	r.Metrics.count(spec.Name, "dead")
+	r.count(spec.Name, "dead")
 }
 
 // DeadLetter builds the review record of a message that cannot be handled:
@@ -336,6 +343,11 @@ func DeadLetter(m *Msg, stream, reason, key string, cause error) Out {
 		Header:  h,
 		Data:    m.Data,
 	}
+}
+
+func (r *Router) count(service, result string) {
+	r.Metrics.count(service, result)
+	r.Stats.settled(result)
 }
 
 func (r *Router) publish(ctx context.Context, service string, out Out) error {

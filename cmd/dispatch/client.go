@@ -59,6 +59,7 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	maxRetries := fs.Int("max-retries", 0, "attempts before a human is asked (default: the type's)")
 	wait := fs.Bool("wait", false, "print each stage as it happens, then the outcome; exit non-zero unless the task succeeds")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long -wait waits")
+	every := fs.Duration("progress", 5*time.Second, "how often -wait says which stage the task is at and for how long (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,25 +85,57 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	return waitFor(wctx, c, sub.ID)
+	return waitFor(wctx, stdout, c, sub.ID, *every)
 }
 
-// waitFor prints the task's events as they happen, then its outcome; a
-// non-success end is an exit code 1, a timeout 2.
-func waitFor(ctx context.Context, c *client.Client, id string) error {
-	lastStage := ""
-	err := c.Watch(ctx, id, func(e client.Event) bool {
-		lastStage = e.Stage
-		en := timeline.Entry{Seq: e.Seq, Time: e.Time, Event: e.Name, Stage: e.Stage, By: e.By, Error: e.Error, Data: e.Data}
-		fmt.Fprintf(stdout, "%s  %-18s %s\n", e.Time.Local().Format("15:04:05.000"), e.Stage, en.Summary())
-		final, _ := e.Final()
-		return !final
-	})
+// waitFor prints the task's events as they happen and, every `every` while
+// nothing happens, the stage the task is at and for how long (0: never);
+// then its outcome and final answer. A non-success end is an exit code 1, a
+// timeout 2.
+func waitFor(ctx context.Context, w io.Writer, c *client.Client, id string, every time.Duration) error {
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	evs := make(chan client.Event)
+	watched := make(chan error, 1)
+	go func() {
+		watched <- c.Watch(wctx, id, func(e client.Event) bool {
+			select {
+			case evs <- e:
+			case <-wctx.Done():
+				return false
+			}
+			final, _ := e.Final()
+			return !final
+		})
+	}()
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	p := newProgress(w)
+	start := time.Now()
+	var last client.Event // the latest event: the stage the task is at
+	var err error
+	for watching := true; watching; {
+		select {
+		case e := <-evs:
+			last = e
+			en := timeline.Entry{Seq: e.Seq, Time: e.Time, Event: e.Name, Stage: e.Stage, By: e.By, Error: e.Error, Data: e.Data}
+			p.line(fmt.Sprintf("%s  %-18s %s", e.Time.Local().Format("15:04:05.000"), e.Stage, en.Summary()))
+		case <-tick:
+			p.status(stillAt(last, start, time.Now()))
+		case err = <-watched:
+			watching = false
+		}
+	}
+	p.done()
 	if err != nil && ctx.Err() == nil {
 		return err
 	}
 	if ctx.Err() != nil {
-		return &exitError{2, fmt.Errorf("task %s: gave up waiting at stage %s", id, orUnknown(lastStage))}
+		return &exitError{2, fmt.Errorf("task %s: gave up waiting at stage %s", id, orUnknown(last.Stage))}
 	}
 	out, err := c.Wait(ctx, id) // the task has ended: answered at once
 	switch {
@@ -111,11 +144,63 @@ func waitFor(ctx context.Context, c *client.Client, id string) error {
 	case err != nil:
 		return err
 	}
-	printOutcome(stdout, out)
+	printOutcome(w, out)
 	if out.Status != events.StatusSucceeded {
 		return &exitError{1, fmt.Errorf("task %s ended %s", id, out.Status)}
 	}
 	return nil
+}
+
+// stillAt says where a waited-for task stands at now: the stage of its
+// latest event and how long ago that was stored, or, before its first
+// event, how long the wait has lasted.
+func stillAt(last client.Event, start, now time.Time) string {
+	if last.Stage == "" {
+		return fmt.Sprintf("waiting for the task to start for %s", now.Sub(start).Round(time.Second))
+	}
+	return fmt.Sprintf("still at stage %s for %s", last.Stage, max(now.Sub(last.Time), 0).Round(time.Second))
+}
+
+// progress writes -wait's lines. On a terminal the status line is
+// rewritten in place (\r) and erased before the next event; elsewhere
+// (a pipe, a file, a log) every status is a line of its own.
+type progress struct {
+	w       io.Writer
+	tty     bool
+	showing bool // a status line is on screen, without its newline
+}
+
+func newProgress(w io.Writer) *progress {
+	f, ok := w.(*os.File)
+	if !ok {
+		return &progress{w: w}
+	}
+	fi, err := f.Stat()
+	return &progress{w: w, tty: err == nil && fi.Mode()&os.ModeCharDevice != 0}
+}
+
+// line prints s as a line of its own.
+func (p *progress) line(s string) {
+	p.done()
+	fmt.Fprintln(p.w, s)
+}
+
+// status shows s until the next line.
+func (p *progress) status(s string) {
+	if !p.tty {
+		fmt.Fprintln(p.w, s)
+		return
+	}
+	fmt.Fprintf(p.w, "\r%s\x1b[K", s)
+	p.showing = true
+}
+
+// done erases the status line on a terminal.
+func (p *progress) done() {
+	if p.showing {
+		fmt.Fprint(p.w, "\r\x1b[K")
+		p.showing = false
+	}
 }
 
 // printOutcome prints a finished task's status, cost and final answer.
@@ -124,16 +209,22 @@ func printOutcome(w io.Writer, out client.Outcome) {
 	if out.Reason != "" {
 		fmt.Fprintf(w, "reason: %s\n", out.Reason)
 	}
-	if r := out.Result; r != nil {
-		if r.Approach != "" {
-			fmt.Fprintf(w, "approach: %s\n", r.Approach)
-		}
-		if r.Summary != "" {
-			fmt.Fprintf(w, "summary: %s\n", r.Summary)
-		}
-		for _, ch := range r.Changes {
-			fmt.Fprintf(w, "change: %s\n", ch)
-		}
+	printResult(w, out.Result)
+}
+
+// printResult prints a succeeded task's final answer (nothing for nil).
+func printResult(w io.Writer, r *client.Result) {
+	if r == nil {
+		return
+	}
+	if r.Approach != "" {
+		fmt.Fprintf(w, "approach: %s\n", r.Approach)
+	}
+	if r.Summary != "" {
+		fmt.Fprintf(w, "summary: %s\n", r.Summary)
+	}
+	for _, ch := range r.Changes {
+		fmt.Fprintf(w, "change: %s\n", ch)
 	}
 }
 
@@ -165,10 +256,24 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return err
 	}
+	// A finished task's final answer: the wait API answers at once.
+	var result *client.Result
+	if events.Terminal(st.Status) {
+		wctx, cancel := context.WithTimeout(ctx, client.DefaultRequestTimeout)
+		out, err := c.Wait(wctx, st.ID)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("task %s is %s; its final answer: %w", st.ID, st.Status, err)
+		}
+		result = out.Result
+	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return enc.Encode(struct {
+			client.State
+			Result *client.Result `json:"result,omitempty"`
+		}{st, result})
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "id\t%s\ntype\t%s\nsubject\t%s\nstatus\t%s\nattempts\t%d\n", st.ID, st.Type, st.Subject, st.Status, st.Attempts)
@@ -183,7 +288,11 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	for _, a := range st.History {
 		fmt.Fprintf(w, "attempt %d\t%s %s %s\n", a.Attempt, a.Outcome, a.Rung, strings.TrimSpace(a.Approach+" "+a.Reason))
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	printResult(stdout, result)
+	return nil
 }
 
 // reorder moves flags after positional arguments in front of them, so

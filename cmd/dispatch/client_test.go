@@ -30,7 +30,7 @@ func runDispatch(t *testing.T, url string, args ...string) (string, int) {
 }
 
 // submit -wait prints each stage, then the outcome and the final answer;
-// an invalid task is refused with its problems; the status of a task
+// so does status once the task has finished; an invalid task is refused with its problems; the status of a task
 // rejected at intake says so and why.
 func TestSubmitWaitAndStatus(t *testing.T) {
 	_, url, _ := startUp(t, t.TempDir())
@@ -41,6 +41,18 @@ func TestSubmitWaitAndStatus(t *testing.T) {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("submit -wait exited %d, want %q in:\n%s", code, want, out)
 		}
+	}
+
+	// The status of a finished task ends with its final answer.
+	out, code = runDispatch(t, url, "status", "cli-1")
+	for _, want := range []string{"approach: simulated approach for attempt 1", "summary: SIMULATED", "change: simulated change"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("status exited %d, want %q in:\n%s", code, want, out)
+		}
+	}
+	out, code = runDispatch(t, url, "status", "cli-1", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"summary": "SIMULATED`) {
+		t.Fatalf("status -o json exited %d, want the result in:\n%s", code, out)
 	}
 
 	out, code = runDispatch(t, url, "submit", "-type", "css_fix", "-max-retries", "-1")

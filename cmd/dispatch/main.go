@@ -3,7 +3,7 @@
 //	dispatch up                          embedded NATS + every service, one process
 //	dispatch intake|verifier|gate|prompt|executor|recorder
 //	                                     one service against DISPATCH_NATS_URL
-//	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait]
+//	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait [-progress 5s]]
 //	dispatch status ID [-o json]
 //	dispatch review list|show|resolve|reject|requeue …
 //	dispatch audit ID [-o json]
@@ -31,7 +31,7 @@ Usage:
   dispatch provision                  create or update the stream and buckets (as an admin user)
   dispatch intake|verifier|gate|prompt|executor|recorder|reaper
                                       run one service against DISPATCH_NATS_URL
-  dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait]
+  dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait [-progress 5s] [-timeout 10m]]
   dispatch status ID [-o json]        a task's current state
   dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-o json]
                                       what is waiting for a human, counts per reason

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"slices"
@@ -14,11 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/micro"
+
 	"dispatchmesh/events"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/internal/review/reviewtest"
 	"dispatchmesh/internal/web"
+	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
 
@@ -230,6 +234,13 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	m := reviewtest.Start(t, reviewtest.FailUnless("x"), reviewtest.Options{})
 	newCLI(t, m)
 	t.Setenv("DISPATCH_HTTP_TOKEN", "s3cret")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := "http://" + ln.Addr().String()
+	ln.Close()
+	t.Setenv("DISPATCH_METRICS_LISTEN", strings.TrimPrefix(metrics, "http://"))
 	var buf syncBuffer
 	old := stdout
 	stdout = &buf
@@ -268,6 +279,45 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	}
 	if code := get("Bearer s3cret"); code != http.StatusOK {
 		t.Errorf("with the token: %d", code)
+	}
+
+	// Outside the token: /readyz, and /metrics with the review queue.
+	for path, want := range map[string]string{
+		"/readyz":  "ready\n",
+		"/healthz": "ok\n",
+		"/metrics": `dispatch_review_queue{reason="escalated"} 0`,
+	} {
+		resp, err := http.Get(metrics + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s = %d, want %q in:\n%s", path, resp.StatusCode, want, body)
+		}
+	}
+	// The micro service dispatch-web counted the page's two requests.
+	var st services.OpsStatus
+	for {
+		msg, err := m.Srv.NC.Request("$SRV.STATS."+services.OpsName("web"), nil, reviewtest.Patience)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stats micro.Stats
+		if err := json.Unmarshal(msg.Data, &stats); err != nil || len(stats.Endpoints) != 1 {
+			t.Fatalf("$SRV.STATS.dispatch-web answered %s (%v)", msg.Data, err)
+		}
+		if err := json.Unmarshal(stats.Endpoints[0].Data, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Handled == 2 || time.Now().After(deadline) { // the count follows the answer
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !st.Ready || !st.Running || st.Handled != 2 || st.Errors != 0 || st.InFlight != 0 {
+		t.Errorf("dispatch-web stats %+v, want ready, 2 handled", st)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"dispatchmesh/internal/dirlock"
+	"dispatchmesh/internal/health"
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/web"
@@ -70,18 +72,22 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	// When the mesh stops (or fails to start) the page stops too.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	checks := &health.Checks{}
+	var more []prometheus.Collector
 	if webLn != nil {
-		stop, err := startWeb(ctx, cfg, log, url, webLn)
+		page, stop, err := startWeb(ctx, cfg, log, url, webLn)
 		if err != nil {
 			return err
 		}
 		defer stop()
 		defer cancel() // runs before stop: stop waits for the page to end
+		checks.Add("web", page.ready)
+		more = append(more, page.queue)
 	}
 	// "is up" means it: the services run and the API answers, so a client
 	// that starts when it reads the banner is served.
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, cfg, log, url, "dispatch-up", mesh.All) }()
+	go func() { served <- serve(ctx, cfg, log, url, "dispatch-up", mesh.All, checks, more...) }()
 	if err := waitAPI(ctx, url, served); err != nil {
 		return err
 	}
@@ -93,7 +99,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		fmt.Printf("  policy:   %s (reloaded on change)\n", cfg.PolicyFile)
 	}
 	if cfg.MetricsListen != "" {
-		fmt.Printf("  metrics:  http://%s/metrics\n", cfg.MetricsListen)
+		fmt.Printf("  metrics:  http://%s/metrics  (health: /healthz, /readyz)\n", cfg.MetricsListen)
 	}
 	if webLn != nil {
 		fmt.Printf("  review:   %s\n", webURL(webLn, cfg.HTTPToken))
@@ -131,24 +137,24 @@ func waitAPI(ctx context.Context, url string, served <-chan error) error {
 
 // startWeb serves the review page on ln, on its own connection to url,
 // until ctx ends; stop waits for it to finish.
-func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener) (stop func(), err error) {
+func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener) (page *webPage, stop func(), err error) {
 	nc, err := cfg.connect(url, "web")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	h, err := webHandler(ctx, cfg, nc, log)
+	page, err = newWebPage(ctx, cfg, nc, log)
 	if err != nil {
 		nc.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := web.Serve(ctx, ln, h, log); err != nil {
+		if err := page.serve(ctx, ln, log); err != nil {
 			log.Error("review page stopped", "err", err)
 		}
 	}()
-	return func() { <-done; nc.Close() }, nil
+	return page, func() { <-done; page.stop(); nc.Close() }, nil
 }
 
 func startServer(cfg Config, dataDir string) (*server.Server, error) {
@@ -192,11 +198,13 @@ func cmdService(ctx context.Context, cfg Config, name string, args []string) err
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	return serve(ctx, cfg, cfg.logger(), "", name, []string{name})
+	return serve(ctx, cfg, cfg.logger(), "", name, []string{name}, &health.Checks{})
 }
 
-// serve connects and runs the named services until ctx ends.
-func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName string, names []string) error {
+// serve connects and runs the named services until ctx ends. checks
+// receive a readiness check per service (and may hold the process's other
+// parts'); more are the metrics of those parts.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName string, names []string, checks *health.Checks, more ...prometheus.Collector) error {
 	nc, err := cfg.connect(url, connName)
 	if err != nil {
 		return err
@@ -228,8 +236,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(more...)
+	for _, name := range names { // until mesh.Run checks them itself
+		checks.Add(name, func() error { return health.ErrStarting })
+	}
 	if cfg.MetricsListen != "" {
-		stop, err := serveMetrics(cfg.MetricsListen, reg, nc, log)
+		stop, err := serveMetrics(cfg.MetricsListen, reg, nc, checks, log)
 		if err != nil {
 			return err
 		}
@@ -242,6 +254,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Stream:    cfg.streamConfig(),
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
+		Health: checks, Instance: instance(),
 		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody,
 			ContextLengthBody: cfg.contextLengthBody()},
 	})
@@ -252,16 +265,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 	return err
 }
 
-func serveMetrics(addr string, reg *prometheus.Registry, nc *nats.Conn, log *slog.Logger) (func(), error) {
+// instance names this process in micro services and published headers.
+func instance() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
+
+// serveMetrics serves /metrics from reg, /healthz (the process runs) and
+// /readyz (nc is connected and every check passes; 503 with the reason
+// otherwise) on addr.
+func serveMetrics(addr string, reg *prometheus.Registry, nc *nats.Conn, checks *health.Checks, log *slog.Logger) (func(), error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !nc.IsConnected() {
-			http.Error(w, "nats: "+nc.Status().String(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	health.Handle(mux, nc, checks)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("DISPATCH_METRICS_LISTEN: %w", err)

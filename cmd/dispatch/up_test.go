@@ -2,16 +2,26 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/procgroup"
+	"dispatchmesh/services"
 )
 
 // runMainEnv makes this test binary run main() instead of the tests, so a
@@ -28,10 +38,10 @@ func TestMain(m *testing.M) {
 
 // startUp runs `dispatch up` on dataDir as a process, killed at cleanup,
 // waits until it says it is up, and returns its NATS URL.
-func startUp(t *testing.T, dataDir string) (pid int, url string, kill func()) {
+func startUp(t *testing.T, dataDir string, env ...string) (pid int, url string, kill func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := upCommand(ctx, dataDir)
+	cmd := upCommand(ctx, dataDir, env...)
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -64,16 +74,18 @@ func startUp(t *testing.T, dataDir string) (pid int, url string, kill func()) {
 // natsURL finds the URL in up's banner ("  NATS:     nats://…").
 var natsURL = regexp.MustCompile(`NATS:\s+(nats://\S+)`)
 
-func upCommand(ctx context.Context, dataDir string) *exec.Cmd {
+// upCommand is `dispatch up` on dataDir; env overrides its defaults.
+func upCommand(ctx context.Context, dataDir string, env ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, os.Args[0], "up")
-	var env []string
+	var base []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "DISPATCH_") {
-			env = append(env, kv)
+			base = append(base, kv)
 		}
 	}
-	cmd.Env = append(env, runMainEnv+"=1", "DISPATCH_DATA_DIR="+dataDir,
+	cmd.Env = append(base, runMainEnv+"=1", "DISPATCH_DATA_DIR="+dataDir,
 		"DISPATCH_NATS_LISTEN=127.0.0.1:-1", "DISPATCH_HTTP_LISTEN=off")
+	cmd.Env = append(cmd.Env, env...) // the last of a name wins
 	cmd.WaitDelay = procgroup.WaitDelay
 	procgroup.KillOnCancel(cmd)
 	return cmd
@@ -96,4 +108,91 @@ func TestSecondUpOnOneDataDirFails(t *testing.T) {
 
 	kill()
 	startUp(t, dataDir)
+}
+
+// `dispatch up` with its review page is ready on /readyz once every service
+// consumes and the page serves; it serves the review queue gauge, and every
+// service and the page answer micro's discovery.
+func TestUpIsReadyAndListsItsServices(t *testing.T) {
+	ports := freePorts(t, 2)
+	metrics := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	_, url, _ := startUp(t, t.TempDir(), "DISPATCH_METRICS_LISTEN="+metrics, fmt.Sprintf("DISPATCH_HTTP_LISTEN=127.0.0.1:%d", ports[1]))
+	// "is up" is printed once the API answers; the stages may still bind.
+	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
+	for {
+		code, body := httpGet(t, "http://"+metrics+"/readyz")
+		if code == http.StatusOK && body == "ready\n" {
+			break
+		}
+		if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d %q", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := httpGet(t, "http://"+metrics+"/metrics"); code != http.StatusOK || !strings.Contains(body, `dispatch_review_queue{reason="gated"} 0`) {
+		t.Errorf("/metrics = %d without the review queue:\n%s", code, body)
+	}
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	want := []string{services.MicroService, services.OpsName("web")}
+	for _, s := range mesh.All {
+		want = append(want, services.OpsName(s))
+	}
+	slices.Sort(want)
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("$SRV.PING", inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for len(names) < len(want) {
+		msg, err := sub.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("$SRV.PING answered by %v, want %v: %v", names, want, err)
+		}
+		var p micro.Ping
+		if err := json.Unmarshal(msg.Data, &p); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, want) {
+		t.Fatalf("$SRV.PING answered by %v, want %v", names, want)
+	}
+}
+
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, string(body)
 }

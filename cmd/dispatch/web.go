@@ -2,19 +2,26 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"dispatchmesh/internal/health"
+	"dispatchmesh/internal/natsperm"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/internal/web"
+	"dispatchmesh/services"
 )
 
 // cmdWeb serves the review page and its JSON API against a running mesh.
@@ -38,13 +45,18 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	h, err := webHandler(ctx, cfg, nc, log)
+	page, err := newWebPage(ctx, cfg, nc, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	if cfg.MetricsListen != "" { // /healthz for probes, outside the token
-		stop, err := serveMetrics(cfg.MetricsListen, prometheus.NewRegistry(), nc, log)
+	defer page.stop()
+	if cfg.MetricsListen != "" { // outside the token: probes and Prometheus
+		checks := &health.Checks{}
+		checks.Add("web", page.ready)
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), page.queue)
+		stop, err := serveMetrics(cfg.MetricsListen, reg, nc, checks, log)
 		if err != nil {
 			ln.Close()
 			return err
@@ -52,11 +64,22 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 		defer stop()
 	}
 	fmt.Fprintf(stdout, "dispatchmesh review page: %s\n", webURL(ln, cfg.HTTPToken))
-	return web.Serve(ctx, ln, h, log)
+	return page.serve(ctx, ln, log)
 }
 
-// webHandler builds the review page's handler on a NATS connection.
-func webHandler(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (*web.Handler, error) {
+// webPage is the review page of a process: its handler, counted for its
+// micro service dispatch-web (`nats micro ls`), its readiness, and the
+// review queue gauge (dispatch_review_queue) for the process's /metrics.
+type webPage struct {
+	nc      *nats.Conn
+	handler http.Handler
+	stats   *services.RunStats
+	ops     micro.Service
+	queue   *review.QueueGauge
+}
+
+// newWebPage builds the review page on nc and registers its micro service.
+func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (*webPage, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -70,8 +93,83 @@ func webHandler(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	return web.New(web.Config{Review: rc, Token: cfg.HTTPToken, Log: log})
+	h, err := web.New(web.Config{Review: rc, Token: cfg.HTTPToken, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	p := &webPage{nc: nc, stats: &services.RunStats{}, queue: review.NewQueueGauge(rc)}
+	p.handler = counted(h, p.stats)
+	p.ops, err = services.StartOps(nc, services.OpsConfig{
+		Service: "web", Version: version, Instance: instance(),
+		Description: "dispatchmesh review page: requests handled, errors (5xx), in flight; readiness",
+		Counts:      p.stats.Counts, Ready: p.ready,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("micro service %s: %w", services.OpsName("web"), err)
+	}
+	// A refused subscription fails silently; after a round trip the
+	// server's refusal has arrived.
+	if err := nc.FlushTimeout(10 * time.Second); err == nil {
+		if perr := natsperm.Last(nc); perr != nil {
+			_ = p.ops.Stop()
+			return nil, fmt.Errorf("micro service %s: %w", services.OpsName("web"), perr)
+		}
+	}
+	return p, nil
 }
+
+// serve serves the page on ln until ctx ends.
+func (p *webPage) serve(ctx context.Context, ln net.Listener, log *slog.Logger) error {
+	p.stats.SetRunning(true)
+	defer p.stats.SetRunning(false)
+	return web.Serve(ctx, ln, p.handler, log)
+}
+
+// ready is nil while the page serves on a connected NATS connection.
+func (p *webPage) ready() error {
+	if err := health.Connected(p.nc); err != nil {
+		return err
+	}
+	if !p.stats.Running() {
+		return errors.New("not serving")
+	}
+	return nil
+}
+
+func (p *webPage) stop() { _ = p.ops.Stop() }
+
+// counted counts h's requests in stats: in flight, handled, and errors
+// (answers 500 and above).
+func counted(h http.Handler, stats *services.RunStats) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		done := stats.Begin()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		defer func() { done(sw.code >= 500) }()
+		h.ServeHTTP(sw, r)
+	})
+}
+
+// statusWriter remembers the status code of an answer.
+type statusWriter struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.code, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // webURL is what to open in a browser (never with the token itself).
 func webURL(ln net.Listener, token string) string {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/health"
 	"dispatchmesh/internal/natsperm"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
@@ -91,8 +92,11 @@ type Options struct {
 	Grace              time.Duration
 	// ErrorRules override how the executor classifies errors.
 	ErrorRules executor.Rules
-	// Version is reported by the micro service.
+	// Version is reported by the micro services.
 	Version string
+	// Health, when set, receives a readiness check per service (its
+	// consumer bound and consumed) and one for the micro API of intake.
+	Health *health.Checks
 }
 
 // Run provisions, starts the selected services and blocks until ctx ends and
@@ -129,6 +133,12 @@ func Run(ctx context.Context, o Options) error {
 		o.Version = "0.1.0"
 	}
 
+	if o.Health != nil { // until its consumer is bound
+		for _, name := range o.Services {
+			o.Health.Add(name, func() error { return health.ErrStarting })
+		}
+	}
+
 	// Each service binds only the buckets it uses (Buckets): as a
 	// least-privilege NATS user it may touch nothing else.
 	var stores *services.Stores
@@ -156,6 +166,35 @@ func Run(ctx context.Context, o Options) error {
 		o.Registry.MustRegister(services.NewConsumerStats(o.JS, stages...))
 	}
 
+	// Every service answers $SRV.PING|INFO|STATS as dispatch-<service>
+	// with its counters and readiness (`nats micro ls`).
+	stats := make([]*services.RunStats, len(specs))
+	for i, spec := range specs {
+		st := &services.RunStats{}
+		stats[i] = st
+		ready := func() error {
+			if !st.Running() {
+				return fmt.Errorf("not consuming (durable %s)", spec.Name)
+			}
+			return nil
+		}
+		svc, err := services.StartOps(o.NC, services.OpsConfig{
+			Service: o.Services[i], Version: o.Version, Instance: o.Instance,
+			Description: "dispatchmesh " + o.Services[i] + ": messages handled, errors, in flight; readiness",
+			Metadata:    map[string]string{"consumer": spec.Name, "stream": orDefault(spec.Stream, services.Stream)},
+			Counts:      st.Counts, Ready: ready,
+		})
+		if err != nil {
+			return fmt.Errorf("micro service %s: %w", services.OpsName(o.Services[i]), err)
+		}
+		defer svc.Stop()
+		if o.Health != nil {
+			o.Health.Add(o.Services[i], ready)
+		}
+	}
+	if err := checkSubscribed(o, "micro services"); err != nil {
+		return err
+	}
 	if slices.Contains(o.Services, Intake) {
 		st := newStoresOf(Intake, stores)
 		api := &intake.API{JS: o.JS, Tasks: st.tasks()}
@@ -171,12 +210,16 @@ func Run(ctx context.Context, o Options) error {
 		// A stopping mesh answers its waits at once (503: ask again), not
 		// after its services drained.
 		context.AfterFunc(ctx, api.Stop)
-		// A refused subscription fails silently: the endpoint would never
-		// answer. After a round trip the server's refusal has arrived.
-		if err := o.NC.FlushTimeout(10 * time.Second); err != nil {
-			o.Log.Warn("micro api: could not check the subscriptions", "err", err)
-		} else if perr := natsperm.Last(o.NC); perr != nil {
-			return fmt.Errorf("micro api: %w", perr)
+		if o.Health != nil {
+			o.Health.Add("api", func() error {
+				if svc.Stopped() {
+					return errors.New("stopped")
+				}
+				return nil
+			})
+		}
+		if err := checkSubscribed(o, "micro api"); err != nil {
+			return err
 		}
 	}
 
@@ -186,11 +229,11 @@ func Run(ctx context.Context, o Options) error {
 	defer stopAll()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(specs))
-	for _, spec := range specs {
+	for i, spec := range specs {
 		spec.MaxDeliver = max(o.MaxDeliver, spec.MaxDeliver)
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
 		spec.Concurrency = o.concurrency(spec)
-		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace}
+		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace, Stats: stats[i]}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -212,6 +255,20 @@ func Run(ctx context.Context, o Options) error {
 		all = append(all, startError(o.NC, err))
 	}
 	return errors.Join(all...)
+}
+
+// checkSubscribed returns the server's refusal of a subscription just made
+// (what): a refused subscription fails silently, the endpoint would never
+// answer. After a round trip the server's refusal has arrived.
+func checkSubscribed(o Options, what string) error {
+	if err := o.NC.FlushTimeout(10 * time.Second); err != nil {
+		o.Log.Warn(what+": could not check the subscriptions", "err", err)
+		return nil
+	}
+	if perr := natsperm.Last(o.NC); perr != nil {
+		return fmt.Errorf("%s: %w", what, perr)
+	}
+	return nil
 }
 
 // startError names why the mesh could not bind or create what it needs: a

@@ -15,6 +15,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/review"
 )
 
 // recordingRegistry registers on a real registry and remembers every
@@ -77,6 +78,12 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 	reg := &recordingRegistry{Registry: prometheus.NewPedanticRegistry()}
 	e.registry = reg
 	e.start()
+	// The review queue, as the process serving the review page reports it.
+	rc, err := review.New(review.Config{JS: e.srv.JS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(review.NewQueueGauge(rc))
 	var ids []string
 	for i := range 3 {
 		ids = append(ids, e.submit(events.Submit{ID: fmt.Sprintf("ok%d", i), Type: "ok_fix", Subject: fmt.Sprintf("ok%d.go", i)}))
@@ -105,6 +112,9 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		{nil, "dispatch_retries_total", []string{"bad_fix", events.RungRefine, events.OutcomeFailure}, 2},
 		{nil, "dispatch_wasted_tokens_total", []string{"bad_fix"}, 4 * 150},
 		{nil, "dispatch_resolved_tokens_total", []string{"ok_fix"}, 3 * 150},
+		{nil, "dispatch_review_queue", []string{events.ReviewEscalated}, 2},
+		{nil, "dispatch_review_queue", []string{events.ReviewGated}, 0},
+		{nil, "dispatch_review_queue_up", nil, 1},
 	} {
 		if got := sample(t, reg, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
@@ -118,6 +128,10 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(reg, "dispatch_trust_score"); n != 2 {
 		t.Errorf("dispatch_trust_score has %d series, want one per type the gate saw", n)
+	}
+
+	if n := testutil.CollectAndCount(reg, "dispatch_review_queue"); n != len(review.Reasons) {
+		t.Errorf("dispatch_review_queue has %d series, want one per reason %v", n, review.Reasons)
 	}
 
 	// The Grafana dashboard in deploy/ is built on exactly these metrics.
