@@ -7,12 +7,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/internal/web"
 )
@@ -61,11 +59,10 @@ func webHandler(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	pol, err := policy.Open(cfg.PolicyFile, log)
+	pol, err := watchPolicy(ctx, js, log) // the page shows the thresholds the gate uses
 	if err != nil {
 		return nil, err
 	}
-	go pol.Watch(ctx.Done(), 2*time.Second) // the page shows the thresholds the gate uses
 	rc, err := review.New(review.Config{JS: js, Policy: pol, Log: log})
 	if err != nil {
 		return nil, err
