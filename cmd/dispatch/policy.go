@@ -10,8 +10,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"dispatchmesh/internal/natsperm"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 )
@@ -72,14 +74,16 @@ func cmdPolicySet(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return err
 	}
-	kv, closeFn, err := policyBucket(ctx, cfg)
+	kv, nc, closeFn, err := policyBucket(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
 	rev, err := policy.Put(ctx, kv, f)
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		// A user that may not write the bucket (only admin may) times
+		// out: say which permission is missing.
+		return fmt.Errorf("%s: %w", path, natsperm.Explain(nc, err))
 	}
 	fmt.Fprintf(stdout, "policy revision %d in force (%s from %s); every service applies it now\n", rev, describePolicy(f), path)
 	return nil
@@ -91,7 +95,7 @@ func cmdPolicyGet(ctx context.Context, cfg Config, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	kv, closeFn, err := policyBucket(ctx, cfg)
+	kv, _, closeFn, err := policyBucket(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -140,20 +144,21 @@ func describePolicy(f *policy.File) string {
 }
 
 // policyBucket binds the policy bucket as the configured NATS user.
-func policyBucket(ctx context.Context, cfg Config) (jetstream.KeyValue, func(), error) {
+func policyBucket(ctx context.Context, cfg Config) (jetstream.KeyValue, *nats.Conn, func(), error) {
 	js, closeFn, err := clientJS(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	kv, err := js.KeyValue(ctx, services.BucketPolicy)
 	if err != nil {
+		err = natsperm.Explain(js.Conn(), err)
 		closeFn()
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			err = fmt.Errorf("%w: %s (is the mesh provisioned? dispatch up, or dispatch provision as the admin user)", err, services.BucketPolicy)
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return kv, closeFn, nil
+	return kv, js.Conn(), closeFn, nil
 }
 
 // watchPolicy serves the policy in the bucket on js, following its changes
