@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -93,21 +94,24 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	if err := waitAPI(ctx, url, served); err != nil {
 		return err
 	}
-	fmt.Printf("dispatchmesh %s is up\n", version)
-	fmt.Printf("  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
-	fmt.Printf("  data dir: %s\n", dataDir)
-	fmt.Printf("  model:    %s\n", modelLabel(cfg))
-	fmt.Printf("  policy:   %s\n", policyLine)
-	fmt.Printf("            change it: dispatch policy set FILE (or nats kv put %s %s); every service applies it at once\n", services.BucketPolicy, policy.Key)
+	// One write: whoever reads "is up" reads the whole banner.
+	var banner strings.Builder
+	fmt.Fprintf(&banner, "dispatchmesh %s is up\n", version)
+	fmt.Fprintf(&banner, "  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
+	fmt.Fprintf(&banner, "  data dir: %s\n", dataDir)
+	fmt.Fprintf(&banner, "  model:    %s\n", modelLabel(cfg))
+	fmt.Fprintf(&banner, "  policy:   %s\n", policyLine)
+	fmt.Fprintf(&banner, "            change it: dispatch policy set FILE (or nats kv put %s %s); every service applies it at once\n", services.BucketPolicy, policy.Key)
 	if cfg.MetricsListen != "" {
-		fmt.Printf("  metrics:  http://%s/metrics\n", cfg.MetricsListen)
+		fmt.Fprintf(&banner, "  metrics:  http://%s/metrics\n", cfg.MetricsListen)
 	}
 	if webLn != nil {
-		fmt.Printf("  review:   %s\n", webURL(webLn, cfg.HTTPToken))
+		fmt.Fprintf(&banner, "  review:   %s\n", webURL(webLn, cfg.HTTPToken))
 	}
-	fmt.Printf("  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
-	fmt.Printf("            dispatch submit -type css_fix -subject src/app.css -wait\n")
-	fmt.Printf("  wait:     nats req dispatch.api.wait '{\"id\":\"ID\",\"timeout\":\"60s\"}' --timeout 65s\n")
+	fmt.Fprintf(&banner, "  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
+	fmt.Fprintf(&banner, "            dispatch submit -type css_fix -subject src/app.css -wait\n")
+	fmt.Fprintf(&banner, "  wait:     nats req dispatch.api.wait '{\"id\":\"ID\",\"timeout\":\"60s\"}' --timeout 65s\n")
+	fmt.Print(banner.String())
 	return <-served
 }
 
