@@ -29,6 +29,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/mesh"
+	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/proctest"
 	"dispatchmesh/services"
 	"dispatchmesh/services/intake"
@@ -1414,8 +1415,18 @@ func TestKubernetesDeployments(t *testing.T) {
 		}
 		js.WriteString(strings.TrimPrefix(line, "    ") + "\n")
 	}
-	if !json.Valid([]byte(js.String())) {
-		t.Errorf("policy.json in the ConfigMap is not valid JSON:\n%s", js.String())
+	if _, err := policy.Decode([]byte(js.String())); err != nil {
+		t.Errorf("policy.json in the ConfigMap is not a policy the bucket takes: %v\n%s", err, js.String())
+	}
+	// The services read the policy from the bucket: only the provision Job
+	// reads the file, to seed it.
+	if !strings.Contains(job, "name: DISPATCH_POLICY_FILE") {
+		t.Error("provision-job.yaml does not seed the policy bucket from the ConfigMap")
+	}
+	for _, name := range mesh.All {
+		if strings.Contains(readFile(t, filepath.Join("k8s", name+".yaml")), "DISPATCH_POLICY_FILE") {
+			t.Errorf("%s.yaml sets DISPATCH_POLICY_FILE, which services ignore (they read the bucket)", name)
+		}
 	}
 }
 

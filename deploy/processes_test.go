@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -147,6 +149,50 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		if p.Err == nil || !strings.Contains(out, wrong[i].want) || strings.Contains(out, "dispatch provision") {
 			t.Errorf("%s exited with %v, want a failure naming %q:\n%s", p.Name, p.Err, wrong[i].want, out)
 		}
+	}
+
+	// The policy: only admin may change it, and every service, watching
+	// the bucket as its own user, applies a change at once — and refuses a
+	// put that is not a policy, keeping the one in force.
+	file := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(file, []byte(`{"types": {"css_fix": {"model": "gpt-4o", "max_retries": 4}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	denied := proctest.Start(t, "policy-set-as-gate", as("gate"), dispatch, "policy", "set", file)
+	if out := denied.Wait(t, patience, running); denied.Err == nil ||
+		!strings.Contains(out, `NATS user "gate" may not write to bucket `+services.BucketPolicy) {
+		t.Fatalf("dispatch policy set as gate: %v\n%s", denied.Err, out)
+	}
+	out := proctest.RunToEnd(t, patience, "policy-set", as("admin"), dispatch, "policy", "set", file)
+	var rev uint64
+	if _, err := fmt.Sscanf(out[strings.Index(out, "policy revision "):], "policy revision %d in force", &rev); err != nil || rev == 0 {
+		t.Fatalf("dispatch policy set as admin: %v\n%s", err, out)
+	}
+	policyKV, err := admin.js.KeyValue(context.Background(), services.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	badRev, err := policyKV.Put(context.Background(), "current", []byte(`{"types": {"css_fix": {"max_retries": "many"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range mesh.All {
+		if name == mesh.Reaper {
+			continue // decides nothing with the policy
+		}
+		applied := fmt.Sprintf(`msg="policy in force" bucket=%s key=current rev=%d`, services.BucketPolicy, rev)
+		refused := fmt.Sprintf(`msg="policy change refused: the previous policy stays in force" bucket=%s key=current rev=%d in_force=%d`,
+			services.BucketPolicy, badRev, rev)
+		proctest.WaitFor(t, patience, name+" to apply revision "+fmt.Sprint(rev)+" and refuse "+fmt.Sprint(badRev), func() error {
+			proctest.CheckRunning(t, running)
+			out := running[name].Output()
+			for _, want := range []string{applied, refused} {
+				if !strings.Contains(out, want) {
+					return fmt.Errorf("no %s", want)
+				}
+			}
+			return nil
+		})
 	}
 
 	// The gate's user, on a connection of its own: the refusals reach the

@@ -133,6 +133,12 @@ type Base struct {
 	At time.Time `json:"at"`
 	// By names the service instance that produced it (service@host:pid).
 	By string `json:"by"`
+	// PolicyRev is the revision of the policy (the key "current" of the KV
+	// bucket dispatch_policy) the producing service decided under: dispatch
+	// rebuild recomputes the event with that revision. 0 (absent): no
+	// revision was recorded — an event from before the policy lived in the
+	// bucket, or from a mesh run with a fixed policy.
+	PolicyRev uint64 `json:"policy_rev,omitempty"`
 }
 
 // Queued is published by intake once a submission is accepted.

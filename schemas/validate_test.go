@@ -26,7 +26,7 @@ var (
 	deadEnd = events.DeadEnd{
 		Approach: "inline the style", Reason: "the linter forbids inline styles", Attempt: 2, Rung: events.RungRefine,
 	}
-	base         = events.Base{Task: task, Run: run, At: at, By: "recorder@host:42"}
+	base         = events.Base{Task: task, Run: run, At: at, By: "recorder@host:42", PolicyRev: 3}
 	verification = events.Verification{
 		Verdict: events.VerdictError, Verifier: "http", Detail: "timeout after 5s", FailOpen: true,
 	}
@@ -198,6 +198,8 @@ func TestSchemasRejectBadEvents(t *testing.T) {
 		{events.EventQueued, func(m map[string]any) { obj(m, "run")["dead_ends"] = []any{map[string]any{"approach": "x"}} }, `/run/dead_ends/0: "reason" is required`},
 		{events.EventQueued, func(m map[string]any) { obj(m, "run")["reviewed"] = "yes" }, `/run/reviewed: is string, want boolean`},
 		{events.EventRetry, func(m map[string]any) { m["wake_at"] = "later" }, `/wake_at: "later" is not a date-time`},
+		{events.EventAdmitted, func(m map[string]any) { m["policy_rev"] = "3" }, `/policy_rev: is string, want integer`},
+		{events.EventExecuted, func(m map[string]any) { m["policy_rev"] = 0 }, `/policy_rev: 0 is less than 1`},
 		{events.EventExecuted, func(m map[string]any) { obj(m, "result")["tool_calls"] = -1 }, `/result/tool_calls: -1 is less than 0`},
 		{events.EventStuck, func(m map[string]any) { delete(m, "skips") }, `/: "skips" is required`},
 		{events.EventAction, func(m map[string]any) { m["action"] = "ignore" }, `/action: "ignore" is not one of`},

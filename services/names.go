@@ -14,6 +14,9 @@ const (
 	BucketTasks   = "dispatch_tasks"   // task state by task id
 	BucketTrust   = "dispatch_trust"   // trust stats by task type
 	BucketHistory = "dispatch_history" // outcome history by (type, subject)
+	// BucketPolicy holds the per-type policies under one key, "current"
+	// (package policy), keeping every revision (PolicyRevisions).
+	BucketPolicy = "dispatch_policy"
 
 	// Durable consumer names, one per stage; instances of a stage share it.
 	ConsumerIntake   = "intake"

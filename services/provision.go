@@ -46,8 +46,15 @@ func (c StreamConfig) withDefaults() StreamConfig {
 
 // Stores are the KV buckets the services use; one a process did not bind is nil.
 type Stores struct {
-	Tasks, Trust, History jetstream.KeyValue
+	Tasks, Trust, History, Policy jetstream.KeyValue
 }
+
+// PolicyRevisions is how many revisions of the policy BucketPolicy keeps:
+// every task event names the revision it was decided under, and dispatch
+// rebuild reads it back. KV history stops at 64, so the bucket's stream is
+// made by hand with the KV layout and this per-subject limit; it has no
+// MaxAge (the policy in force must never expire).
+const PolicyRevisions = 100_000
 
 // StreamSubjects are the subjects kept on Stream: every submission (bare
 // dispatch.submit too, so a message there is rejected, not lost), task event
@@ -110,6 +117,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)
 	}
+	if err := provisionPolicyBucket(ctx, js, cfg); err != nil {
+		return nil, err
+	}
 	var st Stores
 	for _, b := range []struct {
 		kv      *jetstream.KeyValue
@@ -130,11 +140,41 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		}
 		*b.kv = kv
 	}
+	if st.Policy, err = js.KeyValue(ctx, BucketPolicy); err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketPolicy, err)
+	}
 	return &st, nil
 }
 
+// provisionPolicyBucket creates or updates BucketPolicy: the stream a KV
+// bucket would have (what nats.go's CreateKeyValue makes, so `nats kv` and
+// js.KeyValue bind it), but keeping PolicyRevisions revisions of each key.
+func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              "KV_" + BucketPolicy,
+		Description:       "dispatchmesh: the per-type policies (key current), every revision kept for dispatch rebuild",
+		Subjects:          []string{"$KV." + BucketPolicy + ".>"},
+		MaxMsgsPerSubject: PolicyRevisions,
+		MaxBytes:          -1,
+		MaxMsgs:           -1,
+		MaxMsgSize:        -1,
+		MaxConsumers:      -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          cfg.Replicas,
+		AllowRollup:       true,
+		DenyDelete:        true,
+		AllowDirect:       true,
+		Duplicates:        2 * time.Minute,
+		Discard:           jetstream.DiscardNew,
+	})
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", BucketPolicy, err)
+	}
+	return nil
+}
+
 // AllBuckets are the KV buckets Provision creates.
-var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory}
+var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory, BucketPolicy}
 
 // OpenStores binds to every bucket, which must exist (admin tools).
 func OpenStores(ctx context.Context, js jetstream.JetStream) (*Stores, error) {
@@ -179,6 +219,8 @@ func (s *Stores) field(bucket string) *jetstream.KeyValue {
 		return &s.Trust
 	case BucketHistory:
 		return &s.History
+	case BucketPolicy:
+		return &s.Policy
 	}
 	return nil
 }

@@ -23,6 +23,9 @@ import (
 
 var stdout io.Writer = os.Stdout
 
+// stderr is where commands write what is not their output (tests replace it).
+var stderr io.Writer = os.Stderr
+
 func clientJS(cfg Config) (jetstream.JetStream, func(), error) {
 	nc, err := cfg.connect("", "client")
 	if err != nil {

@@ -48,7 +48,8 @@ type Config struct {
 	QuotaBody         []string `envconfig:"QUOTA_BODY"`
 	RateLimitBody     []string `envconfig:"RATE_LIMIT_BODY"`
 	ContextLengthBody []string `envconfig:"CONTEXT_LENGTH_BODY"`
-	// PolicyFile holds the per-type policies (JSON); reloaded when it changes.
+	// PolicyFile holds per-type policies (JSON) that `up` and `provision`
+	// seed the policy bucket with when it is empty; services read the bucket.
 	PolicyFile string `envconfig:"POLICY_FILE"`
 
 	// HTTPListen is where `dispatch up` and `dispatch web` serve the review

@@ -7,6 +7,7 @@
 //	dispatch status ID [-o json]
 //	dispatch review list|show|resolve|reject|requeue …
 //	dispatch audit ID [-o json]
+//	dispatch policy set FILE | get [-rev N] | validate FILE
 //	dispatch stats [-type T] [-o json]
 //	dispatch web [-listen ADDR]
 //	dispatch schema [NAME]
@@ -43,7 +44,12 @@ Usage:
   dispatch audit ID [-o json]         a task's whole timeline from the stream, who did what
   dispatch stats [-type T] [-o json]  spend per type: wasted, retry success, loop rate, cost per resolved task
   dispatch web [-listen ADDR]         the review page and JSON API (DISPATCH_HTTP_LISTEN)
-  dispatch rebuild [-apply]           recompute the KV stores from the stream, report differences
+  dispatch rebuild [-apply] [-policy FILE]
+                                      recompute the KV stores from the stream (each event with the policy
+                                      revision it names), report differences
+  dispatch policy set FILE            make FILE (validated, templates inlined) the policy of every service
+  dispatch policy get [-rev N]        print the policy in the bucket dispatch_policy
+  dispatch policy validate FILE       check a policy file without connecting
   dispatch schema [NAME]              print the embedded JSON Schemas
   dispatch bench spend [-tasks N] [-mode once|steady|both] [-runs N] [-o json]
                                       what a mixed workload costs through the mesh vs a naive retry loop
@@ -110,6 +116,8 @@ func run(ctx context.Context, args []string) error {
 		return cmdWeb(ctx, cfg, rest)
 	case "rebuild":
 		return cmdRebuild(ctx, cfg, rest)
+	case "policy":
+		return cmdPolicy(ctx, cfg, rest)
 	}
 	return fmt.Errorf("unknown command %q\n\n%s", cmd, usage)
 }

@@ -17,10 +17,14 @@ import (
 
 // cmdRebuild recomputes the task-state, trust and history stores from the
 // stream and reports where the live stores differ; -apply overwrites them.
+// Each event is recomputed with the policy revision it names, read from
+// the policy bucket's history; when the bucket does not hold one, rebuild
+// says so and stops, unless -policy FILE says what to use instead.
 func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("rebuild", flag.ContinueOnError)
 	apply := fs.Bool("apply", false, "overwrite the live stores with the rebuilt ones")
 	output := outputFlag(fs)
+	fallback := fs.String("policy", "", "a policy file to recompute the events whose policy revision the bucket does not hold (default: refuse)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -29,11 +33,23 @@ func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer closeFn()
-	pol, err := policy.Open(cfg.PolicyFile, cfg.logger())
+	opts := rebuild.Options{}
+	if *fallback != "" {
+		if opts.Fallback, err = policy.LoadInline(*fallback); err != nil {
+			return err
+		}
+	}
+	kv, err := js.KeyValue(ctx, services.BucketPolicy)
 	if err != nil {
+		return fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
+	}
+	if opts.Revisions, err = policy.History(ctx, kv); err != nil {
 		return err
 	}
-	rebuilt, err := rebuild.Replay(ctx, js, rebuild.Options{Policy: pol})
+	rebuilt, err := rebuild.Replay(ctx, js, opts)
+	if errors.Is(err, rebuild.ErrPolicyUnavailable) {
+		return &exitError{1, err}
+	}
 	if err != nil {
 		return err
 	}
@@ -52,15 +68,22 @@ func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 		if skipped == nil {
 			skipped = []rebuild.Skipped{}
 		}
+		fallbacks := rebuilt.Fallbacks
+		if fallbacks == nil {
+			fallbacks = []rebuild.Unavailable{}
+		}
 		if err := enc.Encode(map[string]any{
 			"events": rebuilt.Events, "tasks": len(rebuilt.Tasks), "types": len(rebuilt.Trust),
-			"histories": len(rebuilt.History), "differences": diffs, "skipped": skipped,
+			"histories": len(rebuilt.History), "differences": diffs, "skipped": skipped, "policy_fallbacks": fallbacks,
 		}); err != nil {
 			return err
 		}
 	} else {
 		fmt.Fprintf(stdout, "replayed %d events: %d tasks, %d task types, %d histories\n",
 			rebuilt.Events, len(rebuilt.Tasks), len(rebuilt.Trust), len(rebuilt.History))
+		for _, u := range rebuilt.Fallbacks {
+			fmt.Fprintf(stdout, "  recomputed with %s: %s\n", *fallback, u)
+		}
 		for _, sk := range rebuilt.Skipped {
 			fmt.Fprintln(stdout, "  skipped (undecodable):", sk)
 		}

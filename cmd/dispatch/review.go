@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 
 	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/review"
 )
 
@@ -29,7 +28,8 @@ func reviewClient(cfg Config) (*review.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	pol, err := policy.Open(cfg.PolicyFile, cfg.logger())
+	// The page and `review show` give the thresholds of the policy in force.
+	pol, err := watchPolicy(context.Background(), js, cfg.logger())
 	if err != nil {
 		closeFn()
 		return nil, nil, err

@@ -41,9 +41,9 @@ func newCLI(t *testing.T, m *reviewtest.Mesh) *cli {
 func (c *cli) run(args ...string) (string, error) {
 	c.t.Helper()
 	var buf bytes.Buffer
-	old := stdout
-	stdout = &buf
-	defer func() { stdout = old }()
+	old, oldErr := stdout, stderr
+	stdout, stderr = &buf, io.Discard
+	defer func() { stdout, stderr = old, oldErr }()
 	err := run(context.Background(), args)
 	return buf.String(), err
 }

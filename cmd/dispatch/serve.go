@@ -11,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -22,6 +24,7 @@ import (
 	"dispatchmesh/internal/dirlock"
 	"dispatchmesh/internal/health"
 	"dispatchmesh/internal/mesh"
+	"dispatchmesh/internal/natsperm"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/web"
 	"dispatchmesh/services"
@@ -69,6 +72,12 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		ns.WaitForShutdown()
 	}()
 	url := ns.ClientURL()
+	// The stream and buckets exist, and the policy bucket holds a policy,
+	// before any service starts.
+	policyLine, err := provision(ctx, cfg, url, "dispatch-up", log)
+	if err != nil {
+		return err
+	}
 	// When the mesh stops (or fails to start) the page stops too.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -91,22 +100,24 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	if err := waitAPI(ctx, url, served); err != nil {
 		return err
 	}
-	fmt.Printf("dispatchmesh %s is up\n", version)
-	fmt.Printf("  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
-	fmt.Printf("  data dir: %s\n", dataDir)
-	fmt.Printf("  model:    %s\n", modelLabel(cfg))
-	if cfg.PolicyFile != "" {
-		fmt.Printf("  policy:   %s (reloaded on change)\n", cfg.PolicyFile)
-	}
+	// One write: whoever reads "is up" reads the whole banner.
+	var banner strings.Builder
+	fmt.Fprintf(&banner, "dispatchmesh %s is up\n", version)
+	fmt.Fprintf(&banner, "  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
+	fmt.Fprintf(&banner, "  data dir: %s\n", dataDir)
+	fmt.Fprintf(&banner, "  model:    %s\n", modelLabel(cfg))
+	fmt.Fprintf(&banner, "  policy:   %s\n", policyLine)
+	fmt.Fprintf(&banner, "            change it: dispatch policy set FILE (or nats kv put %s %s); every service applies it at once\n", services.BucketPolicy, policy.Key)
 	if cfg.MetricsListen != "" {
-		fmt.Printf("  metrics:  http://%s/metrics  (health: /healthz, /readyz)\n", cfg.MetricsListen)
+		fmt.Fprintf(&banner, "  metrics:  http://%s/metrics  (health: /healthz, /readyz)\n", cfg.MetricsListen)
 	}
 	if webLn != nil {
-		fmt.Printf("  review:   %s\n", webURL(webLn, cfg.HTTPToken))
+		fmt.Fprintf(&banner, "  review:   %s\n", webURL(webLn, cfg.HTTPToken))
 	}
-	fmt.Printf("  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
-	fmt.Printf("            dispatch submit -type css_fix -subject src/app.css -wait\n")
-	fmt.Printf("  wait:     nats req dispatch.api.wait '{\"id\":\"ID\",\"timeout\":\"60s\"}' --timeout 65s\n")
+	fmt.Fprintf(&banner, "  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
+	fmt.Fprintf(&banner, "            dispatch submit -type css_fix -subject src/app.css -wait\n")
+	fmt.Fprintf(&banner, "  wait:     nats req dispatch.api.wait '{\"id\":\"ID\",\"timeout\":\"60s\"}' --timeout 65s\n")
+	fmt.Print(banner.String())
 	return <-served
 }
 
@@ -213,20 +224,24 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 	nc.SetErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 		log.Error("nats error", "err", err)
 	})
-	pol, err := policy.Open(cfg.PolicyFile, log)
-	if err != nil {
-		return err
+	provisioning := connName == "dispatch-up" || cfg.Provision // `up` owns its embedded server
+	switch {
+	case provisioning && connName != "dispatch-up": // `up` provisioned already
+		if _, err := provision(ctx, cfg, url, connName, log); err != nil {
+			return err
+		}
+	case !provisioning && cfg.PolicyFile != "":
+		log.Warn("DISPATCH_POLICY_FILE is ignored: services read the policy from the bucket; change it with dispatch policy set FILE",
+			"file", cfg.PolicyFile, "bucket", services.BucketPolicy)
 	}
-	go pol.Watch(ctx.Done(), 2*time.Second)
 
 	prices, _ := parsePrices(cfg.Prices)
 	table := map[string]executor.Price{}
 	for m, p := range prices {
 		table[m] = executor.Price{InputPerMTok: p.In, OutputPerMTok: p.Out}
 	}
-	var model executor.Model
+	var model executor.Model // nil: the simulated model, rates from the policy in the bucket
 	if cfg.OpenAIAPIKey == "" {
-		model = executor.Simulated{Rate: executor.RateFromPolicy(pol)}
 		if contains(names, mesh.Executor) {
 			log.Warn("no DISPATCH_OPENAI_API_KEY: the executor uses the SIMULATED model; answers are made up")
 		}
@@ -249,8 +264,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 	}
 	classes, _ := parseErrorClasses(cfg.ErrorClasses) // validated with the config
 	err = mesh.Run(ctx, mesh.Options{
-		NC: nc, Services: names, Policy: pol, Model: model, DefaultModel: cfg.Model, Prices: table,
-		Provision: connName == "dispatch-up" || cfg.Provision, // `up` owns its embedded server
+		NC: nc, Services: names, Model: model, DefaultModel: cfg.Model, Prices: table, // Policy: from the bucket
+		Provision: provisioning,
 		Stream:    cfg.streamConfig(),
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
@@ -312,15 +327,32 @@ func cmdProvision(ctx context.Context, cfg Config, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	js, closeFn, err := clientJS(cfg)
+	line, err := provision(ctx, cfg, "", "client", cfg.logger())
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	if _, err := services.Provision(ctx, js, cfg.streamConfig()); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, buckets %s %s %s\n", services.Stream, cfg.MaxAge,
-		cfg.Replicas, services.AdvisoryStream, services.BucketTasks, services.BucketTrust, services.BucketHistory)
+	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, buckets %s %s %s %s\n", services.Stream, cfg.MaxAge,
+		cfg.Replicas, services.AdvisoryStream, services.BucketTasks, services.BucketTrust, services.BucketHistory, services.BucketPolicy)
+	fmt.Fprintf(stdout, "policy: %s\n", line)
 	return nil
+}
+
+// provision creates or updates the stream and buckets on its own
+// connection and seeds the policy bucket (seedPolicy); it returns which
+// policy revision is in force.
+func provision(ctx context.Context, cfg Config, url, connName string, log *slog.Logger) (string, error) {
+	nc, err := cfg.connect(url, connName)
+	if err != nil {
+		return "", err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return "", err
+	}
+	st, err := services.Provision(ctx, js, cfg.streamConfig())
+	if err != nil {
+		return "", natsperm.Explain(nc, err)
+	}
+	return seedPolicy(ctx, cfg, st.Policy, log)
 }

@@ -18,7 +18,6 @@ import (
 
 	"dispatchmesh/internal/health"
 	"dispatchmesh/internal/natsperm"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/internal/web"
 	"dispatchmesh/services"
@@ -84,11 +83,10 @@ func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	pol, err := policy.Open(cfg.PolicyFile, log)
+	pol, err := watchPolicy(ctx, js, log) // the page shows the thresholds the gate uses
 	if err != nil {
 		return nil, err
 	}
-	go pol.Watch(ctx.Done(), 2*time.Second) // the page shows the thresholds the gate uses
 	rc, err := review.New(review.Config{JS: js, Policy: pol, Log: log})
 	if err != nil {
 		return nil, err

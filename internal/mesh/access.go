@@ -27,14 +27,18 @@ func (a Access) All() []string { return slices.Concat(a.Writes, a.Reads) }
 // compares them: a bucket in Writes needs $KV.<bucket>.>, one in Reads must
 // not have it). A service that asks build for a store not listed here fails
 // to start.
+//
+// Every service that decides with the policy reads (watches) the policy
+// bucket; none writes it: only an admin changes the policy (dispatch policy
+// set, nats kv put).
 var Buckets = map[string]Access{
-	Intake:   {Writes: []string{services.BucketTasks}}, // the submit/status API too
-	Verifier: {Writes: []string{services.BucketTasks}},
-	Gate:     {Writes: []string{services.BucketTrust, services.BucketTasks}},
-	Prompt:   {Reads: []string{services.BucketHistory}},
-	Executor: {Writes: []string{services.BucketTasks}},
-	Recorder: {Writes: []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}},
-	Reaper:   {}, // reads DISPATCH messages, no bucket
+	Intake:   {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}}, // the submit/status API too
+	Verifier: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
+	Gate:     {Writes: []string{services.BucketTrust, services.BucketTasks}, Reads: []string{services.BucketPolicy}},
+	Prompt:   {Reads: []string{services.BucketHistory, services.BucketPolicy}},
+	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
+	Recorder: {Writes: []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}, Reads: []string{services.BucketPolicy}},
+	Reaper:   {}, // reads DISPATCH messages, no bucket, no policy
 }
 
 // bucketsOf is every bucket the named services use, each once.
@@ -97,4 +101,10 @@ func (s *storesOf) history() *history.Store {
 		return nil
 	}
 	return history.NewStore(s.kv.History, 0)
+}
+
+// usesPolicy reports whether a service decides with the policy (reads the
+// policy bucket).
+func usesPolicy(service string) bool {
+	return slices.Contains(Buckets[service].Reads, services.BucketPolicy)
 }

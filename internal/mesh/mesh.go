@@ -65,7 +65,8 @@ type Options struct {
 	Provision bool
 	// Stream sizes what is provisioned.
 	Stream services.StreamConfig
-	// Policy holds per-type policies. Default: built-in defaults.
+	// Policy holds per-type policies. Default: the policy in the bucket
+	// dispatch_policy, followed with a KV watcher (policy.Watch).
 	Policy *policy.Source
 	// Model answers prompts. Default: the simulated model, rates from Policy.
 	Model executor.Model
@@ -126,9 +127,6 @@ func Run(ctx context.Context, o Options) error {
 		host, _ := os.Hostname()
 		o.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	if o.Model == nil {
-		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
-	}
 	if o.Version == "" {
 		o.Version = "0.1.0"
 	}
@@ -149,6 +147,15 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if err != nil {
 		return startError(o.NC, err)
+	}
+	if o.Policy == nil && stores.Policy != nil && slices.ContainsFunc(o.Services, usesPolicy) {
+		if o.Policy, err = policy.Watch(ctx, stores.Policy, o.Log); err != nil {
+			return startError(o.NC, err)
+		}
+		o.Log.Info("policy from the bucket", "bucket", services.BucketPolicy, "rev", o.Policy.Rev())
+	}
+	if o.Model == nil {
+		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
 	}
 	specs, err := o.build(stores)
 	if err != nil {

@@ -82,20 +82,31 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 }
 
-func TestSourceReload(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "policy.json")
-	if err := os.WriteFile(path, []byte(`{"types": {"a": {"model": "m1"}}}`), 0o600); err != nil {
+func TestLoadInlineReadsTemplateFiles(t *testing.T) {
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "css.tmpl")
+	if err := os.WriteFile(tmpl, []byte("Fix {{.Task.Subject}}"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	src, err := policy.Open(path, nil)
+	path := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(path, []byte(`{"types": {"a": {"model": "m1", "template_file": "`+tmpl+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := policy.LoadInline(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if src.For("a").Model != "m1" {
-		t.Fatal("not loaded")
+	if a := f.Types["a"]; a.Template != "Fix {{.Task.Subject}}" || a.TemplateFile != "" || a.Model != "m1" {
+		t.Fatalf("not inlined: %+v", a)
 	}
-	if _, err := policy.Open(filepath.Join(t.TempDir(), "missing.json"), nil); !errors.Is(err, os.ErrNotExist) {
+	if _, err := policy.LoadInline(filepath.Join(dir, "missing.json")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
+	}
+	if err := os.WriteFile(path, []byte(`{"types": {"a": {"template_file": "`+filepath.Join(dir, "gone.tmpl")+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.LoadInline(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing template file: %v", err)
 	}
 }
 

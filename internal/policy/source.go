@@ -1,86 +1,105 @@
 package policy
 
 import (
+	"context"
 	"log/slog"
-	"os"
+	"sync"
 	"sync/atomic"
-	"time"
 )
 
-// Source hands out the current policy file and reloads it when the file
-// changes on disk. The zero value (and a nil *Source) serves built-in defaults.
-type Source struct {
-	path    string
-	current atomic.Pointer[File]
-	modTime time.Time
-	log     *slog.Logger
-}
-
-// Static serves a fixed policy (tests, embedding).
-func Static(f *File) *Source {
-	s := &Source{}
-	s.current.Store(f)
-	return s
-}
-
-// Open loads path ("" means built-in defaults).
-func Open(path string, log *slog.Logger) (*Source, error) {
-	s := &Source{path: path, log: log}
-	if path == "" {
-		return s, nil
-	}
-	f, err := Load(path)
-	if err != nil {
-		return nil, err
-	}
-	if st, err := os.Stat(path); err == nil {
-		s.modTime = st.ModTime()
-	}
-	s.current.Store(f)
-	return s, nil
+// Snapshot is one policy and the revision of the bucket it came from
+// (0: none — built-in defaults, or a fixed policy).
+type Snapshot struct {
+	File *File
+	Rev  uint64
 }
 
 // For returns the merged policy of a task type.
-func (s *Source) For(taskType string) Type {
-	if s == nil {
+func (p *Snapshot) For(taskType string) Type {
+	if p == nil {
 		return (*File)(nil).For(taskType)
 	}
-	return s.current.Load().For(taskType)
+	return p.File.For(taskType)
 }
 
-// File returns the current policy file (nil means defaults).
-func (s *Source) File() *File {
+// Source hands out the policy in force. Watch serves the one in the KV
+// bucket and follows its changes; Static a fixed one. The zero value (and a
+// nil *Source) serves built-in defaults.
+type Source struct {
+	current atomic.Pointer[Snapshot]
+	log     *slog.Logger
+
+	mu sync.Mutex
+	// seen is the newest revision handled, applied or refused; changed is
+	// closed when it grows.
+	seen    uint64
+	changed chan struct{}
+}
+
+// Static serves a fixed policy (tests, embedding) under revision 0.
+func Static(f *File) *Source {
+	s := &Source{}
+	s.current.Store(&Snapshot{File: f})
+	return s
+}
+
+// Snapshot returns the policy in force and its revision, together: a
+// service decides with its File and names its Rev on the events it
+// publishes.
+func (s *Source) Snapshot() *Snapshot {
 	if s == nil {
-		return nil
+		return &Snapshot{}
 	}
-	return s.current.Load()
+	if p := s.current.Load(); p != nil {
+		return p
+	}
+	return &Snapshot{}
 }
 
-// Watch reloads the file every interval until done is closed. A file that no
-// longer parses is reported and the previous policy stays in force.
-func (s *Source) Watch(done <-chan struct{}, interval time.Duration) {
-	if s == nil || s.path == "" {
-		return
+// For returns the merged policy of a task type.
+func (s *Source) For(taskType string) Type { return s.Snapshot().For(taskType) }
+
+// File returns the policy in force (nil means built-in defaults).
+func (s *Source) File() *File { return s.Snapshot().File }
+
+// Rev is the revision of the policy in force.
+func (s *Source) Rev() uint64 { return s.Snapshot().Rev }
+
+// store puts p in force (nil: keep the one in force) and records that
+// revision seen was handled.
+func (s *Source) store(p *Snapshot, seen uint64) {
+	if p != nil {
+		s.current.Store(p)
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seen > s.seen {
+		s.seen = seen
+		if s.changed != nil {
+			close(s.changed)
+			s.changed = nil
+		}
+	}
+}
+
+// Seen waits until the source has handled revision rev of the bucket —
+// applied it, or refused it and kept the policy in force — or ctx ends.
+func (s *Source) Seen(ctx context.Context, rev uint64) error {
 	for {
+		s.mu.Lock()
+		if s.seen >= rev {
+			s.mu.Unlock()
+			return nil
+		}
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
+		ch := s.changed
+		s.mu.Unlock()
 		select {
-		case <-done:
-			return
-		case <-t.C:
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		st, err := os.Stat(s.path)
-		if err != nil || !st.ModTime().After(s.modTime) {
-			continue
-		}
-		s.modTime = st.ModTime()
-		f, err := Load(s.path)
-		if err != nil {
-			s.log.Error("policy reload failed; keeping the previous policy", "err", err)
-			continue
-		}
-		s.current.Store(f)
-		s.log.Info("policy reloaded", "file", s.path)
 	}
 }

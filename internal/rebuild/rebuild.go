@@ -8,6 +8,7 @@ package rebuild
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -42,7 +43,43 @@ type Stores struct {
 	// out, the rest of the stream replayed. The mesh could not decode them
 	// either (their service dead-lettered them), so it never applied them.
 	Skipped []Skipped
+	// Fallbacks are the policy revisions events named that the bucket does
+	// not hold, recomputed with Options.Fallback instead.
+	Fallbacks []Unavailable
 }
+
+// Unavailable is a policy revision events were decided under that the
+// policy bucket does not hold.
+type Unavailable struct {
+	// Rev is the revision the events name; 0: they name none (recorded
+	// before the policy lived in the bucket).
+	Rev    uint64 `json:"rev"`
+	Events int    `json:"events"`
+	Error  string `json:"error"`
+}
+
+func (u Unavailable) String() string {
+	return fmt.Sprintf("policy revision %d, named by %d events: %s", u.Rev, u.Events, u.Error)
+}
+
+// ErrPolicyUnavailable: events name policy revisions the bucket does not
+// hold, and no fallback was given; a replay never guesses a policy.
+var ErrPolicyUnavailable = errors.New("rebuild: the policy some events were decided under is not available")
+
+// UnavailableError lists them.
+type UnavailableError struct{ Revisions []Unavailable }
+
+func (e *UnavailableError) Error() string {
+	var b strings.Builder
+	b.WriteString(ErrPolicyUnavailable.Error())
+	for _, u := range e.Revisions {
+		b.WriteString("\n  " + u.String())
+	}
+	b.WriteString("\n(recompute them with a policy of your choice: dispatch rebuild -policy FILE)")
+	return b.String()
+}
+
+func (e *UnavailableError) Unwrap() error { return ErrPolicyUnavailable }
 
 // Skipped is one stream message a replay could not decode.
 type Skipped struct {
@@ -57,7 +94,18 @@ func (s Skipped) String() string {
 
 // Options of a replay.
 type Options struct {
-	// Policy must be the policy the mesh ran with (max_retries, pipelines).
+	// Revisions are the policy's revisions in its bucket (policy.History):
+	// each event is recomputed with the revision it names
+	// (events.Base.PolicyRev) — the recorder's decision on an attempt with
+	// the revision of the recorder's own event. An event whose revision is
+	// not there makes Replay fail with an *UnavailableError, unless
+	// Fallback is set.
+	Revisions *policy.Revisions
+	// Fallback recomputes the events whose revision Revisions does not
+	// hold; they are listed in Stores.Fallbacks. Default: none, refuse.
+	Fallback *policy.File
+	// Policy, when set, is used for every event whatever revision it names:
+	// a mesh that ran with a fixed policy (policy.Static: tests, embedding).
 	Policy *policy.Source
 	// Scoring must match the mesh's trust scoring.
 	Scoring trust.Policy
@@ -72,7 +120,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	if o.HistoryLimit <= 0 {
 		o.HistoryLimit = history.DefaultLimit
 	}
-	r := &replayer{o: o, requeues: map[string]events.Action{}, out: &Stores{
+	if o.Policy == nil && o.Revisions == nil {
+		return nil, errors.New("rebuild: no policy: set Options.Revisions (or Options.Policy)")
+	}
+	r := &replayer{o: o, requeues: map[string]events.Action{}, missing: map[uint64]*Unavailable{}, decidedBy: map[passKey]uint64{}, out: &Stores{
 		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
 		Spend: map[[2]string]trust.DaySpend{},
 	}}
@@ -89,6 +140,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	if err != nil {
 		return nil, err
 	}
+	var all []stored
 	for pending := info.NumPending; pending > 0; {
 		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
@@ -101,9 +153,8 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 			if err != nil {
 				return nil, err
 			}
-			if err := r.apply(msg.Subject(), msg.Data(), md.Timestamp.UTC()); err != nil {
-				r.out.Skipped = append(r.out.Skipped, Skipped{Subject: msg.Subject(), Seq: md.Sequence.Stream, Error: err.Error()})
-			}
+			all = append(all, stored{subject: msg.Subject(), data: msg.Data(), at: md.Timestamp.UTC(), seq: md.Sequence.Stream,
+				msgID: msg.Headers().Get(jetstream.MsgIDHeader)})
 		}
 		if err := batch.Error(); err != nil {
 			return nil, err
@@ -114,12 +165,105 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		pending -= uint64(n)
 		r.out.Events += n
 	}
+	for _, m := range all {
+		r.recorderDecision(m)
+	}
+	for _, m := range all {
+		if err := r.apply(m.subject, m.data, m.at); err != nil {
+			r.out.Skipped = append(r.out.Skipped, Skipped{Subject: m.subject, Seq: m.seq, Error: err.Error()})
+		}
+	}
+	if len(r.missing) > 0 {
+		var list []Unavailable
+		for _, rev := range slices.Sorted(maps.Keys(r.missing)) {
+			list = append(list, *r.missing[rev])
+		}
+		if o.Fallback == nil {
+			return nil, &UnavailableError{Revisions: list}
+		}
+		r.out.Fallbacks = list
+	}
 	return r.out, nil
+}
+
+// stored is one stream message.
+type stored struct {
+	subject, msgID string
+	data           []byte
+	at             time.Time
+	seq            uint64
+}
+
+// passKey names one pass of one task.
+type passKey struct {
+	task string
+	pass int
+}
+
+// recorderDecision notes the policy revision the recorder decided an
+// attempt under: the one its event on that attempt names (succeeded, a
+// retry it sent, escalated or stuck), which may be newer than the
+// attempt's own executed event if the policy changed in between.
+func (r *replayer) recorderDecision(m stored) {
+	var b struct{ events.Base }
+	pass := 0
+	if reason, _, ok := events.ParseReviewSubject(m.subject); ok {
+		var ev struct {
+			events.Base
+			Cause events.Cause `json:"cause"`
+		}
+		if (reason != events.ReviewEscalated && reason != events.ReviewStuck) || json.Unmarshal(m.data, &ev) != nil ||
+			ev.Cause == events.CauseRungRate { // the gate's handoff
+			return
+		}
+		b.Base, pass = ev.Base, ev.Run.Pass
+	} else if _, stage, ok := events.ParseTaskSubject(m.subject); ok {
+		if (stage != events.StageSucceeded && stage != events.StageRetry) || json.Unmarshal(m.data, &b) != nil {
+			return
+		}
+		pass = b.Run.Pass
+		if stage == events.StageRetry {
+			// The recorder's retry opens the next pass under its own
+			// Msg-Id; a human's requeue has another.
+			if m.msgID != services.MsgID(b.Task.ID, b.Run.Pass, events.StageRetry) {
+				return
+			}
+			pass--
+		}
+	} else {
+		return
+	}
+	if _, seen := r.decidedBy[passKey{b.Task.ID, pass}]; !seen { // the first: a republish is deduplicated or the same
+		r.decidedBy[passKey{b.Task.ID, pass}] = b.PolicyRev
+	}
+}
+
+// policyFor is the policy of a task type under revision rev; an
+// unavailable revision is counted (and recomputed with the fallback).
+func (r *replayer) policyFor(rev uint64, taskType string) policy.Type {
+	if r.o.Policy != nil {
+		return r.o.Policy.For(taskType)
+	}
+	f, err := r.o.Revisions.At(rev)
+	if err != nil {
+		u := r.missing[rev]
+		if u == nil {
+			u = &Unavailable{Rev: rev, Error: err.Error()}
+			r.missing[rev] = u
+		}
+		u.Events++
+		return r.o.Fallback.For(taskType)
+	}
+	return f.For(taskType)
 }
 
 type replayer struct {
 	o   Options
 	out *Stores
+	// missing are the policy revisions the bucket does not hold.
+	missing map[uint64]*Unavailable
+	// decidedBy is the policy revision the recorder decided each pass under.
+	decidedBy map[passKey]uint64
 	// requeues waits for the retry a requeue publishes after its action
 	// record: a requeue whose retry never made it was undone (void).
 	requeues map[string]events.Action
@@ -273,7 +417,7 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 		below = true
 	case events.CauseTrusted:
 	case events.CauseUnproven:
-		scoring := r.o.Policy.For(b.Task.Type).Scoring(r.o.Scoring)
+		scoring := r.policyFor(b.PolicyRev, b.Task.Type).Scoring(r.o.Scoring)
 		*s, _, _ = scoring.AdmitCanary(*s, b.Task.ID, b.At)
 		return
 	case "": // recorded before gate causes existed: read the decision as it was then
@@ -318,7 +462,11 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	if st.Pass > b.Run.Pass {
 		return
 	}
-	pol := r.o.Policy.For(t.Type)
+	rev, ok := r.decidedBy[passKey{t.ID, b.Run.Pass}]
+	if !ok {
+		rev = b.PolicyRev // not decided yet (or its event is lost): the executor's
+	}
+	pol := r.policyFor(rev, t.Type)
 	res = recorder.Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
 	hk := history.Key(t.Type, t.Subject)

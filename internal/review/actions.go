@@ -292,7 +292,7 @@ func (c *Client) publishRetry(ctx context.Context, st events.TaskState, task eve
 			Pass: st.Pass, Attempt: st.Attempts + 1, Rung: events.RungRefine, Step: st.Step,
 			Context: st.LastError, Note: a.Note, Reviewed: true, DeadEnds: st.DeadEnds,
 		},
-		At: a.At, By: a.By,
+		At: a.At, By: a.By, PolicyRev: c.cfg.Policy.Rev(),
 	}
 	ev := events.Retry{Base: b, Reason: RequeueReason(a)}
 	return c.publish(ctx, events.TaskSubject(st.ID, events.StageRetry), RequeueMsgID(st.ID, st.Pass, salt), events.EventRetry, a, ev)

@@ -67,13 +67,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if !events.ValidID(in.Task.ID) {
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("prompted event has an invalid task id %q", in.Task.ID))
 	}
-	pol := s.cfg.Policy.For(in.Task.Type)
+	snap := s.cfg.Policy.Snapshot()
+	pol := snap.For(in.Task.Type)
 	step, isStep := commandStep(pol, in.Run.Step)
 	if !isStep && len(in.Prompt.Messages) == 0 {
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("prompted event of task %s has no messages", in.Task.ID))
 	}
 	base := in.Base
-	base.By = s.cfg.Instance
+	base.By, base.PolicyRev = s.cfg.Instance, snap.Rev
 	base.At = s.cfg.Now()
 	f, skip, err := s.ledger.begin(ctx, base)
 	if err != nil || skip {

@@ -111,10 +111,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 	b := ev.Base
-	b.At, b.By = s.cfg.Now().UTC(), s.cfg.Instance
+	snap := s.cfg.Policy.Snapshot()
+	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
 
-	pol := s.cfg.Policy.For(t.Type)
+	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	scoring.Exempt = []string{} // the policy says which types are exempt
 	stats, err := s.cfg.Trust.Get(ctx, t.Type)

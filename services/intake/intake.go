@@ -62,7 +62,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, services.DeadKey(events.ReviewRejected, sub.ID, err) // "" when no id can be read: seq-N
 	}
 	task := sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time)
-	run := s.firstRun(task)
+	pol := s.cfg.Policy.Snapshot()
+	run := firstRun(task, pol)
 	st := services.NewState(task)
 	st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
 	created, existing, err := s.cfg.Tasks.Create(ctx, st)
@@ -81,7 +82,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		s.log.Info("duplicate submission ignored", "task", task.ID, "seq", m.Seq)
 		return nil, nil
 	}
-	b := events.Base{Task: task, Run: run, At: time.Now().UTC(), By: s.cfg.Instance}
+	b := events.Base{Task: task, Run: run, At: time.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
 	out, err := services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
 	if err != nil {
 		return nil, err
@@ -92,8 +93,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 // firstRun is the run context of a new task's first attempt: REFINE, or a
 // pipeline's first step. (A subject that keeps failing starts on PIVOT: the
 // prompt builder decides that, from the history it reads anyway.)
-func (s *Service) firstRun(t events.Task) events.Run {
-	steps := s.cfg.Policy.For(t.Type).Steps
+func firstRun(t events.Task, pol *policy.Snapshot) events.Run {
+	steps := pol.For(t.Type).Steps
 	run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: ladder.FirstStep(steps)}
 	if len(steps) > 0 {
 		run.Rung = ""

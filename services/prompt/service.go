@@ -97,7 +97,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 	t := in.Task
-	pol := s.cfg.Policy.For(t.Type)
+	snap := s.cfg.Policy.Snapshot()
+	pol := snap.For(t.Type)
 	tmpl, err := s.templates.get(pol.Template)
 	if err != nil {
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
@@ -131,7 +132,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		model = s.cfg.DefaultModel
 	}
 	base := in.Base
-	base.At, base.By = s.cfg.Now().UTC(), s.cfg.Instance
+	base.At, base.By, base.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	out, err := services.Next(base, events.StagePrompted, events.EventPrompted, events.Prompted{
 		Base:   base,
 		Prompt: events.Prompt{Model: model, Messages: msgs},

@@ -101,7 +101,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if m.Time.IsZero() {
 		now = s.cfg.Now().UTC()
 	}
-	pol := s.cfg.Policy.For(t.Type)
+	snap := s.cfg.Policy.Snapshot()
+	pol := snap.For(t.Type)
 
 	// State first: the PIVOT rule needs the dead ends, and the stored
 	// record makes a redelivery see the same judgement.
@@ -174,7 +175,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil
 	}
 
-	b.At, b.By = now, s.cfg.Instance
+	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
 	var out services.Out
 	switch st.Decision {
 	case events.DecisionSucceeded:

@@ -134,8 +134,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		// A parked task: hold it (a delayed nak) until it is due.
 		return nil, services.Snooze(wait, fmt.Errorf("task %s parked until %s", b.Task.ID, in.WakeAt.Format(time.RFC3339)))
 	}
-	b.At, b.By = now, s.instance
-	pv := *s.policy.For(b.Task.Type).Verifier
+	pol := s.policy.Snapshot()
+	b.At, b.By, b.PolicyRev = now, s.instance, pol.Rev
+	pv := *pol.For(b.Task.Type).Verifier
 	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
 

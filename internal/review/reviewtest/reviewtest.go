@@ -44,6 +44,7 @@ type Mesh struct {
 	Model  *openaitest.Server
 	Review *review.Client
 	Tasks  *services.TaskStore
+	// Policy follows the policy bucket, where Start puts Options.Policy.
 	Policy *policy.Source
 }
 
@@ -51,9 +52,21 @@ type Mesh struct {
 // answering with script; everything stops at cleanup.
 func Start(t testing.TB, script openaitest.Script, o Options) *Mesh {
 	t.Helper()
-	m := &Mesh{t: t, Srv: natstest.Start(t), Model: openaitest.New(t, script), Policy: policy.Static(o.Policy)}
+	m := &Mesh{t: t, Srv: natstest.Start(t), Model: openaitest.New(t, script)}
 	nc, _ := m.Srv.Connect(t)
 	ctx, cancel := context.WithCancel(context.Background())
+	// The policy lives in its bucket, as in production: every event names
+	// its revision, and dispatch rebuild reads it back from there.
+	stores, err := services.Provision(ctx, m.Srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.Put(ctx, stores.Policy, o.Policy); err != nil {
+		t.Fatal(err)
+	}
+	if m.Policy, err = policy.Watch(ctx, stores.Policy, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
 		done <- mesh.Run(ctx, mesh.Options{

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/internal/openaitest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/review/reviewtest"
+	"dispatchmesh/services"
+)
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// dispatch policy validate, set and get against a running mesh: an invalid
+// file is refused and nothing changes; a valid one (its template file
+// inlined) is in force in the services at once; get prints what the bucket
+// holds and says when its newest revision is one no service runs; rebuild
+// recomputes from the bucket's revisions without any file.
+func TestPolicyCommands(t *testing.T) {
+	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Success("fixed")}
+	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
+	c := newCLI(t, m)
+	ctx := context.Background()
+	kv, err := m.Srv.JS.KeyValue(ctx, services.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest := func() uint64 {
+		t.Helper()
+		e, err := kv.Get(ctx, policy.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Revision()
+	}
+	before := newest()
+
+	dir := t.TempDir()
+	tmpl := writeFile(t, dir, "css.tmpl", "Fix {{.Task.Subject}} by the book")
+	good := writeFile(t, dir, "good.json", `{"types": {"css_fix": {"model": "second", "template_file": "`+tmpl+`"}}}`)
+	bad := writeFile(t, dir, "bad.json", `{"types": {"css_fix": {"max_retries": -1, "threshold": 3}}}`)
+	missingTmpl := writeFile(t, dir, "missing.json", `{"types": {"css_fix": {"template_file": "`+filepath.Join(dir, "gone.tmpl")+`"}}}`)
+
+	if out := c.ok("policy", "validate", good); !strings.Contains(out, "valid (1 types: css_fix)") {
+		t.Fatalf("validate of a good file: %s", out)
+	}
+	for _, cmd := range []string{"validate", "set"} {
+		_, err := c.run("policy", cmd, bad)
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != 1 {
+			t.Fatalf("policy %s of a bad file: %v", cmd, err)
+		}
+		for _, want := range []string{"invalid policy, nothing changed", "max_retries must not be negative", "threshold must be within [0, 1]"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("policy %s: error lacks %q: %v", cmd, want, err)
+			}
+		}
+		if _, err := c.run("policy", cmd, missingTmpl); err == nil || !strings.Contains(err.Error(), "gone.tmpl") {
+			t.Errorf("policy %s of a file naming a missing template: %v", cmd, err)
+		}
+	}
+	if _, err := c.run("policy", "set"); err == nil || !strings.Contains(err.Error(), "one policy file is required") {
+		t.Errorf("policy set without a file: %v", err)
+	}
+	if got := newest(); got != before {
+		t.Fatalf("a refused set wrote revision %d (was %d)", got, before)
+	}
+
+	out := c.ok("policy", "set", good)
+	rev := newest()
+	if rev == before || !strings.Contains(out, "policy revision ") || !strings.Contains(out, "in force") {
+		t.Fatalf("set: revision %d (was %d): %s", rev, before, out)
+	}
+	seenCtx, cancel := context.WithTimeout(ctx, reviewtest.Patience)
+	defer cancel()
+	if err := m.Policy.Seen(seenCtx, rev); err != nil {
+		t.Fatal(err)
+	}
+	if p := m.Policy.For("css_fix"); p.Model != "second" || p.Template != "Fix {{.Task.Subject}} by the book" || p.TemplateFile != "" {
+		t.Fatalf("in force after set: %+v", p)
+	}
+
+	got := c.ok("policy", "get")
+	if !strings.Contains(got, `"model": "second"`) || !strings.Contains(got, "by the book") || strings.Contains(got, "template_file") {
+		t.Fatalf("get: the template is not inline:\n%s", got)
+	}
+	if old := c.ok("policy", "get", "-rev", strconv.FormatUint(before, 10)); !strings.Contains(old, `"model": "first"`) {
+		t.Fatalf("get -rev %d:\n%s", before, old)
+	}
+
+	// A task under the new revision, then a rebuild with no policy file.
+	m.Submit(events.Submit{ID: "p-1", Type: "css_fix", Subject: "a.css"})
+	m.WaitStage("p-1", events.StageSucceeded, 1)
+	if out := c.ok("rebuild"); !strings.Contains(out, "the live stores agree with the stream") {
+		t.Fatalf("rebuild: %s", out)
+	}
+
+	// Behind our back: `nats kv put` of something that is not a policy.
+	badRev, err := kv.Put(ctx, policy.Key, []byte(`{"types": {"css_fix": {"model": 42}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Policy.Seen(seenCtx, badRev); err != nil {
+		t.Fatal(err)
+	}
+	if m.Policy.Rev() != rev || m.Policy.For("css_fix").Model != "second" {
+		t.Fatalf("the bad put was taken: rev %d, %+v", m.Policy.Rev(), m.Policy.For("css_fix"))
+	}
+	_, err = c.run("policy", "get")
+	if err == nil || !strings.Contains(err.Error(), "does not decode, so no service runs it") {
+		t.Fatalf("get of a bad revision: %v", err)
+	}
+
+	// An event decided under a revision the bucket does not hold (another
+	// mesh's, or purged): rebuild says so instead of guessing a policy.
+	ghost, err := json.Marshal(events.Admitted{Base: events.Base{
+		Task: events.Task{ID: "ghost-1", Type: "css_fix", Subject: "g.css"}, Run: events.Run{Pass: 1, Attempt: 1},
+		At: time.Now().UTC(), By: "gate@elsewhere", PolicyRev: 999,
+	}, Trust: events.TrustDecision{Cause: events.CauseUnproven}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Srv.JS.Publish(ctx, events.TaskSubject("ghost-1", events.StageAdmitted), ghost); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.run("rebuild")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(err.Error(), "policy revision 999, named by 1 events") ||
+		!strings.Contains(err.Error(), "holds no revision 999") {
+		t.Fatalf("rebuild with an unavailable revision: %v", err)
+	}
+	out, _ = c.run("rebuild", "-policy", good)
+	if !strings.Contains(out, "recomputed with "+good+": policy revision 999, named by 1 events") {
+		t.Fatalf("rebuild -policy:\n%s", out)
+	}
+}
+
+// dispatch up seeds the empty policy bucket from DISPATCH_POLICY_FILE, its
+// template files inlined; a later up with another file keeps what the
+// bucket holds and says the file was not applied.
+func TestUpSeedsPolicyBucket(t *testing.T) {
+	dataDir, dir := t.TempDir(), t.TempDir()
+	tmpl := writeFile(t, dir, "css.tmpl", "Seeded template for {{.Task.Subject}}")
+	first := writeFile(t, dir, "first.json", `{"types": {"css_fix": {"model": "seeded", "template_file": "`+tmpl+`"}}}`)
+	second := writeFile(t, dir, "second.json", `{"types": {"css_fix": {"model": "other"}}}`)
+
+	out, url, kill := startUpWith(t, dataDir, "DISPATCH_POLICY_FILE="+first)
+	if !strings.Contains(out, "policy:   bucket dispatch_policy, revision 1 (seeded from "+first+")") {
+		t.Fatalf("banner:\n%s", out)
+	}
+	value := policyValue(t, url)
+	if !strings.Contains(value, "Seeded template for") || strings.Contains(value, "template_file") || !strings.Contains(value, `"seeded"`) {
+		t.Fatalf("the bucket holds:\n%s", value)
+	}
+	kill()
+
+	out, url, _ = startUpWith(t, dataDir, "DISPATCH_POLICY_FILE="+second)
+	if !strings.Contains(out, "revision 1 (already there); "+second+" differs and was NOT applied: dispatch policy set "+second) {
+		t.Fatalf("banner of the second up:\n%s", out)
+	}
+	if again := policyValue(t, url); again != value {
+		t.Fatalf("the second up changed the policy:\n%s", again)
+	}
+}
+
+func startUpWith(t *testing.T, dataDir string, env ...string) (banner, url string, kill func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := upCommand(ctx, dataDir)
+	cmd.Env = append(cmd.Env, env...)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stopped := false
+	kill = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	t.Cleanup(kill)
+	waitUpBanner(t, &out, done)
+	m := natsURL.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("dispatch up printed no NATS URL:\n%s", out.String())
+	}
+	return out.String(), m[1], kill
+}
+
+func waitUpBanner(t *testing.T, out *syncBuffer, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // a deadlock guard
+	for !strings.Contains(out.String(), "  submit:") {
+		select {
+		case err := <-done:
+			t.Fatalf("dispatch up exited: %v\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatch up never came up:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func policyValue(t *testing.T, url string) string {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, services.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, policy.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(e.Value())
+}

@@ -1,0 +1,271 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Key is the key of the policy in its KV bucket (services.BucketPolicy,
+// dispatch_policy). Its revision — the sequence of the put on the bucket's
+// stream — names the policy everywhere: every task event carries the one it
+// was decided under (events.Base.PolicyRev), and the bucket keeps every
+// revision, so dispatch rebuild can read the policy of the time.
+const Key = "current"
+
+// ErrNoRevision is returned by At when the bucket does not hold the revision
+// asked for (0: none was recorded; else it was purged or never existed).
+var ErrNoRevision = errors.New("policy revision not available")
+
+// ErrTemplateFile rejects a policy in the bucket that names a template file:
+// a file on whose disk? Templates are inlined when a file seeds the bucket
+// (dispatch up, dispatch policy set).
+var ErrTemplateFile = errors.New("template_file is not allowed in the bucket: inline the template (dispatch policy set does)")
+
+// Decode reads a policy as stored in the bucket: a policy file (Parse: JSON,
+// unknown fields rejected, every problem reported) whose templates are
+// inline. Anyone with write access can put bytes there (`nats kv put`), so
+// this is outside input: whatever it refuses leaves the policy in force
+// unchanged.
+func Decode(data []byte) (*File, error) {
+	f, err := Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	if f.Defaults.TemplateFile != "" {
+		errs = append(errs, fmt.Errorf("defaults: %w", ErrTemplateFile))
+	}
+	for name, t := range f.Types {
+		if t.TemplateFile != "" {
+			errs = append(errs, fmt.Errorf("types.%s: %w", name, ErrTemplateFile))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("policy: %w", errors.Join(errs...))
+	}
+	return f, nil
+}
+
+// Encode is what the bucket stores for f: indented JSON, so that
+// `nats kv get dispatch_policy current` is readable. f must be inline.
+func Encode(f *File) ([]byte, error) {
+	if f == nil {
+		f = &File{}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(f); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if _, err := Decode(buf.Bytes()); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// LoadInline reads a policy file like Load and inlines its template files,
+// ready for the bucket.
+func LoadInline(path string) (*File, error) {
+	f, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	f.Defaults.TemplateFile = ""
+	for name, t := range f.Types {
+		t.TemplateFile = ""
+		f.Types[name] = t
+	}
+	return f, nil
+}
+
+// Put stores f as the new policy and returns its revision. A policy that
+// does not validate is refused before anything is written.
+func Put(ctx context.Context, kv jetstream.KeyValue, f *File) (uint64, error) {
+	data, err := Encode(f)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := kv.Put(ctx, Key, data)
+	if err != nil {
+		return 0, fmt.Errorf("policy: put %s %s: %w", kv.Bucket(), Key, err)
+	}
+	return rev, nil
+}
+
+// Seed stores f when the bucket holds no policy yet and returns the
+// revision in force: f's when it was stored (seeded true), else the one
+// already there, which Seed leaves alone — it may hold changes made while
+// the mesh ran, which a restart must not undo.
+func Seed(ctx context.Context, kv jetstream.KeyValue, f *File) (rev uint64, seeded bool, err error) {
+	data, err := Encode(f)
+	if err != nil {
+		return 0, false, err
+	}
+	rev, err = kv.Create(ctx, Key, data)
+	if err == nil {
+		return rev, true, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, false, fmt.Errorf("policy: seed %s %s: %w", kv.Bucket(), Key, err)
+	}
+	e, err := kv.Get(ctx, Key)
+	if err != nil {
+		return 0, false, fmt.Errorf("policy: %s %s: %w", kv.Bucket(), Key, err)
+	}
+	return e.Revision(), false, nil
+}
+
+// Revisions are every revision of the policy the bucket holds, read once:
+// what dispatch rebuild replays the stream with.
+type Revisions struct {
+	bucket string
+	files  map[uint64]*File
+	errs   map[uint64]error
+}
+
+// History reads every revision the bucket holds.
+func History(ctx context.Context, kv jetstream.KeyValue) (*Revisions, error) {
+	r := &Revisions{bucket: kv.Bucket(), files: map[uint64]*File{}, errs: map[uint64]error{}}
+	all, err := kv.History(ctx, Key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return r, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
+	}
+	for _, e := range all {
+		f, err := entryFile(e)
+		if err != nil {
+			r.errs[e.Revision()] = err
+			continue
+		}
+		r.files[e.Revision()] = f
+	}
+	return r, nil
+}
+
+// At returns the policy of revision rev: nil (built-in defaults) when that
+// revision deleted the key. ErrNoRevision when the bucket does not hold it.
+func (r *Revisions) At(rev uint64) (*File, error) {
+	if rev == 0 {
+		return nil, fmt.Errorf("%w: none recorded", ErrNoRevision)
+	}
+	if f, ok := r.files[rev]; ok {
+		return f, nil
+	}
+	if err, ok := r.errs[rev]; ok {
+		// No service ran with it (they refused it too): the event naming
+		// it was not published by this mesh.
+		return nil, fmt.Errorf("policy revision %d does not decode: %w", rev, err)
+	}
+	return nil, fmt.Errorf("%w: bucket %s holds no revision %d of %s (purged, or never written)", ErrNoRevision, r.bucket, rev, Key)
+}
+
+// At returns the policy of revision rev of the bucket (Revisions.At).
+func At(ctx context.Context, kv jetstream.KeyValue, rev uint64) (*File, error) {
+	r, err := History(ctx, kv)
+	if err != nil {
+		return nil, err
+	}
+	return r.At(rev)
+}
+
+// Watch serves the policy in the bucket, following every change with a KV
+// watcher until ctx ends: a put applies at once. A put that does not decode
+// (`nats kv put` of a broken policy) is logged as an error and the policy in
+// force stays; a delete puts the built-in defaults in force. At start, when
+// the newest revision does not decode, the newest one that does is used —
+// the one the running instances kept. An empty bucket serves the built-in
+// defaults (revision 0) until a policy is put.
+func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*Source, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Source{log: log.With("bucket", kv.Bucket(), "key", Key)}
+	s.current.Store(&Snapshot{})
+	w, err := kv.Watch(ctx, Key)
+	if err != nil {
+		return nil, fmt.Errorf("policy: watch %s %s: %w", kv.Bucket(), Key, err)
+	}
+	var first jetstream.KeyValueEntry
+	for e := range w.Updates() {
+		if e == nil {
+			break // the initial value (if any) has been delivered
+		}
+		first = e
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if first != nil {
+		if err := s.start(ctx, kv, first); err != nil {
+			return nil, err
+		}
+	}
+	go func() {
+		for e := range w.Updates() {
+			if e != nil {
+				s.apply(e)
+			}
+		}
+	}()
+	return s, nil
+}
+
+// start takes the newest revision that decodes, from first backwards.
+func (s *Source) start(ctx context.Context, kv jetstream.KeyValue, first jetstream.KeyValueEntry) error {
+	if s.apply(first) {
+		return nil
+	}
+	all, err := kv.History(ctx, Key)
+	if err != nil {
+		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
+	}
+	for i := len(all) - 1; i >= 0; i-- {
+		if all[i].Revision() >= first.Revision() {
+			continue
+		}
+		if f, err := entryFile(all[i]); err == nil {
+			s.store(&Snapshot{File: f, Rev: all[i].Revision()}, first.Revision())
+			s.log.Warn("policy in force is an older revision: the newest does not decode", "rev", all[i].Revision(), "refused", first.Revision())
+			return nil
+		}
+	}
+	s.log.Error("no revision of the policy decodes: built-in defaults in force", "refused", first.Revision())
+	return nil
+}
+
+// apply takes one change; false when it was refused.
+func (s *Source) apply(e jetstream.KeyValueEntry) bool {
+	f, err := entryFile(e)
+	if err != nil {
+		s.log.Error("policy change refused: the previous policy stays in force",
+			"rev", e.Revision(), "in_force", s.Rev(), "err", err)
+		s.store(nil, e.Revision())
+		return false
+	}
+	s.store(&Snapshot{File: f, Rev: e.Revision()}, e.Revision())
+	if f == nil {
+		s.log.Warn("policy deleted: built-in defaults in force", "rev", e.Revision())
+	} else {
+		s.log.Info("policy in force", "rev", e.Revision())
+	}
+	return true
+}
+
+// entryFile decodes one bucket entry; a delete or purge is nil: the
+// built-in defaults.
+func entryFile(e jetstream.KeyValueEntry) (*File, error) {
+	if e.Operation() != jetstream.KeyValuePut {
+		return nil, nil
+	}
+	return Decode(e.Value())
+}

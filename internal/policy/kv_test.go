@@ -1,0 +1,296 @@
+package policy_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/internal/natstest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+)
+
+// patience bounds every wait for a watcher: a deadlock guard, not a timing
+// assertion.
+const patience = 30 * time.Second
+
+// policyBucket provisions the mesh on a fresh server and returns the policy
+// bucket.
+func policyBucket(t *testing.T) (*natstest.Server, jetstream.KeyValue) {
+	t.Helper()
+	srv := natstest.Start(t)
+	st, err := services.Provision(context.Background(), srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, st.Policy
+}
+
+// logBuffer collects what a Source logs.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func seen(t *testing.T, src *policy.Source, rev uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := src.Seen(ctx, rev); err != nil {
+		t.Fatalf("revision %d never reached the watcher: %v", rev, err)
+	}
+}
+
+// A plain put on the bucket — what `nats kv put dispatch_policy current`
+// does — changes the policy of every watching instance; a put that does not
+// decode is refused, logged, and the previous policy stays in force; a
+// delete brings back the built-in defaults.
+func TestWatchFollowsPlainPuts(t *testing.T) {
+	srv, kv := policyBucket(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs [2]logBuffer
+	var srcs [2]*policy.Source
+	for i := range srcs {
+		_, js := srv.Connect(t)
+		bucket, err := js.KeyValue(ctx, services.BucketPolicy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if srcs[i], err = policy.Watch(ctx, bucket, slog.New(slog.NewTextHandler(&logs[i], nil))); err != nil {
+			t.Fatal(err)
+		}
+		if srcs[i].Rev() != 0 || srcs[i].For("css_fix").Model != "" {
+			t.Fatalf("empty bucket: rev %d, %+v", srcs[i].Rev(), srcs[i].For("css_fix"))
+		}
+	}
+
+	rev1, err := kv.Put(ctx, policy.Key, []byte(`{"types": {"css_fix": {"model": "gpt-4o", "max_retries": 3}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, src := range srcs {
+		seen(t, src, rev1)
+		if p := src.Snapshot(); p.Rev != rev1 || p.For("css_fix").Model != "gpt-4o" || p.For("css_fix").MaxRetries != 3 {
+			t.Fatalf("instance %d after put: rev %d, %+v", i, p.Rev, p.For("css_fix"))
+		}
+	}
+
+	for _, bad := range []string{
+		`{"types": {"css_fix": {"max_retries": -1}}}`,         // Validate
+		`{"types": {"css_fix": {"modle": "typo"}}}`,           // unknown field
+		`{"types": {"css_fix": `,                              // not JSON
+		`{"types": {"css_fix": {"template_file": "x.tmpl"}}}`, // a file on whose disk?
+	} {
+		rev, err := kv.Put(ctx, policy.Key, []byte(bad))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, src := range srcs {
+			seen(t, src, rev)
+			if p := src.Snapshot(); p.Rev != rev1 || p.For("css_fix").Model != "gpt-4o" {
+				t.Fatalf("instance %d took the bad policy %s: rev %d, %+v", i, bad, p.Rev, p.For("css_fix"))
+			}
+			if want := fmt.Sprintf("rev=%d in_force=%d", rev, rev1); !strings.Contains(logs[i].String(), want) {
+				t.Fatalf("instance %d did not log the refusal (%s):\n%s", i, want, logs[i].String())
+			}
+		}
+	}
+	for i := range logs {
+		for _, want := range []string{"policy change refused", "max_retries must not be negative", `unknown field \"modle\"`, "template_file is not allowed"} {
+			if !strings.Contains(logs[i].String(), want) {
+				t.Errorf("instance %d log lacks %q:\n%s", i, want, logs[i].String())
+			}
+		}
+	}
+
+	if err := kv.Delete(ctx, policy.Key); err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.History(ctx, policy.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := e[len(e)-1].Revision()
+	for i, src := range srcs {
+		seen(t, src, del)
+		if p := src.Snapshot(); p.Rev != del || p.File != nil || p.For("css_fix").Model != "" {
+			t.Fatalf("instance %d after delete: rev %d, %+v", i, p.Rev, p.For("css_fix"))
+		}
+	}
+	// Every revision stays readable, the delete as the built-in defaults.
+	f, err := policy.At(ctx, kv, rev1)
+	if err != nil || f.For("css_fix").Model != "gpt-4o" {
+		t.Fatalf("revision %d: %v %+v", rev1, err, f)
+	}
+	if f, err := policy.At(ctx, kv, del); err != nil || f != nil {
+		t.Fatalf("delete revision %d: %v %+v", del, err, f)
+	}
+}
+
+// An instance that starts when the newest revision does not decode runs the
+// newest one that does — the one the running instances kept.
+func TestWatchStartsFromNewestValidRevision(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx := context.Background()
+	good, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := kv.Put(ctx, policy.Key, []byte(`{"types": {"a": {"threshold": 7}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	src, err := policy.Watch(ctx, kv, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.Rev() != good || src.For("a").Model != "m1" {
+		t.Fatalf("started on rev %d (%+v), want %d", src.Rev(), src.For("a"), good)
+	}
+	seen(t, src, bad)
+	if !strings.Contains(logs.String(), "threshold must be within [0, 1]") {
+		t.Fatalf("refusal not logged:\n%s", logs.String())
+	}
+}
+
+// dispatch policy set goes through Put: a policy that does not validate is
+// never written.
+func TestPutRefusesInvalidPolicy(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx := context.Background()
+	bad := &policy.File{Types: map[string]policy.Type{"a": {MaxRetries: -2}}}
+	if _, err := policy.Put(ctx, kv, bad); err == nil || !strings.Contains(err.Error(), "max_retries must not be negative") {
+		t.Fatalf("Put of an invalid policy: %v", err)
+	}
+	inlineLess := &policy.File{Types: map[string]policy.Type{"a": {TemplateFile: "a.tmpl"}}}
+	if _, err := policy.Put(ctx, kv, inlineLess); !errors.Is(err, policy.ErrTemplateFile) {
+		t.Fatalf("Put of a template file reference: %v", err)
+	}
+	if _, err := kv.Get(ctx, policy.Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("something was written: %v", err)
+	}
+}
+
+// Seed writes only into an empty bucket; a policy already there (perhaps
+// changed while the mesh ran) stays.
+func TestSeedKeepsExistingPolicy(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx := context.Background()
+	rev, seeded, err := policy.Seed(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	if err != nil || !seeded {
+		t.Fatalf("first seed: %d %v %v", rev, seeded, err)
+	}
+	changed, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m2"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, seeded, err := policy.Seed(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	if err != nil || seeded || again != changed {
+		t.Fatalf("second seed: rev %d (want %d) seeded %v %v", again, changed, seeded, err)
+	}
+	f, err := policy.At(ctx, kv, again)
+	if err != nil || f.For("a").Model != "m2" {
+		t.Fatalf("seed overwrote the policy: %v %+v", err, f)
+	}
+}
+
+// The bucket keeps far more revisions than a KV bucket's 64, so rebuild can
+// read the policy an old event was decided under; one it does not hold is
+// ErrNoRevision, never a default.
+func TestBucketKeepsEveryRevision(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx := context.Background()
+	var revs []uint64
+	for i := range 80 {
+		rev, err := policy.Put(ctx, kv, &policy.File{Defaults: policy.Type{PromptBudget: i + 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		revs = append(revs, rev)
+	}
+	for i, rev := range revs {
+		f, err := policy.At(ctx, kv, rev)
+		if err != nil {
+			t.Fatalf("revision %d (put %d): %v", rev, i+1, err)
+		}
+		if got := f.For("x").PromptBudget; got != i+1 {
+			t.Fatalf("revision %d: prompt_budget %d, want %d", rev, got, i+1)
+		}
+	}
+	for _, rev := range []uint64{0, revs[len(revs)-1] + 5} {
+		if _, err := policy.At(ctx, kv, rev); !errors.Is(err, policy.ErrNoRevision) {
+			t.Fatalf("revision %d: %v, want ErrNoRevision", rev, err)
+		}
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	f, err := policy.Parse([]byte(spec7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := policy.Encode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := policy.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := policy.Encode(g)
+	if err != nil || !bytes.Equal(data, again) {
+		t.Fatalf("round trip differs (%v):\n%s\n%s", err, data, again)
+	}
+}
+
+// FuzzDecode: the bucket holds whatever anyone with write access put there.
+// Decode never panics, and what it accepts validates, names no template
+// file and survives Encode unchanged in meaning.
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(spec7))
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"types": {"a": {"template_file": "x"}}}`))
+	f.Add([]byte(`{"defaults": {"template": "{{.Task.ID}}", "tools": [{"name": "t", "subject": "tool.t", "parameters": {}}]}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := policy.Decode(data)
+		if err != nil {
+			return
+		}
+		if p.Validate() != nil {
+			t.Fatal("Decode accepted what Validate rejects")
+		}
+		enc, err := policy.Encode(p)
+		if err != nil {
+			t.Fatalf("Encode of a decoded policy: %v", err)
+		}
+		q, err := policy.Decode(enc)
+		if err != nil {
+			t.Fatalf("Decode of an encoded policy: %v", err)
+		}
+		for name := range p.Types {
+			_ = q.For(name)
+		}
+	})
+}
