@@ -448,7 +448,7 @@ func streamOf(durable string) string {
 // (dispatch.>): that also captures the request subject dispatch.api.submit, so
 // the stream would store every API request and answer it with a PubAck that
 // races (and usually beats) the micro service's reply.
-var streamSubjects = []string{events.SubmitRoot, events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
+var streamSubjects = []string{events.SubmitRoot, events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter}
 
 // provision does what `dispatch up`/provision does, as admin.
 func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {

@@ -315,8 +315,8 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 			return // already recorded
 		}
 	}
-	if st.Pass > b.Run.Pass {
-		return
+	if st.Pass > b.Run.Pass || events.Terminal(st.Status) {
+		return // as the recorder: an old pass, or a task a human cancelled meanwhile
 	}
 	pol := r.o.Policy.For(t.Type)
 	res = recorder.Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)

@@ -138,6 +138,17 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pv := *s.policy.For(b.Task.Type).Verifier
 	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
+	if s.tasks != nil {
+		// A task that ended (a human cancelled it) is not verified again.
+		ended, st, err := s.tasks.Ended(ctx, b.Task.ID)
+		if err != nil {
+			return nil, s.fail(ctx, fmt.Errorf("read task state: %w", err))
+		}
+		if ended && st.Pass >= b.Run.Pass {
+			log.Info("task has ended: not verified", "status", st.Status)
+			return nil, nil
+		}
+	}
 
 	if kind(pv) != policy.VerifierNone && s.tasks != nil {
 		if _, err := s.tasks.SetStatus(ctx, b, events.StatusVerifying, ""); err != nil {
