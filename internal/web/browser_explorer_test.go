@@ -29,9 +29,10 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 	m.Model.Block = make(chan struct{})
 	m.Model.Cancelled = make(chan openaitest.Request, 2)
 	defer close(m.Model.Block)
+	// One at a time, so they are queued (and listed) in this order.
 	m.Submit(events.Submit{ID: "brw-other", Type: "css_fix", Subject: "src/app.css"})
-	m.Submit(events.Submit{ID: "brw-run", Type: "bug_fix", Subject: "src/api.ts", Payload: []byte(`{"issue":"null deref in parsePayload"}`)})
 	wait(t, m.Model.Started, "the first model call")
+	m.Submit(events.Submit{ID: "brw-run", Type: "bug_fix", Subject: "src/api.ts", Payload: []byte(`{"issue":"null deref in parsePayload"}`)})
 	wait(t, m.Model.Started, "the second model call")
 
 	h, err := web.New(web.Config{Review: m.Review, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
