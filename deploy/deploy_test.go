@@ -1024,6 +1024,23 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	if err := batch.Error(); err != nil {
 		t.Fatal(err)
 	}
+	// The task explorer's probe: a consumer of the index from a sequence,
+	// its NumPending read, then deleted.
+	stream, err := web.js.Stream(ctx, services.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject: events.IndexFilterFor("css_fix", ""), AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: 1,
+	})
+	if err != nil {
+		t.Fatalf("web probes the task index: %v", err)
+	}
+	if err := stream.DeleteConsumer(ctx, probe.CachedInfo().Name); err != nil {
+		t.Fatalf("web deletes its probe: %v", err)
+	}
+	web.denyPublish(t, events.IndexSubject("css_fix", "a.css"))
 	web.denyPublish(t, events.TaskSubject("t1", events.StageAdmitted))
 	web.denyPublish(t, events.ReviewSubject(events.ReviewEscalated, "t1"))
 	web.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")

@@ -48,7 +48,7 @@ func (c *Client) Cancel(ctx context.Context, id, note, by string) (Decision, err
 	if err := ValidateBy(by); err != nil {
 		return Decision{}, err
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Decision{}, err
 	}

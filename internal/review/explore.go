@@ -129,7 +129,7 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	if q.Limit == 0 {
 		q.Limit = DefaultPageSize
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return TaskPage{}, err
 	}

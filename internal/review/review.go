@@ -97,6 +97,22 @@ func New(cfg Config) (*Client, error) {
 	return &Client{cfg: cfg}, nil
 }
 
+// taskStore opens only the task bucket: what the explorer and a cancel
+// need, so a user that may not read trust (the client user) can use them.
+func (c *Client) taskStore(ctx context.Context) (*services.TaskStore, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tasks != nil {
+		return c.tasks, nil
+	}
+	tasks, err := c.cfg.JS.KeyValue(ctx, services.BucketTasks)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTasks, err)
+	}
+	c.tasks = services.NewTaskStore(tasks)
+	return c.tasks, nil
+}
+
 // stores opens the task and trust buckets once.
 func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.Store, error) {
 	c.mu.Lock()
@@ -104,14 +120,17 @@ func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.Store,
 	if c.opened {
 		return c.tasks, c.trust, nil
 	}
-	tasks, err := c.cfg.JS.KeyValue(ctx, services.BucketTasks)
-	if err != nil {
-		return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTasks, err)
+	if c.tasks == nil {
+		tasks, err := c.cfg.JS.KeyValue(ctx, services.BucketTasks)
+		if err != nil {
+			return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTasks, err)
+		}
+		c.tasks = services.NewTaskStore(tasks)
 	}
 	tr, err := c.cfg.JS.KeyValue(ctx, services.BucketTrust)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTrust, err)
 	}
-	c.tasks, c.trust, c.opened = services.NewTaskStore(tasks), trust.NewStore(tr, c.cfg.Scoring), true
+	c.trust, c.opened = trust.NewStore(tr, c.cfg.Scoring), true
 	return c.tasks, c.trust, nil
 }
