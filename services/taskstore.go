@@ -100,6 +100,27 @@ func (s *TaskStore) Ended(ctx context.Context, id string) (bool, events.TaskStat
 	return err == nil && events.Terminal(st.Status), st, err
 }
 
+// EndedByHuman reports whether a human ended the task — cancelled,
+// resolved or rejected it, and it still has the status that gave — as
+// opposed to a stage of the mesh (the verifier finding it stale, the gate
+// or the recorder stopping it), which republishes its record on a
+// redelivery. A stage skips a task a human ended.
+func EndedByHuman(st events.TaskState) bool {
+	n := len(st.Actions)
+	if n == 0 {
+		return false
+	}
+	switch st.Actions[n-1].Action {
+	case events.ActionCancel:
+		return st.Status == events.StatusCancelled
+	case events.ActionResolve:
+		return st.Status == events.StatusSucceeded
+	case events.ActionReject:
+		return st.Status == events.StatusFailed
+	}
+	return false
+}
+
 // NewState is the state of a task that has just been accepted.
 func NewState(t events.Task) events.TaskState {
 	return events.TaskState{

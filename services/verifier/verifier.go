@@ -139,12 +139,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
 	if s.tasks != nil {
-		// A task that ended (a human cancelled it) is not verified again.
+		// A task that ended is not verified again — unless this verifier
+		// ended it (stale) and this is a redelivery: then its cancelled
+		// event is published again below (the Msg-Id deduplicates).
 		ended, st, err := s.tasks.Ended(ctx, b.Task.ID)
 		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("read task state: %w", err))
 		}
-		if ended && st.Pass >= b.Run.Pass {
+		if ended && st.Pass >= b.Run.Pass && (st.Status != events.StatusCancelled || services.EndedByHuman(st)) {
 			log.Info("task has ended: not verified", "status", st.Status)
 			return nil, nil
 		}
