@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,9 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 		t.Fatalf("the explorer does not list brw-run (running) before brw-other:\n%s", list)
 	}
 
+	if path := os.Getenv("REVIEW_SCREENSHOT"); path != "" {
+		shot(t, rctx, strings.TrimSuffix(path, ".png")+"-explorer.png")
+	}
 	if err := chromedp.Do(rctx,
 		chromedp.SendKeys(chromedp.CSS(`#filters input[name="type"]`), "bug_fix"),
 		chromedp.Click(chromedp.CSS(`#filters button[type="submit"]`)),
@@ -97,6 +101,9 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 		if !strings.Contains(page, want) {
 			t.Errorf("the task page does not show %q", want)
 		}
+	}
+	if path := os.Getenv("REVIEW_SCREENSHOT"); path != "" {
+		shot(t, rctx, strings.TrimSuffix(path, ".png")+"-cancelled.png")
 	}
 	if st := m.State("brw-other"); st.Status != events.StatusRunning {
 		t.Errorf("brw-other is %s: cancelling brw-run touched it", st.Status)

@@ -133,6 +133,7 @@ type answer struct {
 type step struct {
 	review.AuditEntry
 	Since, Total time.Duration
+	First        bool
 }
 
 // taskExtras is what the task page shows beyond review.Detail: the
@@ -147,7 +148,7 @@ type taskExtras struct {
 func extras(entries []review.AuditEntry) taskExtras {
 	var x taskExtras
 	for i, e := range entries {
-		s := step{AuditEntry: e}
+		s := step{AuditEntry: e, First: i == 0}
 		if i > 0 {
 			s.Since, s.Total = e.Time.Sub(entries[i-1].Time), e.Time.Sub(entries[0].Time)
 			x.Total = s.Total
