@@ -2,7 +2,9 @@
 // everything on the review subjects dispatch.review.<reason>.<id> (rejected
 // input, gated, escalated, poison and stuck tasks), the full record of one
 // task (state, trust score, every attempt, dead ends, review records, the
-// timeline), and the three human decisions — resolve, reject, requeue.
+// timeline), the three human decisions — resolve, reject, requeue — and
+// cancel (stop a task that has not ended), and the task explorer (Tasks:
+// every task, newest first, a page at a time, from the task index).
 //
 // Every decision is itself an event: an events.Action on
 // dispatch.review.action.<id>, and an entry in the task's TaskState.Actions,
