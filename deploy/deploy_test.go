@@ -472,7 +472,7 @@ func streamOf(durable string) string {
 // (dispatch.>): that also captures the request subject dispatch.api.submit, so
 // the stream would store every API request and answer it with a PubAck that
 // races (and usually beats) the micro service's reply.
-var streamSubjects = []string{events.SubmitRoot, events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter}
+var streamSubjects = []string{events.SubmitRoot, events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter}
 
 // provision does what `dispatch up`/provision does, as admin.
 func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
@@ -1048,6 +1048,23 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	if err := batch.Error(); err != nil {
 		t.Fatal(err)
 	}
+	// The task explorer's probe: a consumer of the index from a sequence,
+	// its NumPending read, then deleted.
+	stream, err := web.js.Stream(ctx, services.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject: events.IndexFilterFor("css_fix", ""), AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: 1,
+	})
+	if err != nil {
+		t.Fatalf("web probes the task index: %v", err)
+	}
+	if err := stream.DeleteConsumer(ctx, probe.CachedInfo().Name); err != nil {
+		t.Fatalf("web deletes its probe: %v", err)
+	}
+	web.denyPublish(t, events.IndexSubject("css_fix", "a.css"))
 	web.denyPublish(t, events.TaskSubject("t1", events.StageAdmitted))
 	web.denyPublish(t, events.ReviewSubject(events.ReviewEscalated, "t1"))
 	web.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")

@@ -144,6 +144,22 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
 	}
 
+	// The task explorer as the client and the web users: intake filed every
+	// task in the index (as its own user), both may read it.
+	for _, user := range []string{"client", "web"} {
+		out := proctest.RunToEnd(t, patience, "tasks-as-"+user, as(user), dispatch, "tasks", "-type", "css_fix")
+		for _, id := range []string{"e2e-0", "e2e-1", "e2e-2", "e2e-api"} {
+			if !strings.Contains(out, id) {
+				t.Fatalf("dispatch tasks as %s does not list %s:\n%s", user, id, out)
+			}
+		}
+	}
+	// A cancel, as the web user, of a task that ended: refused, nothing changed.
+	p := proctest.Start(t, "cancel-as-web", as("web"), dispatch, "cancel", "e2e-0")
+	if out := p.Wait(t, patience, running); p.Err == nil || !strings.Contains(out, "already ended") {
+		t.Fatalf("dispatch cancel of a succeeded task: %v\n%s", p.Err, out)
+	}
+
 	for i, p := range misfits {
 		out := p.Wait(t, patience, running)
 		if p.Err == nil || !strings.Contains(out, wrong[i].want) || strings.Contains(out, "dispatch provision") {

@@ -7,6 +7,7 @@ import "time"
 const (
 	EventSubmit    = "submit.v1"
 	EventQueued    = "task.queued.v1"
+	EventIndexed   = "task.indexed.v1" // the task index entry (IndexEntry), dispatch.index.<type>.<key>
 	EventRetry     = "task.retry.v1"
 	EventVerified  = "task.verified.v1"
 	EventCancelled = "task.cancelled.v1"
@@ -370,6 +371,9 @@ const (
 	ActionResolve = "resolve" // the human fixed it: task succeeded
 	ActionReject  = "reject"  // not worth doing: task failed
 	ActionRequeue = "requeue" // run it again, the note reaches the prompt
+	// ActionCancel stops a pending or running task: status cancelled, the
+	// executor abandons its model call, nothing of the task runs again.
+	ActionCancel = "cancel"
 )
 
 // Action is a human's decision on a task under review. Every action is an

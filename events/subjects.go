@@ -1,6 +1,11 @@
 package events
 
-import "strings"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"time"
+)
 
 // Subject roots.
 const (
@@ -8,6 +13,8 @@ const (
 	SubmitRoot    = Root + ".submit" // dispatch.submit.<type>
 	TaskRoot      = Root + ".task"   // dispatch.task.<id>.<stage>
 	ReviewRoot    = Root + ".review" // dispatch.review.<reason>.<id>
+	IndexRoot     = Root + ".index"  // dispatch.index.<type>.<subject key>: one entry per task
+	IndexFilter   = IndexRoot + ".>"
 	SubmitAPI     = Root + ".api.submit"
 	AllSubjects   = Root + ".>"
 	SubmitFilter  = SubmitRoot + ".>" // every dispatch.submit.<type>
@@ -62,6 +69,42 @@ func ReviewSubject(reason, key string) string { return reviewSubject + reason + 
 
 // ReviewTaskFilter matches every review record of one task.
 func ReviewTaskFilter(id string) string { return reviewSubject + "*." + id }
+
+// IndexSubject is where intake files a new task in the task index (the task
+// explorer's list): one message per task, its type and a key of its subject
+// as tokens, so a reader filters by them on the server.
+func IndexSubject(taskType, subject string) string {
+	return IndexRoot + "." + taskType + "." + SubjectKey(subject)
+}
+
+// IndexFilterFor matches the index entries of a type and a subject; an
+// empty argument matches any.
+func IndexFilterFor(taskType, subject string) string {
+	t, k := "*", "*"
+	if taskType != "" {
+		t = taskType
+	}
+	if subject != "" {
+		k = SubjectKey(subject)
+	}
+	return IndexRoot + "." + t + "." + k
+}
+
+// SubjectKey is a task subject (a path, a URL: any text) as one subject
+// token: the first 16 hex digits of its SHA-256. Two subjects may share a
+// key: a reader compares the subject itself too.
+func SubjectKey(subject string) string {
+	sum := sha256.Sum256([]byte(subject))
+	return hex.EncodeToString(sum[:8])
+}
+
+// IndexEntry is the body of a task index message (task.indexed.v1).
+type IndexEntry struct {
+	ID          string    `json:"id"`
+	Type        string    `json:"type"`
+	Subject     string    `json:"subject"`
+	SubmittedAt time.Time `json:"submitted_at"`
+}
 
 // ParseSubmitSubject reads the <type> token of dispatch.submit.<type>: all
 // of the rest of the subject, valid type or not (DecodeSubmit checks it).

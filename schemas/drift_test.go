@@ -31,6 +31,7 @@ var messages = []struct {
 }{
 	{events.EventSubmit, events.Submit{}},
 	{events.EventQueued, events.Queued{}},
+	{events.EventIndexed, events.IndexEntry{}},
 	{events.EventRetry, events.Retry{}},
 	{events.EventVerified, events.Verified{}},
 	{events.EventCancelled, events.Cancelled{}},

@@ -61,6 +61,7 @@ var populated = []struct {
 		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
 	}},
 	{events.EventQueued, events.Queued{Base: base}},
+	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
 	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute)}},
 	{events.EventVerified, events.Verified{Base: base, Verification: verification}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},

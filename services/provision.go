@@ -58,9 +58,9 @@ const PolicyRevisions = 100_000
 
 // StreamSubjects are the subjects kept on Stream: every submission (bare
 // dispatch.submit too, so a message there is rejected, not lost), task event
-// and review record. dispatch.api.> (request-reply) is deliberately not among
+// review record and task index entry (dispatch.index.>). dispatch.api.> (request-reply) is deliberately not among
 // them: the stream would answer requests.
-var StreamSubjects = append(slices.Clone(events.SubmitFilters), events.TaskRoot+".>", events.ReviewFilter)
+var StreamSubjects = append(slices.Clone(events.SubmitFilters), events.TaskRoot+".>", events.ReviewFilter, events.IndexFilter)
 
 // CounterSubjects are the subjects of CounterStream (trust.SpendRoot).
 const CounterSubjects = "dispatch.count.>"

@@ -90,6 +90,37 @@ func (s *TaskStore) SetStatusChanged(ctx context.Context, b events.Base, status,
 	return st, changed && err == nil, err
 }
 
+// Ended reports whether the task has ended (a terminal status): a service
+// that finds it so acts no more on the task. An unknown task has not ended.
+func (s *TaskStore) Ended(ctx context.Context, id string) (bool, events.TaskState, error) {
+	st, err := s.Get(ctx, id)
+	if errors.Is(err, ErrTaskNotFound) {
+		return false, st, nil
+	}
+	return err == nil && events.Terminal(st.Status), st, err
+}
+
+// EndedByHuman reports whether a human ended the task — cancelled,
+// resolved or rejected it, and it still has the status that gave — as
+// opposed to a stage of the mesh (the verifier finding it stale, the gate
+// or the recorder stopping it), which republishes its record on a
+// redelivery. A stage skips a task a human ended.
+func EndedByHuman(st events.TaskState) bool {
+	n := len(st.Actions)
+	if n == 0 {
+		return false
+	}
+	switch st.Actions[n-1].Action {
+	case events.ActionCancel:
+		return st.Status == events.StatusCancelled
+	case events.ActionResolve:
+		return st.Status == events.StatusSucceeded
+	case events.ActionReject:
+		return st.Status == events.StatusFailed
+	}
+	return false
+}
+
 // NewState is the state of a task that has just been accepted.
 func NewState(t events.Task) events.TaskState {
 	return events.TaskState{
@@ -112,6 +143,9 @@ func ApplyAction(st *events.TaskState, a events.Action) {
 		st.Status, st.Reason = events.StatusSucceeded, "resolved by "+who
 	case events.ActionReject:
 		st.Status, st.Reason = events.StatusFailed, "rejected by "+who
+	case events.ActionCancel:
+		st.Status, st.Reason = events.StatusCancelled, "cancelled by "+who
+		st.Resume, st.WakeAt = nil, time.Time{}
 	case events.ActionRequeue:
 		st.Status, st.Reason, st.Decision, st.Cause = events.StatusPending, "", "", ""
 		st.RoundStart, st.Pass, st.Rung = st.Attempts, st.Pass+1, events.RungRefine

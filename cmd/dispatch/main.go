@@ -5,6 +5,8 @@
 //	                                     one service against DISPATCH_NATS_URL
 //	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait [-progress 5s]]
 //	dispatch status ID [-o json]
+//	dispatch tasks|ls [-type T] [-status S] [-subject S] [-id ID] [-since T] [-until T] [-cursor C] [-o json]
+//	dispatch cancel ID [-note TEXT]
 //	dispatch review list|show|resolve|reject|requeue …
 //	dispatch audit ID [-o json]
 //	dispatch policy set FILE | get [-rev N] | validate FILE
@@ -34,7 +36,11 @@ Usage:
                                       run one service against DISPATCH_NATS_URL
   dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait [-progress 5s] [-timeout 10m]]
   dispatch status ID [-o json]        a task's current state
-  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-o json]
+  dispatch tasks [-type T] [-status S] [-subject TEXT] [-id ID] [-since T] [-until T] [-limit N] [-cursor C] [-o json]
+                                      every task, newest first, a page at a time (alias: ls)
+  dispatch cancel ID [-note TEXT] [-by WHO]
+                                      stop a pending or running task: it ends cancelled
+  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-answered] [-o json]
                                       what is waiting for a human, counts per reason
   dispatch review show ID [-o json]   why a task stopped: trust, attempts, dead ends, records
   dispatch review resolve|reject|requeue ID -note TEXT [-by WHO]
@@ -106,6 +112,10 @@ func run(ctx context.Context, args []string) error {
 		return cmdSubmit(ctx, cfg, rest)
 	case "status":
 		return cmdStatus(ctx, cfg, rest)
+	case "tasks", "ls":
+		return cmdTasks(ctx, cfg, rest)
+	case "cancel":
+		return cmdCancel(ctx, cfg, rest)
 	case "review":
 		return cmdReview(ctx, cfg, rest)
 	case "audit":

@@ -15,7 +15,7 @@ import (
 )
 
 const reviewUsage = `usage:
-  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-o json]
+  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-answered] [-o json]
   dispatch review show ID [-o json]
   dispatch review resolve ID -note TEXT [-by WHO]
   dispatch review reject ID -note TEXT [-by WHO]
@@ -85,6 +85,7 @@ func reviewList(ctx context.Context, cfg Config, args []string) error {
 	fs.StringVar(&f.Type, "type", "", "only this task type")
 	fs.DurationVar(&f.Age, "age", 0, "only records from the last AGE (e.g. 24h)")
 	fs.BoolVar(&f.All, "all", false, "also list items a human already handled")
+	fs.BoolVar(&f.Answered, "answered", false, "also list rejections the submit API already answered to its caller")
 	output := outputFlag(fs)
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err

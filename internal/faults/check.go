@@ -278,6 +278,13 @@ func (c *checker) task(id string, plan Plan) {
 	if !hasState {
 		c.problem(id, KindState, "queued but no task state")
 	}
+	switch {
+	case te.indexed == 0:
+		c.problem(id, KindState, "queued but not in the task index (dispatch.index.>)")
+	case te.indexed > 1:
+		c.r.Duplicated++
+		c.problem(id, KindDuplicated, "%d entries in the task index", te.indexed)
+	}
 
 	var end ending
 	switch len(te.endings) {

@@ -45,6 +45,7 @@ func (e ending) String() string {
 // taskEvents is what the stream holds of one task.
 type taskEvents struct {
 	submits, queued int
+	indexed         int // entries in the task index (dispatch.index.>)
 	// executed are the Executed events by pass, in stream order.
 	executed map[int][]events.Executed
 	endings  []ending
@@ -132,6 +133,14 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		_ = json.Unmarshal(data, &ev) // a poison or rejected record keeps the original bytes
 		te.trail = append(te.trail, fmt.Sprintf("review.%s/%d#%d", reason, ev.Run.Pass, md.Sequence.Stream))
 		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause})
+		return nil
+	}
+	if strings.HasPrefix(subject, events.IndexRoot+".") {
+		v.stages["index"]++
+		var e events.IndexEntry
+		if json.Unmarshal(data, &e) == nil && e.ID != "" {
+			v.task(e.ID).indexed++
+		}
 		return nil
 	}
 	if _, ok := strings.CutPrefix(subject, events.SubmitRoot+"."); ok {

@@ -50,6 +50,9 @@ type Server struct {
 	Started chan Request
 	// Block, when set, holds each answer until it is closed or the request is cancelled.
 	Block chan struct{}
+	// Cancelled, when set, receives each request whose context ended (the
+	// client gave up on it) while Block held it.
+	Cancelled chan Request
 }
 
 // New starts a server answering with script; closed at cleanup.
@@ -106,6 +109,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-s.Block:
 		case <-r.Context().Done():
+			if s.Cancelled != nil {
+				s.Cancelled <- req
+			}
 			return
 		}
 	}

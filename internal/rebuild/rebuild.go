@@ -459,8 +459,8 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 			return // already recorded
 		}
 	}
-	if st.Pass > b.Run.Pass {
-		return
+	if st.Pass > b.Run.Pass || events.Terminal(st.Status) {
+		return // as the recorder: an old pass, or a task a human cancelled meanwhile
 	}
 	rev, ok := r.decidedBy[passKey{t.ID, b.Run.Pass}]
 	if !ok {

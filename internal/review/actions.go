@@ -29,6 +29,9 @@ type Decision struct {
 	// Task is the task state after the action; nil for a review record
 	// without a task (rejected input), whose decision is the event alone.
 	Task *events.TaskState `json:"task,omitempty"`
+	// Already: the same decision had been taken before (a repeated cancel);
+	// nothing changed.
+	Already bool `json:"already,omitempty"`
 }
 
 // Resolve records that a human fixed the task: status succeeded.

@@ -24,6 +24,17 @@ type Filter struct {
 	Age time.Duration
 	// All also lists items a human already handled.
 	All bool
+	// Answered also lists rejected inputs that were already answered to a
+	// synchronous caller: the submit API (dispatch.api.submit) replied 400
+	// with the problems and kept the rejection. Nobody else needs to act on
+	// them, so by default they are left out of the queue and its counts.
+	Answered bool
+}
+
+// AnsweredRejection reports whether a review record is a rejection the
+// submit API already answered to its caller.
+func AnsweredRejection(r Record) bool {
+	return r.Reason == events.ReviewRejected && r.OrigSubject == events.SubmitAPI
 }
 
 // Validate reports a filter that cannot match as the caller meant.
@@ -204,7 +215,7 @@ func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 		} else {
 			it.Handled = handledBy(it.Record, decisions[it.Key])
 		}
-		if (f.Type != "" && it.Type != f.Type) || it.Time.Before(since) {
+		if (f.Type != "" && it.Type != f.Type) || it.Time.Before(since) || (!f.Answered && AnsweredRejection(it.Record)) {
 			continue
 		}
 		cnt := q.Counts[it.Reason]

@@ -2,7 +2,9 @@
 // everything on the review subjects dispatch.review.<reason>.<id> (rejected
 // input, gated, escalated, poison and stuck tasks), the full record of one
 // task (state, trust score, every attempt, dead ends, review records, the
-// timeline), and the three human decisions — resolve, reject, requeue.
+// timeline), the three human decisions — resolve, reject, requeue — and
+// cancel (stop a task that has not ended), and the task explorer (Tasks:
+// every task, newest first, a page at a time, from the task index).
 //
 // Every decision is itself an event: an events.Action on
 // dispatch.review.action.<id>, and an entry in the task's TaskState.Actions,
@@ -97,6 +99,22 @@ func New(cfg Config) (*Client, error) {
 	return &Client{cfg: cfg}, nil
 }
 
+// taskStore opens only the task bucket: what the explorer and a cancel
+// need, so a user that may not read trust (the client user) can use them.
+func (c *Client) taskStore(ctx context.Context) (*services.TaskStore, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tasks != nil {
+		return c.tasks, nil
+	}
+	tasks, err := c.cfg.JS.KeyValue(ctx, services.BucketTasks)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTasks, err)
+	}
+	c.tasks = services.NewTaskStore(tasks)
+	return c.tasks, nil
+}
+
 // stores opens the task and trust buckets once.
 func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.Store, error) {
 	c.mu.Lock()
@@ -104,14 +122,17 @@ func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.Store,
 	if c.opened {
 		return c.tasks, c.trust, nil
 	}
-	tasks, err := c.cfg.JS.KeyValue(ctx, services.BucketTasks)
-	if err != nil {
-		return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTasks, err)
+	if c.tasks == nil {
+		tasks, err := c.cfg.JS.KeyValue(ctx, services.BucketTasks)
+		if err != nil {
+			return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTasks, err)
+		}
+		c.tasks = services.NewTaskStore(tasks)
 	}
 	tr, err := c.cfg.JS.KeyValue(ctx, services.BucketTrust)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTrust, err)
 	}
-	c.tasks, c.trust, c.opened = services.NewTaskStore(tasks), trust.NewStore(tr, c.cfg.Scoring), true
+	c.trust, c.opened = trust.NewStore(tr, c.cfg.Scoring), true
 	return c.tasks, c.trust, nil
 }

@@ -47,7 +47,7 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	h.writeJSON(w, code, apiError{Error: err.Error()})
 }
 
-// filter reads a review filter from the query: reason, type, age, all.
+// filter reads a review filter from the query: reason, type, age, all, answered.
 func filter(r *http.Request) (review.Filter, error) {
 	q := r.URL.Query()
 	f := review.Filter{Reason: q.Get("reason"), Type: q.Get("type")}
@@ -64,6 +64,13 @@ func filter(r *http.Request) (review.Filter, error) {
 			return f, fmt.Errorf("%w: all %q is not a boolean", review.ErrInvalid, a)
 		}
 		f.All = all
+	}
+	if a := q.Get("answered"); a != "" {
+		answered, err := strconv.ParseBool(a)
+		if err != nil {
+			return f, fmt.Errorf("%w: answered %q is not a boolean", review.ErrInvalid, a)
+		}
+		f.Answered = answered
 	}
 	return f, f.Validate()
 }
@@ -134,8 +141,10 @@ func (h *Handler) act(r *http.Request, action, id string, req ActionRequest) (re
 		return h.cfg.Review.Reject(r.Context(), id, req.Note, by)
 	case events.ActionRequeue:
 		return h.cfg.Review.Requeue(r.Context(), id, req.Note, by)
+	case events.ActionCancel:
+		return h.cfg.Review.Cancel(r.Context(), id, req.Note, by)
 	}
-	return review.Decision{}, fmt.Errorf("%w: unknown action %q (resolve, reject or requeue)", review.ErrInvalid, action)
+	return review.Decision{}, fmt.Errorf("%w: unknown action %q (resolve, reject, requeue or cancel)", review.ErrInvalid, action)
 }
 
 // readAction decodes a JSON or form body.

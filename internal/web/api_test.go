@@ -83,6 +83,7 @@ func (s *seeded) task(id, status, why, reason string, history []events.AttemptRe
 	if _, err := s.tasks.Update(bg, id, func(cur *events.TaskState, _ bool) error { *cur = st; return nil }); err != nil {
 		s.t.Fatal(err)
 	}
+	s.publish(events.IndexSubject(task.Type, task.Subject), events.EventIndexed, "intake@test", "", events.IndexEntry{ID: id, Type: task.Type, Subject: task.Subject, SubmittedAt: time.Now()})
 	s.publish(events.TaskSubject(id, events.StageQueued), events.EventQueued, "intake@test", "", events.Queued{Base: events.Base{Task: task, Run: events.Run{Pass: 1, Attempt: 1}}})
 	if reason != "" {
 		s.publish(events.ReviewSubject(reason, id), "review."+reason+".v1", "recorder@test", why,

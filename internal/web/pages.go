@@ -32,8 +32,11 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
-	"kind":     kind,
-	"openable": func(it review.Item) bool { return it.TaskID != "" },
+	"kind":        kind,
+	"span":        span,
+	"msec":        func(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond },
+	"cancellable": review.Cancellable,
+	"openable":    func(it review.Item) bool { return it.TaskID != "" },
 	"plural": func(n int, word string) string {
 		if n == 1 {
 			return fmt.Sprintf("%d %s", n, word)
@@ -63,6 +66,7 @@ func kind(s string) string {
 var pages = map[string]*template.Template{
 	"queue": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/queue.html")),
 	"task":  template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/task.html")),
+	"tasks": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/tasks.html")),
 	"error": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/error.html")),
 }
 
@@ -109,6 +113,9 @@ type queueData struct {
 	Tabs    []tab
 	Trust   []review.TrustView
 	AllLink string
+	// AnsweredLink shows or hides rejections the submit API already
+	// answered to their caller (Filter.Answered).
+	AnsweredLink string
 }
 
 // tab is one reason filter link.
@@ -146,12 +153,36 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		if all {
 			v.Set("all", "1")
 		}
+		if f.Answered {
+			v.Set("answered", "1")
+		}
 		if len(v) == 0 {
 			return "/"
 		}
 		return "/?" + v.Encode()
 	}
 	d := queueData{Filter: f, Queue: q, Trust: tr, AllLink: link(f.Reason, !f.All)}
+	answered := f
+	answered.Answered = !f.Answered
+	d.AnsweredLink = func() string {
+		v := url.Values{}
+		if f.Reason != "" {
+			v.Set("reason", f.Reason)
+		}
+		if f.Type != "" {
+			v.Set("type", f.Type)
+		}
+		if f.All {
+			v.Set("all", "1")
+		}
+		if answered.Answered {
+			v.Set("answered", "1")
+		}
+		if len(v) == 0 {
+			return "/"
+		}
+		return "/?" + v.Encode()
+	}()
 	total := 0
 	for _, reason := range review.Reasons {
 		total += q.Counts[reason].Open
@@ -165,9 +196,11 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 
 // taskData is the task page.
 type taskData struct {
-	D        review.Detail
-	Timeline []review.AuditEntry
-	Stopped  bool // the task waits for a human
+	D       review.Detail
+	X       taskExtras
+	Stopped bool // the task waits for a human
+	// CanCancel: the task has not ended, a human may cancel it.
+	CanCancel bool
 }
 
 func (h *Handler) pageTask(w http.ResponseWriter, r *http.Request) {
@@ -182,7 +215,8 @@ func (h *Handler) pageTask(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, err)
 		return
 	}
-	h.render(w, r, http.StatusOK, "task", "Task "+id, taskData{D: d, Timeline: a.Events, Stopped: d.Actionable})
+	canCancel := d.Task != nil && review.Cancellable(d.Task.Status)
+	h.render(w, r, http.StatusOK, "task", "Task "+id, taskData{D: d, X: extras(a.Events), Stopped: d.Actionable, CanCancel: canCancel})
 }
 
 // formAction handles the page's resolve / reject / requeue buttons, then
@@ -226,8 +260,8 @@ func (h *Handler) formWhoami(w http.ResponseWriter, r *http.Request) {
 // safeBack allows only this server's own pages as redirect targets.
 func safeBack(back, id string) string {
 	switch {
-	case back == "/":
-		return "/"
+	case back == "/", back == "/tasks":
+		return back
 	case back != "" && strings.HasPrefix(back, "/tasks/") && !strings.ContainsAny(back, "?#\\") && !strings.HasPrefix(back, "//"):
 		return back
 	case id != "":

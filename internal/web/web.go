@@ -1,12 +1,16 @@
 // Package web serves human review over HTTP: a JSON API and a plain
 // server-rendered page (html/template, no JavaScript framework) with the
-// review queue, resolve / reject / requeue buttons, the trust score per type
-// and, per task, why it stopped, what was tried and its timeline.
+// review queue, resolve / reject / requeue buttons, the trust score per type,
+// the task explorer (every task, filtered and paged: review.Client.Tasks)
+// and, per task, its payload, why it stopped, what was tried, what the
+// model answered, its timeline and a cancel button while it has not ended.
 //
-//	GET  /                               the review queue and trust per type
-//	GET  /tasks/{id}                     one task: why it stopped, attempts, dead ends, timeline
-//	POST /tasks/{id}/{action}            form: resolve, reject or requeue with a note, then back
-//	GET  /api/review                     the queue (?reason= &type= &age=24h &all=1)
+//	GET  /                               the review queue and trust per type (?answered=1: with rejections the submit API answered)
+//	GET  /tasks                          the task explorer: every task, newest first (?id= &type= &status= &subject= &since= &until= &cursor= &limit=)
+//	GET  /tasks/{id}                     one task: payload, why it stopped, attempts and answers, dead ends, timeline
+//	POST /tasks/{id}/{action}            form: resolve, reject or requeue with a note, or cancel, then back
+//	GET  /api/review                     the queue (?reason= &type= &age=24h &all=1 &answered=1)
+//	GET  /api/tasks                      one page of the explorer (review.TaskPage; same query as /tasks)
 //	GET  /api/tasks/{id}                 one task (review.Detail)
 //	GET  /api/tasks/{id}/timeline        its events from the stream
 //	GET  /api/trust                      trust per type with recent outcomes
@@ -81,10 +85,12 @@ func New(cfg Config) (*Handler, error) {
 
 func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /{$}", h.pageQueue)
+	h.mux.HandleFunc("GET /tasks", h.pageTasks)
 	h.mux.HandleFunc("GET /tasks/{id}", h.pageTask)
 	h.mux.HandleFunc("POST /tasks/{id}/{action}", h.formAction)
 	h.mux.HandleFunc("POST /whoami", h.formWhoami)
 	h.mux.HandleFunc("GET /api/review", h.apiReview)
+	h.mux.HandleFunc("GET /api/tasks", h.apiTasks)
 	h.mux.HandleFunc("GET /api/tasks/{id}", h.apiTask)
 	h.mux.HandleFunc("GET /api/tasks/{id}/timeline", h.apiTimeline)
 	h.mux.HandleFunc("GET /api/trust", h.apiTrust)
@@ -202,7 +208,7 @@ func status(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, review.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, review.ErrNotReviewable), errors.Is(err, review.ErrNoTask):
+	case errors.Is(err, review.ErrNotReviewable), errors.Is(err, review.ErrNoTask), errors.Is(err, review.ErrEnded):
 		return http.StatusConflict
 	}
 	return http.StatusInternalServerError

@@ -84,6 +84,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil // a redelivery: this pass's outcome is already on the stream
 	}
 
+	// A human may cancel the task while the model works on it: the call's
+	// context ends, and the attempt is neither recorded nor retried.
+	ctx, ended, stop := s.watchEnd(ctx, in.Task.ID)
+	defer stop()
+
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, banned: map[string]string{}}
 	start := s.cfg.Now()
 	var result events.Result
@@ -97,6 +102,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	default:
 		result = events.Result{Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassDeterministic,
 			Error: fmt.Sprintf("policy of type %q: unknown executor %q (model, command)", in.Task.Type, pol.Executor)}
+	}
+	if ended() {
+		s.cfg.Log.Info("task cancelled during its attempt: call abandoned, nothing recorded", "task", in.Task.ID, "pass", in.Run.Pass, "attempt", in.Run.Attempt)
+		return nil, nil
 	}
 	if err != nil {
 		return nil, err

@@ -114,6 +114,18 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	snap := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
+	if s.cfg.Tasks != nil {
+		// A task a human ended (cancelled) takes no canary place, no probe
+		// and no step of the block streak: nothing of it runs any more.
+		st, err := s.cfg.Tasks.Get(ctx, t.ID)
+		if err != nil && !errors.Is(err, services.ErrTaskNotFound) {
+			return nil, err
+		}
+		if err == nil && st.Pass >= b.Run.Pass && services.EndedByHuman(st) {
+			s.log.Info("task ended by a human: not admitted", "task", t.ID, "status", st.Status)
+			return nil, nil
+		}
+	}
 
 	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()

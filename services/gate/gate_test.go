@@ -245,3 +245,32 @@ func TestGateMovesARetryUpTheLadder(t *testing.T) {
 		t.Fatalf("went to %s with %+v (%v)", to, d, err)
 	}
 }
+
+// A task a human cancelled before the gate takes no canary place and goes
+// nowhere.
+func TestCancelledTaskIsNotAdmitted(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	b := events.Base{Task: events.Task{ID: "gone-1", Type: "new_fix", Subject: "a.go"}, Run: events.Run{Pass: 1, Attempt: 1}}
+	st := services.NewState(b.Task)
+	services.ApplyAction(&st, events.Action{TaskID: "gone-1", Action: events.ActionCancel, By: "alice", At: now})
+	if _, _, err := e.tasks.Create(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(events.Verified{Base: b})
+	outs, err := e.gate.Handle(ctx, &services.Msg{Subject: events.TaskSubject("gone-1", events.StageVerified), Data: data, Delivered: 1, Time: now})
+	if err != nil || len(outs) != 0 {
+		t.Fatalf("gate on a cancelled task: %d outputs, %v", len(outs), err)
+	}
+	stats, err := e.trust.Get(ctx, "new_fix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stats.Canaries) != 0 || len(stats.Gates) != 0 {
+		t.Fatalf("the cancelled task touched trust: %+v", stats)
+	}
+	// Without the cancel the same pass is admitted as a canary.
+	if to, _, err := e.pass("live-1", "new_fix", events.Run{Pass: 1, Attempt: 1}, 0); err != nil || to != events.StageAdmitted {
+		t.Fatalf("a live task went to %s (%v)", to, err)
+	}
+}

@@ -83,11 +83,18 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil
 	}
 	b := events.Base{Task: task, Run: run, At: time.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
+	// The index entry first: the task explorer lists every task that was
+	// queued. Same decision, deterministic Msg-Id: one entry per task.
+	entry := events.IndexEntry{ID: task.ID, Type: task.Type, Subject: task.Subject, SubmittedAt: task.SubmittedAt}
+	idx, err := services.Emit(events.IndexSubject(task.Type, task.Subject), services.MsgID(task.ID, 1, "index"), events.EventIndexed, task.ID, entry)
+	if err != nil {
+		return nil, err
+	}
 	out, err := services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
 	if err != nil {
 		return nil, err
 	}
-	return []services.Out{out}, nil
+	return []services.Out{idx, out}, nil
 }
 
 // firstRun is the run context of a new task's first attempt: REFINE, or a

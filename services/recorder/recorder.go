@@ -117,9 +117,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			res.Outcome, res.Error = r.Outcome, r.Reason // judged when first recorded
 			return kvcas.ErrNoChange
 		}
-		if st.Pass > b.Run.Pass {
+		if st.Pass > b.Run.Pass || events.Terminal(st.Status) {
+			// An old pass, or a task that ended while its model answered
+			// (a human cancelled it): never recorded, never retried.
 			stale = true
-			return kvcas.ErrNoChange // an old pass, never recorded
+			return kvcas.ErrNoChange
 		}
 		judged := Judge(b.Run, ev.Result, st.DeadEnds, len(pol.Steps) > 0)
 		Apply(st, t, b.Run, judged, pol, now)
@@ -135,7 +137,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	if stale {
-		s.log.Warn("outcome of an earlier pass ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass)
+		s.log.Warn("outcome of an earlier pass or an ended task ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass, "status", st.Status)
 		return nil, nil
 	}
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")

@@ -75,3 +75,51 @@ func TestOutcomeRedeliveredBehindAFullWindowCountsOnce(t *testing.T) {
 		t.Fatalf("spent %+v, want %+v: the redelivered outcome counted twice", got, want)
 	}
 }
+
+// An answer that reaches the recorder after a human cancelled the task
+// (the model answered as the cancel landed) is not recorded: no attempt, no
+// outcome for trust, no retry; the task stays cancelled.
+func TestOutcomeAfterACancelIsIgnored(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := context.Background()
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := services.NewTaskStore(stores.Tasks)
+	trustStore := trust.NewStore(stores.Trust, trust.Policy{})
+	rec, err := recorder.New(recorder.Config{
+		Tasks: tasks, Trust: trustStore, History: history.NewStore(stores.History, 0),
+		Policy: policy.Static(nil), Instance: "recorder@test",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := events.Task{ID: "gone", Type: "css_fix", Subject: "a.css"}
+	st := services.NewState(task)
+	st.Status = events.StatusRunning
+	services.ApplyAction(&st, events.Action{TaskID: "gone", Action: events.ActionCancel, By: "alice", At: now})
+	if _, _, err := tasks.Create(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	failure := events.Result{Outcome: events.OutcomeFailure, Approach: "guess", Error: "still broken", TokensIn: 100, TokensOut: 10}
+	outs, err := rec.Handle(ctx, executed(t, task, 1, 1, events.RungRefine, failure))
+	if err != nil || len(outs) != 0 {
+		t.Fatalf("recorder on a cancelled task: %d outputs, %v", len(outs), err)
+	}
+	got, err := tasks.Get(ctx, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != events.StatusCancelled || got.Attempts != 0 || len(got.History) != 0 {
+		t.Fatalf("state after the late answer: %s, %d attempts, history %+v", got.Status, got.Attempts, got.History)
+	}
+	stats, err := trustStore.Get(ctx, "css_fix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stats.Outcomes) != 0 {
+		t.Fatalf("the late answer reached trust: %+v", stats.Outcomes)
+	}
+}

@@ -139,6 +139,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pv := *pol.For(b.Task.Type).Verifier
 	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
+	if s.tasks != nil {
+		// A task that ended is not verified again — unless this verifier
+		// ended it (stale) and this is a redelivery: then its cancelled
+		// event is published again below (the Msg-Id deduplicates).
+		ended, st, err := s.tasks.Ended(ctx, b.Task.ID)
+		if err != nil {
+			return nil, s.fail(ctx, fmt.Errorf("read task state: %w", err))
+		}
+		if ended && st.Pass >= b.Run.Pass && (st.Status != events.StatusCancelled || services.EndedByHuman(st)) {
+			log.Info("task has ended: not verified", "status", st.Status)
+			return nil, nil
+		}
+	}
 
 	if kind(pv) != policy.VerifierNone && s.tasks != nil {
 		if _, err := s.tasks.SetStatus(ctx, b, events.StatusVerifying, ""); err != nil {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
@@ -241,5 +243,38 @@ func TestNewChecksPolicy(t *testing.T) {
 	}
 	if !strings.HasPrefix(s.instance, "verifier@") {
 		t.Errorf("default instance = %q", s.instance)
+	}
+}
+
+// A task a human cancelled is not verified again: no check, no event.
+func TestHandleSkipsTaskCancelledByHuman(t *testing.T) {
+	srv := natstest.Start(t)
+	task := testTask("t1")
+	tasks := taskStore(t, srv, task)
+	if _, err := tasks.Update(context.Background(), "t1", func(st *events.TaskState, _ bool) error {
+		services.ApplyAction(st, events.Action{TaskID: "t1", Action: events.ActionCancel, By: "alice", At: testNow})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	srvSub, err := srv.NC.Subscribe("verify.css", func(m *nats.Msg) { checked++; _ = m.Respond([]byte(`{"exists": true}`)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srvSub.Unsubscribe()
+	s := newService(t, Config{NC: srv.NC, Tasks: tasks, Policy: policyFor(policy.Verifier{Kind: "nats", Subject: "verify.css"})})
+	outs, err := s.Handle(context.Background(), queued(t, task))
+	if err != nil || len(outs) != 0 {
+		t.Fatalf("handle of a cancelled task: %d outputs, %v", len(outs), err)
+	}
+	if err := srv.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if checked != 0 {
+		t.Fatalf("the verifier endpoint was asked %d times", checked)
+	}
+	if st := state(t, tasks, "t1"); st.Status != events.StatusCancelled || !services.EndedByHuman(st) {
+		t.Fatalf("state = %+v", st)
 	}
 }
