@@ -79,14 +79,15 @@ func (s *Store) Gate(ctx context.Context, taskType, key string, below bool) (pro
 	return probe, st.BlockStreak, nil
 }
 
-// Canary asks for a canary place for task key (its id; see
-// Policy.AdmitCanary) and reports whether its pass may go.
-func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time) (admit bool, err error) {
+// Canary asks for a canary place for task key (its id) under p, the
+// policy of its type (see Policy.AdmitCanary: a type may set its own number
+// of canaries, or none), and reports whether its pass may go.
+func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time, p Policy) (admit bool, err error) {
 	if key == "" {
 		return false, fmt.Errorf("%w: canary call without a key", ErrInvalid)
 	}
 	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		next, a, changed := s.policy.AdmitCanary(cur, key, now)
+		next, a, changed := p.AdmitCanary(cur, key, now)
 		admit = a
 		return next, changed
 	})

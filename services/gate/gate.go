@@ -220,7 +220,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	if d.Cause == events.CauseUnproven {
-		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At)
+		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring)
 		if err != nil {
 			return nil, err
 		}

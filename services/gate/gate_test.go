@@ -184,6 +184,27 @@ func TestGateCanaries(t *testing.T) {
 	}
 }
 
+// A type's own canary setting is the one the gate applies: one canary at a
+// time for "careful", none at all (every pass goes) for "eager".
+func TestGateCanariesPerType(t *testing.T) {
+	one, none := 1, 0
+	e := newEnv(t, &policy.File{Types: map[string]policy.Type{
+		"careful": {Canary: &one},
+		"eager":   {Canary: &none},
+	}})
+	if to, _, err := e.pass("c0", "careful", first(), 0); err != nil || to != events.StageAdmitted {
+		t.Fatalf("careful's canary: %s %v", to, err)
+	}
+	if _, _, err := e.pass("c1", "careful", first(), 0); !errors.Is(err, gate.ErrCanaryWait) {
+		t.Fatalf("careful's second pass went while its one canary runs: %v", err)
+	}
+	for i := range trust.DefaultCanary + 2 {
+		if to, _, err := e.pass(fmt.Sprintf("e%d", i), "eager", first(), 0); err != nil || to != events.StageAdmitted {
+			t.Fatalf("eager pass %d (no canaries): %s %v", i, to, err)
+		}
+	}
+}
+
 // Blocks of new tasks build the streak; the next new task is a probe and
 // is marked so its retries go on. Stopped retries do not count.
 func TestGateProbeAfterBlocks(t *testing.T) {
