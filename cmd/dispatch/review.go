@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/review"
 )
 
@@ -24,15 +25,28 @@ const reviewUsage = `usage:
 
 // reviewClient connects to DISPATCH_NATS_URL and returns a review client.
 func reviewClient(cfg Config) (*review.Client, func(), error) {
+	return newReviewClient(cfg, true)
+}
+
+// listClient is a review client for listing tasks only: it does not read
+// the policy, so a user who may not read the policy bucket (client) can
+// list tasks.
+func listClient(cfg Config) (*review.Client, func(), error) {
+	return newReviewClient(cfg, false)
+}
+
+func newReviewClient(cfg Config, withPolicy bool) (*review.Client, func(), error) {
 	js, closeFn, err := clientJS(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	// The page and `review show` give the thresholds of the policy in force.
-	pol, err := watchPolicy(context.Background(), js, cfg.logger())
-	if err != nil {
-		closeFn()
-		return nil, nil, err
+	var pol *policy.Source
+	if withPolicy {
+		if pol, err = watchPolicy(context.Background(), js, cfg.logger()); err != nil {
+			closeFn()
+			return nil, nil, err
+		}
 	}
 	rc, err := review.New(review.Config{JS: js, Policy: pol, Log: cfg.logger()})
 	if err != nil {
