@@ -114,19 +114,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	snap := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
-	if s.cfg.Tasks != nil {
-		// A task a human ended (cancelled) takes no canary place, no probe
-		// and no step of the block streak: nothing of it runs any more.
-		st, err := s.cfg.Tasks.Get(ctx, t.ID)
-		if err != nil && !errors.Is(err, services.ErrTaskNotFound) {
-			return nil, err
-		}
-		if err == nil && st.Pass >= b.Run.Pass && services.EndedByHuman(st) {
-			s.log.Info("task ended by a human: not admitted", "task", t.ID, "status", st.Status)
-			return nil, nil
-		}
-	}
-
 	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	scoring.Exempt = []string{} // the policy says which types are exempt
@@ -178,6 +165,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		s.log.Info("retry gated", "task", t.ID, "type", t.Type, "attempt", b.Run.Attempt, "reason", v.Reason)
 		return s.block(ctx, b, d, release)
 	case v.Below:
+		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
+			return nil, err
+		}
 		probe, streak, err := s.cfg.Trust.Gate(ctx, t.Type, gateKey, true)
 		if err != nil {
 			return nil, err
@@ -220,9 +210,21 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	if d.Cause == events.CauseUnproven {
+		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
+			return nil, err
+		}
 		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring)
 		if err != nil {
 			return nil, err
+		}
+		if !admit { // places held by tasks that ended without an outcome are free
+			if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil {
+				return nil, err
+			} else if freed {
+				if admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring); err != nil {
+					return nil, err
+				}
+			}
 		}
 		waited := b.At.Sub(m.Time)
 		if !admit && waited < scoring.CanaryTTL {
@@ -236,6 +238,64 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 	return s.admit(b, d)
+}
+
+// endedByHuman reports whether a human ended the task (cancelled it) before
+// this pass: it then takes no canary place, no probe and no step of the
+// block streak. Only those decisions read the task's state: a pass the gate
+// simply admits needs no read, and the executor skips a task that ended.
+func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error) {
+	if s.cfg.Tasks == nil {
+		return false, nil
+	}
+	st, err := s.cfg.Tasks.Get(ctx, b.Task.ID)
+	if errors.Is(err, services.ErrTaskNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if st.Pass >= b.Run.Pass && services.EndedByHuman(st) {
+		s.log.Info("task ended by a human: not admitted", "task", b.Task.ID, "status", st.Status)
+		return true, nil
+	}
+	return false, nil
+}
+
+// releaseEnded gives up the canary places of taskType held by tasks that
+// have ended (a human cancelled or resolved them: no outcome will ever
+// release them), and reports whether it freed any. It reads the holders'
+// states only when a pass is refused a place, at most Policy.Canary reads.
+func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool, error) {
+	if s.cfg.Tasks == nil {
+		return false, nil
+	}
+	stats, err := s.cfg.Trust.Get(ctx, taskType)
+	if err != nil {
+		return false, err
+	}
+	freed := false
+	for _, c := range stats.Canaries {
+		if c.Key == self {
+			continue
+		}
+		st, err := s.cfg.Tasks.Get(ctx, c.Key)
+		if errors.Is(err, services.ErrTaskNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if !events.Terminal(st.Status) {
+			continue
+		}
+		if _, err := s.cfg.Trust.Release(ctx, taskType, c.Key); err != nil {
+			return false, err
+		}
+		s.log.Info("canary place of an ended task released", "type", taskType, "task", c.Key, "status", st.Status)
+		freed = true
+	}
+	return freed, nil
 }
 
 // canaryDelay is how long a waiting pass sleeps before it looks again:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -293,5 +294,42 @@ func TestCancelledTaskIsNotAdmitted(t *testing.T) {
 	// Without the cancel the same pass is admitted as a canary.
 	if to, _, err := e.pass("live-1", "new_fix", events.Run{Pass: 1, Attempt: 1}, 0); err != nil || to != events.StageAdmitted {
 		t.Fatalf("a live task went to %s (%v)", to, err)
+	}
+}
+
+// A canary cancelled while it runs never records an outcome: the next pass
+// refused a place finds it ended and takes its place, instead of waiting
+// for the place to expire.
+func TestCanaryOfAnEndedTaskIsReleased(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	for i := range trust.DefaultCanary {
+		if to, _, err := e.pass(fmt.Sprintf("c%d", i), "new_type", first(), 0); err != nil || to != events.StageAdmitted {
+			t.Fatalf("canary %d: %s %v", i, to, err)
+		}
+	}
+	if _, _, err := e.pass("w1", "new_type", first(), 0); !errors.Is(err, gate.ErrCanaryWait) {
+		t.Fatalf("a pass went beyond the canaries: %v", err)
+	}
+	if _, err := e.tasks.Update(ctx, "c1", func(st *events.TaskState, _ bool) error {
+		services.ApplyAction(st, events.Action{TaskID: "c1", Action: events.ActionCancel, By: "alice", At: now})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if to, _, err := e.pass("w2", "new_type", first(), 0); err != nil || to != events.StageAdmitted {
+		t.Fatalf("after a canary was cancelled: %s %v", to, err)
+	}
+	stats, err := e.trust.Get(ctx, "new_type")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for _, c := range stats.Canaries {
+		held = append(held, c.Key)
+	}
+	slices.Sort(held)
+	if !slices.Equal(held, []string{"c0", "c2", "w2"}) {
+		t.Fatalf("canary places held by %v, want c0 c2 w2", held)
 	}
 }
