@@ -3,60 +3,85 @@ package executor
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
 
 	"dispatchmesh/events"
 )
 
-// watchEnd returns a context derived from ctx that ends as soon as the
-// task's state shows a terminal status (a human cancelled the task while
-// the model works on it), ended, which reports whether that happened, and
-// stop, which releases the watch.
+// flights are the attempts this instance runs, by task id. A human's cancel
+// (the review action a cancel publishes on dispatch.review.action.<id>,
+// heard on one subscription per instance) ends their calls: an in-flight
+// model call costs a goroutine blocked on I/O and a map entry, nothing on
+// the server.
 //
-// The watch is a KV watch of the task's key (one ordered consumer for the
-// length of one attempt): its first update is the current state, so a
-// cancel stored between the ledger's begin and the watch is seen too.
-// Without a task store (tests, the in-memory ledger) nothing is watched.
-func (s *Service) watchEnd(ctx context.Context, id string) (context.Context, func() bool, func()) {
-	var fired atomic.Bool
-	ended := func() bool { return fired.Load() }
-	if s.cfg.Tasks == nil {
-		return ctx, ended, func() {}
+// An attempt is registered before the ledger reads the task's state, and a
+// cancel stores the state before it publishes the action: a cancel that
+// comes before the registration is seen by that read (the task is skipped),
+// one that comes after it ends the call.
+type flights struct {
+	mu     sync.Mutex
+	byTask map[string]map[*flight]struct{}
+}
+
+type flight struct {
+	cancel context.CancelFunc
+	fired  atomic.Bool
+}
+
+// track registers an attempt of task id: ctx ends when the task is
+// cancelled, ended reports whether it was, done unregisters it.
+func (f *flights) track(ctx context.Context, id string) (_ context.Context, ended func() bool, done func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	fl := &flight{cancel: cancel}
+	f.mu.Lock()
+	if f.byTask == nil {
+		f.byTask = map[string]map[*flight]struct{}{}
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	w, err := s.cfg.Tasks.Watch(cctx, id)
-	if err != nil {
-		// The attempt goes on; the recorder still ignores an outcome
-		// that arrives after the task ended.
-		s.cfg.Log.Warn("cannot watch the task for a cancel", "task", id, "err", err)
-		return cctx, ended, cancel
+	if f.byTask[id] == nil {
+		f.byTask[id] = map[*flight]struct{}{}
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-cctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					continue // the end of the current value
-				}
-				var st events.TaskState
-				if json.Unmarshal(e.Value(), &st) == nil && events.Terminal(st.Status) {
-					fired.Store(true)
-					cancel()
-					return
-				}
-			}
+	f.byTask[id][fl] = struct{}{}
+	f.mu.Unlock()
+	return ctx, fl.fired.Load, func() {
+		f.mu.Lock()
+		delete(f.byTask[id], fl)
+		if len(f.byTask[id]) == 0 {
+			delete(f.byTask, id)
 		}
-	}()
-	return cctx, ended, func() {
+		f.mu.Unlock()
 		cancel()
-		<-done
-		_ = w.Stop()
 	}
+}
+
+// end cancels the attempts of task id running here; it reports how many.
+func (f *flights) end(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for fl := range f.byTask[id] {
+		fl.fired.Store(true)
+		fl.cancel()
+	}
+	return len(f.byTask[id])
+}
+
+// listenForCancels subscribes to the review actions and ends the attempts
+// of every task a human cancels.
+func (s *Service) listenForCancels(nc *nats.Conn) error {
+	_, err := nc.Subscribe(events.ReviewSubject(events.ReviewAction, "*"), func(m *nats.Msg) {
+		var a events.Action
+		if json.Unmarshal(m.Data, &a) != nil || a.Action != events.ActionCancel || !events.ValidID(a.TaskID) {
+			return
+		}
+		if n := s.flights.end(a.TaskID); n > 0 {
+			s.cfg.Log.Info("task cancelled by a human: its call is abandoned", "task", a.TaskID, "by", a.By)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("executor: subscribe to cancels: %w", err)
+	}
+	return nil
 }

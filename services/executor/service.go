@@ -26,6 +26,7 @@ type Service struct {
 	ledger   ledger
 	circuits *circuits
 	metrics  *metrics
+	flights  flights // the attempts running here, which a cancel ends (cancel.go)
 }
 
 // New validates cfg and returns the service.
@@ -40,6 +41,11 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Tasks != nil {
 		s.ledger = kvLedger{tasks: cfg.Tasks, log: cfg.Log}
+		if cfg.NATS != nil {
+			if err := s.listenForCancels(cfg.NATS); err != nil {
+				return nil, err
+			}
+		}
 	} else {
 		s.ledger = &memLedger{}
 	}
@@ -76,6 +82,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	base := in.Base
 	base.By, base.PolicyRev = s.cfg.Instance, snap.Rev
 	base.At = s.cfg.Now()
+	// A human may cancel the task while the model works on it: the call's
+	// context ends, and the attempt is neither recorded nor retried.
+	ctx, ended, done := s.flights.track(ctx, in.Task.ID)
+	defer done()
 	f, skip, err := s.ledger.begin(ctx, base)
 	if err != nil || skip {
 		return nil, err
@@ -83,11 +93,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if f.failedNow && s.executed(ctx, base) {
 		return nil, nil // a redelivery: this pass's outcome is already on the stream
 	}
-
-	// A human may cancel the task while the model works on it: the call's
-	// context ends, and the attempt is neither recorded nor retried.
-	ctx, ended, stop := s.watchEnd(ctx, in.Task.ID)
-	defer stop()
 
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, banned: map[string]string{}}
 	start := s.cfg.Now()

@@ -101,12 +101,15 @@ func (m *Mesh) waitProvisioned() {
 	for {
 		_, err := m.Srv.JS.KeyValue(ctx, services.BucketTrust)
 		kv, err2 := m.Srv.JS.KeyValue(ctx, services.BucketTasks)
-		if err == nil && err2 == nil {
+		// The buckets exist before the services run (the policy is put
+		// first): wait for the submit API as well, the last one started.
+		_, err3 := m.Srv.NC.Request("$SRV.PING."+services.MicroService, nil, time.Second)
+		if err == nil && err2 == nil && err3 == nil {
 			m.Tasks = services.NewTaskStore(kv)
 			return
 		}
 		if ctx.Err() != nil {
-			m.t.Fatalf("mesh never provisioned: %v %v", err, err2)
+			m.t.Fatalf("mesh never provisioned: %v %v %v", err, err2, err3)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
