@@ -139,10 +139,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pv := *pol.For(b.Task.Type).Verifier
 	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
-	if s.tasks != nil {
+	if s.tasks != nil && (kind(pv) != policy.VerifierNone || m.Delivered > 1) {
 		// A task that ended is not verified again — unless this verifier
 		// ended it (stale) and this is a redelivery: then its cancelled
-		// event is published again below (the Msg-Id deduplicates).
+		// event is published again below (the Msg-Id deduplicates). With
+		// no verifier there is nothing to save by reading the state first:
+		// a task a human cancelled is skipped where it would cost, by the
+		// executor.
 		ended, st, err := s.tasks.Ended(ctx, b.Task.ID)
 		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("read task state: %w", err))
