@@ -68,6 +68,27 @@ func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason
 	return st, err
 }
 
+// Stop applies stop (a transition that ends the task's pass: blocked,
+// needs review) to the task's state for pass b.Run.Pass, unless the state
+// has moved past that pass or the task already ended — a redelivery, whose
+// record is republished as it was. It returns the state after the call and
+// whether this call made the change: what ends a task is counted once.
+func (s *TaskStore) Stop(ctx context.Context, b events.Base, stop func(st *events.TaskState)) (st events.TaskState, changed bool, err error) {
+	st, err = s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
+		changed = false
+		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
+			return kvcas.ErrNoChange
+		}
+		if !found {
+			*st = NewState(b.Task)
+		}
+		stop(st)
+		changed = true
+		return nil
+	})
+	return st, changed && err == nil, err
+}
+
 // SetStatusChanged is SetStatus that also reports whether this call made the
 // change (false for a redelivery, or a task that moved on): what ends a task
 // is counted once.

@@ -35,7 +35,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
-	"dispatchmesh/internal/kvcas"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
@@ -136,7 +135,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	// A redelivered pass that an earlier delivery stopped stays stopped.
 	if m.Delivered > 1 && !b.Run.Reviewed {
-		if outs, ok, err := s.stopped(ctx, b, d, stats, pol); ok || err != nil {
+		if outs, ok, err := s.stopped(ctx, b, d); ok || err != nil {
 			return outs, err
 		}
 	}
@@ -325,19 +324,7 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
-		changed := false
-		st, err := s.cfg.Tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
-			changed = false
-			if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
-				return kvcas.ErrNoChange // moved on, or a redelivery
-			}
-			if !found {
-				*st = services.NewState(b.Task)
-			}
-			Block(st, b, d.Reason, d.Cause)
-			changed = true
-			return nil
-		})
+		st, changed, err := s.cfg.Tasks.Stop(ctx, b, func(st *events.TaskState) { Block(st, b, d.Reason, d.Cause) })
 		if err != nil {
 			return nil, err
 		}
@@ -360,20 +347,10 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var st events.TaskState
 	if s.cfg.Tasks != nil {
-		changed := false
+		var changed bool
 		var err error
-		st, err = s.cfg.Tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
-			changed = false
-			if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
-				return kvcas.ErrNoChange // moved on, or a redelivery: the record is republished as it was
-			}
-			if !found {
-				*st = services.NewState(b.Task)
-			}
-			HandOff(st, b, d.Reason)
-			changed = true
-			return nil
-		})
+		// A redelivery: the record is republished as it was.
+		st, changed, err = s.cfg.Tasks.Stop(ctx, b, func(st *events.TaskState) { HandOff(st, b, d.Reason) })
 		if err != nil {
 			return nil, err
 		}

@@ -6,9 +6,7 @@ import (
 	"slices"
 
 	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
-	"dispatchmesh/trust"
 )
 
 // stopped republishes the stop of a pass that an earlier delivery of the
@@ -24,7 +22,7 @@ import (
 // It returns ok=false when the state holds no stop of this pass (a first
 // delivery, or the task moved on). d is the decision as evaluated now; its
 // measurements go in the record, the stop's reason and time are the state's.
-func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDecision, stats trust.Stats, pol policy.Type) ([]services.Out, bool, error) {
+func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, bool, error) {
 	if s.cfg.Tasks == nil {
 		return nil, false, nil
 	}
