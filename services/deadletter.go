@@ -35,14 +35,14 @@ func DeadLetters(spec Spec, publish func(context.Context, Out) error) Middleware
 			if err == nil {
 				return outs, nil
 			}
-			f, key := decide(spec, m, err, ctx.Err() != nil)
+			f, key, cause := decide(spec, m, err, ctx.Err() != nil)
 			if f.Action != ActionTerm {
 				return nil, f
 			}
 			// A shutdown must not cut the copy short: a fresh deadline.
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 			defer cancel()
-			if perr := publish(pctx, DeadLetter(m, spec.Stream, f.Reason, key, f.Err)); perr != nil {
+			if perr := publish(pctx, DeadLetter(m, spec.Stream, f.Reason, key, cause)); perr != nil {
 				return nil, &Fate{
 					Action: ActionNak, Delay: spec.Backoff(m.Delivered), Result: ResultNone,
 					Err: fmt.Errorf("dead-letter to review %s failed: %w; cause: %w", f.Reason, perr, f.Err),
@@ -53,30 +53,30 @@ func DeadLetters(spec Spec, publish func(context.Context, Out) error) Middleware
 	}
 }
 
-// decide is the fate of a message whose handler returned err, and the key
-// of its review record when it is terminated.
-func decide(spec Spec, m *Msg, err error, shutdown bool) (f *Fate, key string) {
+// decide is the fate of a message whose handler returned err and, when
+// it is terminated, the key and cause of its review record.
+func decide(spec Spec, m *Msg, err error, shutdown bool) (f *Fate, key string, cause error) {
 	var dead *DeadError
 	var pub *publishError
 	switch delay, snoozed := IsSnooze(err); {
 	case snoozed && m.Delivered >= spec.MaxDeliver:
 		// The server would not deliver it again: keep it for a human.
-		return poison(fmt.Errorf("still snoozed after %d deliveries: %w", m.Delivered, err)), ""
+		return poison(fmt.Errorf("still snoozed after %d deliveries: %w", m.Delivered, err))
 	case snoozed:
-		return &Fate{Action: ActionNak, Delay: delay, Result: ResultSnoozed, Err: err}, ""
+		return &Fate{Action: ActionNak, Delay: delay, Result: ResultSnoozed, Err: err}, "", nil
 	case errors.As(err, &dead):
-		return &Fate{Action: ActionTerm, Reason: dead.Reason, Result: ResultDead, Err: dead.Err}, dead.Key
+		return &Fate{Action: ActionTerm, Reason: dead.Reason, Result: ResultDead, Err: err}, dead.Key, dead.Err
 	case shutdown && !errors.As(err, &pub):
-		return &Fate{Action: ActionNak, Result: ResultShutdown, Err: err}, ""
+		return &Fate{Action: ActionNak, Result: ResultShutdown, Err: err}, "", nil
 	case m.Delivered >= spec.MaxDeliver:
-		return poison(fmt.Errorf("failed %d deliveries, last error: %w", m.Delivered, err)), ""
+		return poison(fmt.Errorf("failed %d deliveries, last error: %w", m.Delivered, err))
 	default:
-		return &Fate{Action: ActionNak, Delay: spec.Backoff(m.Delivered), Result: ResultRetried, Err: err}, ""
+		return &Fate{Action: ActionNak, Delay: spec.Backoff(m.Delivered), Result: ResultRetried, Err: err}, "", nil
 	}
 }
 
-func poison(cause error) *Fate {
-	return &Fate{Action: ActionTerm, Reason: events.ReviewPoison, Result: ResultDead, Err: cause}
+func poison(cause error) (*Fate, string, error) {
+	return &Fate{Action: ActionTerm, Reason: events.ReviewPoison, Result: ResultDead, Err: cause}, "", cause
 }
 
 // DeadLetter builds the review record of a message that cannot be handled:

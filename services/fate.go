@@ -55,8 +55,8 @@ type Fate struct {
 	// Reason is a terminated message's review reason (its term reason).
 	Reason string
 	Result Result
-	// Err is the failure: the handler's error, or the cause recorded in the
-	// dead-letter record's error header.
+	// Err is the failure: the handler's error, wrapped with the count of
+	// deliveries when they are exhausted.
 	Err error
 }
 
