@@ -1,7 +1,9 @@
 package services_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +114,86 @@ func TestEventsCarryTaskAndPass(t *testing.T) {
 		if out.Header.Get(events.HeaderTaskID) != "t-1" || out.Header.Get(events.HeaderPass) != "4" {
 			t.Errorf("%s: headers %v", out.Subject, out.Header)
 		}
+	}
+}
+
+// DeadLetters decides each failure's fate and files the review records.
+func TestDeadLetters(t *testing.T) {
+	failing := func(err error) services.Handler {
+		return func(context.Context, *services.Msg) ([]services.Out, error) { return nil, err }
+	}
+	busy := services.Snooze(5*time.Second, errors.New("busy"))
+	plain := errors.New("x")
+	for _, c := range []struct {
+		name      string
+		err       error
+		delivered int
+		shutdown  bool
+		pubErr    error
+		want      services.Fate // Err compared by its text
+		record    string        // subject of the review record; "" none
+		cause     string        // its error header
+	}{
+		{name: "success", delivered: 1, want: services.Fate{Action: services.ActionAck, Result: services.ResultOK}},
+		{name: "snooze", err: busy, delivered: 1,
+			want: services.Fate{Action: services.ActionNak, Delay: 5 * time.Second, Result: services.ResultSnoozed, Err: busy}},
+		{name: "snoozed on the last delivery: poison", err: busy, delivered: 3,
+			want:   services.Fate{Action: services.ActionTerm, Reason: events.ReviewPoison, Result: services.ResultDead, Err: errors.New("still snoozed after 3 deliveries: snoozed for 5s: busy")},
+			record: "dispatch.review.poison.t1", cause: "still snoozed after 3 deliveries: snoozed for 5s: busy"},
+		{name: "dead", err: services.Dead(events.ReviewRejected, errors.New("no good")), delivered: 1,
+			want:   services.Fate{Action: services.ActionTerm, Reason: events.ReviewRejected, Result: services.ResultDead, Err: errors.New("rejected: no good")},
+			record: "dispatch.review.rejected.t1", cause: "no good"},
+		{name: "dead with a key, at shutdown", err: services.DeadKey(events.ReviewRejected, "k1", errors.New("no good")), delivered: 1, shutdown: true,
+			want:   services.Fate{Action: services.ActionTerm, Reason: events.ReviewRejected, Result: services.ResultDead, Err: errors.New("rejected: no good")},
+			record: "dispatch.review.rejected.k1", cause: "no good"},
+		{name: "failure: backoff", err: plain, delivered: 2,
+			want: services.Fate{Action: services.ActionNak, Delay: 2 * time.Second, Result: services.ResultRetried, Err: plain}},
+		{name: "failure on the last delivery: poison", err: plain, delivered: 3,
+			want:   services.Fate{Action: services.ActionTerm, Reason: events.ReviewPoison, Result: services.ResultDead, Err: errors.New("failed 3 deliveries, last error: x")},
+			record: "dispatch.review.poison.t1", cause: "failed 3 deliveries, last error: x"},
+		{name: "failure at shutdown: handed back at once", err: plain, delivered: 3, shutdown: true,
+			want: services.Fate{Action: services.ActionNak, Result: services.ResultShutdown, Err: plain}},
+		{name: "the record cannot be published: handed back, uncounted", err: plain, delivered: 3, pubErr: errors.New("no stream"),
+			want:   services.Fate{Action: services.ActionNak, Delay: 3 * time.Second, Result: services.ResultNone, Err: errors.New("dead-letter to review poison failed: no stream; cause: failed 3 deliveries, last error: x")},
+			record: "dispatch.review.poison.t1", cause: "failed 3 deliveries, last error: x"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var published []services.Out
+			mw := services.DeadLetters(services.Spec{MaxDeliver: 3, Backoff: func(n int) time.Duration { return time.Duration(n) * time.Second }},
+				func(ctx context.Context, out services.Out) error {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					published = append(published, out)
+					return c.pubErr
+				})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if c.shutdown {
+				cancel()
+			}
+			m := &services.Msg{Subject: events.TaskSubject("t1", "in"), Header: nats.Header{events.HeaderTaskID: {"t1"}}, Data: []byte("bytes"), Seq: 7, Delivered: c.delivered}
+			_, err := mw(failing(c.err))(ctx, m)
+			got := services.FateOf(err)
+			if got.Action != c.want.Action || got.Delay != c.want.Delay || got.Reason != c.want.Reason || got.Result != c.want.Result ||
+				fmt.Sprint(got.Err) != fmt.Sprint(c.want.Err) {
+				t.Fatalf("fate %+v (%v), want %+v (%v)", *got, got.Err, c.want, c.want.Err)
+			}
+			if c.want.Err != nil && !errors.Is(err, c.err) {
+				t.Errorf("%v does not wrap the handler's %v", err, c.err)
+			}
+			if c.record == "" {
+				if len(published) != 0 {
+					t.Fatalf("published %v", published)
+				}
+				return
+			}
+			if len(published) != 1 || published[0].Subject != c.record || string(published[0].Data) != "bytes" || published[0].MsgID != "review:DISPATCH:7" {
+				t.Fatalf("published %+v, want one record on %s", published, c.record)
+			}
+			if got := published[0].Header.Get(events.HeaderError); got != c.cause {
+				t.Errorf("error header %q, want %q", got, c.cause)
+			}
+		})
 	}
 }

@@ -13,5 +13,8 @@
 //	                 copy to dispatch.review.poison and terminate
 //
 // Handlers never touch a JetStream message, so they are plain functions that
-// unit tests can call directly.
+// unit tests can call directly. What is not the service's own concern is
+// Middleware around the handler, one per file: Recoverer, Heartbeat,
+// Timeout, Latency, Outcomes, Logging and DeadLetters (which decides the
+// fates above). Router.chain composes them.
 package services

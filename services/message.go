@@ -22,6 +22,11 @@ type Msg struct {
 	Delivered int
 	// Time is when the stream stored the message.
 	Time time.Time
+	// InProgress tells the server the message is still being worked on,
+	// pushing its redelivery back by AckWait. The router sets it for the
+	// Heartbeat middleware; handlers leave it alone. Nil for a message
+	// that is not a delivery.
+	InProgress func() error
 }
 
 // Out is a message a handler wants published.

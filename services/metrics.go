@@ -31,9 +31,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) count(service, result string) {
+func (m *Metrics) count(service string, result Result) {
 	if m != nil {
-		m.Messages.WithLabelValues(service, result).Inc()
+		m.Messages.WithLabelValues(service, string(result)).Inc()
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -37,6 +36,13 @@ type Spec struct {
 	// AckWait is how long a delivered message is ours before the server
 	// redelivers it; a heartbeat extends it while the handler runs. Default 30s.
 	AckWait time.Duration
+	// Timeout is the handler's deadline per message: its context is
+	// cancelled then and the message retried like any failure. Default
+	// none.
+	Timeout time.Duration
+	// Middleware wraps Handler inside the router's own (see Router.chain):
+	// the first is the outermost. Default none.
+	Middleware []Middleware
 	// Backoff is the nak delay after the n-th failed delivery.
 	// Default: 1s doubling per delivery, capped at 1m.
 	Backoff func(delivered int) time.Duration
@@ -151,6 +157,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 		}
 	}()
 
+	h := r.chain(log, spec)
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, spec.Concurrency)
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
@@ -174,7 +181,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			r.handle(hctx, log, spec, msg)
+			r.handle(hctx, log, h, msg)
 		}()
 	}
 	wg.Wait()
@@ -219,8 +226,40 @@ func (r *Router) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// handle runs the handler for one message and settles it.
-func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg jetstream.Msg) {
+// chain wraps spec's handler in the router's middleware, from the
+// outside in:
+//
+//	Outcomes     counts the Result (dispatch_messages_total, RunStats)
+//	Logging      one line per message: debug when handled, else by its fate
+//	DeadLetters  turns a failure into a *Fate: nak with a delay, or copy
+//	             to dispatch.review.<reason> and terminate
+//	publishing   publishes the outputs; a failure is retried like the handler's
+//	Latency      the handler's time (dispatch_handler_seconds)
+//	Recoverer    a panic becomes a *PanicError carrying the stack
+//	Heartbeat    InProgress every AckWait/3 while the handler runs
+//	Timeout      the handler's deadline (Spec.Timeout)
+//	spec.Middleware..., then spec.Handler
+//
+// So a handler's outputs are published before its message is acked, a
+// panic or a deadline is a failure like any other, and what is counted
+// and logged is what the router then does.
+func (r *Router) chain(log *slog.Logger, spec Spec) Handler {
+	publish := func(ctx context.Context, out Out) error { return r.publish(ctx, spec.Name, out) }
+	mws := []Middleware{
+		Outcomes(r.Metrics, r.Stats, spec.Name),
+		Logging(log),
+		DeadLetters(spec, publish),
+		r.publishing(spec.Name),
+		Latency(r.Metrics, spec.Name),
+		Recoverer,
+		Heartbeat(spec.AckWait / 3),
+		Timeout(spec.Timeout),
+	}
+	return Chain(spec.Handler, append(mws, spec.Middleware...)...)
+}
+
+// handle runs the chain for one message and settles it as its fate says.
+func (r *Router) handle(ctx context.Context, log *slog.Logger, h Handler, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil { // not a JetStream message: nothing to settle
 		log.Error("message without metadata", "subject", msg.Subject(), "err", err)
@@ -229,126 +268,66 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg je
 	m := &Msg{
 		Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(),
 		Seq: md.Sequence.Stream, Delivered: int(md.NumDelivered), Time: md.Timestamp,
+		InProgress: msg.InProgress,
 	}
-	log = log.With("subject", m.Subject, "seq", m.Seq, "delivered", m.Delivered)
 	r.Stats.begin()
 	defer r.Stats.end()
 
-	start := time.Now()
-	stop := heartbeat(msg, spec.AckWait/3)
-	outs, err := call(ctx, spec.Handler, m)
-	stop()
-	r.Metrics.observe(spec.Name, time.Since(start).Seconds())
+	_, err = h(ctx, m)
+	f := FateOf(err)
+	switch f.Action {
+	case ActionAck:
+		err = msg.Ack()
+	case ActionTerm:
+		err = msg.TermWithReason(f.Reason)
+	case ActionNak:
+		if f.Delay > 0 {
+			err = msg.NakWithDelay(f.Delay)
+		} else {
+			err = msg.Nak()
+		}
+	}
+	if err != nil {
+		// The server redelivers after AckWait: handlers are idempotent.
+		log.Warn(string(f.Action)+" failed; the message will be redelivered",
+			"subject", m.Subject, "seq", m.Seq, "delivered", m.Delivered, "err", err)
+	}
+}
 
-	// Publishing must not be cut short by a shutdown: use a fresh deadline.
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
+// publishTimeout bounds publishing a message's outputs, or its dead-letter
+// record. It is not cut short by a shutdown.
+const publishTimeout = 10 * time.Second
 
-	var dead *DeadError
-	switch delay, snoozed := IsSnooze(err); {
-	case err == nil:
-		for _, out := range outs {
-			if perr := r.publish(pctx, spec.Name, out); perr != nil {
-				log.Error("publish failed; will retry", "to", out.Subject, "err", perr)
-				r.retry(pctx, log, spec, msg, m, perr)
-				return
+// publishing publishes next's outputs, in order, before the message is
+// settled. A failure is a *publishError.
+func (r *Router) publishing(service string) Middleware {
+	return func(next Handler) Handler {
+		return func(ctx context.Context, m *Msg) ([]Out, error) {
+			outs, err := next(ctx, m)
+			if err != nil {
+				return nil, err
 			}
-		}
-		r.settle(log, msg.Ack(), "ack")
-		r.count(spec.Name, "ok")
-	case snoozed && m.Delivered >= spec.MaxDeliver:
-		// The server would not deliver it again: keep it for a human.
-		r.deadLetter(pctx, log, spec, msg, m, events.ReviewPoison, "",
-			fmt.Errorf("still snoozed after %d deliveries: %w", m.Delivered, err))
-	case snoozed:
-		log.Debug("snoozed", "delay", delay, "err", err)
-		r.settle(log, msg.NakWithDelay(delay), "nak")
-		r.count(spec.Name, "snoozed")
-	case errors.As(err, &dead):
-		log.Warn("sending to review", "reason", dead.Reason, "err", dead.Err)
-		r.deadLetter(pctx, log, spec, msg, m, dead.Reason, dead.Key, dead.Err)
-	case ctx.Err() != nil:
-		log.Info("shutdown: handing message back", "err", err)
-		r.settle(log, msg.Nak(), "nak")
-		r.count(spec.Name, "shutdown")
-	default:
-		r.retry(pctx, log, spec, msg, m, err)
-	}
-}
-
-// retry naks with the backoff delay, or dead-letters on the last delivery.
-func (r *Router) retry(ctx context.Context, log *slog.Logger, spec Spec, msg jetstream.Msg, m *Msg, err error) {
-	if m.Delivered >= spec.MaxDeliver {
-		log.Error("deliveries exhausted; sending to review", "err", err)
-		r.deadLetter(ctx, log, spec, msg, m, events.ReviewPoison, "",
-			fmt.Errorf("failed %d deliveries, last error: %w", m.Delivered, err))
-		return
-	}
-	delay := spec.Backoff(m.Delivered)
-	log.Warn("handler failed; retrying", "err", err, "delay", delay)
-	r.settle(log, msg.NakWithDelay(delay), "nak")
-	r.count(spec.Name, "retried")
-}
-
-// deadLetter copies the original bytes to dispatch.review.<reason>.<key>
-// with the reason in headers, then terminates the message. If the copy
-// fails the message is nak'ed instead: it is never dropped.
-func (r *Router) deadLetter(ctx context.Context, log *slog.Logger, spec Spec, msg jetstream.Msg, m *Msg, reason, key string, cause error) {
-	out := DeadLetter(m, spec.Stream, reason, key, cause)
-	if err := r.publish(ctx, spec.Name, out); err != nil {
-		log.Error("dead-letter publish failed; retrying later", "err", err)
-		r.settle(log, msg.NakWithDelay(spec.Backoff(m.Delivered)), "nak")
-		return
-	}
-	r.settle(log, msg.TermWithReason(reason), "term")
-	r.count(spec.Name, "dead")
-}
-
-// DeadLetter builds the review record of a message that cannot be handled:
-// the original bytes, the Dispatch-* headers of the original, and the reason.
-// The record is filed under key, else under the task the message belongs
-// to (TaskOf: headers and subject, never only a body that may be what
-// failed), else under seq-N; its Dispatch-Task-Id and Dispatch-Pass say
-// which task and pass it stopped, so review can act on the task. Its
-// Msg-Id derives from the original's stream position, so the router and
-// the reaper never record the same message twice.
-func DeadLetter(m *Msg, stream, reason, key string, cause error) Out {
-	id, pass := TaskOf(m)
-	if key == "" {
-		key = id
-	}
-	if !events.ValidID(key) {
-		key = "seq-" + strconv.FormatUint(m.Seq, 10)
-	}
-	h := nats.Header{}
-	for k, v := range m.Header {
-		if len(k) > 9 && k[:9] == "Dispatch-" {
-			h[k] = v
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+			defer cancel()
+			for _, out := range outs {
+				if err := r.publish(pctx, service, out); err != nil {
+					return nil, &publishError{subject: out.Subject, err: err}
+				}
+			}
+			return outs, nil
 		}
 	}
-	if key == id {
-		h.Set(events.HeaderTaskID, id)
-		if pass > 0 {
-			h.Set(events.HeaderPass, strconv.Itoa(pass))
-		}
-	}
-	h.Set(events.HeaderEvent, "review."+reason+".v1")
-	h.Set(events.HeaderReason, reason)
-	h.Set(events.HeaderError, cause.Error())
-	h.Set(events.HeaderOrigSubj, m.Subject)
-	h.Set(events.HeaderOrigSeq, strconv.FormatUint(m.Seq, 10))
-	return Out{
-		Subject: events.ReviewSubject(reason, key),
-		MsgID:   fmt.Sprintf("review:%s:%d", stream, m.Seq),
-		Header:  h,
-		Data:    m.Data,
-	}
 }
 
-func (r *Router) count(service, result string) {
-	r.Metrics.count(service, result)
-	r.Stats.settled(result)
+// publishError is a failure to publish a handler's output. It is retried
+// with backoff, as a handler's error, even at shutdown.
+type publishError struct {
+	subject string
+	err     error
 }
+
+func (e *publishError) Error() string { return fmt.Sprintf("publish to %s: %v", e.subject, e.err) }
+func (e *publishError) Unwrap() error { return e.err }
 
 func (r *Router) publish(ctx context.Context, service string, out Out) error {
 	h := out.Header
@@ -364,40 +343,4 @@ func (r *Router) publish(ctx context.Context, service string, out Out) error {
 	}
 	r.Metrics.published(service, ack.Duplicate)
 	return nil
-}
-
-func (r *Router) settle(log *slog.Logger, err error, what string) {
-	if err != nil {
-		// The server redelivers after AckWait: handlers are idempotent.
-		log.Warn(what+" failed; the message will be redelivered", "err", err)
-	}
-}
-
-// call runs h, turning a panic into an error (retried, then poison).
-func call(ctx context.Context, h Handler, m *Msg) (outs []Out, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panic: %v", p)
-		}
-	}()
-	return h(ctx, m)
-}
-
-// heartbeat tells the server we are still working on msg every interval,
-// so a long model call does not get redelivered to another worker.
-func heartbeat(msg jetstream.Msg, every time.Duration) (stop func()) {
-	done := make(chan struct{})
-	t := time.NewTicker(every)
-	go func() {
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	return func() { close(done) }
 }

@@ -54,12 +54,12 @@ func (s *RunStats) end() {
 }
 
 // settled counts one message by its result (the results of Metrics).
-func (s *RunStats) settled(result string) {
+func (s *RunStats) settled(result Result) {
 	if s == nil {
 		return
 	}
 	s.handled.Add(1)
-	if result == "retried" || result == "dead" {
+	if result == ResultRetried || result == ResultDead {
 		s.failed.Add(1)
 	}
 }
@@ -76,9 +76,9 @@ func (s *RunStats) Begin() (done func(failed bool)) {
 	return func(failed bool) {
 		s.end()
 		if failed {
-			s.settled("dead")
+			s.settled(ResultDead)
 		} else {
-			s.settled("ok")
+			s.settled(ResultOK)
 		}
 	}
 }

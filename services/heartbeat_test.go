@@ -1,0 +1,103 @@
+package services_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"dispatchmesh/events"
+	"dispatchmesh/services"
+)
+
+const ackWait = time.Second
+
+// While a handler outlives AckWait, another worker asking for the message
+// gets nothing with the heartbeat, and the redelivery without it.
+func TestHeartbeatKeepsTheMessage(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		heartbeat services.Middleware
+		stolen    bool
+	}{
+		{name: "heartbeat every AckWait/3", heartbeat: services.Heartbeat(ackWait / 3)},
+		{name: "no heartbeat: redelivered", heartbeat: services.Heartbeat(0), stolen: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := setup(t)
+			ctx := context.Background()
+			cons, err := s.JS.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{
+				Durable: "hb", FilterSubject: events.StageFilter("in"), AckPolicy: jetstream.AckExplicitPolicy,
+				AckWait: ackWait, MaxDeliver: 5,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+			msg, err := cons.Next(jetstream.FetchMaxWait(patience))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := c.heartbeat(func(context.Context, *services.Msg) ([]services.Out, error) {
+				// A long model call, during which another worker asks for
+				// work for longer than AckWait.
+				other, err := cons.Next(jetstream.FetchMaxWait(3 * ackWait))
+				switch {
+				case errors.Is(err, nats.ErrTimeout):
+					return nil, nil
+				case err != nil:
+					return nil, err
+				}
+				md, _ := other.Metadata()
+				return nil, fmt.Errorf("stolen: delivery %d", md.NumDelivered)
+			})
+			_, err = h(ctx, &services.Msg{Delivered: 1, InProgress: msg.InProgress})
+			if stolen := err != nil; stolen != c.stolen {
+				t.Fatalf("stolen = %v (%v), want %v", stolen, err, c.stolen)
+			}
+			if c.stolen {
+				return
+			}
+			if err := msg.Ack(); err != nil {
+				t.Fatal(err)
+			}
+			waitConsumer(t, s.JS, "hb", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 })
+			if ci, _ := cons.Info(ctx); ci.NumRedelivered != 0 {
+				t.Fatalf("%d redelivered", ci.NumRedelivered)
+			}
+		})
+	}
+}
+
+// Under the router, a handler that runs three times AckWait, with a free
+// worker beside it, is delivered once.
+func TestRouterHeartbeatOutlivesAckWait(t *testing.T) {
+	s := setup(t)
+	var calls atomic.Int32
+	delivered := make(chan int, 4)
+	sp := spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		calls.Add(1)
+		delivered <- m.Delivered
+		time.Sleep(3 * ackWait)
+		return nil, nil
+	})
+	sp.AckWait, sp.Concurrency = ackWait, 2
+	run(t, s.JS, sp)
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+	if n := <-delivered; n != 1 {
+		t.Fatalf("first delivery is %d", n)
+	}
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+	c, err := s.JS.Consumer(context.Background(), services.Stream, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci, _ := c.Info(context.Background()); ci.NumRedelivered != 0 || calls.Load() != 1 {
+		t.Fatalf("handled %d times, %d redelivered", calls.Load(), ci.NumRedelivered)
+	}
+}
