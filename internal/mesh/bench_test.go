@@ -34,14 +34,14 @@ func BenchmarkChainBare(b *testing.B) {
 	done := countOn(b, srv.NC, "chain.done")
 	payload := []byte(`{"id":"x","type":"css_fix","subject":"src/app.css","payload":{"issue":"button misaligned by 3px on the settings page"}}`)
 	b.ResetTimer()
-	start, cpu := time.Now(), cpuTime()
+	start, cpu, msgs := time.Now(), cpuTime(), inMsgs(srv)
 	for range b.N {
 		if _, err := srv.JS.PublishAsync("chain.s0", payload); err != nil {
 			b.Fatal(err)
 		}
 	}
 	done.wait(b, b.N)
-	report(b, start, cpu)
+	report(b, srv, start, cpu, msgs)
 }
 
 // The whole mesh, every service in this process, on the simulated model.
@@ -72,20 +72,33 @@ func benchMesh(b *testing.B, types, subjects int) {
 	done.wait(b, warm)
 	done.n.Store(0)
 	b.ResetTimer()
-	start, cpu := time.Now(), cpuTime()
+	start, cpu, msgs := time.Now(), cpuTime(), inMsgs(srv)
 	for i := range b.N {
 		submit("b", i)
 	}
 	done.wait(b, b.N)
-	report(b, start, cpu)
+	report(b, srv, start, cpu, msgs)
 }
 
-// report gives the throughput and the CPU time (server and services, all
-// in this process) per task. On a machine shared with other work the
-// throughput varies from run to run; the CPU time per task much less.
-func report(b *testing.B, start time.Time, cpu time.Duration) {
+// report gives the throughput, the CPU time (server and services, all in
+// this process) per task and the messages clients sent the server per task
+// (publishes, KV reads and writes, acks, pull requests: each a round trip
+// the server handles). On a machine shared with other work the throughput
+// varies from run to run; the CPU time per task much less, the messages
+// per task not at all.
+func report(b *testing.B, srv *natstest.Server, start time.Time, cpu time.Duration, msgs int64) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
 	b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/task")
+	b.ReportMetric(float64(inMsgs(srv)-msgs)/float64(b.N), "msgs/task")
+}
+
+// inMsgs is how many messages clients have sent the server.
+func inMsgs(srv *natstest.Server) int64 {
+	v, err := srv.Varz(nil)
+	if err != nil {
+		return 0
+	}
+	return v.InMsgs
 }
 
 // cpuTime is the CPU time this process has used (user and system).
