@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -31,7 +32,7 @@ func TestTaskStoreEach(t *testing.T) {
 		t.Fatalf("empty store: %v", got)
 	}
 	for _, id := range []string{"a", "b", "c"} {
-		if _, _, err := store.Create(ctx, services.NewState(events.Task{ID: id, Type: "css_fix", Subject: "x.css"})); err != nil {
+		if _, _, err := store.Create(ctx, task.New(events.Task{ID: id, Type: "css_fix", Subject: "x.css"})); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/kvcas"
-	"dispatchmesh/services"
+	"dispatchmesh/internal/task"
 )
 
 // ErrEnded: the task to cancel has already ended with another status
@@ -70,7 +70,7 @@ func (c *Client) Cancel(ctx context.Context, id, note, by string) (Decision, err
 			return fmt.Errorf("%w: task %s is %s", ErrEnded, id, cur.Status)
 		}
 		prev = *cur
-		services.ApplyAction(cur, a) // as dispatch rebuild replays it
+		*cur = task.Act(*cur, a) // as dispatch rebuild replays it
 		return nil
 	})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
@@ -16,7 +17,7 @@ import (
 func (e *env) deliver(id, typ string, run events.Run, delivered int) (to string, body []byte) {
 	e.t.Helper()
 	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: run}
-	if _, _, err := e.tasks.Create(context.Background(), services.NewState(b.Task)); err != nil {
+	if _, _, err := e.tasks.Create(context.Background(), task.New(b.Task)); err != nil {
 		e.t.Fatal(err)
 	}
 	data, _ := json.Marshal(events.Verified{Base: b})
