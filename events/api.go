@@ -183,7 +183,7 @@ type WaitReply struct {
 	Type    string `json:"type"`
 	Subject string `json:"subject"`
 	// Status is the task's status (Status* constants).
-	Status string `json:"status"`
+	Status Status `json:"status"`
 	// Terminal is true when Status is terminal (see Terminal): the task
 	// stays there unless a human acts.
 	Terminal bool `json:"terminal"`

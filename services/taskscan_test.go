@@ -22,7 +22,7 @@ func TestTaskStoreEach(t *testing.T) {
 	store := services.NewTaskStore(kv)
 	ids := func() []string {
 		var got []string
-		if err := store.Each(ctx, func(st events.TaskState) error { got = append(got, st.ID+"/"+st.Status); return nil }); err != nil {
+		if err := store.Each(ctx, func(st events.TaskState) error { got = append(got, st.ID+"/"+string(st.Status)); return nil }); err != nil {
 			t.Fatalf("Each: %v", err)
 		}
 		slices.Sort(got)

@@ -81,7 +81,7 @@ func (s *TaskStore) Apply(ctx context.Context, id string, tr func(st events.Task
 // unless the state has moved past that pass or the task already ended: a
 // late redelivery of an old message never rewinds a task. It returns the
 // state after the change.
-func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) (events.TaskState, error) {
+func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status events.Status, reason string) (events.TaskState, error) {
 	st, _, err := s.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		return task.SetStatus(st, found, b, status, reason)
 	})

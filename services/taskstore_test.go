@@ -33,7 +33,7 @@ func TestTaskStoreApplyStop(t *testing.T) {
 		setup   func(id string)
 		pass    int
 		changed bool
-		status  string
+		status  events.Status
 	}{
 		{"an unknown task is created stopped", func(string) {}, 1, true, events.StatusNeedsHumanReview},
 		{"a running pass stops", func(id string) {

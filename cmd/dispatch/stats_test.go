@@ -48,7 +48,7 @@ func dispatch(t *testing.T, args ...string) (string, error) {
 // seeded is a task state with attempts: outcome letters s (success), f
 // (failure, reason "same") and r (refused), each 1000 prompt and 100
 // completion tokens for $0.01 unless refused.
-func seeded(id, typ, status, attempts string) events.TaskState {
+func seeded(id, typ string, status events.Status, attempts string) events.TaskState {
 	st := events.TaskState{ID: id, Type: typ, Subject: id + ".css", Status: status, Pass: 1}
 	for i, c := range attempts {
 		r := events.AttemptRecord{Attempt: i + 1, Pass: i + 1, Rung: events.RungRefine, Outcome: events.OutcomeFailure,

@@ -375,7 +375,7 @@ func (c *checker) task(id string, plan Plan) {
 }
 
 // endStatus is the task status each terminal record leaves.
-var endStatus = map[string]string{
+var endStatus = map[string]events.Status{
 	EndSucceeded: events.StatusSucceeded,
 	EndCancelled: events.StatusCancelled,
 	EndGated:     events.StatusNeedsHumanReview,

@@ -20,7 +20,7 @@ var ErrEnded = errors.New("review: task has already ended")
 
 // Cancellable reports whether a task in this status can be cancelled: it
 // has not ended (pending, verifying, running, parked).
-func Cancellable(status string) bool { return !events.Terminal(status) }
+func Cancellable(status events.Status) bool { return !events.Terminal(status) }
 
 // Cancel stops a task that has not ended: its state becomes cancelled (a
 // terminal status; the reason names who cancelled it and why) with one

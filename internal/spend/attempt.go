@@ -17,14 +17,14 @@ func RungLabel(rung string) string {
 
 // Resolved reports whether a task in this status is resolved: succeeded,
 // whether the mesh or a human's resolve finished it.
-func Resolved(status string) bool { return status == events.StatusSucceeded }
+func Resolved(status events.Status) bool { return status == events.StatusSucceeded }
 
 // Unresolved reports whether a task in this status ended without being
 // resolved: blocked, failed, needs_human_review or cancelled. What such a
 // task spent bought nothing (a human may still requeue or resolve it, and
 // then the task counts again by its new status). A cancelled task was stale
 // and usually spent nothing; one cancelled on a later pass did spend.
-func Unresolved(status string) bool {
+func Unresolved(status events.Status) bool {
 	return events.Terminal(status) && !Resolved(status)
 }
 

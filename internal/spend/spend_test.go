@@ -32,8 +32,8 @@ func refused(rung string) events.AttemptRecord {
 
 // task builds a state whose totals are the sums of its attempts, numbered
 // 1, 2, … in order.
-func task(typ, status string, h ...events.AttemptRecord) events.TaskState {
-	st := events.TaskState{ID: typ + "-" + status, Type: typ, Status: status}
+func task(typ string, status events.Status, h ...events.AttemptRecord) events.TaskState {
+	st := events.TaskState{ID: typ + "-" + string(status), Type: typ, Status: status}
 	for i := range h {
 		h[i].Attempt, h[i].Pass = i+1, i+1
 		st.TokensIn += h[i].TokensIn
@@ -94,7 +94,7 @@ func TestSameError(t *testing.T) {
 }
 
 func TestStatuses(t *testing.T) {
-	for status, want := range map[string][2]bool{ // resolved, unresolved
+	for status, want := range map[events.Status][2]bool{ // resolved, unresolved
 		events.StatusSucceeded:        {true, false},
 		events.StatusBlocked:          {false, true},
 		events.StatusFailed:           {false, true},

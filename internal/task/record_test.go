@@ -29,8 +29,8 @@ func TestApplyLadder(t *testing.T) {
 		attempts int // failed attempts before this one
 		rung     string
 		res      events.Result
-		status   string
-		decision string
+		status   events.Status
+		decision events.Decision
 		next     string
 	}{
 		{"success", policy.Type{}, bugFix, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},

@@ -22,7 +22,7 @@ func Queued(t events.Task, run events.Run, submitSeq uint64) events.TaskState {
 // state has moved past that pass, the task has ended, or it already holds
 // status (a redelivery): a late message never rewinds a task. A non-empty
 // reason replaces the state's.
-func SetStatus(st events.TaskState, found bool, b events.Base, status, reason string) (events.TaskState, Cause) {
+func SetStatus(st events.TaskState, found bool, b events.Base, status events.Status, reason string) (events.TaskState, Cause) {
 	if found {
 		if c, ok := guard(st, b.Run.Pass); !ok {
 			return st, c

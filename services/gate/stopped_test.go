@@ -55,7 +55,7 @@ func TestARedeliveredStopStands(t *testing.T) {
 		run    events.Run
 		to     string
 		cause  events.Cause
-		status string
+		status events.Status
 		later  func(e *env)
 	}{
 		{"a handoff before a retry", func(e *env) {

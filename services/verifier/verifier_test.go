@@ -98,7 +98,7 @@ func TestHandleVerifierError(t *testing.T) {
 		pv     policy.Verifier
 		stage  string
 		event  string
-		status string
+		status events.Status
 	}{
 		{"fail-open", failing, events.StageVerified, events.EventVerified, events.StatusVerifying},
 		{"fail-closed", closed, events.StageCancelled, events.EventCancelled, events.StatusCancelled},
