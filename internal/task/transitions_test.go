@@ -100,7 +100,9 @@ func TestVerifierTransitions(t *testing.T) {
 		return task.Verifying(st, found, base(2))
 	}
 	cancel := func(v events.Verification) func(events.TaskState, bool) (events.TaskState, task.Cause) {
-		return func(st events.TaskState, found bool) (events.TaskState, task.Cause) { return task.Cancel(st, found, base(2), v) }
+		return func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Cancel(st, found, base(2), v)
+		}
 	}
 	run(t, []transition{
 		{"verifying: an unknown task is created", events.TaskState{}, false, verifying, task.CauseApplied, func(t *testing.T, st events.TaskState) {
@@ -161,7 +163,9 @@ func TestExecutorTransitions(t *testing.T) {
 		st.TransientRetries, st.Unbilled, st.Resume = 2, events.Usage{TokensIn: 5}, resume
 		return st
 	}
-	begin := func(st events.TaskState, found bool) (events.TaskState, task.Cause) { return task.Begin(st, found, base(2)) }
+	begin := func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.Begin(st, found, base(2))
+	}
 	b := base(2)
 	run(t, []transition{
 		{"begin", at(events.StatusVerifying, 2), true, begin, task.CauseApplied, status(events.StatusRunning)},
@@ -206,8 +210,14 @@ func TestExecutorTransitions(t *testing.T) {
 				t.Errorf("failed %v", st.FailedRequests)
 			}
 		}},
-		{"a ban redelivered", func() events.TaskState { st := at(events.StatusRunning, 2); st.FailedRequests = []string{"h1@2"}; return st }(), true,
-			func(st events.TaskState, found bool) (events.TaskState, task.Cause) { return task.AddFailed(st, found, b, "h1") }, task.CauseRedelivered, nil},
+		{"a ban redelivered", func() events.TaskState {
+			st := at(events.StatusRunning, 2)
+			st.FailedRequests = []string{"h1@2"}
+			return st
+		}(), true,
+			func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+				return task.AddFailed(st, found, b, "h1")
+			}, task.CauseRedelivered, nil},
 		{"a refusal is counted", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.AddRefused(st, found, b)
 		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
