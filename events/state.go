@@ -97,7 +97,7 @@ type TaskState struct {
 	Cost      float64         `json:"cost"`
 	// Rung is the escalation rung of the next attempt; PivotCount counts
 	// attempts made on PIVOT; DeadEnds is the log the ladder reads.
-	Rung       string    `json:"rung,omitempty"`
+	Rung       Rung      `json:"rung,omitempty"`
 	PivotCount int       `json:"pivot_count,omitempty"`
 	DeadEnds   []DeadEnd `json:"dead_ends,omitempty"`
 	// RoundStart is the attempt count when the current round began: a human

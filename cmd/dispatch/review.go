@@ -226,7 +226,7 @@ func printDetail(out io.Writer, d review.Detail) {
 		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "#\tPASS\tRUNG\tSTEP\tAPPROACH\tOUTCOME\tREASON\tTOKENS\tCOST")
 		for _, a := range d.Attempts {
-			fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t$%.4f\n", a.Attempt, a.Pass, dash(a.Rung), dash(a.Step),
+			fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t$%.4f\n", a.Attempt, a.Pass, dash(string(a.Rung)), dash(a.Step),
 				oneLine(a.Approach, 50), a.Outcome, oneLine(dash(a.Reason), 70), a.TokensIn, a.TokensOut, a.Cost)
 		}
 		_ = w.Flush()
@@ -236,7 +236,7 @@ func printDetail(out io.Writer, d review.Detail) {
 		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ATTEMPT\tRUNG\tAPPROACH\tREASON")
 		for _, de := range d.DeadEnds {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", de.Attempt, dash(de.Rung), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", de.Attempt, dash(string(de.Rung)), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
 		}
 		_ = w.Flush()
 	}

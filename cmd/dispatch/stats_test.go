@@ -115,8 +115,8 @@ func TestStatsJSON(t *testing.T) {
 		{"tokens per resolved", *css.TokensPerResolved, 2200},
 		{"retry success rate", *css.RetrySuccessRate, 0.25},
 		{"repeat-call rate", *css.RepeatCallRate, 0.125},
-		{"REFINE prompt tokens per attempt", *css.Rungs[events.RungRefine].PromptTokensPerAttempt, 1000},
-		{"PIVOT attempts", float64(css.Rungs[events.RungPivot].Attempts), 2},
+		{"REFINE prompt tokens per attempt", *css.Rungs[string(events.RungRefine)].PromptTokensPerAttempt, 1000},
+		{"PIVOT attempts", float64(css.Rungs[string(events.RungPivot)].Attempts), 2},
 		{"total tasks", float64(r.Total.Tasks), 5},
 		{"total unresolved", float64(r.Total.Unresolved), 2},
 	}

@@ -8,11 +8,11 @@ const NoRung = "none"
 
 // RungLabel names an attempt's rung for a table or a metric label: the rung,
 // or NoRung.
-func RungLabel(rung string) string {
+func RungLabel(rung events.Rung) string {
 	if rung == "" {
 		return NoRung
 	}
-	return rung
+	return string(rung)
 }
 
 // Resolved reports whether a task in this status is resolved: succeeded,

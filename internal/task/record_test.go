@@ -27,11 +27,11 @@ func TestApplyLadder(t *testing.T) {
 		pol      policy.Type
 		task     events.Task
 		attempts int // failed attempts before this one
-		rung     string
+		rung     events.Rung
 		res      events.Result
 		status   events.Status
 		decision events.Decision
-		next     string
+		next     events.Rung
 	}{
 		{"success", policy.Type{}, bugFix, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},
 		{"first failure retries on REFINE", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungRefine},

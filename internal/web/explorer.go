@@ -124,7 +124,8 @@ func (h *Handler) apiTasks(w http.ResponseWriter, r *http.Request) {
 type answer struct {
 	events.Result
 	Pass, Attempt int
-	Rung, Step    string
+	Rung          events.Rung
+	Step          string
 	At            time.Time
 }
 

@@ -226,7 +226,7 @@ func TestToolsOffered(t *testing.T) {
 	pol := policy.Type{Tools: []policy.Tool{createUser}, ResearchTools: []policy.Tool{search}}
 	tests := []struct {
 		name string
-		rung string
+		rung events.Rung
 		nc   bool
 		want []string
 	}{

@@ -191,7 +191,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	if retry := b.Run.Attempt > 1; retry && b.Run.Rung != "" {
-		below := func(rung string) bool { low, _, _ := scoring.RungBelow(stats, rung); return low }
+		below := func(rung events.Rung) bool { low, _, _ := scoring.RungBelow(stats, rung); return low }
 		_, tries, successes := scoring.RungBelow(stats, b.Run.Rung)
 		d.RungTries, d.RungSuccesses = tries, successes
 		measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",

@@ -47,7 +47,7 @@ func newEnv(t *testing.T, pol *policy.File) *env {
 
 // outcomes records n outcomes of typ: the first successes succeed. Each is
 // a retry on rung when rung is set.
-func (e *env) outcomes(typ string, n, successes int, rung string) {
+func (e *env) outcomes(typ string, n, successes int, rung events.Rung) {
 	e.t.Helper()
 	for i := range n {
 		o := trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != ""}
@@ -93,8 +93,8 @@ func (e *env) pass(id, typ string, run events.Run, waited time.Duration) (to str
 	return stage, ev.Trust, nil
 }
 
-func first() events.Run            { return events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine} }
-func retry(rung string) events.Run { return events.Run{Pass: 3, Attempt: 3, Rung: rung} }
+func first() events.Run                 { return events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine} }
+func retry(rung events.Rung) events.Run { return events.Run{Pass: 3, Attempt: 3, Rung: rung} }
 
 func TestGateDecisions(t *testing.T) {
 	exempt := true

@@ -41,7 +41,7 @@ func (e *env) deliver(id, typ string, run events.Run, delivered int) (to string,
 // Msg-Id. Deciding again left the state stopped and the pass admitted: the
 // executor skipped it and the task never ended (found by the fault suite).
 func TestARedeliveredStopStands(t *testing.T) {
-	improve := func(e *env, rung string) {
+	improve := func(e *env, rung events.Rung) {
 		for i := range 40 {
 			o := trust.Outcome{Key: fmt.Sprintf("later-%s-%d", rung, i), Success: true, At: now, Rung: rung, Retry: rung != ""}
 			if _, err := e.trust.Record(context.Background(), "css_fix", o, ""); err != nil {

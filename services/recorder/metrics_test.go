@@ -45,7 +45,7 @@ func recorderOn(t *testing.T, reg prometheus.Registerer) (*recorder.Service, *se
 }
 
 // executed is the executor's outcome message of one attempt.
-func executed(t *testing.T, tk events.Task, pass, attempt int, rung string, res events.Result) *services.Msg {
+func executed(t *testing.T, tk events.Task, pass, attempt int, rung events.Rung, res events.Result) *services.Msg {
 	t.Helper()
 	data, err := json.Marshal(events.Executed{
 		Base:   events.Base{Task: tk, Run: events.Run{Pass: pass, Attempt: attempt, Rung: rung}, At: now, By: "executor@test"},
