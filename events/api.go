@@ -183,7 +183,7 @@ type WaitReply struct {
 	Type    string `json:"type"`
 	Subject string `json:"subject"`
 	// Status is the task's status (Status* constants).
-	Status string `json:"status"`
+	Status Status `json:"status"`
 	// Terminal is true when Status is terminal (see Terminal): the task
 	// stays there unless a human acts.
 	Terminal bool `json:"terminal"`
@@ -199,7 +199,7 @@ type WaitReply struct {
 	// Step and Rung are the pipeline step and the escalation rung of the
 	// task's current (or last) attempt.
 	Step string `json:"step,omitempty"`
-	Rung string `json:"rung,omitempty"`
+	Rung Rung   `json:"rung,omitempty"`
 	// Reason explains a terminal status other than succeeded (and a
 	// human's resolve).
 	Reason    string `json:"reason,omitempty"`

@@ -1,6 +1,9 @@
 package events
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Versioned event names, carried in the Dispatch-Event header. A breaking change
 // to an event gets a new version; the old name keeps its old meaning.
@@ -32,7 +35,7 @@ type Run struct {
 	// Attempt is the attempt number the ladder counts (1-based).
 	Attempt int `json:"attempt"`
 	// Rung is the escalation rung of this attempt (REFINE, PIVOT, RESEARCH).
-	Rung string `json:"rung,omitempty"`
+	Rung Rung `json:"rung,omitempty"`
 	// Step is the pipeline step this pass runs ("execute" without a pipeline).
 	Step string `json:"step,omitempty"`
 	// Context is error output carried into this pass (the last failure, or a
@@ -59,16 +62,37 @@ type DeadEnd struct {
 	Approach string `json:"approach"`
 	Reason   string `json:"reason"`
 	Attempt  int    `json:"attempt"`
-	Rung     string `json:"rung"`
+	Rung     Rung   `json:"rung"`
 }
+
+// Rung is a rung of the escalation ladder (SPEC §8). It is stored and sent
+// as its string.
+type Rung string
 
 // Escalation rungs (SPEC §8).
 const (
-	RungRefine   = "REFINE"
-	RungPivot    = "PIVOT"
-	RungResearch = "RESEARCH"
-	RungHandoff  = "HANDOFF"
+	RungRefine   Rung = "REFINE"
+	RungPivot    Rung = "PIVOT"
+	RungResearch Rung = "RESEARCH"
+	RungHandoff  Rung = "HANDOFF"
 )
+
+// Valid reports whether r is one of the Rung constants.
+func (r Rung) Valid() bool {
+	switch r {
+	case RungRefine, RungPivot, RungResearch, RungHandoff:
+		return true
+	}
+	return false
+}
+
+// ParseRung reads a rung; an unknown one is an error.
+func ParseRung(s string) (Rung, error) {
+	if r := Rung(s); r.Valid() {
+		return r, nil
+	}
+	return "", fmt.Errorf("unknown rung %q", s)
+}
 
 // Error classes of a failed attempt (Result.ErrorClass).
 const (
@@ -230,7 +254,7 @@ type TrustDecision struct {
 	RungSuccesses int `json:"rung_successes,omitempty"`
 	// Rung is set when the gate moved a retry up the ladder because
 	// retries on its own rung rarely succeed for the type: the rung it runs on.
-	Rung string `json:"rung,omitempty"`
+	Rung Rung `json:"rung,omitempty"`
 }
 
 // Admitted is published by the gate when the task may be dispatched.
@@ -319,7 +343,7 @@ type Succeeded struct {
 type AttemptRecord struct {
 	Attempt   int       `json:"attempt"`
 	Pass      int       `json:"pass"`
-	Rung      string    `json:"rung,omitempty"`
+	Rung      Rung      `json:"rung,omitempty"`
 	Step      string    `json:"step,omitempty"`
 	Approach  string    `json:"approach,omitempty"`
 	Outcome   string    `json:"outcome"`

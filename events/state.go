@@ -1,32 +1,77 @@
 package events
 
-import "time"
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Status is where a task is in its life (SPEC §2). It is stored and sent
+// as its string.
+type Status string
 
 // Task statuses.
 const (
-	StatusPending          = "pending"
-	StatusVerifying        = "verifying"
-	StatusRunning          = "running"
-	StatusSucceeded        = "succeeded"
-	StatusCancelled        = "cancelled"
-	StatusNeedsHumanReview = "needs_human_review"
-	StatusBlocked          = "blocked"
-	StatusFailed           = "failed"
-	StatusParked           = "parked"
+	StatusPending          Status = "pending"
+	StatusVerifying        Status = "verifying"
+	StatusRunning          Status = "running"
+	StatusSucceeded        Status = "succeeded"
+	StatusCancelled        Status = "cancelled"
+	StatusNeedsHumanReview Status = "needs_human_review"
+	StatusBlocked          Status = "blocked"
+	StatusFailed           Status = "failed"
+	StatusParked           Status = "parked"
 )
+
+// Statuses are all task statuses, in a task's usual order.
+var Statuses = []Status{
+	StatusPending, StatusVerifying, StatusRunning, StatusSucceeded, StatusCancelled,
+	StatusNeedsHumanReview, StatusBlocked, StatusFailed, StatusParked,
+}
+
+// Valid reports whether s is one of the Status constants.
+func (s Status) Valid() bool { return slices.Contains(Statuses, s) }
+
+// ParseStatus reads a status; an unknown one is an error.
+func ParseStatus(s string) (Status, error) {
+	if st := Status(s); st.Valid() {
+		return st, nil
+	}
+	return "", fmt.Errorf("unknown task status %q", s)
+}
+
+// Decision is what the recorder decided after an attempt (TaskState.Decision).
+type Decision string
 
 // Recorder decisions after an attempt (TaskState.Decision).
 const (
-	DecisionSucceeded = "succeeded" // done
-	DecisionRetry     = "retry"     // another attempt (or the next pipeline step)
-	DecisionHandoff   = "handoff"   // escalated to a human: status blocked
-	DecisionFail      = "fail"      // a pipeline's final "fail": status failed
-	DecisionPark      = "park"      // a pipeline's final "skip": parked, comes back at WakeAt
-	DecisionStuck     = "stuck"     // skipped as often as allowed: status blocked
+	DecisionSucceeded Decision = "succeeded" // done
+	DecisionRetry     Decision = "retry"     // another attempt (or the next pipeline step)
+	DecisionHandoff   Decision = "handoff"   // escalated to a human: status blocked
+	DecisionFail      Decision = "fail"      // a pipeline's final "fail": status failed
+	DecisionPark      Decision = "park"      // a pipeline's final "skip": parked, comes back at WakeAt
+	DecisionStuck     Decision = "stuck"     // skipped as often as allowed: status blocked
 )
 
+// Valid reports whether d is one of the Decision constants.
+func (d Decision) Valid() bool {
+	switch d {
+	case DecisionSucceeded, DecisionRetry, DecisionHandoff, DecisionFail, DecisionPark, DecisionStuck:
+		return true
+	}
+	return false
+}
+
+// ParseDecision reads a decision; an unknown one is an error.
+func ParseDecision(s string) (Decision, error) {
+	if d := Decision(s); d.Valid() {
+		return d, nil
+	}
+	return "", fmt.Errorf("unknown decision %q", s)
+}
+
 // Terminal reports whether a task in this status stays there unless a human acts.
-func Terminal(status string) bool {
+func Terminal(status Status) bool {
 	switch status {
 	case StatusSucceeded, StatusCancelled, StatusNeedsHumanReview, StatusBlocked, StatusFailed:
 		return true
@@ -40,7 +85,7 @@ type TaskState struct {
 	ID        string `json:"id"`
 	Type      string `json:"type"`
 	Subject   string `json:"subject"`
-	Status    string `json:"status"`
+	Status    Status `json:"status"`
 	Attempts  int    `json:"attempts"`
 	Pass      int    `json:"pass"`
 	LastError string `json:"last_error,omitempty"`
@@ -52,7 +97,7 @@ type TaskState struct {
 	Cost      float64         `json:"cost"`
 	// Rung is the escalation rung of the next attempt; PivotCount counts
 	// attempts made on PIVOT; DeadEnds is the log the ladder reads.
-	Rung       string    `json:"rung,omitempty"`
+	Rung       Rung      `json:"rung,omitempty"`
 	PivotCount int       `json:"pivot_count,omitempty"`
 	DeadEnds   []DeadEnd `json:"dead_ends,omitempty"`
 	// RoundStart is the attempt count when the current round began: a human
@@ -80,7 +125,7 @@ type TaskState struct {
 	Skips       int            `json:"skips,omitempty"`
 	// Decision is what the recorder decided after the latest attempt: one of
 	// the Decision* constants.
-	Decision string `json:"decision,omitempty"`
+	Decision Decision `json:"decision,omitempty"`
 	// Cause is why the gate stopped the task, when it did (trust, budget,
 	// rung_rate); empty otherwise.
 	Cause Cause `json:"cause,omitempty"`

@@ -5,17 +5,18 @@ import (
 	"strings"
 	"time"
 
+	"dispatchmesh/events"
 	"dispatchmesh/internal/xmltext"
 )
 
 // Entry is the outcome of one attempt on a (task type, subject).
 type Entry struct {
 	// Key is the idempotency key, e.g. "taskid:pass".
-	Key     string `json:"key"`
-	TaskID  string `json:"task_id"`
-	Attempt int    `json:"attempt"`
-	Rung    string `json:"rung,omitempty"`
-	Step    string `json:"step,omitempty"`
+	Key     string      `json:"key"`
+	TaskID  string      `json:"task_id"`
+	Attempt int         `json:"attempt"`
+	Rung    events.Rung `json:"rung,omitempty"`
+	Step    string      `json:"step,omitempty"`
 	// Outcome is "success" or "failure" (events.OutcomeSuccess, events.OutcomeFailure).
 	Outcome  string    `json:"outcome"`
 	Approach string    `json:"approach,omitempty"`
@@ -51,7 +52,7 @@ func Format(entries []Entry) string {
 		if !e.At.IsZero() {
 			attr(&b, "at", e.At.UTC().Format(time.RFC3339))
 		}
-		attr(&b, "rung", e.Rung)
+		attr(&b, "rung", string(e.Rung))
 		attr(&b, "step", e.Step)
 		attr(&b, "task", e.TaskID)
 		body := e.body()

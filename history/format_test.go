@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"dispatchmesh/events"
 	"dispatchmesh/history"
 )
 
@@ -148,7 +149,7 @@ func checkWellFormed(t *testing.T, out string, entries []history.Entry) {
 		}
 		e := entries[i]
 		for _, f := range []struct{ name, got, want string }{
-			{"outcome", a.Outcome, e.Outcome}, {"rung", a.Rung, e.Rung}, {"step", a.Step, e.Step}, {"task", a.Task, e.TaskID},
+			{"outcome", a.Outcome, e.Outcome}, {"rung", a.Rung, string(e.Rung)}, {"step", a.Step, e.Step}, {"task", a.Task, e.TaskID},
 		} {
 			if xmlText(f.want) && f.got != f.want {
 				t.Errorf("attempt %d %s = %q, want %q", i+1, f.name, f.got, f.want)
@@ -179,7 +180,7 @@ func FuzzFormat(f *testing.F) {
 		entries := make([]history.Entry, n)
 		for i := range entries {
 			entries[i] = history.Entry{
-				Outcome: outcome, TaskID: task, Rung: rung, Step: step,
+				Outcome: outcome, TaskID: task, Rung: events.Rung(rung), Step: step,
 				Approach: approach, Summary: summary, Error: errText, At: at,
 			}
 		}

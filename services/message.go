@@ -39,10 +39,8 @@ type Out struct {
 	Data   []byte
 }
 
-// MsgID is the deterministic id of a task's event for one pass.
-func MsgID(taskID string, pass int, stage string) string {
-	return fmt.Sprintf("%s:%d:%s", taskID, pass, stage)
-}
+// MsgID is the deterministic id of a task's event for one pass (events.MsgID).
+func MsgID(taskID string, pass int, stage string) string { return events.MsgID(taskID, pass, stage) }
 
 // Emit builds an output carrying event v (JSON) under the given name.
 func Emit(subject, msgID, name, taskID string, v any) (Out, error) {

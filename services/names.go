@@ -1,9 +1,11 @@
 package services
 
+import "dispatchmesh/events"
+
 // Names of everything the mesh provisions. deploy/ grants permissions on them.
 const (
 	// Stream holds every task event and every review record (Limits retention).
-	Stream = "DISPATCH"
+	Stream = events.Stream
 	// AdvisoryStream captures max-delivery advisories of Stream's consumers, so
 	// a message whose worker died on its last delivery still reaches review.
 	AdvisoryStream = "DISPATCH_ADVISORIES"
@@ -11,9 +13,9 @@ const (
 	// dispatch.count.<type>.<unit>.<day>, one message per counter.
 	CounterStream = "DISPATCH_COUNTERS"
 
-	BucketTasks   = "dispatch_tasks"   // task state by task id
-	BucketTrust   = "dispatch_trust"   // trust stats by task type
-	BucketHistory = "dispatch_history" // outcome history by (type, subject)
+	BucketTasks   = events.BucketTasks   // task state by task id
+	BucketTrust   = events.BucketTrust   // trust stats by task type
+	BucketHistory = events.BucketHistory // outcome history by (type, subject)
 	// BucketPolicy holds the per-type policies under one key, "current"
 	// (package policy), keeping every revision (PolicyRevisions).
 	BucketPolicy = "dispatch_policy"

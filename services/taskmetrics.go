@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"dispatchmesh/events"
 )
 
 // TaskMetrics count tasks as they end, whichever service ends them: the
@@ -39,10 +41,10 @@ func NewTaskMetrics(reg prometheus.Registerer) *TaskMetrics {
 
 // Finish counts a task of taskType that ended with status, took after its
 // submission.
-func (m *TaskMetrics) Finish(taskType, status string, took time.Duration) {
+func (m *TaskMetrics) Finish(taskType string, status events.Status, took time.Duration) {
 	if m == nil || m.finished == nil {
 		return
 	}
-	m.finished.WithLabelValues(taskType, status).Inc()
-	m.latency.WithLabelValues(taskType, status).Observe(max(took, 0).Seconds())
+	m.finished.WithLabelValues(taskType, string(status)).Inc()
+	m.latency.WithLabelValues(taskType, string(status)).Observe(max(took, 0).Seconds())
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -21,7 +22,7 @@ func TestTaskStoreEach(t *testing.T) {
 	store := services.NewTaskStore(kv)
 	ids := func() []string {
 		var got []string
-		if err := store.Each(ctx, func(st events.TaskState) error { got = append(got, st.ID+"/"+st.Status); return nil }); err != nil {
+		if err := store.Each(ctx, func(st events.TaskState) error { got = append(got, st.ID+"/"+string(st.Status)); return nil }); err != nil {
 			t.Fatalf("Each: %v", err)
 		}
 		slices.Sort(got)
@@ -31,7 +32,7 @@ func TestTaskStoreEach(t *testing.T) {
 		t.Fatalf("empty store: %v", got)
 	}
 	for _, id := range []string{"a", "b", "c"} {
-		if _, _, err := store.Create(ctx, services.NewState(events.Task{ID: id, Type: "css_fix", Subject: "x.css"})); err != nil {
+		if _, _, err := store.Create(ctx, task.New(events.Task{ID: id, Type: "css_fix", Subject: "x.css"})); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/task"
 )
 
 // ErrTaskNotFound is returned for an unknown task id.
@@ -60,55 +60,32 @@ func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, even
 	return err == nil, st, err
 }
 
-// SetStatus moves a task to status for the given pass, unless the state has
-// moved past that pass or the task already ended: a late redelivery of an old
-// message never rewinds a task. It returns the state after the change.
-func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status, reason string) (events.TaskState, error) {
-	st, _, err := s.SetStatusChanged(ctx, b, status, reason)
+// Apply runs the transition tr (a function of package task) on a task's
+// state with one compare-and-set: the state is written only when tr
+// changed it. It returns the state after the call and tr's cause.
+func (s *TaskStore) Apply(ctx context.Context, id string, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.TaskState, task.Cause, error) {
+	var cause task.Cause
+	st, err := s.Update(ctx, id, func(st *events.TaskState, found bool) error {
+		next, c := tr(*st, found)
+		cause = c
+		if !c.Changed() {
+			return kvcas.ErrNoChange
+		}
+		*st = next
+		return nil
+	})
+	return st, cause, err
+}
+
+// SetStatus moves a task to status for the given pass (task.SetStatus),
+// unless the state has moved past that pass or the task already ended: a
+// late redelivery of an old message never rewinds a task. It returns the
+// state after the change.
+func (s *TaskStore) SetStatus(ctx context.Context, b events.Base, status events.Status, reason string) (events.TaskState, error) {
+	st, _, err := s.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.SetStatus(st, found, b, status, reason)
+	})
 	return st, err
-}
-
-// Stop applies stop (a transition that ends the task's pass: blocked,
-// needs review) to the task's state for pass b.Run.Pass, unless the state
-// has moved past that pass or the task already ended — a redelivery, whose
-// record is republished as it was. It returns the state after the call and
-// whether this call made the change: what ends a task is counted once.
-func (s *TaskStore) Stop(ctx context.Context, b events.Base, stop func(st *events.TaskState)) (st events.TaskState, changed bool, err error) {
-	st, err = s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
-		changed = false
-		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
-			return kvcas.ErrNoChange
-		}
-		if !found {
-			*st = NewState(b.Task)
-		}
-		stop(st)
-		changed = true
-		return nil
-	})
-	return st, changed && err == nil, err
-}
-
-// SetStatusChanged is SetStatus that also reports whether this call made the
-// change (false for a redelivery, or a task that moved on): what ends a task
-// is counted once.
-func (s *TaskStore) SetStatusChanged(ctx context.Context, b events.Base, status, reason string) (st events.TaskState, changed bool, err error) {
-	st, err = s.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
-		changed = false
-		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status) {
-			return kvcas.ErrNoChange
-		}
-		if !found {
-			*st = NewState(b.Task)
-		}
-		st.Status, st.Pass, st.UpdatedAt = status, b.Run.Pass, b.At
-		if reason != "" {
-			st.Reason = reason
-		}
-		changed = true
-		return nil
-	})
-	return st, changed && err == nil, err
 }
 
 // Ended reports whether the task has ended (a terminal status): a service
@@ -119,58 +96,4 @@ func (s *TaskStore) Ended(ctx context.Context, id string) (bool, events.TaskStat
 		return false, st, nil
 	}
 	return err == nil && events.Terminal(st.Status), st, err
-}
-
-// EndedByHuman reports whether a human ended the task — cancelled,
-// resolved or rejected it, and it still has the status that gave — as
-// opposed to a stage of the mesh (the verifier finding it stale, the gate
-// or the recorder stopping it), which republishes its record on a
-// redelivery. A stage skips a task a human ended.
-func EndedByHuman(st events.TaskState) bool {
-	n := len(st.Actions)
-	if n == 0 {
-		return false
-	}
-	switch st.Actions[n-1].Action {
-	case events.ActionCancel:
-		return st.Status == events.StatusCancelled
-	case events.ActionResolve:
-		return st.Status == events.StatusSucceeded
-	case events.ActionReject:
-		return st.Status == events.StatusFailed
-	}
-	return false
-}
-
-// NewState is the state of a task that has just been accepted.
-func NewState(t events.Task) events.TaskState {
-	return events.TaskState{
-		ID: t.ID, Type: t.Type, Subject: t.Subject, Status: events.StatusPending,
-		Pass: 1, CreatedAt: t.SubmittedAt, UpdatedAt: t.SubmittedAt,
-	}
-}
-
-// ApplyAction folds a human review action into a task's state. Requeue
-// starts a new round: the task gets a full attempt allowance again, on REFINE.
-func ApplyAction(st *events.TaskState, a events.Action) {
-	st.Actions = append(st.Actions, a)
-	st.UpdatedAt = a.At
-	who := a.By
-	if a.Note != "" {
-		who += ": " + a.Note
-	}
-	switch a.Action {
-	case events.ActionResolve:
-		st.Status, st.Reason = events.StatusSucceeded, "resolved by "+who
-	case events.ActionReject:
-		st.Status, st.Reason = events.StatusFailed, "rejected by "+who
-	case events.ActionCancel:
-		st.Status, st.Reason = events.StatusCancelled, "cancelled by "+who
-		st.Resume, st.WakeAt = nil, time.Time{}
-	case events.ActionRequeue:
-		st.Status, st.Reason, st.Decision, st.Cause = events.StatusPending, "", "", ""
-		st.RoundStart, st.Pass, st.Rung = st.Attempts, st.Pass+1, events.RungRefine
-		st.WakeAt = time.Time{}
-		st.Skips, st.StepRetries, st.Loops = 0, nil, nil // fresh pipeline budgets too
-	}
 }

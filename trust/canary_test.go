@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/trust"
 )
@@ -73,7 +74,7 @@ func TestCanaryReleased(t *testing.T) {
 }
 
 func TestPolicyRungBelow(t *testing.T) {
-	retries := func(rung string, successes, failures int) []trust.Outcome {
+	retries := func(rung events.Rung, successes, failures int) []trust.Outcome {
 		var out []trust.Outcome
 		for i := range successes + failures {
 			out = append(out, trust.Outcome{Key: fmt.Sprintf("%s%d", rung, i), Rung: rung, Retry: true, Success: i < successes})
@@ -85,7 +86,7 @@ func TestPolicyRungBelow(t *testing.T) {
 		name      string
 		p         trust.Policy
 		outcomes  []trust.Outcome
-		rung      string
+		rung      events.Rung
 		below     bool
 		tries, ok int
 	}{

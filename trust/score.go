@@ -3,6 +3,8 @@ package trust
 import (
 	"fmt"
 	"time"
+
+	"dispatchmesh/events"
 )
 
 // Outcome is the result of one attempt of a task of some type.
@@ -18,8 +20,8 @@ type Outcome struct {
 	// Rung is the escalation rung the attempt ran on ("" for pipeline steps)
 	// and Retry is set when it was not the task's first attempt: together
 	// they measure how often a retry on each rung succeeds (RungRate).
-	Rung  string `json:"rung,omitempty"`
-	Retry bool   `json:"retry,omitempty"`
+	Rung  events.Rung `json:"rung,omitempty"`
+	Retry bool        `json:"retry,omitempty"`
 }
 
 // Score scores the last p.Window outcomes (oldest first):

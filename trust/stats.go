@@ -3,6 +3,8 @@ package trust
 import (
 	"slices"
 	"time"
+
+	"dispatchmesh/events"
 )
 
 // Stats is what the store keeps for one task type.
@@ -165,7 +167,7 @@ func Release(s Stats, key string) (next Stats, changed bool) {
 
 // RungRate counts the retries made on rung among the window's outcomes and
 // how many of them succeeded.
-func (p Policy) RungRate(s Stats, rung string) (tries, successes int) {
+func (p Policy) RungRate(s Stats, rung events.Rung) (tries, successes int) {
 	p = p.WithDefaults()
 	for _, o := range lastN(s.Outcomes, p.Window) {
 		if o.Retry && o.Rung == rung {
@@ -184,7 +186,7 @@ func (p Policy) RungRate(s Stats, rung string) (tries, successes int) {
 // ladder applies unchanged. A rung that stops being climbed gets no new
 // samples, so its old ones leave the window as the type's other outcomes
 // come in, and the rung is measured again.
-func (p Policy) RungBelow(s Stats, rung string) (below bool, tries, successes int) {
+func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, successes int) {
 	p = p.WithDefaults()
 	tries, successes = p.RungRate(s, rung)
 	if rung == "" || p.RungFloor < 0 || tries < p.RungMinSamples {

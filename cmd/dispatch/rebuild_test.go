@@ -13,7 +13,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/review/reviewtest"
-	"dispatchmesh/services"
+	"dispatchmesh/internal/task"
 )
 
 // Issue 9 end to end: a task whose queued event no later stage can decode
@@ -79,8 +79,8 @@ func TestUndecodableEventIsReviewableAndRebuildSkipsIt(t *testing.T) {
 func injectUndecodableTask(t *testing.T, m *reviewtest.Mesh, id string) {
 	t.Helper()
 	ctx := context.Background()
-	task := events.Task{ID: id, Type: "css_fix", Subject: "a.css", SubmittedAt: time.Now().UTC()}
-	if _, _, err := m.Tasks.Create(ctx, services.NewState(task)); err != nil {
+	tk := events.Task{ID: id, Type: "css_fix", Subject: "a.css", SubmittedAt: time.Now().UTC()}
+	if _, _, err := m.Tasks.Create(ctx, task.New(tk)); err != nil {
 		t.Fatal(err)
 	}
 	deep := strings.Repeat("[", 9999) + strings.Repeat("]", 9999)

@@ -127,7 +127,7 @@ func printQueue(out io.Writer, q review.Queue, f review.Filter) {
 	fmt.Fprintln(w, "TIME\tREASON\tTASK\tTYPE\tSTATUS\tWHY")
 	for _, it := range q.Items {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", it.Time.Local().Format("2006-01-02 15:04:05"), it.Reason, it.Key,
-			dash(it.Type), dash(it.Status), oneLine(it.Error, 100))
+			dash(it.Type), dash(string(it.Status)), oneLine(it.Error, 100))
 		if a := it.Handled; a != nil {
 			fmt.Fprintf(w, "\t\t\t\t\t↳ handled: %s by %s at %s: %s\n", a.Action, a.By, a.At.Local().Format("2006-01-02 15:04:05"), oneLine(a.Note, 80))
 		}
@@ -226,7 +226,7 @@ func printDetail(out io.Writer, d review.Detail) {
 		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "#\tPASS\tRUNG\tSTEP\tAPPROACH\tOUTCOME\tREASON\tTOKENS\tCOST")
 		for _, a := range d.Attempts {
-			fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t$%.4f\n", a.Attempt, a.Pass, dash(a.Rung), dash(a.Step),
+			fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t$%.4f\n", a.Attempt, a.Pass, dash(string(a.Rung)), dash(a.Step),
 				oneLine(a.Approach, 50), a.Outcome, oneLine(dash(a.Reason), 70), a.TokensIn, a.TokensOut, a.Cost)
 		}
 		_ = w.Flush()
@@ -236,7 +236,7 @@ func printDetail(out io.Writer, d review.Detail) {
 		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ATTEMPT\tRUNG\tAPPROACH\tREASON")
 		for _, de := range d.DeadEnds {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", de.Attempt, dash(de.Rung), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", de.Attempt, dash(string(de.Rung)), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
 		}
 		_ = w.Flush()
 	}
@@ -329,7 +329,7 @@ func reviewAct(ctx context.Context, cfg Config, action string, args []string) er
 	}
 	status := "record closed"
 	if d.Task != nil {
-		status = "status " + d.Task.Status
+		status = "status " + string(d.Task.Status)
 	}
 	fmt.Fprintf(stdout, "%s: %s by %s (%s)\n", pos[0], action, d.Action.By, status)
 	return nil

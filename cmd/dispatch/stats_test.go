@@ -48,7 +48,7 @@ func dispatch(t *testing.T, args ...string) (string, error) {
 // seeded is a task state with attempts: outcome letters s (success), f
 // (failure, reason "same") and r (refused), each 1000 prompt and 100
 // completion tokens for $0.01 unless refused.
-func seeded(id, typ, status, attempts string) events.TaskState {
+func seeded(id, typ string, status events.Status, attempts string) events.TaskState {
 	st := events.TaskState{ID: id, Type: typ, Subject: id + ".css", Status: status, Pass: 1}
 	for i, c := range attempts {
 		r := events.AttemptRecord{Attempt: i + 1, Pass: i + 1, Rung: events.RungRefine, Outcome: events.OutcomeFailure,
@@ -115,8 +115,8 @@ func TestStatsJSON(t *testing.T) {
 		{"tokens per resolved", *css.TokensPerResolved, 2200},
 		{"retry success rate", *css.RetrySuccessRate, 0.25},
 		{"repeat-call rate", *css.RepeatCallRate, 0.125},
-		{"REFINE prompt tokens per attempt", *css.Rungs[events.RungRefine].PromptTokensPerAttempt, 1000},
-		{"PIVOT attempts", float64(css.Rungs[events.RungPivot].Attempts), 2},
+		{"REFINE prompt tokens per attempt", *css.Rungs[string(events.RungRefine)].PromptTokensPerAttempt, 1000},
+		{"PIVOT attempts", float64(css.Rungs[string(events.RungPivot)].Attempts), 2},
 		{"total tasks", float64(r.Total.Tasks), 5},
 		{"total unresolved", float64(r.Total.Unresolved), 2},
 	}

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"dispatchmesh/events"
 	"dispatchmesh/internal/review"
 )
 
@@ -21,9 +22,9 @@ const tasksUsage = `usage: dispatch tasks [-type T] [-status S] [-subject TEXT] 
 func cmdTasks(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("tasks", flag.ContinueOnError)
 	var q review.TaskQuery
-	var since, until string
+	var since, until, status string
 	fs.StringVar(&q.Type, "type", "", "only this task type")
-	fs.StringVar(&q.Status, "status", "", "only this status: "+strings.Join(review.Statuses, ", "))
+	fs.StringVar(&status, "status", "", "only this status: "+review.JoinStatuses(review.Statuses))
 	fs.StringVar(&q.Subject, "subject", "", "only this subject (exact)")
 	fs.StringVar(&q.ID, "id", "", "find one task by its id")
 	fs.StringVar(&since, "since", "", "only tasks queued at or after this time (or this long ago: 24h)")
@@ -36,6 +37,7 @@ func cmdTasks(ctx context.Context, cfg Config, args []string) error {
 	} else if len(pos) > 0 {
 		return fmt.Errorf("tasks takes no arguments, got %q\n%s", pos, tasksUsage)
 	}
+	q.Status = events.Status(status)
 	var err error
 	now := time.Now()
 	if q.Since, err = whenFlag("since", since, now); err != nil {
@@ -81,7 +83,7 @@ func printTasks(out io.Writer, p review.TaskPage, args []string) {
 	fmt.Fprintln(w, "QUEUED\tTASK\tTYPE\tSTATUS\tATTEMPTS\tCOST\tSUBJECT")
 	for _, r := range p.Tasks {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t$%.4f\t%s\n", r.SubmittedAt.Local().Format("2006-01-02 15:04:05"), r.ID, r.Type,
-			dash(r.Status), r.Attempts, r.Cost, oneLine(r.Subject, 60))
+			dash(string(r.Status)), r.Attempts, r.Cost, oneLine(r.Subject, 60))
 	}
 	_ = w.Flush()
 	if len(p.Tasks) == 0 {

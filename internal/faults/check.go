@@ -14,8 +14,8 @@ import (
 	"dispatchmesh/history"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/rebuild"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
-	"dispatchmesh/services/recorder"
 	"dispatchmesh/trust"
 )
 
@@ -348,7 +348,7 @@ func (c *checker) task(id string, plan Plan) {
 	if n > 0 {
 		t = executed[0].Task
 	}
-	maxRetries := recorder.MaxRetries(t, c.in.Policy.For(t.Type))
+	maxRetries := task.MaxRetries(t, c.in.Policy.For(t.Type))
 	want, succeeds := plan.Expect(maxRetries)
 	switch {
 	case len(te.endings) == 0:
@@ -375,7 +375,7 @@ func (c *checker) task(id string, plan Plan) {
 }
 
 // endStatus is the task status each terminal record leaves.
-var endStatus = map[string]string{
+var endStatus = map[string]events.Status{
 	EndSucceeded: events.StatusSucceeded,
 	EndCancelled: events.StatusCancelled,
 	EndGated:     events.StatusNeedsHumanReview,
@@ -504,7 +504,7 @@ func (c *checker) trust(ctx context.Context, stats map[string]trust.Stats) error
 	want := map[[2]string]trust.DaySpend{}
 	for id, st := range c.states {
 		for _, rec := range st.History {
-			if recorder.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
+			if task.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
 				recorded[services.MsgID(id, rec.Pass, "outcome")] = rec.Outcome == events.OutcomeSuccess
 			}
 			if tokens := rec.TokensIn + rec.TokensOut; tokens != 0 || rec.Cost != 0 {

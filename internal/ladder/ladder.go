@@ -61,7 +61,7 @@ func (c Config) Window() time.Duration { return c.withDefaults().RecurringWindow
 
 // StartRung is the rung of a new task's first attempt, given how often its
 // (type, subject) failed within the recurring window.
-func (c Config) StartRung(recentFailures int) string {
+func (c Config) StartRung(recentFailures int) events.Rung {
 	if recentFailures >= c.withDefaults().RecurringFailures {
 		return events.RungPivot
 	}
@@ -72,7 +72,7 @@ func (c Config) StartRung(recentFailures int) string {
 type State struct {
 	// Failed counts failed attempts in the current round, this one excluded.
 	Failed     int
-	Rung       string
+	Rung       events.Rung
 	PivotCount int
 	DeadEnds   []events.DeadEnd
 }
@@ -89,7 +89,7 @@ type Outcome struct {
 // Decision is what the ladder says after an attempt.
 type Decision struct {
 	// Next is the rung of the next attempt, or RungHandoff: stop.
-	Next  string
+	Next  events.Rung
 	State State
 	// Reason explains a HANDOFF.
 	Reason string
@@ -185,15 +185,15 @@ func Normalize(s string) string {
 // then RESEARCH while its one pass is unused; RESEARCH falls back to PIVOT —
 // or RungHandoff when none does. A rung without enough data is not below,
 // so the ladder applies until there is data.
-func Skip(rung string, researchUsed bool, below func(rung string) bool) string {
-	var order []string
+func Skip(rung events.Rung, researchUsed bool, below func(rung events.Rung) bool) events.Rung {
+	var order []events.Rung
 	switch rung {
 	case events.RungRefine:
-		order = []string{events.RungRefine, events.RungPivot, events.RungResearch}
+		order = []events.Rung{events.RungRefine, events.RungPivot, events.RungResearch}
 	case events.RungPivot:
-		order = []string{events.RungPivot, events.RungResearch}
+		order = []events.Rung{events.RungPivot, events.RungResearch}
 	case events.RungResearch:
-		order = []string{events.RungResearch, events.RungPivot}
+		order = []events.Rung{events.RungResearch, events.RungPivot}
 	default:
 		return rung
 	}

@@ -22,7 +22,7 @@ func fail(n int, approach string) ladder.Outcome {
 
 // climb fails attempts one after another from a fresh state and returns the
 // rung each attempt ran on, then the final decision.
-func climb(c ladder.Config, start string, n int) (rungs []string, last ladder.Decision) {
+func climb(c ladder.Config, start events.Rung, n int) (rungs []events.Rung, last ladder.Decision) {
 	s := ladder.State{Rung: start}
 	for i := 1; i <= n; i++ {
 		rungs = append(rungs, s.Rung)
@@ -37,7 +37,7 @@ func climb(c ladder.Config, start string, n int) (rungs []string, last ladder.De
 
 func TestLadderSequence(t *testing.T) {
 	rungs, last := climb(ladder.Config{}, refine, 20)
-	want := []string{refine, refine, pivot, pivot, research, pivot, pivot}
+	want := []events.Rung{refine, refine, pivot, pivot, research, pivot, pivot}
 	if !slices.Equal(rungs, want) || !last.Handoff() {
 		t.Fatalf("rungs = %v handoff=%v, want %v then HANDOFF", rungs, last.Handoff(), want)
 	}
@@ -53,7 +53,7 @@ func TestLadderTransitions(t *testing.T) {
 		cfg  ladder.Config
 		in   ladder.State
 		out  ladder.Outcome
-		next string
+		next events.Rung
 		pc   int
 	}{
 		{"first failure stays on REFINE", ladder.Config{}, ladder.State{Rung: refine}, fail(1, "a"), refine, 0},
@@ -91,7 +91,7 @@ func TestLadderTransitions(t *testing.T) {
 	}
 }
 
-func orRefine(r string) string {
+func orRefine(r events.Rung) events.Rung {
 	if r == "" {
 		return refine
 	}
@@ -100,7 +100,7 @@ func orRefine(r string) string {
 
 func TestStartRung(t *testing.T) {
 	c := ladder.Config{}
-	for failures, want := range map[int]string{0: refine, 2: refine, 3: pivot, 9: pivot} {
+	for failures, want := range map[int]events.Rung{0: refine, 2: refine, 3: pivot, 9: pivot} {
 		if got := c.StartRung(failures); got != want {
 			t.Errorf("StartRung(%d) = %s, want %s", failures, got, want)
 		}
@@ -131,7 +131,7 @@ func TestLadderAlwaysEnds(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		c := ladder.Config{MaxRetries: 1 + r.IntN(12)}
-		s := ladder.State{Rung: []string{refine, pivot}[r.IntN(2)]}
+		s := ladder.State{Rung: []events.Rung{refine, pivot}[r.IntN(2)]}
 		failed := 0
 		for step := 0; ; step++ {
 			if step > 10*c.MaxRetries+10 {
@@ -172,27 +172,27 @@ func countResearch(ends []events.DeadEnd) int {
 }
 
 func TestSkip(t *testing.T) {
-	belowOf := func(rungs ...string) func(string) bool {
-		return func(r string) bool { return slices.Contains(rungs, r) }
+	belowOf := func(rungs ...events.Rung) func(events.Rung) bool {
+		return func(r events.Rung) bool { return slices.Contains(rungs, r) }
 	}
 	R, P, S, H := events.RungRefine, events.RungPivot, events.RungResearch, events.RungHandoff
 	tests := []struct {
-		rung         string
+		rung         events.Rung
 		researchUsed bool
-		below        []string
-		want         string
+		below        []events.Rung
+		want         events.Rung
 	}{
 		{R, false, nil, R},
-		{R, false, []string{R}, P},
-		{R, false, []string{R, P}, S},
-		{R, true, []string{R, P}, H},
-		{R, false, []string{R, P, S}, H},
-		{P, false, []string{R}, P},
-		{P, false, []string{P}, S},
-		{P, true, []string{P}, H},
-		{S, false, []string{S}, P},
-		{S, false, []string{S, P}, H},
-		{"", false, []string{R, P, S}, ""}, // a pipeline step has no rung
+		{R, false, []events.Rung{R}, P},
+		{R, false, []events.Rung{R, P}, S},
+		{R, true, []events.Rung{R, P}, H},
+		{R, false, []events.Rung{R, P, S}, H},
+		{P, false, []events.Rung{R}, P},
+		{P, false, []events.Rung{P}, S},
+		{P, true, []events.Rung{P}, H},
+		{S, false, []events.Rung{S}, P},
+		{S, false, []events.Rung{S, P}, H},
+		{"", false, []events.Rung{R, P, S}, ""}, // a pipeline step has no rung
 	}
 	for _, tt := range tests {
 		if got := ladder.Skip(tt.rung, tt.researchUsed, belowOf(tt.below...)); got != tt.want {

@@ -105,9 +105,9 @@ func TestLadderHandsOffOnceAfterMaxRetries(t *testing.T) {
 	if len(rec1.Attempts) != 7 || rec1.TokensIn != 700 {
 		t.Fatalf("escalation tree has %d attempts, %d tokens in", len(rec1.Attempts), rec1.TokensIn)
 	}
-	rungs[0] = events.RungRefine // the first attempt runs on REFINE, with no instructions yet
+	rungs[0] = string(events.RungRefine) // the first attempt runs on REFINE, with no instructions yet
 	for i, a := range rec1.Attempts {
-		if a.Attempt != i+1 || a.Rung != rungs[i] || a.Outcome != events.OutcomeFailure || a.Reason == "" {
+		if a.Attempt != i+1 || string(a.Rung) != rungs[i] || a.Outcome != events.OutcomeFailure || a.Reason == "" {
 			t.Errorf("attempt %d in the tree: %+v", i+1, a)
 		}
 	}
@@ -163,7 +163,7 @@ func TestRecurringFailureStartsOnPivot(t *testing.T) {
 	}
 	e.submit(events.Submit{ID: "flaky-next", Type: "bug_fix", Subject: "flaky.go"})
 	e.waitEnd("flaky-next")
-	if m := rungAttr.FindStringSubmatch(e.model.Requests()[3].Messages[1].Content); m == nil || m[1] != events.RungPivot {
+	if m := rungAttr.FindStringSubmatch(e.model.Requests()[3].Messages[1].Content); m == nil || m[1] != string(events.RungPivot) {
 		t.Fatalf("a recurring failure started on %v", m)
 	}
 }

@@ -102,14 +102,14 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{nil, "dispatch_tasks_finished_total", []string{"ok_fix", events.StatusSucceeded}, 3},
-		{nil, "dispatch_tasks_finished_total", []string{"bad_fix", events.StatusBlocked}, 2},
-		{nil, "dispatch_tasks_finished_total", []string{"stale_fix", events.StatusCancelled}, 1},
+		{nil, "dispatch_tasks_finished_total", []string{"ok_fix", string(events.StatusSucceeded)}, 3},
+		{nil, "dispatch_tasks_finished_total", []string{"bad_fix", string(events.StatusBlocked)}, 2},
+		{nil, "dispatch_tasks_finished_total", []string{"stale_fix", string(events.StatusCancelled)}, 1},
 		{nil, "dispatch_gate_decisions_total", []string{"ok_fix", string(events.CauseUnproven)}, 3},
 		{nil, "dispatch_gate_decisions_total", []string{"bad_fix", string(events.CauseUnproven)}, 4},
-		{nil, "dispatch_attempts_total", []string{"ok_fix", events.RungRefine, events.OutcomeSuccess}, 3},
-		{nil, "dispatch_attempts_total", []string{"bad_fix", events.RungRefine, events.OutcomeFailure}, 4},
-		{nil, "dispatch_retries_total", []string{"bad_fix", events.RungRefine, events.OutcomeFailure}, 2},
+		{nil, "dispatch_attempts_total", []string{"ok_fix", string(events.RungRefine), events.OutcomeSuccess}, 3},
+		{nil, "dispatch_attempts_total", []string{"bad_fix", string(events.RungRefine), events.OutcomeFailure}, 4},
+		{nil, "dispatch_retries_total", []string{"bad_fix", string(events.RungRefine), events.OutcomeFailure}, 2},
 		{nil, "dispatch_wasted_tokens_total", []string{"bad_fix"}, 4 * 150},
 		{nil, "dispatch_resolved_tokens_total", []string{"ok_fix"}, 3 * 150},
 		{nil, "dispatch_review_queue", []string{events.ReviewEscalated}, 2},

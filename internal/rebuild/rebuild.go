@@ -22,11 +22,7 @@ import (
 	"dispatchmesh/history"
 	"dispatchmesh/internal/kvcas"
 	"dispatchmesh/internal/policy"
-	"dispatchmesh/services"
-	"dispatchmesh/services/executor"
-	"dispatchmesh/services/gate"
-	"dispatchmesh/services/recorder"
-	"dispatchmesh/services/verifier"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/trust"
 )
 
@@ -127,7 +123,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
 		Spend: map[[2]string]trust.DaySpend{},
 	}}
-	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
+	cons, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{
 		// Readers come and go (every page, every command): let the server
 		// drop a forgotten consumer soon instead of after 5 minutes.
 		InactiveThreshold: 10 * time.Second,
@@ -225,7 +221,7 @@ func (r *replayer) recorderDecision(m stored) {
 		if stage == events.StageRetry {
 			// The recorder's retry opens the next pass under its own
 			// Msg-Id; a human's requeue has another.
-			if m.msgID != services.MsgID(b.Task.ID, b.Run.Pass, events.StageRetry) {
+			if m.msgID != events.MsgID(b.Task.ID, b.Run.Pass, events.StageRetry) {
 				return
 			}
 			pass--
@@ -287,16 +283,16 @@ func (r *replayer) stats(taskType string) *trust.Stats {
 	return s
 }
 
-// setStatus mirrors services.TaskStore.SetStatus.
-func (r *replayer) setStatus(b events.Base, status, reason string) {
-	st := r.task(b.Task.ID)
-	if st.Pass > b.Run.Pass || events.Terminal(st.Status) || st.Status == status {
-		return
+// fold runs a transition of package task on a task's replayed state, as
+// the services run it on the stored one; a task the replay has not seen
+// yet starts from its id alone.
+func (r *replayer) fold(id string, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) task.Cause {
+	st := r.task(id)
+	next, c := tr(*st, true)
+	if c.Changed() {
+		*st = next
 	}
-	st.Status, st.Pass, st.UpdatedAt = status, b.Run.Pass, b.At
-	if reason != "" {
-		st.Reason = reason
-	}
+	return c
 }
 
 func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
@@ -316,8 +312,7 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 		if _, exists := r.out.Tasks[ev.Task.ID]; exists {
 			return nil
 		}
-		st := services.NewState(ev.Task)
-		st.Rung, st.Step = ev.Run.Rung, ev.Run.Step
+		st := task.Queued(ev.Task, ev.Run, 0)
 		r.out.Tasks[ev.Task.ID] = &st
 	case events.StageRetry:
 		var ev events.Retry
@@ -326,14 +321,17 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 		}
 		if a, ok := r.requeues[ev.Task.ID]; ok && ev.Run.Reviewed {
 			delete(r.requeues, ev.Task.ID)
-			services.ApplyAction(r.task(ev.Task.ID), a)
+			st := r.task(ev.Task.ID)
+			*st = task.Act(*st, a)
 		}
 	case events.StageCancelled:
 		var ev events.Cancelled
 		if err := json.Unmarshal(data, &ev); err != nil {
 			return err
 		}
-		r.setStatus(ev.Base, events.StatusCancelled, verifier.CancelReason(ev.Verification))
+		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Cancel(st, found, ev.Base, ev.Verification)
+		})
 	case events.StageAdmitted:
 		var ev events.Admitted
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -359,9 +357,9 @@ func (r *replayer) review(reason string, data []byte) error {
 		}
 		r.gate(ev.Base, ev.Trust, true)
 		r.release(ev.Task.Type, ev.Task.ID)
-		if st := r.task(ev.Task.ID); st.Pass <= ev.Run.Pass && !events.Terminal(st.Status) {
-			gate.Block(st, ev.Base, ev.Reason, ev.Trust.Cause)
-		}
+		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Block(st, found, ev.Base, ev.Reason, ev.Trust.Cause)
+		})
 	case events.ReviewEscalated:
 		var ev events.Escalated
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -371,10 +369,9 @@ func (r *replayer) review(reason string, data []byte) error {
 			return nil // the recorder's handoffs are replayed from their attempts
 		}
 		r.release(ev.Task.Type, ev.Task.ID)
-		st := r.task(ev.Task.ID)
-		if st.Pass <= ev.Run.Pass && !events.Terminal(st.Status) {
-			gate.HandOff(st, ev.Base, ev.Reason)
-		}
+		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.HandOff(st, found, ev.Base, ev.Reason)
+		})
 	case events.ReviewAction:
 		var a events.Action
 		if err := json.Unmarshal(data, &a); err != nil {
@@ -386,7 +383,7 @@ func (r *replayer) review(reason string, data []byte) error {
 		case a.Action == events.ActionRequeue:
 			r.requeues[a.TaskID] = a // applied when its retry shows up
 		default:
-			services.ApplyAction(st, a)
+			*st = task.Act(*st, a)
 		}
 	}
 	return nil
@@ -438,37 +435,27 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 	if !below && s.BlockStreak == 0 {
 		return
 	}
-	next, _, _ := r.o.Scoring.Gate(*s, services.MsgID(b.Task.ID, b.Run.Pass, "gate"), below)
+	next, _, _ := r.o.Scoring.Gate(*s, events.MsgID(b.Task.ID, b.Run.Pass, "gate"), below)
 	*s = next
 }
 
 // executed mirrors the executor's and the recorder's writes for one attempt.
 func (r *replayer) executed(ev events.Executed, stored time.Time) {
-	b, res, t := ev.Base, ev.Result, ev.Task
+	b, t := ev.Base, ev.Task
+	r.fold(t.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.Executed(st, found, b, ev.Result)
+	})
 	st := r.task(t.ID)
-	switch {
-	case res.Refused:
-		st.Refused++
-	case res.RequestHash != "" && executor.Bans(res.ErrorClass):
-		if e := executor.FailedEntry(res.RequestHash, b.Run.Pass); !slices.Contains(st.FailedRequests, e) {
-			st.FailedRequests = append(st.FailedRequests, e)
-		}
-	}
-	for _, h := range st.History {
-		if h.Pass == b.Run.Pass {
-			return // already recorded
-		}
-	}
-	if st.Pass > b.Run.Pass || events.Terminal(st.Status) {
-		return // as the recorder: an old pass, or a task a human cancelled meanwhile
-	}
 	rev, ok := r.decidedBy[passKey{t.ID, b.Run.Pass}]
 	if !ok {
 		rev = b.PolicyRev // not decided yet (or its event is lost): the executor's
 	}
 	pol := r.policyFor(rev, t.Type)
-	res = recorder.Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)
-	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
+	next, res, c := task.Record(*st, true, b, ev.Result, pol, stored)
+	if !c.Changed() {
+		return // already recorded; or, as the recorder, an old pass or a task a human cancelled meanwhile
+	}
+	key := events.MsgID(t.ID, b.Run.Pass, "outcome")
 	hk := history.Key(t.Type, t.Subject)
 	rec := r.out.History[hk]
 	if rec == nil {
@@ -487,11 +474,11 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 		d.NanoUSD += trust.NanoUSD(res.Cost)
 		r.out.Spend[k] = d
 	}
-	if recorder.CountsForTrust(res) {
+	if task.CountsForTrust(res) {
 		s := r.stats(t.Type)
-		*s, _ = r.o.Scoring.Record(*s, recorder.TrustOutcome(key, b.Run, res, stored))
+		*s, _ = r.o.Scoring.Record(*s, task.TrustOutcome(key, b.Run, res, stored))
 	}
-	recorder.Apply(st, t, b.Run, res, pol, stored)
+	*st = next
 	if st.Decision != events.DecisionRetry {
 		r.release(t.Type, t.ID)
 	}
@@ -522,15 +509,15 @@ type Live struct {
 // and the submission's stream sequence are not derived from events and are
 // left out.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
-	tasks, err := compareBucket(ctx, services.BucketTasks, live.Tasks, rebuilt.Tasks, normTask)
+	tasks, err := compareBucket(ctx, events.BucketTasks, live.Tasks, rebuilt.Tasks, normTask)
 	if err != nil {
 		return nil, err
 	}
-	stats, err := compareBucket(ctx, services.BucketTrust, live.Trust, rebuilt.Trust, same[trust.Stats])
+	stats, err := compareBucket(ctx, events.BucketTrust, live.Trust, rebuilt.Trust, same[trust.Stats])
 	if err != nil {
 		return nil, err
 	}
-	hist, err := compareBucket(ctx, services.BucketHistory, live.History, rebuilt.History, same[history.Record])
+	hist, err := compareBucket(ctx, events.BucketHistory, live.History, rebuilt.History, same[history.Record])
 	if err != nil {
 		return nil, err
 	}

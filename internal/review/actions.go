@@ -19,6 +19,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/internal/timeline"
 	"dispatchmesh/services"
 )
@@ -177,9 +178,9 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 	if err := checkReviewable(seen, t, action); err != nil {
 		return Decision{}, err
 	}
-	var task events.Task
+	var requeued events.Task
 	if action == events.ActionRequeue {
-		if task, err = requeueTask(entries, id); err != nil {
+		if requeued, err = requeueTask(entries, id); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -202,7 +203,7 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 			return err
 		}
 		prev = *cur
-		services.ApplyAction(cur, a) // as dispatch rebuild replays it
+		*cur = task.Act(*cur, a) // as dispatch rebuild replays it
 		return nil
 	})
 	if err != nil {
@@ -218,7 +219,7 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 		return Decision{}, c.revert(ctx, tasks, prev, next, fmt.Errorf("%s of %s did not take effect: %w", action, id, err))
 	}
 	if action == events.ActionRequeue {
-		if err := c.publishRetry(ctx, next, task, a, salt); err != nil {
+		if err := c.publishRetry(ctx, next, requeued, a, salt); err != nil {
 			return Decision{}, c.revert(ctx, tasks, prev, next, fmt.Errorf("requeue of %s did not take effect (its action record is void): %w", id, err))
 		}
 	}

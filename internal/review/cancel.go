@@ -11,7 +11,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/kvcas"
-	"dispatchmesh/services"
+	"dispatchmesh/internal/task"
 )
 
 // ErrEnded: the task to cancel has already ended with another status
@@ -20,7 +20,7 @@ var ErrEnded = errors.New("review: task has already ended")
 
 // Cancellable reports whether a task in this status can be cancelled: it
 // has not ended (pending, verifying, running, parked).
-func Cancellable(status string) bool { return !events.Terminal(status) }
+func Cancellable(status events.Status) bool { return !events.Terminal(status) }
 
 // Cancel stops a task that has not ended: its state becomes cancelled (a
 // terminal status; the reason names who cancelled it and why) with one
@@ -70,7 +70,7 @@ func (c *Client) Cancel(ctx context.Context, id, note, by string) (Decision, err
 			return fmt.Errorf("%w: task %s is %s", ErrEnded, id, cur.Status)
 		}
 		prev = *cur
-		services.ApplyAction(cur, a) // as dispatch rebuild replays it
+		*cur = task.Act(*cur, a) // as dispatch rebuild replays it
 		return nil
 	})
 	if err != nil {

@@ -29,7 +29,7 @@ const (
 )
 
 // Statuses are the task statuses a query may filter by.
-var Statuses = []string{
+var Statuses = []events.Status{
 	events.StatusPending, events.StatusVerifying, events.StatusRunning, events.StatusParked,
 	events.StatusSucceeded, events.StatusCancelled, events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed,
 }
@@ -40,7 +40,8 @@ type TaskQuery struct {
 	// ID finds one task by its id (the other filters are then ignored).
 	ID string
 	// Type, Subject (exact) and Status keep tasks that have them.
-	Type, Subject, Status string
+	Type, Subject string
+	Status        events.Status
 	// Since and Until keep tasks queued in [Since, Until) (zero: open).
 	Since, Until time.Time
 	// Cursor continues a listing: the Next of the previous page.
@@ -75,17 +76,17 @@ func (q TaskQuery) Validate() error {
 
 // TaskRow is one task of a page.
 type TaskRow struct {
-	ID          string    `json:"id"`
-	Type        string    `json:"type"`
-	Subject     string    `json:"subject"`
-	Status      string    `json:"status"` // "" when the task has no state (yet, or any more)
-	Attempts    int       `json:"attempts"`
-	TokensIn    int       `json:"tokens_in"`
-	TokensOut   int       `json:"tokens_out"`
-	Cost        float64   `json:"cost"`
-	Reason      string    `json:"reason,omitempty"`
-	SubmittedAt time.Time `json:"submitted_at"`
-	UpdatedAt   time.Time `json:"updated_at,omitzero"`
+	ID          string        `json:"id"`
+	Type        string        `json:"type"`
+	Subject     string        `json:"subject"`
+	Status      events.Status `json:"status"` // "" when the task has no state (yet, or any more)
+	Attempts    int           `json:"attempts"`
+	TokensIn    int           `json:"tokens_in"`
+	TokensOut   int           `json:"tokens_out"`
+	Cost        float64       `json:"cost"`
+	Reason      string        `json:"reason,omitempty"`
+	SubmittedAt time.Time     `json:"submitted_at"`
+	UpdatedAt   time.Time     `json:"updated_at,omitzero"`
 	// Seq is the stream sequence of the task's index entry.
 	Seq uint64 `json:"seq,omitempty"`
 }

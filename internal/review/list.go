@@ -59,7 +59,7 @@ type Item struct {
 	// became a task).
 	TaskID string `json:"task_id,omitempty"`
 	// Status is the task's current status ("" without a task).
-	Status string `json:"status,omitempty"`
+	Status events.Status `json:"status,omitempty"`
 	// Handled is the human decision taken on the task since the record was
 	// written; nil while the item is open.
 	Handled *events.Action `json:"handled,omitempty"`

@@ -24,13 +24,13 @@ import (
 // router cannot, and a second writer would be a second truth to rebuild). pending, verifying, running
 // and parked tasks are in flight (parked ones come back by themselves) and
 // succeeded ones are done: acting on them is refused with a StateError.
-var ReviewStatuses = []string{events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled}
+var ReviewStatuses = []events.Status{events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled}
 
 // StateError says why a task cannot be acted on now. It matches ErrNotReviewable.
 type StateError struct {
 	ID     string
 	Action string
-	Status string
+	Status events.Status
 	Pass   int
 	// Already is set when the same decision was the last thing that happened.
 	Already *events.Action
@@ -51,7 +51,16 @@ func (e *StateError) Error() string {
 	case events.StatusSucceeded:
 		why = "it already succeeded"
 	}
-	return fmt.Sprintf("cannot %s task %s: %s (actionable statuses: %s)", e.Action, e.ID, why, strings.Join(ReviewStatuses, ", "))
+	return fmt.Sprintf("cannot %s task %s: %s (actionable statuses: %s)", e.Action, e.ID, why, JoinStatuses(ReviewStatuses))
+}
+
+// JoinStatuses lists statuses as "a, b, c".
+func JoinStatuses(statuses []events.Status) string {
+	names := make([]string, len(statuses))
+	for i, s := range statuses {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ", ")
 }
 
 // Is makes errors.Is(err, ErrNotReviewable) true.

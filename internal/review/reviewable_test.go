@@ -12,7 +12,7 @@ import (
 func TestCheckReviewable(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		status string
+		status events.Status
 		pass   int
 		tail   tail
 		ok     bool

@@ -123,7 +123,10 @@ func TestRequeueOfPoisonedTask(t *testing.T) {
 
 func TestListFiltersCountsAndRetention(t *testing.T) {
 	s := newSeeded(t)
-	for _, c := range []struct{ id, typ, reason, status string }{
+	for _, c := range []struct {
+		id, typ, reason string
+		status          events.Status
+	}{
 		{"a-1", "css_fix", events.ReviewGated, events.StatusNeedsHumanReview},
 		{"a-2", "css_fix", events.ReviewEscalated, events.StatusBlocked},
 		{"b-1", "sql_fix", events.ReviewEscalated, events.StatusBlocked},
@@ -262,7 +265,7 @@ func TestUndecodablePoisonedTaskIsActionable(t *testing.T) {
 	if _, err := s.rc.Reject(bg, "deep-2", "payload is garbage", "alice"); err != nil {
 		t.Fatalf("reject: %v", err)
 	}
-	for id, want := range map[string]string{"deep-1": events.StatusSucceeded, "deep-2": events.StatusFailed} {
+	for id, want := range map[string]events.Status{"deep-1": events.StatusSucceeded, "deep-2": events.StatusFailed} {
 		if st, _ := s.tasks.Get(bg, id); st.Status != want {
 			t.Errorf("%s: status %s, want %s", id, st.Status, want)
 		}

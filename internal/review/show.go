@@ -222,9 +222,9 @@ func why(st events.TaskState, recs []Record, t tail) string {
 		parts = append(parts, fmt.Sprintf("on attempt %d", st.History[len(st.History)-1].Attempt))
 	}
 	if len(parts) == 0 {
-		return st.Status
+		return string(st.Status)
 	}
-	return st.Status + ": " + strings.Join(parts, "; ")
+	return string(st.Status) + ": " + strings.Join(parts, "; ")
 }
 
 func whyRecord(recs []Record) string {

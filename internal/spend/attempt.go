@@ -8,23 +8,23 @@ const NoRung = "none"
 
 // RungLabel names an attempt's rung for a table or a metric label: the rung,
 // or NoRung.
-func RungLabel(rung string) string {
+func RungLabel(rung events.Rung) string {
 	if rung == "" {
 		return NoRung
 	}
-	return rung
+	return string(rung)
 }
 
 // Resolved reports whether a task in this status is resolved: succeeded,
 // whether the mesh or a human's resolve finished it.
-func Resolved(status string) bool { return status == events.StatusSucceeded }
+func Resolved(status events.Status) bool { return status == events.StatusSucceeded }
 
 // Unresolved reports whether a task in this status ended without being
 // resolved: blocked, failed, needs_human_review or cancelled. What such a
 // task spent bought nothing (a human may still requeue or resolve it, and
 // then the task counts again by its new status). A cancelled task was stale
 // and usually spent nothing; one cancelled on a later pass did spend.
-func Unresolved(status string) bool {
+func Unresolved(status events.Status) bool {
 	return events.Terminal(status) && !Resolved(status)
 }
 

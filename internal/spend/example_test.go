@@ -25,7 +25,7 @@ func ExampleFold() {
 	fmt.Printf("retries %d, succeeded %.0f%%; same error %d\n", f.Retries, 100**f.RetrySuccessRate, f.SameErrorRetries)
 	fmt.Printf("loop rate %.1f attempts, $%.3f per resolved task\n", *f.LoopRate, *f.CostPerResolved)
 	fmt.Printf("repeat-call rate %.0f%% (%d of %d requests refused)\n", 100**f.RepeatCallRate, f.Refused, f.Attempts)
-	fmt.Printf("REFINE prompt tokens per attempt %.0f\n", *f.Rungs[events.RungRefine].PromptTokensPerAttempt)
+	fmt.Printf("REFINE prompt tokens per attempt %.0f\n", *f.Rungs[string(events.RungRefine)].PromptTokensPerAttempt)
 	// Output:
 	// css_fix: 2 tasks, 1 resolved, 1 unresolved
 	// wasted 800 tokens, $0.008

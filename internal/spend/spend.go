@@ -209,13 +209,13 @@ func ratio(n float64, d int) *float64 {
 func RungOrder(a, b string) int {
 	rank := func(s string) int {
 		switch s {
-		case events.RungRefine:
+		case string(events.RungRefine):
 			return 0
-		case events.RungPivot:
+		case string(events.RungPivot):
 			return 1
-		case events.RungResearch:
+		case string(events.RungResearch):
 			return 2
-		case events.RungHandoff:
+		case string(events.RungHandoff):
 			return 3
 		case NoRung:
 			return 5

@@ -17,23 +17,23 @@ const (
 )
 
 // ok and fail are attempt records: tokens in, tokens out, cost.
-func ok(rung string, in, out int, cost float64) events.AttemptRecord {
+func ok(rung events.Rung, in, out int, cost float64) events.AttemptRecord {
 	return events.AttemptRecord{Rung: rung, Outcome: events.OutcomeSuccess, TokensIn: in, TokensOut: out, Cost: cost}
 }
 
-func fail(rung, class, reason string, in, out int, cost float64) events.AttemptRecord {
+func fail(rung events.Rung, class, reason string, in, out int, cost float64) events.AttemptRecord {
 	return events.AttemptRecord{Rung: rung, Outcome: events.OutcomeFailure, ErrorClass: class, Reason: reason,
 		TokensIn: in, TokensOut: out, Cost: cost}
 }
 
-func refused(rung string) events.AttemptRecord {
+func refused(rung events.Rung) events.AttemptRecord {
 	return fail(rung, events.ErrorClassRefused, "refused: identical to a request that already failed deterministically (ab12)", 0, 0, 0)
 }
 
 // task builds a state whose totals are the sums of its attempts, numbered
 // 1, 2, … in order.
-func task(typ, status string, h ...events.AttemptRecord) events.TaskState {
-	st := events.TaskState{ID: typ + "-" + status, Type: typ, Status: status}
+func task(typ string, status events.Status, h ...events.AttemptRecord) events.TaskState {
+	st := events.TaskState{ID: typ + "-" + string(status), Type: typ, Status: status}
 	for i := range h {
 		h[i].Attempt, h[i].Pass = i+1, i+1
 		st.TokensIn += h[i].TokensIn
@@ -94,7 +94,7 @@ func TestSameError(t *testing.T) {
 }
 
 func TestStatuses(t *testing.T) {
-	for status, want := range map[string][2]bool{ // resolved, unresolved
+	for status, want := range map[events.Status][2]bool{ // resolved, unresolved
 		events.StatusSucceeded:        {true, false},
 		events.StatusBlocked:          {false, true},
 		events.StatusFailed:           {false, true},
@@ -146,7 +146,7 @@ func TestFold(t *testing.T) {
 			want: spend.Figures{
 				Tasks: 1, Resolved: 1, Tokens: 1200, Cost: 0.01, ResolvedTokens: 1200, ResolvedCost: 0.01,
 				Attempts: 1, ResolvedAttempts: 1,
-				Rungs:    map[string]spend.Rung{refine: {Attempts: 1, Prompted: 1, PromptTokens: 1000, PromptTokensPerAttempt: ptr(1000)}},
+				Rungs:    map[string]spend.Rung{string(refine): {Attempts: 1, Prompted: 1, PromptTokens: 1000, PromptTokensPerAttempt: ptr(1000)}},
 				LoopRate: ptr(1), CostPerResolved: ptr(0.01), TokensPerResolved: ptr(1200), RepeatCallRate: ptr(0),
 			},
 		},
@@ -162,8 +162,8 @@ func TestFold(t *testing.T) {
 				Tasks: 1, Resolved: 1, Tokens: 4900, Cost: 0.06, ResolvedTokens: 4900, ResolvedCost: 0.06,
 				Attempts: 3, ResolvedAttempts: 3, Retries: 2, RetrySuccesses: 1, SameErrorRetries: 1,
 				Rungs: map[string]spend.Rung{
-					refine: {Attempts: 2, Prompted: 2, PromptTokens: 2400, PromptTokensPerAttempt: ptr(1200)},
-					pivot:  {Attempts: 1, Prompted: 1, PromptTokens: 2000, PromptTokensPerAttempt: ptr(2000)},
+					string(refine): {Attempts: 2, Prompted: 2, PromptTokens: 2400, PromptTokensPerAttempt: ptr(1200)},
+					string(pivot):  {Attempts: 1, Prompted: 1, PromptTokens: 2000, PromptTokensPerAttempt: ptr(2000)},
 				},
 				RetrySuccessRate: ptr(0.5), LoopRate: ptr(3), CostPerResolved: ptr(0.06), TokensPerResolved: ptr(4900),
 				RepeatCallRate: ptr(0),
@@ -179,7 +179,7 @@ func TestFold(t *testing.T) {
 			want: spend.Figures{
 				Tasks: 1, Unresolved: 1, Tokens: 500, Cost: 0.005, WastedTokens: 500, WastedCost: 0.005,
 				Attempts: 2, Retries: 1, Refused: 1,
-				Rungs:            map[string]spend.Rung{refine: {Attempts: 2, Prompted: 1, PromptTokens: 500, PromptTokensPerAttempt: ptr(500)}},
+				Rungs:            map[string]spend.Rung{string(refine): {Attempts: 2, Prompted: 1, PromptTokens: 500, PromptTokensPerAttempt: ptr(500)}},
 				RetrySuccessRate: ptr(0), RepeatCallRate: ptr(0.5),
 			},
 		},
@@ -197,7 +197,7 @@ func TestFold(t *testing.T) {
 			},
 			want: spend.Figures{
 				Tasks: 1, Unresolved: 1, Tokens: 900, Cost: 0.008, WastedTokens: 900, WastedCost: 0.008, Attempts: 1,
-				Rungs:          map[string]spend.Rung{refine: {Attempts: 1, Prompted: 1, PromptTokens: 800, PromptTokensPerAttempt: ptr(800)}},
+				Rungs:          map[string]spend.Rung{string(refine): {Attempts: 1, Prompted: 1, PromptTokens: 800, PromptTokensPerAttempt: ptr(800)}},
 				RepeatCallRate: ptr(0),
 			},
 		},
@@ -210,7 +210,7 @@ func TestFold(t *testing.T) {
 			}()},
 			want: spend.Figures{
 				Tasks: 1, Open: 1, Tokens: 165, Cost: 0.0015, Attempts: 1,
-				Rungs:          map[string]spend.Rung{refine: {Attempts: 1, Prompted: 1, PromptTokens: 100, PromptTokensPerAttempt: ptr(100)}},
+				Rungs:          map[string]spend.Rung{string(refine): {Attempts: 1, Prompted: 1, PromptTokens: 100, PromptTokensPerAttempt: ptr(100)}},
 				RepeatCallRate: ptr(0),
 			},
 		},
@@ -237,7 +237,7 @@ func TestFold(t *testing.T) {
 			}()},
 			want: spend.Figures{
 				Tasks: 1, Unresolved: 1, Tokens: 10, WastedTokens: 10, Attempts: 2, Retries: 1, Refused: 2,
-				Rungs:            map[string]spend.Rung{refine: {Attempts: 2, Prompted: 1, PromptTokens: 10, PromptTokensPerAttempt: ptr(10)}},
+				Rungs:            map[string]spend.Rung{string(refine): {Attempts: 2, Prompted: 1, PromptTokens: 10, PromptTokensPerAttempt: ptr(10)}},
 				RetrySuccessRate: ptr(0), RepeatCallRate: ptr(1),
 			},
 		},
@@ -269,22 +269,22 @@ func TestFoldPerType(t *testing.T) {
 	}
 	css := r.Types[1]
 	if css.Tasks != 2 || css.Resolved != 1 || css.Unresolved != 1 || css.WastedTokens != 2310 || css.Retries != 2 ||
-		css.SameErrorRetries != 1 || *css.LoopRate != 1 || css.Rungs[research].PromptTokens != 900 {
+		css.SameErrorRetries != 1 || *css.LoopRate != 1 || css.Rungs[string(research)].PromptTokens != 900 {
 		t.Errorf("css_fix = %+v", css)
 	}
 	if r.Total.Type != "" || r.Total.Tasks != 3 || r.Total.Unresolved != 2 || r.Total.WastedTokens != 2640 ||
 		!near(r.Total.WastedCost, 0.024) || !near(r.Total.Cost, 0.034) || r.Total.Attempts != 5 {
 		t.Errorf("total = %+v", r.Total)
 	}
-	if css.Rungs[refine].Attempts+r.Types[0].Rungs[refine].Attempts != r.Total.Rungs[refine].Attempts {
+	if css.Rungs[string(refine)].Attempts+r.Types[0].Rungs[string(refine)].Attempts != r.Total.Rungs[string(refine)].Attempts {
 		t.Errorf("rung attempts do not add up: %+v", r.Total.Rungs)
 	}
 }
 
 func TestRungOrder(t *testing.T) {
-	got := []string{spend.NoRung, "OTHER", research, events.RungHandoff, pivot, refine}
+	got := []string{spend.NoRung, "OTHER", string(research), string(events.RungHandoff), string(pivot), string(refine)}
 	slices.SortFunc(got, spend.RungOrder)
-	want := []string{refine, pivot, research, events.RungHandoff, "OTHER", spend.NoRung}
+	want := []string{string(refine), string(pivot), string(research), string(events.RungHandoff), "OTHER", spend.NoRung}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("order = %v, want %v", got, want)
 	}

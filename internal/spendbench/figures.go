@@ -212,13 +212,13 @@ func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, led
 				if h.TokensIn == 0 {
 					continue // refused: nothing was sent
 				}
-				r := f.PromptTokensByRung[h.Rung]
+				r := f.PromptTokensByRung[string(h.Rung)]
 				r.Calls++
 				r.PromptTokens += h.TokensIn
 				if h.Outcome == events.OutcomeSuccess {
 					r.ResolvedOnRung++
 				}
-				f.PromptTokensByRung[h.Rung] = r
+				f.PromptTokensByRung[string(h.Rung)] = r
 			}
 		}
 		f.Tally.add(tt)

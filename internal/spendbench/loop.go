@@ -72,7 +72,7 @@ func RunLoop(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 			resolved := loopTask(ctx, cfg, model, reqs[t.ID])
 			status := "gave_up"
 			if resolved {
-				status = events.StatusSucceeded
+				status = string(events.StatusSucceeded)
 			}
 			mu.Lock()
 			outcomes[t.ID] = outcome{status: status, resolved: resolved, ended: true, endRecords: 1}

@@ -135,7 +135,7 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		e := ends[t.ID]
 		o := outcome{ended: e.found && events.Terminal(e.state.Status), endRecords: e.endRecords, poison: e.poison}
 		if e.found {
-			o.status = e.state.Status
+			o.status = string(e.state.Status)
 			o.resolved = e.state.Status == events.StatusSucceeded
 			o.clientTokens = e.state.TokensIn + e.state.TokensOut
 			st := e.state

@@ -290,7 +290,7 @@ func checkAccounted(t *testing.T, f Figures, tasks []Task) {
 		if r.ID != tasks[i].ID {
 			t.Fatalf("%s: result %d is %s, want %s", f.Runner, i, r.ID, tasks[i].ID)
 		}
-		if !r.Ended || (f.Runner == RunnerMesh && !events.Terminal(r.Status)) {
+		if !r.Ended || (f.Runner == RunnerMesh && !events.Terminal(events.Status(r.Status))) {
 			t.Errorf("%s: task %s ended %q", f.Runner, r.ID, r.Status)
 		}
 		sum.Tasks++

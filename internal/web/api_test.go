@@ -74,7 +74,7 @@ func newSeeded(t *testing.T, token string) *seeded {
 }
 
 // task writes a task's state, its queued event and (with reason) its review record.
-func (s *seeded) task(id, status, why, reason string, history []events.AttemptRecord) {
+func (s *seeded) task(id string, status events.Status, why, reason string, history []events.AttemptRecord) {
 	s.t.Helper()
 	task := events.Task{ID: id, Type: "css_fix", Subject: "src/" + id + ".css", Payload: json.RawMessage(`{"issue":"x"}`)}
 	pass := max(1, len(history))

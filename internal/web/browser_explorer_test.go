@@ -94,7 +94,7 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if status != events.StatusCancelled {
+	if status != string(events.StatusCancelled) {
 		t.Fatalf("the task page shows status %q, want cancelled", status)
 	}
 	for _, want := range []string{"null deref in parsePayload", "CANCEL by", "prompted", "events over"} {

@@ -120,7 +120,7 @@ func TestBrowserRequeueOfBlockedTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if status != events.StatusSucceeded {
+	if status != string(events.StatusSucceeded) {
 		t.Fatalf("the task page shows status %q, want succeeded", status)
 	}
 	page, err := chromedp.Run(rctx, chromedp.Text(chromedp.CSS("main")))

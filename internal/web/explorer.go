@@ -19,7 +19,7 @@ import (
 func taskQuery(r *http.Request) (review.TaskQuery, error) {
 	v := r.URL.Query()
 	q := review.TaskQuery{
-		ID: strings.TrimSpace(v.Get("id")), Type: strings.TrimSpace(v.Get("type")), Status: v.Get("status"),
+		ID: strings.TrimSpace(v.Get("id")), Type: strings.TrimSpace(v.Get("type")), Status: events.Status(v.Get("status")),
 		Subject: v.Get("subject"), Cursor: v.Get("cursor"),
 	}
 	var err error
@@ -55,7 +55,7 @@ type tasksData struct {
 	Since    string // the form's values
 	Until    string
 	Page     review.TaskPage
-	Statuses []string
+	Statuses []events.Status
 	Next     string // link to the next (older) page
 	First    string // link to the newest page of the same filter
 }
@@ -124,7 +124,8 @@ func (h *Handler) apiTasks(w http.ResponseWriter, r *http.Request) {
 type answer struct {
 	events.Result
 	Pass, Attempt int
-	Rung, Step    string
+	Rung          events.Rung
+	Step          string
 	At            time.Time
 }
 

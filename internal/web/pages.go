@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -45,19 +46,23 @@ var funcs = template.FuncMap{
 	},
 }
 
-// kind is a CSS class for a reason, status or outcome: a fixed word, never
-// the input itself.
-func kind(s string) string {
+// kind is a CSS class for a reason, status or outcome — a string or a
+// string enum such as events.Status: a fixed word, never the input itself.
+func kind(v any) string {
+	s := ""
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.String {
+		s = rv.String()
+	}
 	switch s {
-	case events.ReviewGated, events.StatusNeedsHumanReview, events.StatusParked:
+	case events.ReviewGated, string(events.StatusNeedsHumanReview), string(events.StatusParked):
 		return "warn"
-	case events.ReviewEscalated, events.ReviewStuck, events.StatusBlocked, events.StatusFailed, events.OutcomeFailure:
+	case events.ReviewEscalated, events.ReviewStuck, string(events.StatusBlocked), string(events.StatusFailed), events.OutcomeFailure:
 		return "bad"
 	case events.ReviewPoison:
 		return "poison"
-	case events.StatusSucceeded, events.OutcomeSuccess:
+	case string(events.StatusSucceeded), events.OutcomeSuccess:
 		return "good"
-	case events.StatusPending, events.StatusVerifying, events.StatusRunning:
+	case string(events.StatusPending), string(events.StatusVerifying), string(events.StatusRunning):
 		return "busy"
 	}
 	return "plain"

@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -58,7 +59,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		if events.DeploymentFault(c.Class) {
 			r.Error = s.rules.deploymentError(c.Class, o.err, cmp.Or(o.endpoint, a.endpoint))
 		}
-		if Bans(c.Class) {
+		if task.Bans(c.Class) {
 			// banned before the Executed goes out, so the next attempt sees it
 			if err := s.ledger.addFailed(ctx, a.base, o.hash, r.Error); err != nil {
 				return events.Result{}, err

@@ -10,16 +10,6 @@ import (
 	"dispatchmesh/events"
 )
 
-// Bans reports whether a failure of this class bans the request's hash for
-// the task: the identical request would fail the same way.
-func Bans(class string) bool {
-	switch class {
-	case events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassConfig:
-		return true
-	}
-	return false
-}
-
 // deploymentError is the Result.Error of a model call that failed through
 // the deployment's fault (auth, quota, config; see events.DeploymentFault):
 // what to fix first — the reason a human reads — then everything the

@@ -9,6 +9,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services/executor"
 )
 
@@ -27,7 +28,7 @@ func TestDeterministicFailureBansTheRequest(t *testing.T) {
 			t.Errorf("error %q lacks %s: the next prompt needs everything the provider said", r.Error, said)
 		}
 	}
-	if st := e.state("t1"); !slices.Equal(st.FailedRequests, []string{executor.FailedEntry(r.RequestHash, 1)}) {
+	if st := e.state("t1"); !slices.Equal(st.FailedRequests, []string{task.FailedEntry(r.RequestHash, 1)}) {
 		t.Fatalf("failed requests %v, want the request hash %s", st.FailedRequests, r.RequestHash)
 	}
 
@@ -118,7 +119,7 @@ func TestDeploymentErrorsAreCalledOnceAndSayWhatToFix(t *testing.T) {
 			if n := e.model.Calls(); n != want {
 				t.Errorf("%d calls recorded, want exactly %d", n, want)
 			}
-			if st := e.state("t1"); !slices.Contains(st.FailedRequests, executor.FailedEntry(r.RequestHash, 1)) {
+			if st := e.state("t1"); !slices.Contains(st.FailedRequests, task.FailedEntry(r.RequestHash, 1)) {
 				t.Errorf("failed requests %v lack %s", st.FailedRequests, r.RequestHash)
 			}
 		})

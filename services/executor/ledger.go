@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"dispatchmesh/events"
-	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -65,91 +65,57 @@ type kvLedger struct {
 
 func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error) {
 	var f facts
-	skip := false
 	// One compare-and-set reads the facts and marks the task running.
-	_, err := l.tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
-		f, skip = facts{}, false
-		if !found {
-			*st = services.NewState(b.Task)
+	_, cause, err := l.tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		next, c := task.Begin(st, found, b)
+		f = facts{}
+		if c == task.CauseApplied || c == task.CauseRedelivered {
+			f = facts{failed: bannedBefore(next.FailedRequests, b.Run.Pass), failedNow: bannedIn(next.FailedRequests, b.Run.Pass),
+				transient: next.TransientRetries, lastError: next.LastError, unbilled: next.Unbilled,
+				toolsFailedNow: toolsBannedIn(next.FailedRequests, b.Run.Pass), resume: next.Resume}
 		}
-		if found && (st.Pass > b.Run.Pass || events.Terminal(st.Status)) {
-			skip = true
-			return kvcas.ErrNoChange
-		}
-		f = facts{failed: bannedBefore(st.FailedRequests, b.Run.Pass), failedNow: bannedIn(st.FailedRequests, b.Run.Pass),
-			transient: st.TransientRetries, lastError: st.LastError, unbilled: st.Unbilled,
-			toolsFailedNow: toolsBannedIn(st.FailedRequests, b.Run.Pass)}
-		stale := st.Resume != nil && st.Resume.Pass != b.Run.Pass
-		if !stale && st.Resume != nil {
-			f.resume = st.Resume
-		}
-		if st.Status == events.StatusRunning && st.Pass == b.Run.Pass && !stale {
-			return kvcas.ErrNoChange // a redelivery: already running
-		}
-		if stale {
-			st.Resume = nil // an earlier pass's loop: never resumed
-		}
-		st.Status, st.Pass, st.UpdatedAt = events.StatusRunning, b.Run.Pass, b.At
-		return nil
+		return next, c
 	})
 	if err != nil {
 		return facts{}, false, storeErr(ctx, err)
 	}
+	skip := cause == task.CauseMovedOn || cause == task.CauseEnded
 	if skip {
 		l.log.Info("prompt skipped: the task has moved on", "task", b.Task.ID, "pass", b.Run.Pass)
 	}
 	return f, skip, nil
 }
 
-func (l kvLedger) update(ctx context.Context, b events.Base, mutate func(st *events.TaskState) error) (events.TaskState, error) {
-	st, err := l.tasks.Update(ctx, b.Task.ID, func(st *events.TaskState, found bool) error {
-		if !found {
-			*st = services.NewState(b.Task)
-		}
-		return mutate(st)
-	})
+// apply runs one of the task's attempt transitions on its stored state.
+func (l kvLedger) apply(ctx context.Context, b events.Base, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.TaskState, error) {
+	st, _, err := l.tasks.Apply(ctx, b.Task.ID, tr)
 	return st, storeErr(ctx, err)
 }
 
 func (l kvLedger) cutShort(ctx context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
-	st, err := l.update(ctx, b, func(st *events.TaskState) error {
-		if transient {
-			st.TransientRetries++
-		}
-		st.Unbilled = st.Unbilled.Add(spent)
-		st.Resume = resume
-		return nil
+	st, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.CutShort(st, found, b, spent, resume, transient)
 	})
 	return st.TransientRetries, err
 }
 
 func (l kvLedger) settle(ctx context.Context, b events.Base) error {
-	_, err := l.update(ctx, b, func(st *events.TaskState) error {
-		if st.TransientRetries == 0 && st.Unbilled == (events.Usage{}) && st.Resume == nil {
-			return kvcas.ErrNoChange
-		}
-		st.TransientRetries, st.Unbilled, st.Resume = 0, events.Usage{}, nil
-		return nil
+	_, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.Settle(st, found, b)
 	})
 	return err
 }
 
 func (l kvLedger) addFailed(ctx context.Context, b events.Base, hash, _ string) error {
-	entry := FailedEntry(hash, b.Run.Pass)
-	_, err := l.update(ctx, b, func(st *events.TaskState) error {
-		if slices.Contains(st.FailedRequests, entry) {
-			return kvcas.ErrNoChange
-		}
-		st.FailedRequests = append(st.FailedRequests, entry)
-		return nil
+	_, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.AddFailed(st, found, b, hash)
 	})
 	return err
 }
 
 func (l kvLedger) addRefused(ctx context.Context, b events.Base) error {
-	_, err := l.update(ctx, b, func(st *events.TaskState) error {
-		st.Refused++
-		return nil
+	_, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.AddRefused(st, found, b)
 	})
 	return err
 }
@@ -163,11 +129,6 @@ func storeErr(ctx context.Context, err error) error {
 	}
 	return fmt.Errorf("executor: task state: %w", err)
 }
-
-// FailedEntry is how a banned hash is kept in TaskState.FailedRequests:
-// "<hash>@<pass>", the pass whose request failed. A redelivery of that same
-// pass is not refused by its own failure; every later pass is.
-func FailedEntry(hash string, pass int) string { return hash + "@" + strconv.Itoa(pass) }
 
 // bannedIn reports whether a request of pass itself was banned.
 func bannedIn(entries []string, pass int) bool {
@@ -268,7 +229,7 @@ func (l *memLedger) addFailed(_ context.Context, b events.Base, hash, errText st
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	if entry := FailedEntry(hash, b.Run.Pass); !slices.Contains(t.failed, entry) {
+	if entry := task.FailedEntry(hash, b.Run.Pass); !slices.Contains(t.failed, entry) {
 		t.failed = append(t.failed, entry)
 	}
 	if errText != "" {

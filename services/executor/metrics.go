@@ -3,6 +3,7 @@ package executor
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"dispatchmesh/events"
 	"dispatchmesh/internal/spend"
 	"dispatchmesh/services"
 )
@@ -108,6 +109,6 @@ func (m *metrics) usage(model, taskType string, in, out int, cost float64) {
 
 // promptTokens observes one model call's prompt tokens. Agent commands
 // report only their total, not per call, and are not observed.
-func (m *metrics) promptTokens(taskType, rung string, tokens int) {
+func (m *metrics) promptTokens(taskType string, rung events.Rung, tokens int) {
 	m.prompt.WithLabelValues(taskType, spend.RungLabel(rung)).Observe(float64(tokens))
 }

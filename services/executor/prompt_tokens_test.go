@@ -28,7 +28,7 @@ func TestPromptTokensPerCall(t *testing.T) {
 	if r.Outcome != events.OutcomeSuccess || r.TokensIn != 3100 {
 		t.Fatalf("result %+v, want a success of 3100 prompt tokens", r)
 	}
-	n, sum := promptHistogram(t, e.reg, map[string]string{"type": "css_fix", "rung": events.RungPivot})
+	n, sum := promptHistogram(t, e.reg, map[string]string{"type": "css_fix", "rung": string(events.RungPivot)})
 	if n != 2 || sum != 3100 {
 		t.Errorf("dispatch_prompt_tokens{css_fix,PIVOT}: %d calls, %v tokens; want 2 calls, 3100", n, sum)
 	}

@@ -25,7 +25,7 @@ func taskStore(t *testing.T) *services.TaskStore {
 // statusSpy is a Model that records the task's status when it is called.
 type statusSpy struct {
 	tasks  *services.TaskStore
-	seen   []string
+	seen   []events.Status
 	called int
 }
 

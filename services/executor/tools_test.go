@@ -14,6 +14,7 @@ import (
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services/executor"
 )
 
@@ -188,7 +189,7 @@ func TestToolErrorReachesTheModelAndIdenticalCallsAreRefused(t *testing.T) {
 	}
 
 	st := e.state("t1")
-	if len(st.FailedRequests) != 1 || st.FailedRequests[0] != executor.FailedEntry(executor.ToolCallHash("create_user", `{"name":"Ann"}`), 1) {
+	if len(st.FailedRequests) != 1 || st.FailedRequests[0] != task.FailedEntry(executor.ToolCallHash("create_user", `{"name":"Ann"}`), 1) {
 		t.Errorf("failed requests %v, want the failed tool call's hash", st.FailedRequests)
 	}
 	if c, ref := e.counter("dispatch_executor_tool_calls_total", map[string]string{"tool": "create_user"}),
@@ -225,7 +226,7 @@ func TestToolsOffered(t *testing.T) {
 	pol := policy.Type{Tools: []policy.Tool{createUser}, ResearchTools: []policy.Tool{search}}
 	tests := []struct {
 		name string
-		rung string
+		rung events.Rung
 		nc   bool
 		want []string
 	}{

@@ -37,6 +37,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
@@ -190,7 +191,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	if retry := b.Run.Attempt > 1; retry && b.Run.Rung != "" {
-		below := func(rung string) bool { low, _, _ := scoring.RungBelow(stats, rung); return low }
+		below := func(rung events.Rung) bool { low, _, _ := scoring.RungBelow(stats, rung); return low }
 		_, tries, successes := scoring.RungBelow(stats, b.Run.Rung)
 		d.RungTries, d.RungSuccesses = tries, successes
 		measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
@@ -254,7 +255,7 @@ func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	if st.Pass >= b.Run.Pass && services.EndedByHuman(st) {
+	if st.Pass >= b.Run.Pass && task.EndedByHuman(st) {
 		s.log.Info("task ended by a human: not admitted", "task", b.Task.ID, "status", st.Status)
 		return true, nil
 	}
@@ -324,11 +325,13 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
-		st, changed, err := s.cfg.Tasks.Stop(ctx, b, func(st *events.TaskState) { Block(st, b, d.Reason, d.Cause) })
+		st, cause, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Block(st, found, b, d.Reason, d.Cause)
+		})
 		if err != nil {
 			return nil, err
 		}
-		if changed {
+		if cause.Changed() {
 			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
 		}
 		attempts = st.History
@@ -347,14 +350,16 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
 	var st events.TaskState
 	if s.cfg.Tasks != nil {
-		var changed bool
+		var cause task.Cause
 		var err error
 		// A redelivery: the record is republished as it was.
-		st, changed, err = s.cfg.Tasks.Stop(ctx, b, func(st *events.TaskState) { HandOff(st, b, d.Reason) })
+		st, cause, err = s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.HandOff(st, found, b, d.Reason)
+		})
 		if err != nil {
 			return nil, err
 		}
-		if changed {
+		if cause.Changed() {
 			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
 		}
 	}
@@ -373,19 +378,4 @@ func (s *Service) release(ctx context.Context, taskType, id string) error {
 	}
 	_, err := s.cfg.Trust.Release(ctx, taskType, id)
 	return err
-}
-
-// Block is what a gate block (cause trust or budget) does to the task's
-// state; HandOff what a handoff before a retry does. The gate and dispatch
-// rebuild apply them alike.
-func Block(st *events.TaskState, b events.Base, reason string, cause events.Cause) {
-	st.Status, st.Reason, st.Cause = events.StatusNeedsHumanReview, reason, cause
-	st.Pass, st.UpdatedAt = b.Run.Pass, b.At
-}
-
-// HandOff: see Block.
-func HandOff(st *events.TaskState, b events.Base, reason string) {
-	st.Status, st.Decision, st.Reason, st.Rung = events.StatusBlocked, events.DecisionHandoff, reason, events.RungHandoff
-	st.Cause = events.CauseRungRate
-	st.Pass, st.UpdatedAt = b.Run.Pass, b.At
 }

@@ -13,6 +13,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/services/gate"
 	"dispatchmesh/trust"
@@ -46,7 +47,7 @@ func newEnv(t *testing.T, pol *policy.File) *env {
 
 // outcomes records n outcomes of typ: the first successes succeed. Each is
 // a retry on rung when rung is set.
-func (e *env) outcomes(typ string, n, successes int, rung string) {
+func (e *env) outcomes(typ string, n, successes int, rung events.Rung) {
 	e.t.Helper()
 	for i := range n {
 		o := trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != ""}
@@ -61,7 +62,7 @@ func (e *env) outcomes(typ string, n, successes int, rung string) {
 func (e *env) pass(id, typ string, run events.Run, waited time.Duration) (to string, d events.TrustDecision, err error) {
 	e.t.Helper()
 	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: run}
-	if _, _, err := e.tasks.Create(context.Background(), services.NewState(b.Task)); err != nil {
+	if _, _, err := e.tasks.Create(context.Background(), task.New(b.Task)); err != nil {
 		e.t.Fatal(err)
 	}
 	data, _ := json.Marshal(events.Verified{Base: b})
@@ -92,8 +93,8 @@ func (e *env) pass(id, typ string, run events.Run, waited time.Duration) (to str
 	return stage, ev.Trust, nil
 }
 
-func first() events.Run            { return events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine} }
-func retry(rung string) events.Run { return events.Run{Pass: 3, Attempt: 3, Rung: rung} }
+func first() events.Run                 { return events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine} }
+func retry(rung events.Rung) events.Run { return events.Run{Pass: 3, Attempt: 3, Rung: rung} }
 
 func TestGateDecisions(t *testing.T) {
 	exempt := true
@@ -233,7 +234,7 @@ func TestGatedRetryCarriesItsAttempts(t *testing.T) {
 	e.outcomes("css_fix", 10, 0, "")
 	ctx := context.Background()
 	b := events.Base{Task: events.Task{ID: "tried", Type: "css_fix", Subject: "a.css"}, Run: retry(events.RungPivot)}
-	st := services.NewState(b.Task)
+	st := task.New(b.Task)
 	st.History = []events.AttemptRecord{{Attempt: 1, Pass: 1, Outcome: events.OutcomeFailure, Reason: "no"}, {Attempt: 2, Pass: 2, Outcome: events.OutcomeFailure, Reason: "still no"}}
 	if _, _, err := e.tasks.Create(ctx, st); err != nil {
 		t.Fatal(err)
@@ -274,8 +275,8 @@ func TestCancelledTaskIsNotAdmitted(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
 	b := events.Base{Task: events.Task{ID: "gone-1", Type: "new_fix", Subject: "a.go"}, Run: events.Run{Pass: 1, Attempt: 1}}
-	st := services.NewState(b.Task)
-	services.ApplyAction(&st, events.Action{TaskID: "gone-1", Action: events.ActionCancel, By: "alice", At: now})
+	st := task.New(b.Task)
+	st = task.Act(st, events.Action{TaskID: "gone-1", Action: events.ActionCancel, By: "alice", At: now})
 	if _, _, err := e.tasks.Create(ctx, st); err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +313,7 @@ func TestCanaryOfAnEndedTaskIsReleased(t *testing.T) {
 		t.Fatalf("a pass went beyond the canaries: %v", err)
 	}
 	if _, err := e.tasks.Update(ctx, "c1", func(st *events.TaskState, _ bool) error {
-		services.ApplyAction(st, events.Action{TaskID: "c1", Action: events.ActionCancel, By: "alice", At: now})
+		*st = task.Act(*st, events.Action{TaskID: "c1", Action: events.ActionCancel, By: "alice", At: now})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
@@ -16,7 +17,7 @@ import (
 func (e *env) deliver(id, typ string, run events.Run, delivered int) (to string, body []byte) {
 	e.t.Helper()
 	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: run}
-	if _, _, err := e.tasks.Create(context.Background(), services.NewState(b.Task)); err != nil {
+	if _, _, err := e.tasks.Create(context.Background(), task.New(b.Task)); err != nil {
 		e.t.Fatal(err)
 	}
 	data, _ := json.Marshal(events.Verified{Base: b})
@@ -40,7 +41,7 @@ func (e *env) deliver(id, typ string, run events.Run, delivered int) (to string,
 // Msg-Id. Deciding again left the state stopped and the pass admitted: the
 // executor skipped it and the task never ended (found by the fault suite).
 func TestARedeliveredStopStands(t *testing.T) {
-	improve := func(e *env, rung string) {
+	improve := func(e *env, rung events.Rung) {
 		for i := range 40 {
 			o := trust.Outcome{Key: fmt.Sprintf("later-%s-%d", rung, i), Success: true, At: now, Rung: rung, Retry: rung != ""}
 			if _, err := e.trust.Record(context.Background(), "css_fix", o, ""); err != nil {
@@ -54,7 +55,7 @@ func TestARedeliveredStopStands(t *testing.T) {
 		run    events.Run
 		to     string
 		cause  events.Cause
-		status string
+		status events.Status
 		later  func(e *env)
 	}{
 		{"a handoff before a retry", func(e *env) {

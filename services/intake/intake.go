@@ -17,6 +17,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -61,11 +62,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, services.DeadKey(events.ReviewRejected, sub.ID, err) // "" when no id can be read: seq-N
 	}
-	task := sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time)
+	t := sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time)
 	pol := s.cfg.Policy.Snapshot()
-	run := firstRun(task, pol)
-	st := services.NewState(task)
-	st.SubmitSeq, st.Rung, st.Step = m.Seq, run.Rung, run.Step
+	run := firstRun(t, pol)
+	st := task.Queued(t, run, m.Seq)
 	created, existing, err := s.cfg.Tasks.Create(ctx, st)
 	if err != nil {
 		return nil, err
@@ -79,14 +79,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		run.Rung, run.Step = existing.Rung, existing.Step
 	}
 	if !publish {
-		s.log.Info("duplicate submission ignored", "task", task.ID, "seq", m.Seq)
+		s.log.Info("duplicate submission ignored", "task", t.ID, "seq", m.Seq)
 		return nil, nil
 	}
-	b := events.Base{Task: task, Run: run, At: time.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
+	b := events.Base{Task: t, Run: run, At: time.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
 	// The index entry first: the task explorer lists every task that was
 	// queued. Same decision, deterministic Msg-Id: one entry per task.
-	entry := events.IndexEntry{ID: task.ID, Type: task.Type, Subject: task.Subject, SubmittedAt: task.SubmittedAt}
-	idx, err := services.Emit(events.IndexSubject(task.Type, task.Subject), services.MsgID(task.ID, 1, "index"), events.EventIndexed, task.ID, entry)
+	entry := events.IndexEntry{ID: t.ID, Type: t.Type, Subject: t.Subject, SubmittedAt: t.SubmittedAt}
+	idx, err := services.Emit(events.IndexSubject(t.Type, t.Subject), services.MsgID(t.ID, 1, "index"), events.EventIndexed, t.ID, entry)
 	if err != nil {
 		return nil, err
 	}

@@ -116,8 +116,8 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 	return p
 }
 
-func usesDeadEnds(rung string) bool {
-	return rung != "" && !strings.EqualFold(rung, events.RungRefine)
+func usesDeadEnds(rung events.Rung) bool {
+	return rung != "" && !strings.EqualFold(string(rung), string(events.RungRefine))
 }
 
 // clipEntry shortens an entry to one line of at most maxLineChars.

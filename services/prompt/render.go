@@ -70,7 +70,7 @@ func FormatDeadEnds(ends []events.DeadEnd) string {
 	var b strings.Builder
 	b.WriteString("<dead_ends>\n")
 	for _, d := range ends {
-		fmt.Fprintf(&b, "  <dead_end attempt=\"%d\" rung=\"%s\">%s", d.Attempt, escape(d.Rung), escape(d.Approach))
+		fmt.Fprintf(&b, "  <dead_end attempt=\"%d\" rung=\"%s\">%s", d.Attempt, escape(string(d.Rung)), escape(d.Approach))
 		if d.Reason != "" {
 			b.WriteString(" -- failed: " + escape(d.Reason))
 		}
@@ -113,7 +113,7 @@ func Fit(b events.Base, previous []history.Entry, budget int) Data {
 // rungInstructionsFor is the rung's instruction, none on a first attempt on
 // REFINE (there is nothing to refine yet).
 func rungInstructionsFor(r events.Run) string {
-	if r.Attempt <= 1 && (r.Rung == "" || strings.EqualFold(r.Rung, events.RungRefine)) {
+	if r.Attempt <= 1 && (r.Rung == "" || strings.EqualFold(string(r.Rung), string(events.RungRefine))) {
 		return ""
 	}
 	return RungInstructions(r.Rung)
@@ -125,7 +125,7 @@ func escapedRun(r events.Run) events.Run {
 	r.Context, r.Note = escape(r.Context), escape(r.Note)
 	ends := make([]events.DeadEnd, len(r.DeadEnds))
 	for i, d := range r.DeadEnds {
-		d.Approach, d.Reason, d.Rung = escape(d.Approach), escape(d.Reason), escape(d.Rung)
+		d.Approach, d.Reason, d.Rung = escape(d.Approach), escape(d.Reason), events.Rung(escape(string(d.Rung)))
 		ends[i] = d
 	}
 	if r.DeadEnds != nil {

@@ -22,13 +22,13 @@ func FuzzRender(f *testing.F) {
 	f.Fuzz(func(t *testing.T, approach, summary, errText, context, note, subject, rung string, payload []byte) {
 		b := events.Base{
 			Task: events.Task{ID: "t1", Type: "fuzz", Subject: subject},
-			Run:  events.Run{Pass: 1, Attempt: 2, Rung: rung, Step: "execute", Context: context, Note: note},
+			Run:  events.Run{Pass: 1, Attempt: 2, Rung: events.Rung(rung), Step: "execute", Context: context, Note: note},
 		}
 		if json.Valid(payload) {
 			b.Task.Payload = payload
 		}
 		previous := []history.Entry{
-			{Key: "k", TaskID: "t1", Attempt: 1, Rung: rung, Step: subject, Outcome: summary, Approach: approach, Summary: summary, Error: errText, At: t0},
+			{Key: "k", TaskID: "t1", Attempt: 1, Rung: events.Rung(rung), Step: subject, Outcome: summary, Approach: approach, Summary: summary, Error: errText, At: t0},
 			{Key: "k", TaskID: "t0", Attempt: 2, Rung: RungPivot, Step: "execute", Outcome: "failure", Approach: errText, Summary: context, Error: note, At: t0},
 		}
 		user := renderDefault(t, NewData(b, previous))
@@ -55,7 +55,7 @@ func FuzzRender(f *testing.F) {
 		if strings.TrimSpace(note) != "" {
 			want = append(want, "reviewer_note")
 		}
-		if RungInstructions(rung) != "" {
+		if RungInstructions(events.Rung(rung)) != "" {
 			want = append(want, "instructions")
 		}
 		if got := names(es); !slices.Equal(got, want) {

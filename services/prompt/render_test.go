@@ -253,7 +253,7 @@ func TestRungInstructions(t *testing.T) {
 		{"RESEARCH", "Research first"},
 	}
 	for _, tt := range tests {
-		got := RungInstructions(tt.rung)
+		got := RungInstructions(events.Rung(tt.rung))
 		if tt.want == "" && got != "" || !strings.Contains(got, tt.want) {
 			t.Errorf("RungInstructions(%q) = %q, want it to say %q", tt.rung, got, tt.want)
 		}

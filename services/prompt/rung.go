@@ -1,6 +1,10 @@
 package prompt
 
-import "strings"
+import (
+	"strings"
+
+	"dispatchmesh/events"
+)
 
 // Rungs of the escalation ladder that change what the prompt asks for (SPEC §8).
 const (
@@ -20,6 +24,6 @@ var rungInstructions = map[string]string{
 
 // RungInstructions returns the instruction for an escalation rung: "" when
 // rung is empty or not one that changes the prompt.
-func RungInstructions(rung string) string {
-	return rungInstructions[strings.ToUpper(strings.TrimSpace(rung))]
+func RungInstructions(rung events.Rung) string {
+	return rungInstructions[strings.ToUpper(strings.TrimSpace(string(rung)))]
 }

@@ -227,7 +227,7 @@ func TestRecurringFailureStartRung(t *testing.T) {
 		name string
 		kept []history.Entry
 		run  events.Run
-		want string
+		want events.Rung
 	}{
 		{"three recent failures", fails(day, 2*day, 3*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungPivot},
 		{"two recent failures", fails(day, 2*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},

@@ -2,6 +2,7 @@ package prompt
 
 import (
 	"fmt"
+	"reflect"
 	"sync"
 	"text/template"
 )
@@ -37,7 +38,17 @@ const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Su
 `
 
 // funcs are the functions every prompt template can call.
-var funcs = template.FuncMap{"xml": escape}
+var funcs = template.FuncMap{"xml": xmlFunc}
+
+// xmlFunc is the templates' xml: escape for a string or a string enum
+// (events.Rung, events.Status, …).
+func xmlFunc(v any) (string, error) {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.String {
+		return "", fmt.Errorf("xml: want a string, got %T", v)
+	}
+	return escape(rv.String()), nil
+}
 
 // Parse parses a prompt template with the functions prompt templates get.
 // Executing it with a field Data does not have is an error.

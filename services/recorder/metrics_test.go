@@ -16,6 +16,7 @@ import (
 	"dispatchmesh/history"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/services/recorder"
 	"dispatchmesh/trust"
@@ -44,16 +45,16 @@ func recorderOn(t *testing.T, reg prometheus.Registerer) (*recorder.Service, *se
 }
 
 // executed is the executor's outcome message of one attempt.
-func executed(t *testing.T, task events.Task, pass, attempt int, rung string, res events.Result) *services.Msg {
+func executed(t *testing.T, tk events.Task, pass, attempt int, rung events.Rung, res events.Result) *services.Msg {
 	t.Helper()
 	data, err := json.Marshal(events.Executed{
-		Base:   events.Base{Task: task, Run: events.Run{Pass: pass, Attempt: attempt, Rung: rung}, At: now, By: "executor@test"},
+		Base:   events.Base{Task: tk, Run: events.Run{Pass: pass, Attempt: attempt, Rung: rung}, At: now, By: "executor@test"},
 		Result: res,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &services.Msg{Subject: events.TaskSubject(task.ID, events.StageExecuted), Data: data, Seq: uint64(pass), Delivered: 1,
+	return &services.Msg{Subject: events.TaskSubject(tk.ID, events.StageExecuted), Data: data, Seq: uint64(pass), Delivered: 1,
 		Time: now.Add(time.Duration(pass) * time.Second)}
 }
 
@@ -144,7 +145,7 @@ dispatch_wasted_cost_usd_total{type="css_fix"} 0.004
 	// A human requeues fix-b and its next round succeeds: the round is
 	// resolved, and the first round's spend stays counted as wasted only.
 	if _, err := tasks.Update(ctx, "fix-b", func(st *events.TaskState, _ bool) error {
-		services.ApplyAction(st, events.Action{TaskID: "fix-b", Action: events.ActionRequeue, By: "alice", At: now})
+		*st = task.Act(*st, events.Action{TaskID: "fix-b", Action: events.ActionRequeue, By: "alice", At: now})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -163,8 +164,8 @@ dispatch_wasted_cost_usd_total{type="css_fix"} 0.004
 
 func TestSpendMetricsWithoutRegistry(t *testing.T) {
 	rec, _ := recorderOn(t, nil)
-	task := events.Task{ID: "fix-c", Type: "css_fix", Subject: "c.css"}
-	if _, err := rec.Handle(context.Background(), executed(t, task, 1, 1, events.RungRefine, ok())); err != nil {
+	tk := events.Task{ID: "fix-c", Type: "css_fix", Subject: "c.css"}
+	if _, err := rec.Handle(context.Background(), executed(t, tk, 1, 1, events.RungRefine, ok())); err != nil {
 		t.Fatalf("Handle without a registry: %v", err)
 	}
 }

@@ -21,9 +21,8 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
-	"dispatchmesh/internal/kvcas"
-	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
@@ -75,17 +74,6 @@ func (s *Service) Spec() services.Spec {
 	return services.Spec{Name: services.ConsumerRecorder, Filters: []string{events.StageFilter(events.StageExecuted)}, Handler: s.Handle, Concurrency: 8}
 }
 
-// MaxRetries is the attempt limit of a task: its own, else its type's.
-func MaxRetries(t events.Task, pol policy.Type) int {
-	if t.MaxRetries > 0 {
-		return t.MaxRetries
-	}
-	if pol.MaxRetries > 0 {
-		return pol.MaxRetries
-	}
-	return policy.DefaultMaxRetries
-}
-
 // Handle records one attempt.
 func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 	var ev events.Executed
@@ -106,37 +94,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	// State first: the PIVOT rule needs the dead ends, and the stored
 	// record makes a redelivery see the same judgement.
-	stale := false
-	fresh := false // this attempt was recorded now, not on an earlier delivery
-	st, err := s.cfg.Tasks.Update(ctx, t.ID, func(st *events.TaskState, found bool) error {
-		fresh = false
-		if !found {
-			*st = services.NewState(t)
-		}
-		if r, ok := recordOf(st, b.Run.Pass); ok {
-			res.Outcome, res.Error = r.Outcome, r.Reason // judged when first recorded
-			return kvcas.ErrNoChange
-		}
-		if st.Pass > b.Run.Pass || events.Terminal(st.Status) {
-			// An old pass, or a task that ended while its model answered
-			// (a human cancelled it): never recorded, never retried.
-			stale = true
-			return kvcas.ErrNoChange
-		}
-		judged := Judge(b.Run, ev.Result, st.DeadEnds, len(pol.Steps) > 0)
-		Apply(st, t, b.Run, judged, pol, now)
+	st, cause, err := s.cfg.Tasks.Apply(ctx, t.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		next, judged, c := task.Record(st, found, b, ev.Result, pol, now)
 		res = judged
-		fresh = true
-		return nil
+		return next, c
 	})
 	if err != nil {
 		return nil, fmt.Errorf("task state: %w", err)
 	}
-	if fresh {
+	if cause.Changed() {
 		s.metrics.recorded(&st)
 	}
 
-	if stale {
+	if cause == task.CauseMovedOn || cause == task.CauseEnded {
 		s.log.Warn("outcome of an earlier pass or an ended task ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass, "status", st.Status)
 		return nil, nil
 	}
@@ -155,8 +125,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	var stats trust.Stats
 	switch {
-	case CountsForTrust(res):
-		stats, err = s.cfg.Trust.Record(ctx, t.Type, TrustOutcome(key, b.Run, res, now), release)
+	case task.CountsForTrust(res):
+		stats, err = s.cfg.Trust.Record(ctx, t.Type, task.TrustOutcome(key, b.Run, res, now), release)
 	case release != "":
 		stats, err = s.cfg.Trust.Release(ctx, t.Type, release)
 	default:
@@ -170,7 +140,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return nil, err
 		}
 	}
-	if last, ok := lastRecord(&st); !ok || last.Pass != b.Run.Pass {
+	if last, ok := task.LastRecord(st); !ok || last.Pass != b.Run.Pass {
 		// The task moved on (or this is an old pass): whatever this attempt
 		// led to was published when it was first recorded.
 		s.log.Warn("outcome of an earlier pass ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass)
@@ -184,8 +154,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		out, err = services.Next(b, events.StageSucceeded, events.EventSucceeded, events.Succeeded{Base: b, Result: res})
 	case events.DecisionRetry, events.DecisionPark:
 		next := b
-		next.Run = NextRun(&st, b.Run, res, pol)
-		retry := events.Retry{Base: next, Reason: oneLine(res.Error), WakeAt: st.WakeAt}
+		next.Run = task.NextRun(&st, b.Run, res, pol)
+		retry := events.Retry{Base: next, Reason: task.OneLine(res.Error), WakeAt: st.WakeAt}
 		if st.Decision == events.DecisionPark {
 			retry.Reason = st.Reason
 		}
@@ -203,61 +173,4 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		})
 	}
 	return []services.Out{out}, err
-}
-
-// Judge applies the PIVOT rule: an answer whose declared approach repeats a
-// dead end is rejected — a failed attempt, not progress.
-func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipeline bool) events.Result {
-	if pipeline || run.Rung != events.RungPivot {
-		return res
-	}
-	if d, ok := ladder.RepeatsDeadEnd(res.Approach, deadEnds); ok {
-		res.Outcome, res.ErrorClass = events.OutcomeFailure, events.ErrorClassDeadEnd
-		res.Error = fmt.Sprintf("rejected: approach %q repeats the dead end of attempt %d (%s); PIVOT requires a different approach",
-			res.Approach, d.Attempt, oneLine(d.Reason))
-	}
-	return res
-}
-
-// TrustOutcome is what an attempt adds to its type's trust stats.
-func TrustOutcome(key string, run events.Run, res events.Result, at time.Time) trust.Outcome {
-	return trust.Outcome{
-		Key: key, Success: res.Outcome == events.OutcomeSuccess, At: at,
-		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-		Rung: run.Rung, Retry: run.Attempt > 1,
-	}
-}
-
-// CountsForTrust reports whether an outcome says something about how well
-// the type's tasks go. Failures the model did not cause — a provider that
-// stayed unavailable, a request refused before it was sent, and every fault
-// of the deployment (events.DeploymentFault: a bad API key, an exhausted
-// quota, a misconfigured model, a tool that does not answer) — must not get
-// a type gated.
-func CountsForTrust(res events.Result) bool {
-	if res.Outcome == events.OutcomeSuccess {
-		return true
-	}
-	switch {
-	case res.ErrorClass == events.ErrorClassTransient, res.ErrorClass == events.ErrorClassRefused,
-		events.DeploymentFault(res.ErrorClass):
-		return false
-	}
-	return true
-}
-
-func recordOf(st *events.TaskState, pass int) (events.AttemptRecord, bool) {
-	for _, r := range st.History {
-		if r.Pass == pass {
-			return r, true
-		}
-	}
-	return events.AttemptRecord{}, false
-}
-
-func lastRecord(st *events.TaskState) (events.AttemptRecord, bool) {
-	if len(st.History) == 0 {
-		return events.AttemptRecord{}, false
-	}
-	return st.History[len(st.History)-1], true
 }

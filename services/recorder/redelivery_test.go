@@ -13,6 +13,7 @@ import (
 	"dispatchmesh/history"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/services/recorder"
 	"dispatchmesh/trust"
@@ -96,15 +97,15 @@ func TestOutcomeAfterACancelIsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	task := events.Task{ID: "gone", Type: "css_fix", Subject: "a.css"}
-	st := services.NewState(task)
+	tk := events.Task{ID: "gone", Type: "css_fix", Subject: "a.css"}
+	st := task.New(tk)
 	st.Status = events.StatusRunning
-	services.ApplyAction(&st, events.Action{TaskID: "gone", Action: events.ActionCancel, By: "alice", At: now})
+	st = task.Act(st, events.Action{TaskID: "gone", Action: events.ActionCancel, By: "alice", At: now})
 	if _, _, err := tasks.Create(ctx, st); err != nil {
 		t.Fatal(err)
 	}
 	failure := events.Result{Outcome: events.OutcomeFailure, Approach: "guess", Error: "still broken", TokensIn: 100, TokensOut: 10}
-	outs, err := rec.Handle(ctx, executed(t, task, 1, 1, events.RungRefine, failure))
+	outs, err := rec.Handle(ctx, executed(t, tk, 1, 1, events.RungRefine, failure))
 	if err != nil || len(outs) != 0 {
 		t.Fatalf("recorder on a cancelled task: %d outputs, %v", len(outs), err)
 	}

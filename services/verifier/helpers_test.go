@@ -11,6 +11,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -34,9 +35,9 @@ func msg(t *testing.T, id, stage string, v any) *services.Msg {
 	return &services.Msg{Subject: events.TaskSubject(id, stage), Data: data, Delivered: 1}
 }
 
-func queued(t *testing.T, task events.Task) *services.Msg {
-	return msg(t, task.ID, events.StageQueued, events.Queued{Base: events.Base{
-		Task: task, Run: events.Run{Pass: 1, Attempt: 1, Step: "execute"}, At: testNow.Add(-time.Minute), By: "intake@test",
+func queued(t *testing.T, tk events.Task) *services.Msg {
+	return msg(t, tk.ID, events.StageQueued, events.Queued{Base: events.Base{
+		Task: tk, Run: events.Run{Pass: 1, Attempt: 1, Step: "execute"}, At: testNow.Add(-time.Minute), By: "intake@test",
 	}})
 }
 
@@ -46,7 +47,7 @@ func policyFor(v policy.Verifier) *policy.Source {
 }
 
 // taskStore creates the task bucket on srv with task's pending state in it.
-func taskStore(t *testing.T, srv *natstest.Server, task events.Task) *services.TaskStore {
+func taskStore(t *testing.T, srv *natstest.Server, tk events.Task) *services.TaskStore {
 	t.Helper()
 	ctx := context.Background()
 	kv, err := srv.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: services.BucketTasks})
@@ -54,8 +55,8 @@ func taskStore(t *testing.T, srv *natstest.Server, task events.Task) *services.T
 		t.Fatal(err)
 	}
 	ts := services.NewTaskStore(kv)
-	if _, err := ts.Update(ctx, task.ID, func(st *events.TaskState, _ bool) error {
-		*st = services.NewState(task)
+	if _, err := ts.Update(ctx, tk.ID, func(st *events.TaskState, _ bool) error {
+		*st = task.New(tk)
 		return nil
 	}); err != nil {
 		t.Fatal(err)

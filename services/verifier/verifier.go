@@ -27,6 +27,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -150,14 +151,16 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("read task state: %w", err))
 		}
-		if ended && st.Pass >= b.Run.Pass && (st.Status != events.StatusCancelled || services.EndedByHuman(st)) {
+		if ended && st.Pass >= b.Run.Pass && (st.Status != events.StatusCancelled || task.EndedByHuman(st)) {
 			log.Info("task has ended: not verified", "status", st.Status)
 			return nil, nil
 		}
 	}
 
 	if kind(pv) != policy.VerifierNone && s.tasks != nil {
-		if _, err := s.tasks.SetStatus(ctx, b, events.StatusVerifying, ""); err != nil {
+		if _, _, err := s.tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Verifying(st, found, b)
+		}); err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status verifying: %w", err))
 		}
 	}
@@ -178,18 +181,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return outs(services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b, Verification: v}))
 	case v.Verdict == events.VerdictStale:
 		log.Info("task is stale; cancelled", "detail", v.Detail)
-		return s.cancel(ctx, b, v, CancelReason(v))
+		return s.cancel(ctx, b, v)
 	default: // verdict error, fail-closed
-		return s.cancel(ctx, b, v, CancelReason(v))
+		return s.cancel(ctx, b, v)
 	}
-}
-
-// CancelReason is the task-state reason of a cancelled task.
-func CancelReason(v events.Verification) string {
-	if v.Verdict == events.VerdictStale {
-		return "stale: " + v.Detail
-	}
-	return "verifier error (fail-closed): " + v.Detail
 }
 
 // check runs pv's checker on t. A checker answering something other than
@@ -212,13 +207,15 @@ func (s *Service) check(ctx context.Context, t events.Task, pv policy.Verifier) 
 }
 
 // cancel records the task as cancelled (when Tasks is set) and emits Cancelled.
-func (s *Service) cancel(ctx context.Context, b events.Base, v events.Verification, reason string) ([]services.Out, error) {
+func (s *Service) cancel(ctx context.Context, b events.Base, v events.Verification) ([]services.Out, error) {
 	if s.tasks != nil {
-		_, changed, err := s.tasks.SetStatusChanged(ctx, b, events.StatusCancelled, reason)
+		_, cause, err := s.tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Cancel(st, found, b, v)
+		})
 		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status cancelled: %w", err))
 		}
-		if changed {
+		if cause.Changed() {
 			s.metrics.Finish(b.Task.Type, events.StatusCancelled, b.At.Sub(b.Task.SubmittedAt))
 		}
 	}

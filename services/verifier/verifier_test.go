@@ -12,6 +12,7 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
 
@@ -40,12 +41,12 @@ func handle(t *testing.T, s *Service, m *services.Msg) services.Out {
 
 func TestHandleStaleCancelsTask(t *testing.T) {
 	srv := natstest.Start(t)
-	task := testTask("t1")
-	tasks := taskStore(t, srv, task)
+	tk := testTask("t1")
+	tasks := taskStore(t, srv, tk)
 	respond(t, srv.NC, "verify.css", `{"exists": false, "detail": "fixed in abc123"}`)
 	s := newService(t, Config{NC: srv.NC, Tasks: tasks, Policy: policyFor(policy.Verifier{Kind: "nats", Subject: "verify.css"})})
 
-	in := queued(t, task)
+	in := queued(t, tk)
 	out := handle(t, s, in)
 	var c events.Cancelled
 	decodeOut(t, out, "t1", 1, events.StageCancelled, events.EventCancelled, &c)
@@ -73,12 +74,12 @@ func TestHandleStaleCancelsTask(t *testing.T) {
 
 func TestHandleExistsGoesOn(t *testing.T) {
 	srv := natstest.Start(t)
-	task := testTask("t1")
-	tasks := taskStore(t, srv, task)
+	tk := testTask("t1")
+	tasks := taskStore(t, srv, tk)
 	s := newService(t, Config{Tasks: tasks, Policy: policyFor(policy.Verifier{Kind: "command", Command: []string{"sh", "-c", "echo still red"}})})
 
 	var v events.Verified
-	decodeOut(t, handle(t, s, queued(t, task)), "t1", 1, events.StageVerified, events.EventVerified, &v)
+	decodeOut(t, handle(t, s, queued(t, tk)), "t1", 1, events.StageVerified, events.EventVerified, &v)
 	want := events.Verification{Verdict: events.VerdictExists, Verifier: "command", Detail: "still red"}
 	if v.Verification != want {
 		t.Errorf("verification = %+v, want %+v", v.Verification, want)
@@ -97,7 +98,7 @@ func TestHandleVerifierError(t *testing.T) {
 		pv     policy.Verifier
 		stage  string
 		event  string
-		status string
+		status events.Status
 	}{
 		{"fail-open", failing, events.StageVerified, events.EventVerified, events.StatusVerifying},
 		{"fail-closed", closed, events.StageCancelled, events.EventCancelled, events.StatusCancelled},
@@ -105,11 +106,11 @@ func TestHandleVerifierError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := natstest.Start(t)
-			task := testTask("t1")
-			tasks := taskStore(t, srv, task)
+			tk := testTask("t1")
+			tasks := taskStore(t, srv, tk)
 			s := newService(t, Config{Tasks: tasks, Policy: policyFor(tt.pv)})
 			var got events.Verified // Verified and Cancelled have the same shape
-			decodeOut(t, handle(t, s, queued(t, task)), "t1", 1, tt.stage, tt.event, &got)
+			decodeOut(t, handle(t, s, queued(t, tk)), "t1", 1, tt.stage, tt.event, &got)
 			v := got.Verification
 			if v.Verdict != events.VerdictError || v.Verifier != "command" || v.FailOpen != !tt.pv.FailClosed ||
 				!strings.Contains(v.Detail, "exit status 3") || !strings.Contains(v.Detail, "lint crashed") {
@@ -128,8 +129,8 @@ func TestHandleVerifierError(t *testing.T) {
 
 func TestHandleNoVerifierSkips(t *testing.T) {
 	srv := natstest.Start(t)
-	task := testTask("t1")
-	tasks := taskStore(t, srv, task)
+	tk := testTask("t1")
+	tasks := taskStore(t, srv, tk)
 	for name, src := range map[string]*policy.Source{
 		"no policy":   nil,
 		"kind none":   policyFor(policy.Verifier{Kind: "none"}),
@@ -139,7 +140,7 @@ func TestHandleNoVerifierSkips(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := newService(t, Config{Tasks: tasks, Policy: src})
 			var v events.Verified
-			decodeOut(t, handle(t, s, queued(t, task)), "t1", 1, events.StageVerified, events.EventVerified, &v)
+			decodeOut(t, handle(t, s, queued(t, tk)), "t1", 1, events.StageVerified, events.EventVerified, &v)
 			if want := (events.Verification{Verdict: events.VerdictSkipped, Verifier: "none"}); v.Verification != want {
 				t.Errorf("verification = %+v, want %+v", v.Verification, want)
 			}
@@ -152,11 +153,11 @@ func TestHandleNoVerifierSkips(t *testing.T) {
 
 func TestHandleRetryLikeQueued(t *testing.T) {
 	srv := natstest.Start(t)
-	task := testTask("t1")
-	tasks := taskStore(t, srv, task)
+	tk := testTask("t1")
+	tasks := taskStore(t, srv, tk)
 	s := newService(t, Config{Tasks: tasks, Policy: policyFor(policy.Verifier{Kind: "command", Command: []string{"sh", "-c", "exit 1"}})})
 	retry := msg(t, "t1", events.StageRetry, events.Retry{
-		Base:   events.Base{Task: task, Run: events.Run{Pass: 3, Attempt: 2, Rung: "PIVOT", Context: "null check was wrong"}},
+		Base:   events.Base{Task: tk, Run: events.Run{Pass: 3, Attempt: 2, Rung: "PIVOT", Context: "null check was wrong"}},
 		Reason: "attempt 1 failed",
 	})
 	var c events.Cancelled
@@ -202,8 +203,8 @@ func TestHandleUndecodable(t *testing.T) {
 
 func TestHandleShutdownNaks(t *testing.T) {
 	srv := natstest.Start(t)
-	task := testTask("t1")
-	tasks := taskStore(t, srv, task)
+	tk := testTask("t1")
+	tasks := taskStore(t, srv, tk)
 	for name, pv := range map[string]policy.Verifier{
 		"command": {Kind: "command", Command: []string{"sh", "-c", "exit 1"}},
 		"http":    {Kind: "http", URL: httpVerifier(t).URL + "/slow"},
@@ -213,7 +214,7 @@ func TestHandleShutdownNaks(t *testing.T) {
 				s := newService(t, Config{Tasks: ts, Policy: policyFor(pv)})
 				ctx, cancel := context.WithCancel(context.Background())
 				cancel()
-				outs, err := s.Handle(ctx, queued(t, task))
+				outs, err := s.Handle(ctx, queued(t, tk))
 				if !errors.Is(err, context.Canceled) || outs != nil {
 					t.Fatalf("got %v, %v; want context.Canceled", outs, err)
 				}
@@ -249,10 +250,10 @@ func TestNewChecksPolicy(t *testing.T) {
 // A task a human cancelled is not verified again: no check, no event.
 func TestHandleSkipsTaskCancelledByHuman(t *testing.T) {
 	srv := natstest.Start(t)
-	task := testTask("t1")
-	tasks := taskStore(t, srv, task)
+	tk := testTask("t1")
+	tasks := taskStore(t, srv, tk)
 	if _, err := tasks.Update(context.Background(), "t1", func(st *events.TaskState, _ bool) error {
-		services.ApplyAction(st, events.Action{TaskID: "t1", Action: events.ActionCancel, By: "alice", At: testNow})
+		*st = task.Act(*st, events.Action{TaskID: "t1", Action: events.ActionCancel, By: "alice", At: testNow})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -264,7 +265,7 @@ func TestHandleSkipsTaskCancelledByHuman(t *testing.T) {
 	}
 	defer srvSub.Unsubscribe()
 	s := newService(t, Config{NC: srv.NC, Tasks: tasks, Policy: policyFor(policy.Verifier{Kind: "nats", Subject: "verify.css"})})
-	outs, err := s.Handle(context.Background(), queued(t, task))
+	outs, err := s.Handle(context.Background(), queued(t, tk))
 	if err != nil || len(outs) != 0 {
 		t.Fatalf("handle of a cancelled task: %d outputs, %v", len(outs), err)
 	}
@@ -274,7 +275,7 @@ func TestHandleSkipsTaskCancelledByHuman(t *testing.T) {
 	if checked != 0 {
 		t.Fatalf("the verifier endpoint was asked %d times", checked)
 	}
-	if st := state(t, tasks, "t1"); st.Status != events.StatusCancelled || !services.EndedByHuman(st) {
+	if st := state(t, tasks, "t1"); st.Status != events.StatusCancelled || !task.EndedByHuman(st) {
 		t.Fatalf("state = %+v", st)
 	}
 }

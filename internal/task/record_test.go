@@ -1,4 +1,4 @@
-package recorder_test
+package task_test
 
 import (
 	"strings"
@@ -7,7 +7,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
-	"dispatchmesh/services/recorder"
+	"dispatchmesh/internal/task"
 )
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
@@ -21,25 +21,25 @@ func ok() events.Result {
 }
 
 func TestApplyLadder(t *testing.T) {
-	task := events.Task{ID: "t", Type: "bug_fix", Subject: "a.go"}
+	bugFix := events.Task{ID: "t", Type: "bug_fix", Subject: "a.go"}
 	cases := []struct {
 		name     string
 		pol      policy.Type
 		task     events.Task
 		attempts int // failed attempts before this one
-		rung     string
+		rung     events.Rung
 		res      events.Result
-		status   string
-		decision string
-		next     string
+		status   events.Status
+		decision events.Decision
+		next     events.Rung
 	}{
-		{"success", policy.Type{}, task, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},
-		{"first failure retries on REFINE", policy.Type{}, task, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungRefine},
+		{"success", policy.Type{}, bugFix, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},
+		{"first failure retries on REFINE", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungRefine},
 		{"task max_retries wins", policy.Type{MaxRetries: 9}, events.Task{ID: "t", Type: "bug_fix", MaxRetries: 2}, 1, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
-		{"type max_retries", policy.Type{MaxRetries: 1}, task, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
-		{"auth short-circuits", policy.Type{}, task, 0, events.RungRefine, failed(events.ErrorClassAuth, "401"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
-		{"quota short-circuits", policy.Type{}, task, 0, events.RungRefine, failed(events.ErrorClassQuota, "insufficient_quota"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
-		{"over the task budget", policy.Type{Budget: &policy.Budget{Cost: 0.005}}, task, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, ""},
+		{"type max_retries", policy.Type{MaxRetries: 1}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"auth short-circuits", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassAuth, "401"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"quota short-circuits", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassQuota, "insufficient_quota"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"over the task budget", policy.Type{Budget: &policy.Budget{Cost: 0.005}}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestApplyLadder(t *testing.T) {
 				st.History = append(st.History, events.AttemptRecord{Attempt: i + 1, Pass: i + 1, Outcome: events.OutcomeFailure})
 			}
 			run := events.Run{Pass: c.attempts + 1, Attempt: c.attempts + 1, Rung: c.rung}
-			recorder.Apply(&st, c.task, run, c.res, c.pol, now)
+			task.Apply(&st, c.task, run, c.res, c.pol, now)
 			if st.Status != c.status || st.Decision != c.decision || (c.next != "" && st.Rung != c.next) {
 				t.Fatalf("status %s decision %s rung %s; want %s %s %s (%s)", st.Status, st.Decision, st.Rung, c.status, c.decision, c.next, st.Reason)
 			}
@@ -67,7 +67,7 @@ func TestApplyRequeueStartsANewRound(t *testing.T) {
 	for i := range 7 {
 		st.History = append(st.History, events.AttemptRecord{Attempt: i + 1, Pass: i + 1, Outcome: events.OutcomeFailure})
 	}
-	recorder.Apply(&st, events.Task{ID: "t"}, events.Run{Pass: 8, Attempt: 8, Rung: events.RungRefine}, failed(events.ErrorClassTask, "x"), policy.Type{}, now)
+	task.Apply(&st, events.Task{ID: "t"}, events.Run{Pass: 8, Attempt: 8, Rung: events.RungRefine}, failed(events.ErrorClassTask, "x"), policy.Type{}, now)
 	if st.Decision != events.DecisionRetry {
 		t.Fatalf("the first attempt after a requeue handed off: %s", st.Reason)
 	}
@@ -81,24 +81,24 @@ func TestApplyPipeline(t *testing.T) {
 	st := events.TaskState{ID: "t", Pass: 1}
 	step := func(name string, res events.Result) {
 		run := events.Run{Pass: st.Pass, Attempt: st.Attempts + 1, Step: name}
-		recorder.Apply(&st, events.Task{ID: "t"}, run, res, pol, now)
+		task.Apply(&st, events.Task{ID: "t"}, run, res, pol, now)
 	}
 	step("implement", ok())
 	if st.Decision != events.DecisionRetry || st.Step != "validate" {
 		t.Fatalf("after implement: %s %s", st.Decision, st.Step)
 	}
-	next := recorder.NextRun(&st, events.Run{Step: "implement"}, ok(), pol)
+	next := task.NextRun(&st, events.Run{Step: "implement"}, ok(), pol)
 	if next.Step != "validate" || !strings.Contains(next.Context, "step implement passed") {
 		t.Fatalf("next run %+v", next)
 	}
 	step("validate", failed(events.ErrorClassStep, "vet: x.go:3: unused variable"))
-	next = recorder.NextRun(&st, events.Run{Step: "validate"}, failed(events.ErrorClassStep, "vet: x.go:3: unused variable"), pol)
+	next = task.NextRun(&st, events.Run{Step: "validate"}, failed(events.ErrorClassStep, "vet: x.go:3: unused variable"), pol)
 	if st.Step != "implement" || !strings.Contains(next.Context, "vet: x.go:3") {
 		t.Fatalf("validate failure went to %s with %q", st.Step, next.Context)
 	}
 	step("implement", ok())
 	step("validate", failed(events.ErrorClassStep, "still"))
-	if st.Decision != events.DecisionPark || st.Status != events.StatusParked || !st.WakeAt.Equal(now.Add(recorder.DefaultSkipDelay)) || st.Step != "implement" {
+	if st.Decision != events.DecisionPark || st.Status != events.StatusParked || !st.WakeAt.Equal(now.Add(task.DefaultSkipDelay)) || st.Step != "implement" {
 		t.Fatalf("loops exhausted: %s %s wake %s step %s", st.Decision, st.Status, st.WakeAt, st.Step)
 	}
 	step("implement", ok())
@@ -116,14 +116,14 @@ func TestApplyPipeline(t *testing.T) {
 func TestJudgeRejectsRepeatedDeadEndOnPivot(t *testing.T) {
 	ends := []events.DeadEnd{{Approach: "Bump the timeout", Attempt: 2, Rung: events.RungRefine, Reason: "still slow"}}
 	res := events.Result{Outcome: events.OutcomeSuccess, Approach: "bump the timeout!"}
-	if got := recorder.Judge(events.Run{Rung: events.RungRefine}, res, ends, false); got.Outcome != events.OutcomeSuccess {
+	if got := task.Judge(events.Run{Rung: events.RungRefine}, res, ends, false); got.Outcome != events.OutcomeSuccess {
 		t.Fatal("REFINE may keep its approach")
 	}
-	got := recorder.Judge(events.Run{Rung: events.RungPivot}, res, ends, false)
+	got := task.Judge(events.Run{Rung: events.RungPivot}, res, ends, false)
 	if got.Outcome != events.OutcomeFailure || got.ErrorClass != events.ErrorClassDeadEnd || !strings.Contains(got.Error, "attempt 2") {
 		t.Fatalf("judged %+v", got)
 	}
-	if got := recorder.Judge(events.Run{Rung: events.RungPivot}, events.Result{Outcome: events.OutcomeSuccess, Approach: "cache the result"}, ends, false); got.Outcome != events.OutcomeSuccess {
+	if got := task.Judge(events.Run{Rung: events.RungPivot}, events.Result{Outcome: events.OutcomeSuccess, Approach: "cache the result"}, ends, false); got.Outcome != events.OutcomeSuccess {
 		t.Fatal("a new approach was rejected")
 	}
 }

@@ -1,13 +1,15 @@
-package recorder
+package task
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/trust"
 )
 
 // DefaultSkipBudget and DefaultSkipDelay apply when a pipeline's policy sets none.
@@ -16,10 +18,34 @@ const (
 	DefaultSkipDelay  = 10 * time.Minute
 )
 
+// Record: the recorder folds the outcome res of the attempt of pass
+// b.Run.Pass into the state and decides what comes next (st.Decision; SPEC
+// §7, §8). It returns the result as judged (Judge): a redelivery returns
+// the judgement recorded on the first delivery (CauseRedelivered); an
+// outcome of an earlier pass, or of a task that ended while its model
+// answered (a human cancelled it), is never recorded (CauseMovedOn,
+// CauseEnded). now dates the attempt: when the stream stored the outcome.
+func Record(st events.TaskState, found bool, b events.Base, res events.Result, pol policy.Type, now time.Time) (events.TaskState, events.Result, Cause) {
+	if !found {
+		st = New(b.Task)
+	}
+	if r, ok := recordOf(&st, b.Run.Pass); ok {
+		res.Outcome, res.Error = r.Outcome, r.Reason // judged when first recorded
+		return st, res, CauseRedelivered
+	}
+	if c, ok := guard(st, b.Run.Pass); !ok {
+		return st, res, c
+	}
+	res = Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)
+	st = cloneState(st)
+	Apply(&st, b.Task, b.Run, res, pol, now)
+	return st, res, CauseApplied
+}
+
 // Apply folds one attempt into the task state and decides what comes next
-// (st.Decision): it is the whole of the recorder's logic, pure, and what
-// `dispatch rebuild` replays. run is the attempt's run context and res its
-// (already judged) result.
+// (st.Decision): the ladder or the pipeline's routing. run is the
+// attempt's run context and res its (already judged) result. Record calls
+// it under the guard.
 func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Result, pol policy.Type, now time.Time) {
 	success := res.Outcome == events.OutcomeSuccess
 	st.History = append(st.History, events.AttemptRecord{
@@ -191,4 +217,85 @@ func oneLine(s string) string {
 		s = s[:300] + "…"
 	}
 	return s
+}
+
+// Judge applies the PIVOT rule: an answer whose declared approach repeats a
+// dead end is rejected — a failed attempt, not progress.
+func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipeline bool) events.Result {
+	if pipeline || run.Rung != events.RungPivot {
+		return res
+	}
+	if d, ok := ladder.RepeatsDeadEnd(res.Approach, deadEnds); ok {
+		res.Outcome, res.ErrorClass = events.OutcomeFailure, events.ErrorClassDeadEnd
+		res.Error = fmt.Sprintf("rejected: approach %q repeats the dead end of attempt %d (%s); PIVOT requires a different approach",
+			res.Approach, d.Attempt, oneLine(d.Reason))
+	}
+	return res
+}
+
+// MaxRetries is the attempt limit of a task: its own, else its type's.
+func MaxRetries(t events.Task, pol policy.Type) int {
+	if t.MaxRetries > 0 {
+		return t.MaxRetries
+	}
+	if pol.MaxRetries > 0 {
+		return pol.MaxRetries
+	}
+	return policy.DefaultMaxRetries
+}
+
+// TrustOutcome is what an attempt adds to its type's trust stats.
+func TrustOutcome(key string, run events.Run, res events.Result, at time.Time) trust.Outcome {
+	return trust.Outcome{
+		Key: key, Success: res.Outcome == events.OutcomeSuccess, At: at,
+		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
+		Rung: run.Rung, Retry: run.Attempt > 1,
+	}
+}
+
+// CountsForTrust reports whether an outcome says something about how well
+// the type's tasks go. Failures the model did not cause — a provider that
+// stayed unavailable, a request refused before it was sent, and every fault
+// of the deployment (events.DeploymentFault: a bad API key, an exhausted
+// quota, a misconfigured model, a tool that does not answer) — must not get
+// a type gated.
+func CountsForTrust(res events.Result) bool {
+	if res.Outcome == events.OutcomeSuccess {
+		return true
+	}
+	switch {
+	case res.ErrorClass == events.ErrorClassTransient, res.ErrorClass == events.ErrorClassRefused,
+		events.DeploymentFault(res.ErrorClass):
+		return false
+	}
+	return true
+}
+
+// OneLine is s on one line, clipped to 300 bytes: how an error is quoted
+// in a reason.
+func OneLine(s string) string { return oneLine(s) }
+
+func recordOf(st *events.TaskState, pass int) (events.AttemptRecord, bool) {
+	for _, r := range st.History {
+		if r.Pass == pass {
+			return r, true
+		}
+	}
+	return events.AttemptRecord{}, false
+}
+
+// LastRecord is the latest attempt recorded in st, if any.
+func LastRecord(st events.TaskState) (events.AttemptRecord, bool) {
+	if len(st.History) == 0 {
+		return events.AttemptRecord{}, false
+	}
+	return st.History[len(st.History)-1], true
+}
+
+// cloneState copies the slices Apply appends to, so the state passed in is
+// never written through: the transitions are pure.
+func cloneState(st events.TaskState) events.TaskState {
+	st.History = slices.Clone(st.History)
+	st.DeadEnds = slices.Clone(st.DeadEnds)
+	return st
 }

@@ -1,4 +1,4 @@
-package recorder_test
+package task_test
 
 import (
 	"strings"
@@ -6,7 +6,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
-	"dispatchmesh/services/recorder"
+	"dispatchmesh/internal/task"
 )
 
 // A failure of the deployment (key, quota, configuration, a tool that does
@@ -21,7 +21,7 @@ func TestDeploymentFaultHandsOffWithTheFixFirst(t *testing.T) {
 			t.Run(class+" "+name, func(t *testing.T) {
 				st := events.TaskState{ID: "t", Status: events.StatusRunning, Pass: 1}
 				run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: "implement"}
-				recorder.Apply(&st, events.Task{ID: "t"}, run, failed(class, fix+"; the provider said: 404 Not Found"), pol, now)
+				task.Apply(&st, events.Task{ID: "t"}, run, failed(class, fix+"; the provider said: 404 Not Found"), pol, now)
 				if st.Status != events.StatusBlocked || st.Decision != events.DecisionHandoff {
 					t.Fatalf("status %s decision %s, want a handoff after one attempt (%s)", st.Status, st.Decision, st.Reason)
 				}
@@ -32,7 +32,7 @@ func TestDeploymentFaultHandsOffWithTheFixFirst(t *testing.T) {
 		}
 	}
 	st := events.TaskState{ID: "t", Status: events.StatusRunning, Pass: 1}
-	recorder.Apply(&st, events.Task{ID: "t"}, events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine},
+	task.Apply(&st, events.Task{ID: "t"}, events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine},
 		failed(events.ErrorClassTimeout, "command timed out"), policy.Type{}, now)
 	if st.Decision != events.DecisionHandoff || !strings.HasPrefix(st.Reason, "HANDOFF after 1 attempts") {
 		t.Errorf("a timeout: %s %q, want the usual handoff reason", st.Decision, st.Reason)
@@ -57,7 +57,7 @@ func TestCountsForTrust(t *testing.T) {
 		{failed(events.ErrorClassToolUnavailable, "no responders"), false},
 	}
 	for _, tt := range tests {
-		if got := recorder.CountsForTrust(tt.res); got != tt.want {
+		if got := task.CountsForTrust(tt.res); got != tt.want {
 			t.Errorf("CountsForTrust(%s) = %v, want %v", tt.res.ErrorClass, got, tt.want)
 		}
 	}

@@ -1,0 +1,21 @@
+package events
+
+import "strconv"
+
+// Names the stream and the derived stores go by: the services provision
+// them, `dispatch rebuild` reads and compares them.
+const (
+	// Stream holds every task event and every review record (Limits retention).
+	Stream = "DISPATCH"
+
+	BucketTasks   = "dispatch_tasks"   // task state by task id
+	BucketTrust   = "dispatch_trust"   // trust stats by task type
+	BucketHistory = "dispatch_history" // outcome history by (type, subject)
+)
+
+// MsgID is the deterministic id (Nats-Msg-Id) of a task's event for one
+// pass: "<task id>:<pass>:<stage>". A redelivered input republishes the same
+// id; outcome history and trust stats key an attempt by it too.
+func MsgID(taskID string, pass int, stage string) string {
+	return taskID + ":" + strconv.Itoa(pass) + ":" + stage
+}

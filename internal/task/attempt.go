@@ -1,0 +1,111 @@
+package task
+
+import (
+	"slices"
+	"strconv"
+
+	"dispatchmesh/events"
+)
+
+// Begin: the executor starts the attempt of pass b.Run.Pass (SPEC §6): the
+// task is running. A task that moved on or ended is skipped (CauseMovedOn,
+// CauseEnded); a redelivery of a running pass changes nothing. A tool loop
+// kept from an earlier pass is dropped: it is never resumed.
+func Begin(st events.TaskState, found bool, b events.Base) (events.TaskState, Cause) {
+	if found {
+		if c, ok := guard(st, b.Run.Pass); !ok {
+			return st, c
+		}
+	} else {
+		st = New(b.Task)
+	}
+	stale := st.Resume != nil && st.Resume.Pass != b.Run.Pass
+	if st.Status == events.StatusRunning && st.Pass == b.Run.Pass && !stale {
+		return st, CauseRedelivered
+	}
+	if stale {
+		st.Resume = nil
+	}
+	st.Status, st.Pass, st.UpdatedAt = events.StatusRunning, b.Run.Pass, b.At
+	return st, CauseApplied
+}
+
+// CutShort keeps what a try cut short leaves for the attempt's next try:
+// what its calls spent (unbilled until the attempt's Result) and its tool
+// loop to resume (nil: none). transient counts the failure against the
+// attempt's transient budget (TaskState.TransientRetries).
+func CutShort(st events.TaskState, found bool, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (events.TaskState, Cause) {
+	if !found {
+		st = New(b.Task)
+	}
+	if transient {
+		st.TransientRetries++
+	}
+	st.Unbilled = st.Unbilled.Add(spent)
+	st.Resume = resume
+	return st, CauseApplied
+}
+
+// Settle resets the attempt's transient count, unbilled spend and tool loop
+// once the attempt is over.
+func Settle(st events.TaskState, found bool, b events.Base) (events.TaskState, Cause) {
+	if !found {
+		st = New(b.Task)
+	}
+	if st.TransientRetries == 0 && st.Unbilled == (events.Usage{}) && st.Resume == nil {
+		return st, CauseRedelivered
+	}
+	st.TransientRetries, st.Unbilled, st.Resume = 0, events.Usage{}, nil
+	return st, CauseApplied
+}
+
+// AddFailed bans a request hash that failed deterministically in pass
+// b.Run.Pass: the executor never sends it again (idempotent).
+func AddFailed(st events.TaskState, found bool, b events.Base, hash string) (events.TaskState, Cause) {
+	if !found {
+		st = New(b.Task)
+	}
+	entry := FailedEntry(hash, b.Run.Pass)
+	if slices.Contains(st.FailedRequests, entry) {
+		return st, CauseRedelivered
+	}
+	st.FailedRequests = append(st.FailedRequests, entry)
+	return st, CauseApplied
+}
+
+// AddRefused counts a request refused for repeating a failed one.
+func AddRefused(st events.TaskState, found bool, b events.Base) (events.TaskState, Cause) {
+	if !found {
+		st = New(b.Task)
+	}
+	st.Refused++
+	return st, CauseApplied
+}
+
+// Executed folds the facts an attempt's outcome carries into the state, as
+// the executor wrote them while the attempt ran: a refused request is
+// counted, a request that failed in a way that bans it is banned.
+func Executed(st events.TaskState, found bool, b events.Base, res events.Result) (events.TaskState, Cause) {
+	switch {
+	case res.Refused:
+		return AddRefused(st, found, b)
+	case res.RequestHash != "" && Bans(res.ErrorClass):
+		return AddFailed(st, found, b, res.RequestHash)
+	}
+	return st, CauseRedelivered
+}
+
+// FailedEntry is how a banned hash is kept in TaskState.FailedRequests:
+// "<hash>@<pass>", the pass whose request failed. A redelivery of that same
+// pass is not refused by its own failure; every later pass is.
+func FailedEntry(hash string, pass int) string { return hash + "@" + strconv.Itoa(pass) }
+
+// Bans reports whether a failure of this class bans the request's hash for
+// the task: the identical request would fail the same way.
+func Bans(class string) bool {
+	switch class {
+	case events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassConfig:
+		return true
+	}
+	return false
+}
