@@ -40,11 +40,17 @@ type Spec struct {
 	// Backoff is the nak delay after the n-th failed delivery.
 	// Default: 1s doubling per delivery, capped at 1m.
 	Backoff func(delivered int) time.Duration
-	// OnDemand pulls a message only when a worker is free, instead of
+	// OnDemand pulls messages only for workers that are free, instead of
 	// keeping Concurrency messages buffered. For slow handlers (model
 	// calls): a buffered message's AckWait runs while it waits, and it could
 	// be redelivered to another instance before this one even starts it.
+	// One pull request asks for as many messages as workers are free, so a
+	// burst reaches a thousand free workers in one round trip, not a
+	// thousand.
 	OnDemand bool
+	// Stop, when set, is called once Run returns, after every handler
+	// finished: it releases what the handler keeps between messages.
+	Stop func()
 }
 
 func (s Spec) withDefaults() Spec {
@@ -117,12 +123,19 @@ func (s Spec) ConsumerConfig() jetstream.ConsumerConfig {
 // redelivered.
 func (r *Router) Run(ctx context.Context, spec Spec) error {
 	spec = spec.withDefaults()
+	if spec.Stop != nil {
+		defer spec.Stop()
+	}
 	log := r.logger().With("service", spec.Name)
 	cons, err := r.JS.CreateOrUpdateConsumer(ctx, spec.Stream, spec.ConsumerConfig())
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", spec.Name, err)
 	}
-	next, drain, err := puller(ctx, cons, spec)
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, spec.Concurrency)
+	// The workers free besides the one whose slot was just taken.
+	free := func() int { return max(1, cap(slots)-len(slots)+1) }
+	next, drain, err := puller(cons, spec, free)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", spec.Name, err)
 	}
@@ -151,8 +164,8 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 		}
 	}()
 
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, spec.Concurrency)
+	beats := newHeartbeats(spec.AckWait / 3)
+	defer beats.stop()
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
 	for {
 		slots <- struct{}{} // take a message only when a worker is free
@@ -174,7 +187,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			r.handle(hctx, log, spec, msg)
+			r.handle(hctx, log, spec, beats, msg)
 		}()
 	}
 	wg.Wait()
@@ -189,9 +202,10 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 }
 
 // puller returns how Run takes messages: from a buffered iterator, or (for
-// OnDemand) one pull request per free worker. drain stops taking new ones;
-// next then returns ErrMsgIteratorClosed once nothing buffered is left.
-func puller(ctx context.Context, cons jetstream.Consumer, spec Spec) (next func() (jetstream.Msg, error), drain func(), err error) {
+// OnDemand) through pull requests for as many messages as workers are free
+// (free) when the request is made. drain stops taking new ones; next then
+// returns what was already delivered, then ErrMsgIteratorClosed.
+func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (jetstream.Msg, error), drain func(), err error) {
 	if !spec.OnDemand {
 		it, err := cons.Messages(jetstream.PullMaxMessages(spec.Concurrency))
 		if err != nil {
@@ -200,15 +214,41 @@ func puller(ctx context.Context, cons jetstream.Consumer, spec Spec) (next func(
 		return func() (jetstream.Msg, error) { return it.Next() }, it.Drain, nil
 	}
 	stop, cancel := context.WithCancel(context.Background())
+	// batch is the open pull request. Run takes a worker's slot before
+	// each message, and asks for no more messages than free workers, so
+	// every message it delivers has a worker waiting for it. A request
+	// ends when it is filled or expires (30s); the next one asks for the
+	// workers free then.
+	var batch jetstream.MessageBatch
 	return func() (jetstream.Msg, error) {
-		if stop.Err() != nil {
-			return nil, jetstream.ErrMsgIteratorClosed
+		for {
+			if batch == nil {
+				if stop.Err() != nil {
+					return nil, jetstream.ErrMsgIteratorClosed
+				}
+				b, err := cons.Fetch(free(), jetstream.FetchContext(stop))
+				if err != nil {
+					if stop.Err() != nil {
+						return nil, jetstream.ErrMsgIteratorClosed
+					}
+					return nil, err
+				}
+				batch = b
+			}
+			// Messages already delivered are handled even after a drain:
+			// handing them back would cost them an AckWait.
+			if msg, ok := <-batch.Messages(); ok {
+				return msg, nil
+			}
+			err := batch.Error()
+			batch = nil
+			if stop.Err() != nil {
+				return nil, jetstream.ErrMsgIteratorClosed
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
-		msg, err := cons.Next(jetstream.FetchContext(stop))
-		if err != nil && stop.Err() != nil {
-			return nil, jetstream.ErrMsgIteratorClosed
-		}
-		return msg, err
 	}, cancel, nil
 }
 
@@ -220,7 +260,7 @@ func (r *Router) logger() *slog.Logger {
 }
 
 // handle runs the handler for one message and settles it.
-func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg jetstream.Msg) {
+func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, beats *heartbeats, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil { // not a JetStream message: nothing to settle
 		log.Error("message without metadata", "subject", msg.Subject(), "err", err)
@@ -235,7 +275,7 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, msg je
 	defer r.Stats.end()
 
 	start := time.Now()
-	stop := heartbeat(msg, spec.AckWait/3)
+	stop := beats.add(msg)
 	outs, err := call(ctx, spec.Handler, m)
 	stop()
 	r.Metrics.observe(spec.Name, time.Since(start).Seconds())
@@ -383,21 +423,67 @@ func call(ctx context.Context, h Handler, m *Msg) (outs []Out, err error) {
 	return h(ctx, m)
 }
 
-// heartbeat tells the server we are still working on msg every interval,
-// so a long model call does not get redelivered to another worker.
-func heartbeat(msg jetstream.Msg, every time.Duration) (stop func()) {
-	done := make(chan struct{})
-	t := time.NewTicker(every)
-	go func() {
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
+// heartbeats tell the server, every interval, that the messages whose
+// handlers still run are still being worked on, so a long model call is
+// not redelivered to another worker. One goroutine beats for all of a
+// service's messages: a message in flight costs an entry in a map, not a
+// goroutine and a timer.
+type heartbeats struct {
+	every time.Duration
+	mu    sync.Mutex
+	msgs  map[*beat]struct{}
+	done  chan struct{}
+}
+
+type beat struct {
+	msg  jetstream.Msg
+	last time.Time
+}
+
+func newHeartbeats(every time.Duration) *heartbeats {
+	h := &heartbeats{every: every, msgs: map[*beat]struct{}{}, done: make(chan struct{})}
+	go h.run()
+	return h
+}
+
+// run beats, twice per interval, every message not told for an interval:
+// each is told at most 1.5 intervals apart.
+func (h *heartbeats) run() {
+	t := time.NewTicker(h.every / 2)
+	defer t.Stop()
+	var due []jetstream.Msg
+	for {
+		select {
+		case <-h.done:
+			return
+		case now := <-t.C:
+			due = due[:0]
+			h.mu.Lock()
+			for b := range h.msgs {
+				if now.Sub(b.last) >= h.every {
+					b.last = now
+					due = append(due, b.msg)
+				}
+			}
+			h.mu.Unlock()
+			for _, msg := range due {
 				_ = msg.InProgress()
 			}
 		}
-	}()
-	return func() { close(done) }
+	}
 }
+
+// add beats for msg until the returned stop is called.
+func (h *heartbeats) add(msg jetstream.Msg) (stop func()) {
+	b := &beat{msg: msg, last: time.Now()}
+	h.mu.Lock()
+	h.msgs[b] = struct{}{}
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.msgs, b)
+		h.mu.Unlock()
+	}
+}
+
+func (h *heartbeats) stop() { close(h.done) }

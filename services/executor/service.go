@@ -26,6 +26,7 @@ type Service struct {
 	ledger   ledger
 	circuits *circuits
 	metrics  *metrics
+	ends     *ends
 }
 
 // New validates cfg and returns the service.
@@ -34,7 +35,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Service{cfg: cfg, rules: cfg.Rules, circuits: &circuits{cfg: cfg.Circuit}, metrics: newMetrics(cfg.Registry)}
+	s := &Service{cfg: cfg, rules: cfg.Rules, circuits: &circuits{cfg: cfg.Circuit}, metrics: newMetrics(cfg.Registry), ends: &ends{tasks: cfg.Tasks}}
 	if s.rules.Now == nil {
 		s.rules.Now = cfg.Now
 	}
@@ -45,6 +46,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	return s, nil
 }
+
+// Close releases what the service keeps between messages (the watch of
+// the tasks in flight). Call it once no Handle runs.
+func (s *Service) Close() { s.ends.close() }
 
 // Handle runs one prompted task — through the model, the type's agent
 // command, or the pipeline step's command — and returns its Executed event.
@@ -76,6 +81,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	base := in.Base
 	base.By, base.PolicyRev = s.cfg.Instance, snap.Rev
 	base.At = s.cfg.Now()
+	// A human may cancel the task while the model works on it: the call's
+	// context ends, and the attempt is neither recorded nor retried. The
+	// watch starts before begin reads the state: a cancel stored after
+	// that read reaches the watch.
+	wctx, ended, stop := s.watchEnd(ctx, in.Task.ID)
+	defer stop()
 	f, skip, err := s.ledger.begin(ctx, base)
 	if err != nil || skip {
 		return nil, err
@@ -83,11 +94,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if f.failedNow && s.executed(ctx, base) {
 		return nil, nil // a redelivery: this pass's outcome is already on the stream
 	}
-
-	// A human may cancel the task while the model works on it: the call's
-	// context ends, and the attempt is neither recorded nor retried.
-	ctx, ended, stop := s.watchEnd(ctx, in.Task.ID)
-	defer stop()
+	ctx = wctx
 
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, banned: map[string]string{}}
 	start := s.cfg.Now()
