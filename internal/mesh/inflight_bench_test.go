@@ -267,8 +267,8 @@ func percentile(ds []time.Duration, p int) float64 {
 // (coordinated omission). It reports p50 and p99 of submit → the model
 // server receiving the call (`call`), the model server answering → the
 // `succeeded` event stored and delivered (`record`), and submit →
-// `succeeded` (`e2e`), the saturation rate, the rate used and the CPU time
-// per task at that rate:
+// `succeeded` (`e2e`), the saturation rate and the CPU time per task at
+// it (`sat-`), the rate used and the CPU time per task at that rate:
 //
 //	go test -run '^$' -bench OpenLoop -benchtime 2000x -count 3 ./internal/mesh/
 func BenchmarkOpenLoop(b *testing.B) {
@@ -327,12 +327,13 @@ func BenchmarkOpenLoop(b *testing.B) {
 		submit(n)
 	}
 	waitDone(warm)
-	start := time.Now()
+	start, satCPU := time.Now(), cpuTime()
 	for n := warm; n < warm+burst; n++ {
 		submit(n)
 	}
 	waitDone(warm + burst)
 	saturation := float64(burst) / time.Since(start).Seconds()
+	satCPUPerTask := float64((cpuTime() - satCPU).Microseconds()) / burst
 
 	rate := saturation / 2
 	interval := time.Duration(float64(time.Second) / rate)
@@ -366,6 +367,7 @@ func BenchmarkOpenLoop(b *testing.B) {
 		slices.Sort(ds)
 	}
 	b.ReportMetric(saturation, "sat-tasks/s")
+	b.ReportMetric(satCPUPerTask, "sat-cpu-µs/task")
 	b.ReportMetric(rate, "rate-tasks/s")
 	b.ReportMetric(cpuPerTask, "cpu-µs/task")
 	b.ReportMetric(percentile(call, 50), "call-p50-ms")
