@@ -46,11 +46,17 @@ type Spec struct {
 	// Backoff is the nak delay after the n-th failed delivery.
 	// Default: 1s doubling per delivery, capped at 1m.
 	Backoff func(delivered int) time.Duration
-	// OnDemand pulls a message only when a worker is free, instead of
+	// OnDemand pulls messages only for workers that are free, instead of
 	// keeping Concurrency messages buffered. For slow handlers (model
 	// calls): a buffered message's AckWait runs while it waits, and it could
 	// be redelivered to another instance before this one even starts it.
+	// One pull request asks for as many messages as workers are free, so a
+	// burst reaches a thousand free workers in one round trip, not a
+	// thousand.
 	OnDemand bool
+	// Stop, when set, is called once Run returns, after every handler
+	// finished: it releases what the handler keeps between messages.
+	Stop func()
 }
 
 func (s Spec) withDefaults() Spec {
@@ -123,12 +129,19 @@ func (s Spec) ConsumerConfig() jetstream.ConsumerConfig {
 // redelivered.
 func (r *Router) Run(ctx context.Context, spec Spec) error {
 	spec = spec.withDefaults()
+	if spec.Stop != nil {
+		defer spec.Stop()
+	}
 	log := r.logger().With("service", spec.Name)
 	cons, err := r.JS.CreateOrUpdateConsumer(ctx, spec.Stream, spec.ConsumerConfig())
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", spec.Name, err)
 	}
-	next, drain, err := puller(ctx, cons, spec)
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, spec.Concurrency)
+	// The workers free besides the one whose slot was just taken.
+	free := func() int { return max(1, cap(slots)-len(slots)+1) }
+	next, drain, err := puller(cons, spec, free)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", spec.Name, err)
 	}
@@ -158,8 +171,6 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	}()
 
 	h := r.chain(log, spec)
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, spec.Concurrency)
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
 	for {
 		slots <- struct{}{} // take a message only when a worker is free
@@ -196,9 +207,10 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 }
 
 // puller returns how Run takes messages: from a buffered iterator, or (for
-// OnDemand) one pull request per free worker. drain stops taking new ones;
-// next then returns ErrMsgIteratorClosed once nothing buffered is left.
-func puller(ctx context.Context, cons jetstream.Consumer, spec Spec) (next func() (jetstream.Msg, error), drain func(), err error) {
+// OnDemand) through pull requests for as many messages as workers are free
+// (free) when the request is made. drain stops taking new ones; next then
+// returns what was already delivered, then ErrMsgIteratorClosed.
+func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (jetstream.Msg, error), drain func(), err error) {
 	if !spec.OnDemand {
 		it, err := cons.Messages(jetstream.PullMaxMessages(spec.Concurrency))
 		if err != nil {
@@ -207,15 +219,41 @@ func puller(ctx context.Context, cons jetstream.Consumer, spec Spec) (next func(
 		return func() (jetstream.Msg, error) { return it.Next() }, it.Drain, nil
 	}
 	stop, cancel := context.WithCancel(context.Background())
+	// batch is the open pull request. Run takes a worker's slot before
+	// each message, and asks for no more messages than free workers, so
+	// every message it delivers has a worker waiting for it. A request
+	// ends when it is filled or expires (30s); the next one asks for the
+	// workers free then.
+	var batch jetstream.MessageBatch
 	return func() (jetstream.Msg, error) {
-		if stop.Err() != nil {
-			return nil, jetstream.ErrMsgIteratorClosed
+		for {
+			if batch == nil {
+				if stop.Err() != nil {
+					return nil, jetstream.ErrMsgIteratorClosed
+				}
+				b, err := cons.Fetch(free(), jetstream.FetchContext(stop))
+				if err != nil {
+					if stop.Err() != nil {
+						return nil, jetstream.ErrMsgIteratorClosed
+					}
+					return nil, err
+				}
+				batch = b
+			}
+			// Messages already delivered are handled even after a drain:
+			// handing them back would cost them an AckWait.
+			if msg, ok := <-batch.Messages(); ok {
+				return msg, nil
+			}
+			err := batch.Error()
+			batch = nil
+			if stop.Err() != nil {
+				return nil, jetstream.ErrMsgIteratorClosed
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
-		msg, err := cons.Next(jetstream.FetchContext(stop))
-		if err != nil && stop.Err() != nil {
-			return nil, jetstream.ErrMsgIteratorClosed
-		}
-		return msg, err
 	}, cancel, nil
 }
 

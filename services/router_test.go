@@ -299,6 +299,93 @@ func TestRouterOnDemand(t *testing.T) {
 	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
 }
 
+// OnDemand hands a burst to every free worker at once, each message to one
+// worker, and takes no more than it has workers for; Stop runs once the
+// router returns.
+func TestRouterOnDemandBurst(t *testing.T) {
+	s := setup(t)
+	const workers = 50
+	release := make(chan struct{})
+	var running, most atomic.Int32
+	started := make(chan string, 2*workers)
+	sp := spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		n := running.Add(1)
+		for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
+		}
+		started <- m.Subject
+		<-release // a model call in flight
+		running.Add(-1)
+		return nil, nil
+	})
+	var stopped atomic.Bool
+	sp.OnDemand, sp.Concurrency, sp.Stop = true, workers, func() { stopped.Store(true) }
+	stop := run(t, s.JS, sp)
+	for i := range workers + 10 {
+		publish(t, s.JS, events.TaskSubject(fmt.Sprintf("t%d", i), "in"), "x")
+	}
+	seen := map[string]bool{}
+	for range workers {
+		seen[<-started] = true
+	}
+	if len(seen) != workers {
+		t.Fatalf("%d distinct messages started, want %d", len(seen), workers)
+	}
+	// Every worker is busy: the rest wait on the server, none delivered.
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool {
+		return ci.NumAckPending == workers && ci.NumPending == 10
+	})
+	close(release)
+	for range 10 {
+		<-started
+	}
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+	stop()
+	if most.Load() > workers {
+		t.Fatalf("%d handlers ran at once, concurrency %d", most.Load(), workers)
+	}
+	if !stopped.Load() {
+		t.Fatal("Spec.Stop was not called")
+	}
+}
+
+// The heartbeat keeps messages whose handlers run for several AckWaits
+// from being redelivered, for every message in flight at once.
+func TestRouterHeartbeatKeepsLongHandlers(t *testing.T) {
+	for _, onDemand := range []bool{false, true} {
+		t.Run(fmt.Sprintf("OnDemand=%v", onDemand), func(t *testing.T) {
+			s := setup(t)
+			const n = 20
+			var calls atomic.Int32
+			redelivered := make(chan int, n)
+			sp := spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+				calls.Add(1)
+				if m.Delivered > 1 {
+					redelivered <- m.Delivered
+				}
+				time.Sleep(1500 * time.Millisecond) // 5 AckWaits
+				return nil, nil
+			})
+			sp.Name = fmt.Sprintf("beat%v", onDemand)
+			sp.AckWait, sp.Concurrency, sp.OnDemand = 300*time.Millisecond, n, onDemand
+			run(t, s.JS, sp)
+			for i := range n {
+				publish(t, s.JS, events.TaskSubject(fmt.Sprintf("t%d", i), "in"), "x")
+			}
+			waitConsumer(t, s.JS, sp.Name, func(ci *jetstream.ConsumerInfo) bool {
+				return ci.NumAckPending == 0 && ci.NumPending == 0 && ci.Delivered.Consumer >= n
+			})
+			select {
+			case d := <-redelivered:
+				t.Fatalf("a message was redelivered (delivery %d) while its handler ran", d)
+			default:
+			}
+			if c := calls.Load(); c != n {
+				t.Fatalf("%d handler calls, want %d", c, n)
+			}
+		})
+	}
+}
+
 // A handler still running when the grace period ends has its context
 // cancelled; the message is handed back and the next instance gets it.
 func TestRouterGraceExpiryHandsMessageBack(t *testing.T) {

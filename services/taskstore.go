@@ -39,6 +39,12 @@ func (s *TaskStore) Watch(ctx context.Context, id string) (jetstream.KeyWatcher,
 	return s.kv.Watch(ctx, id)
 }
 
+// WatchAll watches every task's state: each change stored after it
+// starts (no current values), on w.Updates(). Stop w when done.
+func (s *TaskStore) WatchAll(ctx context.Context) (jetstream.KeyWatcher, error) {
+	return s.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+}
+
 // Update changes a task's state with a compare-and-set loop (see kvcas.Update).
 // found is false when the task has no state yet.
 func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *events.TaskState, found bool) error) (events.TaskState, error) {

@@ -375,7 +375,7 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 		// need room for the transient budget and circuit snoozes.
 		return services.Spec{
 			Name: services.ConsumerExecutor, Filters: []string{events.StageFilter(events.StagePrompted)},
-			Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true,
+			Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true, Stop: s.Close,
 		}, nil
 	case Recorder:
 		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), Trust: st.trust(o.Scoring), History: st.history(), Spending: st.spending(o.JS), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})

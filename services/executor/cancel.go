@@ -25,6 +25,17 @@ import (
 type flights struct {
 	mu     sync.Mutex
 	byTask map[string]map[*flight]struct{}
+	sub    *nats.Subscription // the cancels heard; ended by Close
+}
+
+// close stops listening for cancels.
+func (f *flights) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sub != nil {
+		_ = f.sub.Unsubscribe()
+		f.sub = nil
+	}
 }
 
 type flight struct {
@@ -71,7 +82,7 @@ func (f *flights) end(id string) int {
 // listenForCancels subscribes to the review actions and ends the attempts
 // of every task a human cancels.
 func (s *Service) listenForCancels(nc *nats.Conn) error {
-	_, err := nc.Subscribe(events.ReviewSubject(events.ReviewAction, "*"), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(events.ReviewSubject(events.ReviewAction, "*"), func(m *nats.Msg) {
 		var a events.Action
 		if json.Unmarshal(m.Data, &a) != nil || a.Action != events.ActionCancel || !events.ValidID(a.TaskID) {
 			return
@@ -83,5 +94,8 @@ func (s *Service) listenForCancels(nc *nats.Conn) error {
 	if err != nil {
 		return fmt.Errorf("executor: subscribe to cancels: %w", err)
 	}
+	s.flights.mu.Lock()
+	s.flights.sub = sub
+	s.flights.mu.Unlock()
 	return nil
 }

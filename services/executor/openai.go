@@ -20,10 +20,33 @@ type OpenAIConfig struct {
 	BaseURL string
 	// APIKey is sent as a bearer token. Default: none (Ollama, local vLLM).
 	APIKey string
-	// HTTPClient sends the requests. Default: a new http.Client.
+	// HTTPClient sends the requests. Default: a client of its own whose
+	// transport keeps up to IdleConns connections to the endpoint for the
+	// next calls (Go's default transport keeps 2: after a burst of calls
+	// every other connection is closed and the next burst dials, and
+	// handshakes TLS, again).
 	HTTPClient *http.Client
+	// IdleConns is how many idle connections the default client keeps for
+	// reuse; set it to the executor's concurrency or more. Default
+	// DefaultIdleConns. Ignored with HTTPClient.
+	IdleConns int
 	// Timeout bounds one call, answer included. Default DefaultTimeout (2m).
 	Timeout time.Duration
+}
+
+// DefaultIdleConns is how many idle connections to the endpoint the
+// default HTTP client keeps (OpenAIConfig.IdleConns).
+const DefaultIdleConns = 1024
+
+// transport is Go's default transport keeping up to idle connections per
+// host instead of 2. Idle ones close after 90s, as with the default.
+func transport(idle int) *http.Transport {
+	if idle <= 0 {
+		idle = DefaultIdleConns
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = idle, idle
+	return t
 }
 
 // OpenAI is a Model backed by an OpenAI-compatible chat-completions endpoint.
@@ -42,7 +65,7 @@ func NewOpenAI(cfg OpenAIConfig) *OpenAI {
 	if cfg.BaseURL != "" {
 		oc.BaseURL = cfg.BaseURL
 	}
-	var doer openai.HTTPDoer = &http.Client{}
+	var doer openai.HTTPDoer = &http.Client{Transport: transport(cfg.IdleConns)}
 	if cfg.HTTPClient != nil {
 		doer = cfg.HTTPClient
 	}

@@ -52,6 +52,10 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
+// Close releases what the service keeps between messages (the watch of
+// the tasks in flight). Call it once no Handle runs.
+func (s *Service) Close() { s.flights.close() }
+
 // Handle runs one prompted task — through the model, the type's agent
 // command, or the pipeline step's command — and returns its Executed event.
 //
