@@ -40,16 +40,19 @@ type Event struct {
 func (e Event) Decode(v any) error { return json.Unmarshal(e.Data, v) }
 
 // Final reports whether the event ends the task (until a human acts), and
-// whether it ended well. A human's review.action is not final: a requeue
-// sends the task on.
+// whether it ended well. A human's review.action ends it when it cancels
+// the task (a cancel publishes no other event); a requeue sends it on.
 func (e Event) Final() (final, ok bool) {
 	switch e.Stage {
 	case events.StageSucceeded:
 		return true, true
 	case events.StageCancelled:
 		return true, false
+	case "review." + events.ReviewAction:
+		var a events.Action
+		return e.Decode(&a) == nil && a.Action == events.ActionCancel, false
 	}
-	return strings.HasPrefix(e.Stage, "review.") && e.Stage != "review."+events.ReviewAction, false
+	return strings.HasPrefix(e.Stage, "review."), false
 }
 
 // Watch calls fn with each of the task's events in order, from its first,

@@ -113,6 +113,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			Error: fmt.Sprintf("policy of type %q: unknown executor %q (model, command)", in.Task.Type, pol.Executor)}
 	}
 	if ended() {
+		// The call was cut short by a cancel heard on the wire: only a
+		// task whose state did end is dropped. A cancel that did not take
+		// (its record failed and the state was put back) or a forged one
+		// must not strand a running task: the message is tried again.
+		st, gerr := s.cfg.Tasks.Get(context.WithoutCancel(ctx), in.Task.ID)
+		if gerr != nil || !events.Terminal(st.Status) {
+			return nil, fmt.Errorf("task %s: call cut short by a cancel that the task state does not show (%v); trying again", in.Task.ID, gerr)
+		}
 		s.cfg.Log.Info("task cancelled during its attempt: call abandoned, nothing recorded", "task", in.Task.ID, "pass", in.Run.Pass, "attempt", in.Run.Attempt)
 		return nil, nil
 	}

@@ -333,6 +333,8 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 		}
 		if cause.Changed() {
 			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
+		} else if st.Pass >= b.Run.Pass && task.EndedByHuman(st) {
+			return nil, nil // a human ended it: no review record for it
 		}
 		attempts = st.History
 	}
@@ -361,6 +363,8 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 		}
 		if cause.Changed() {
 			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
+		} else if st.Pass >= b.Run.Pass && task.EndedByHuman(st) {
+			return nil, nil // a human ended it: no review record for it
 		}
 	}
 	s.log.Info("task handed off before a retry", "task", b.Task.ID, "type", b.Task.Type, "reason", d.Reason)

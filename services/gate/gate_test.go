@@ -334,3 +334,23 @@ func TestCanaryOfAnEndedTaskIsReleased(t *testing.T) {
 		t.Fatalf("canary places held by %v, want c0 c2 w2", held)
 	}
 }
+
+// A retry of a task a human cancelled, stopped by the gate (its type's
+// trust collapsed), files no review record: the task has ended.
+func TestCancelledRetryFilesNoReview(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.outcomes("css_fix", 10, 0, "")
+	b := events.Base{Task: events.Task{ID: "gone-2", Type: "css_fix", Subject: "a.go"}, Run: retry(events.RungRefine)}
+	st := task.New(b.Task)
+	st.Pass = b.Run.Pass
+	st = task.Act(st, events.Action{TaskID: "gone-2", Action: events.ActionCancel, By: "alice", At: now})
+	if _, _, err := e.tasks.Create(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(events.Verified{Base: b})
+	outs, err := e.gate.Handle(ctx, &services.Msg{Subject: events.TaskSubject("gone-2", events.StageVerified), Data: data, Delivered: 1, Time: now})
+	if err != nil || len(outs) != 0 {
+		t.Fatalf("gate on a cancelled task's retry: %d outputs, %v", len(outs), err)
+	}
+}
