@@ -8,7 +8,7 @@ import (
 
 func TestErrorClassesShortCircuitAndFault(t *testing.T) {
 	tests := []struct {
-		class                     string
+		class                     events.ErrorClass
 		shortCircuits, deployment bool
 	}{
 		{events.ErrorClassAuth, true, true},

@@ -46,7 +46,7 @@ type Run struct {
 	// LastErrorClass classifies the previous attempt's failure (ErrorClass*);
 	// after a deterministic failure the prompt asks the model to state what
 	// it changes before it acts.
-	LastErrorClass string `json:"last_error_class,omitempty"`
+	LastErrorClass ErrorClass `json:"last_error_class,omitempty"`
 	// DeadEnds are the approaches that already failed; the PIVOT rung must
 	// not repeat them.
 	DeadEnds []DeadEnd `json:"dead_ends,omitempty"`
@@ -94,47 +94,51 @@ func ParseRung(s string) (Rung, error) {
 	return "", fmt.Errorf("unknown rung %q", s)
 }
 
-// Error classes of a failed attempt (Result.ErrorClass).
+// ErrorClass classifies a failed attempt (Result.ErrorClass). It is stored
+// and sent as its string; the empty class means the attempt did not fail.
+type ErrorClass string
+
+// Error classes of a failed attempt.
 const (
 	// ErrorClassTask: the model answered and reported that the task failed.
-	ErrorClassTask = "task"
+	ErrorClassTask ErrorClass = "task"
 	// ErrorClassInvalidOutput: the answer was not the structured result asked for.
-	ErrorClassInvalidOutput = "invalid_output"
+	ErrorClassInvalidOutput ErrorClass = "invalid_output"
 	// ErrorClassModel: the model call failed in a way not classified further.
-	ErrorClassModel = "model"
+	ErrorClassModel ErrorClass = "model"
 	// ErrorClassTransient: 5xx, timeouts, resets, 429 with Retry-After. Never
 	// an attempt, except when a task's transient budget is spent
 	// ("provider unavailable").
-	ErrorClassTransient = "transient"
+	ErrorClassTransient ErrorClass = "transient"
 	// ErrorClassDeterministic: 400, 404, 422 …: the identical request is never sent again.
-	ErrorClassDeterministic = "deterministic"
+	ErrorClassDeterministic ErrorClass = "deterministic"
 	// ErrorClassAuth and ErrorClassQuota short-circuit to a human (401/403, quota exhausted).
-	ErrorClassAuth  = "auth"
-	ErrorClassQuota = "quota"
+	ErrorClassAuth  ErrorClass = "auth"
+	ErrorClassQuota ErrorClass = "quota"
 	// ErrorClassConfig: the deployment is misconfigured — the model or the
 	// endpoint does not exist (404), the prompt exceeds the model's context.
 	// Short-circuits to a human with what to fix.
-	ErrorClassConfig = "config"
+	ErrorClassConfig ErrorClass = "config"
 	// ErrorClassToolUnavailable: a tool did not answer (no responders,
 	// timeouts) for as long as the type's tool wait allows. Short-circuits to
 	// a human, naming the tool and its subject.
-	ErrorClassToolUnavailable = "tool_unavailable"
+	ErrorClassToolUnavailable ErrorClass = "tool_unavailable"
 	// ErrorClassTimeout: an agent command timed out; short-circuits to a human.
-	ErrorClassTimeout = "timeout"
+	ErrorClassTimeout ErrorClass = "timeout"
 	// ErrorClassRefused: the request was identical to one that already failed
 	// deterministically, so it was not sent.
-	ErrorClassRefused = "refused"
+	ErrorClassRefused ErrorClass = "refused"
 	// ErrorClassDeadEnd: on PIVOT the declared approach repeated a dead end.
-	ErrorClassDeadEnd = "dead_end"
+	ErrorClassDeadEnd ErrorClass = "dead_end"
 	// ErrorClassStep: a command step (validator, test runner) failed.
-	ErrorClassStep = "step"
+	ErrorClassStep ErrorClass = "step"
 	// ErrorClassBudget: the task spent more than its budget.
-	ErrorClassBudget = "budget"
+	ErrorClassBudget ErrorClass = "budget"
 )
 
 // ShortCircuits reports whether a failure of this class goes straight to a
 // human: retrying cannot help.
-func ShortCircuits(class string) bool {
+func ShortCircuits(class ErrorClass) bool {
 	return class == ErrorClassTimeout || DeploymentFault(class)
 }
 
@@ -142,12 +146,32 @@ func ShortCircuits(class string) bool {
 // deployment's, not the task's: a refused API key, an exhausted quota, a
 // misconfigured model or endpoint, a tool that does not answer. Such a
 // failure never lowers a type's trust, and its error leads with what to fix.
-func DeploymentFault(class string) bool {
+func DeploymentFault(class ErrorClass) bool {
 	switch class {
 	case ErrorClassAuth, ErrorClassQuota, ErrorClassConfig, ErrorClassToolUnavailable:
 		return true
 	}
 	return false
+}
+
+// Valid reports whether c is one of the ErrorClass constants.
+func (c ErrorClass) Valid() bool {
+	switch c {
+	case ErrorClassTask, ErrorClassInvalidOutput, ErrorClassModel, ErrorClassTransient,
+		ErrorClassDeterministic, ErrorClassAuth, ErrorClassQuota, ErrorClassConfig,
+		ErrorClassToolUnavailable, ErrorClassTimeout, ErrorClassRefused, ErrorClassDeadEnd,
+		ErrorClassStep, ErrorClassBudget:
+		return true
+	}
+	return false
+}
+
+// ParseErrorClass reads an error class; an unknown one is an error.
+func ParseErrorClass(s string) (ErrorClass, error) {
+	if c := ErrorClass(s); c.Valid() {
+		return c, nil
+	}
+	return "", fmt.Errorf("unknown error class %q", s)
 }
 
 // Base is embedded in every task event.
@@ -306,9 +330,9 @@ type Result struct {
 	// Error says why a failed attempt failed.
 	Error string `json:"error,omitempty"`
 	// ErrorClass classifies Error (model, invalid_output, …).
-	ErrorClass string `json:"error_class,omitempty"`
-	Model      string `json:"model,omitempty"`
-	Simulated  bool   `json:"simulated,omitempty"`
+	ErrorClass ErrorClass `json:"error_class,omitempty"`
+	Model      string     `json:"model,omitempty"`
+	Simulated  bool       `json:"simulated,omitempty"`
 	// RequestHash identifies the request sent (model + normalised messages +
 	// parameters); a deterministic failure bans it for the task.
 	RequestHash string `json:"request_hash,omitempty"`
@@ -354,7 +378,7 @@ type AttemptRecord struct {
 	At        time.Time `json:"at"`
 	// ErrorClass classifies a failed attempt's Reason (ErrorClass*): a
 	// refused request is told from a sent one without reading Reason.
-	ErrorClass string `json:"error_class,omitempty"`
+	ErrorClass ErrorClass `json:"error_class,omitempty"`
 }
 
 // Escalated is the one review record of a task the mesh gave up on (status blocked).

@@ -13,6 +13,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 
+	"dispatchmesh/events"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
 )
@@ -210,18 +211,19 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 }
 
 // parseErrorClasses reads DISPATCH_ERROR_CLASSES: "409=transient,418=deterministic".
-func parseErrorClasses(s string) (map[int]string, error) {
-	m := map[int]string{}
+func parseErrorClasses(s string) (map[int]events.ErrorClass, error) {
+	m := map[int]events.ErrorClass{}
 	for _, item := range strings.Split(s, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
 			continue
 		}
-		code, class, ok := strings.Cut(item, "=")
+		code, name, ok := strings.Cut(item, "=")
 		n, err := strconv.Atoi(strings.TrimSpace(code))
-		class = strings.TrimSpace(class)
+		class := events.ErrorClass(strings.TrimSpace(name))
 		switch class {
-		case "transient", "deterministic", "auth", "quota", "config":
+		case events.ErrorClassTransient, events.ErrorClassDeterministic, events.ErrorClassAuth,
+			events.ErrorClassQuota, events.ErrorClassConfig:
 		default:
 			ok = false
 		}

@@ -58,7 +58,7 @@ func (p Plan) Expect(maxRetries int) (attempts int, succeeds bool) {
 }
 
 // Outcome is the outcome and error class of an attempt answered with letter.
-func Outcome(letter byte) (outcome, class string) {
+func Outcome(letter byte) (outcome string, class events.ErrorClass) {
 	switch letter {
 	case AnswerSuccess:
 		return events.OutcomeSuccess, ""

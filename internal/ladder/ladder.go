@@ -83,7 +83,7 @@ type Outcome struct {
 	Success    bool
 	Approach   string
 	Reason     string
-	ErrorClass string
+	ErrorClass events.ErrorClass
 }
 
 // Decision is what the ladder says after an attempt.
@@ -121,7 +121,7 @@ func (c Config) Next(s State, o Outcome) Decision {
 		return Decision{Next: events.RungHandoff, State: s, Reason: "attempt limit reached"}
 	case events.ShortCircuits(o.ErrorClass):
 		s.Rung = events.RungHandoff
-		return Decision{Next: events.RungHandoff, State: s, Reason: o.ErrorClass + " failure: retrying cannot help"}
+		return Decision{Next: events.RungHandoff, State: s, Reason: string(o.ErrorClass) + " failure: retrying cannot help"}
 	case s.Rung == events.RungRefine && s.Failed < c.RefineAttempts:
 		s.Rung = events.RungRefine
 	case s.PivotCount < c.PivotAttempts:

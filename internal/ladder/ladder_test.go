@@ -127,7 +127,7 @@ func TestRepeatsDeadEnd(t *testing.T) {
 // Property: whatever the outcomes and max_retries, HANDOFF comes within
 // max_retries failed attempts, and a success always resets to REFINE.
 func TestLadderAlwaysEnds(t *testing.T) {
-	classes := []string{events.ErrorClassTask, events.ErrorClassDeterministic, events.ErrorClassRefused, events.ErrorClassAuth, events.ErrorClassInvalidOutput}
+	classes := []events.ErrorClass{events.ErrorClassTask, events.ErrorClassDeterministic, events.ErrorClassRefused, events.ErrorClassAuth, events.ErrorClassInvalidOutput}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		c := ladder.Config{MaxRetries: 1 + r.IntN(12)}

@@ -21,7 +21,7 @@ func ok(rung events.Rung, in, out int, cost float64) events.AttemptRecord {
 	return events.AttemptRecord{Rung: rung, Outcome: events.OutcomeSuccess, TokensIn: in, TokensOut: out, Cost: cost}
 }
 
-func fail(rung events.Rung, class, reason string, in, out int, cost float64) events.AttemptRecord {
+func fail(rung events.Rung, class events.ErrorClass, reason string, in, out int, cost float64) events.AttemptRecord {
 	return events.AttemptRecord{Rung: rung, Outcome: events.OutcomeFailure, ErrorClass: class, Reason: reason,
 		TokensIn: in, TokensOut: out, Cost: cost}
 }

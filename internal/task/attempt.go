@@ -102,7 +102,7 @@ func FailedEntry(hash string, pass int) string { return hash + "@" + strconv.Ito
 
 // Bans reports whether a failure of this class bans the request's hash for
 // the task: the identical request would fail the same way.
-func Bans(class string) bool {
+func Bans(class events.ErrorClass) bool {
 	switch class {
 	case events.ErrorClassDeterministic, events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassConfig:
 		return true

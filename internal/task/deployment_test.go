@@ -16,9 +16,9 @@ import (
 func TestDeploymentFaultHandsOffWithTheFixFirst(t *testing.T) {
 	const fix = `deployment: model "gpt-5x" not found at https://api.example/v1 — set the type's model in the policy or DISPATCH_MODEL`
 	pipeline := policy.Type{Steps: []policy.Step{{Name: "implement"}, {Name: "validate", Run: "command"}}}
-	for _, class := range []string{events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassConfig, events.ErrorClassToolUnavailable} {
+	for _, class := range []events.ErrorClass{events.ErrorClassAuth, events.ErrorClassQuota, events.ErrorClassConfig, events.ErrorClassToolUnavailable} {
 		for name, pol := range map[string]policy.Type{"ladder": {MaxRetries: 5}, "pipeline": pipeline} {
-			t.Run(class+" "+name, func(t *testing.T) {
+			t.Run(string(class)+" "+name, func(t *testing.T) {
 				st := events.TaskState{ID: "t", Status: events.StatusRunning, Pass: 1}
 				run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: "implement"}
 				task.Apply(&st, events.Task{ID: "t"}, run, failed(class, fix+"; the provider said: 404 Not Found"), pol, now)

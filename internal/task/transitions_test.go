@@ -246,7 +246,7 @@ func TestExecutorTransitions(t *testing.T) {
 }
 
 func TestBans(t *testing.T) {
-	for class, want := range map[string]bool{
+	for class, want := range map[events.ErrorClass]bool{
 		events.ErrorClassDeterministic: true, events.ErrorClassAuth: true, events.ErrorClassQuota: true, events.ErrorClassConfig: true,
 		events.ErrorClassTransient: false, events.ErrorClassTask: false, events.ErrorClassRefused: false, "": false,
 	} {

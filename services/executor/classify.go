@@ -35,7 +35,7 @@ type Rules struct {
 	// model's 404 (no such model or endpoint) config, and its 400 config
 	// when the body says the context is exceeded (ContextLengthBody); other
 	// 4xx deterministic. Default: no overrides.
-	Status map[int]string
+	Status map[int]events.ErrorClass
 	// RateLimitBody are substrings (case-insensitive) of a 429 answer that
 	// make it a transient rate limit; they are looked for before QuotaBody.
 	// Default DefaultRateLimitBody.
@@ -58,7 +58,7 @@ type Classification struct {
 	// config (the model or endpoint does not exist, the prompt exceeds the
 	// context), timeout (an agent command timed out), or model when nothing
 	// is known.
-	Class string
+	Class events.ErrorClass
 	// RetryAfter is the delay the answer asked for (Retry-After,
 	// retry-after-ms); zero when it gave none.
 	RetryAfter time.Duration

@@ -45,7 +45,7 @@ func TestClassify(t *testing.T) {
 		name       string
 		err        error
 		rules      *executor.Rules
-		class      string
+		class      events.ErrorClass
 		retryAfter time.Duration
 	}{
 		{"nil", nil, nil, "", 0},
@@ -82,12 +82,12 @@ func TestClassify(t *testing.T) {
 		{"429 quota despite retry-after", provider(429, "insufficient_quota", "", "quota", "Retry-After", "86400"), nil, Q, 0},
 		{"429 per-minute quota with retry-after", provider(429, nil, "", "Quota exceeded for requests per minute", "Retry-After", "30"), nil, T, 30 * time.Second},
 		// overrides
-		{"override 404 transient", provider(404, nil, "", "not yet"), &executor.Rules{Status: map[int]string{404: T}}, T, 0},
-		{"override 500 deterministic", provider(500, nil, "", "bad input crashes the server"), &executor.Rules{Status: map[int]string{500: D}}, D, 0},
-		{"override 429 quota", provider(429, nil, "", "slow down", "Retry-After", "3"), &executor.Rules{Status: map[int]string{429: Q}}, Q, 0},
+		{"override 404 transient", provider(404, nil, "", "not yet"), &executor.Rules{Status: map[int]events.ErrorClass{404: T}}, T, 0},
+		{"override 500 deterministic", provider(500, nil, "", "bad input crashes the server"), &executor.Rules{Status: map[int]events.ErrorClass{500: D}}, D, 0},
+		{"override 429 quota", provider(429, nil, "", "slow down", "Retry-After", "3"), &executor.Rules{Status: map[int]events.ErrorClass{429: Q}}, Q, 0},
 		{"custom quota body", provider(429, nil, "", "billing hard limit reached"), &executor.Rules{QuotaBody: []string{"Billing Hard Limit"}}, Q, 0},
-		{"override 413 config", rawProvider(413, "request entity too large"), &executor.Rules{Status: map[int]string{413: C}}, C, 0},
-		{"override 404 deterministic", provider(404, "model_not_found", "", "no such model"), &executor.Rules{Status: map[int]string{404: D}}, D, 0},
+		{"override 413 config", rawProvider(413, "request entity too large"), &executor.Rules{Status: map[int]events.ErrorClass{413: C}}, C, 0},
+		{"override 404 deterministic", provider(404, "model_not_found", "", "no such model"), &executor.Rules{Status: map[int]events.ErrorClass{404: D}}, D, 0},
 		{"custom context body", provider(400, nil, "", "prompt is too long: 210000 tokens > 200000 maximum"), &executor.Rules{ContextLengthBody: []string{"prompt is too long"}}, C, 0},
 		{"custom bodies replace defaults", provider(429, nil, "", "quota per minute"), &executor.Rules{RateLimitBody: []string{"per minute"}}, T, 0},
 		// tools (micro error codes)

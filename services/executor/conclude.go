@@ -68,7 +68,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 				s.metrics.sameError.WithLabelValues(a.in.Task.Type).Inc()
 			}
 		}
-		s.metrics.errors.WithLabelValues(a.in.Task.Type, c.Class).Inc()
+		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(c.Class)).Inc()
 	}
 	if err := s.settle(ctx, a); err != nil {
 		return events.Result{}, err
@@ -98,7 +98,7 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 		if err := s.ledger.settle(ctx, a.base); err != nil {
 			return events.Result{}, err
 		}
-		s.metrics.errors.WithLabelValues(a.in.Task.Type, events.ErrorClassTransient).Inc()
+		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(events.ErrorClassTransient)).Inc()
 		r.Outcome, r.ErrorClass, r.TransientRetries = events.OutcomeFailure, events.ErrorClassTransient, n
 		r.Error = "provider unavailable: " + errorText(o.err)
 		return r, nil

@@ -14,12 +14,12 @@ import (
 // the deployment's fault (auth, quota, config; see events.DeploymentFault):
 // what to fix first — the reason a human reads — then everything the
 // provider said.
-func (r Rules) deploymentError(class string, err error, endpoint string) string {
+func (r Rules) deploymentError(class events.ErrorClass, err error, endpoint string) string {
 	return r.fix(class, err, endpoint) + "; the provider said: " + errorText(err)
 }
 
 // fix says what in the deployment to change after a failure of class.
-func (r Rules) fix(class string, err error, endpoint string) string {
+func (r Rules) fix(class events.ErrorClass, err error, endpoint string) string {
 	status, _, body, _ := errorDetails(err)
 	model := ""
 	if pe := (*ProviderError)(nil); errors.As(err, &pe) {

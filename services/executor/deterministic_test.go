@@ -75,8 +75,8 @@ func TestDeploymentErrorsAreCalledOnceAndSayWhatToFix(t *testing.T) {
 		name   string
 		reply  openaitest.Reply
 		path   string // appended to the base URL
-		rules  map[int]string
-		class  string
+		rules  map[int]events.ErrorClass
+		class  events.ErrorClass
 		fix    string // the error's start; {url} is the endpoint
 		detail string // a part of what the provider said
 	}{
@@ -94,7 +94,7 @@ func TestDeploymentErrorsAreCalledOnceAndSayWhatToFix(t *testing.T) {
 			events.ErrorClassConfig, `deployment: the prompt (9120 tokens) exceeds the context (8192 tokens) of model "gpt-4o" — choose a model with a larger context or shorten the type's prompt (its template, the history it includes); `, "reduce the length"},
 		{"context length without counts", status(http.StatusBadRequest, `{"error":{"message":"context_length_exceeded","type":"invalid_request_error"}}`), "", nil,
 			events.ErrorClassConfig, `deployment: the prompt exceeds the context of model "gpt-4o" — `, "context_length_exceeded"},
-		{"413 mapped to config", status(http.StatusRequestEntityTooLarge, "request entity too large"), "", map[int]string{413: events.ErrorClassConfig},
+		{"413 mapped to config", status(http.StatusRequestEntityTooLarge, "request entity too large"), "", map[int]events.ErrorClass{413: events.ErrorClassConfig},
 			events.ErrorClassConfig, `deployment: {url} answered 413 Request Entity Too Large for model "gpt-4o", a configuration error (DISPATCH_ERROR_CLASSES) — `, "request entity too large"},
 	}
 	for _, tt := range tests {

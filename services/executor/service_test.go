@@ -150,7 +150,7 @@ func TestHandleHTTPError(t *testing.T) {
 	tests := []struct {
 		name   string
 		reply  reply
-		class  string // "" means a snooze
+		class  events.ErrorClass // "" means a snooze
 		inText string
 	}{
 		{"500", apiError(http.StatusInternalServerError, "the server had an error"), "", "the server had an error"},
@@ -281,7 +281,7 @@ func TestHandleRejectsBadInput(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	_, err := executor.New(executor.Config{
 		Prices:  map[string]executor.Price{"x": {InputPerMTok: -1}},
-		Rules:   executor.Rules{Status: map[int]string{418: "teapot"}},
+		Rules:   executor.Rules{Status: map[int]events.ErrorClass{418: "teapot"}},
 		Backoff: executor.Backoff{Factor: 0.5},
 		Circuit: executor.CircuitConfig{CoolDown: -time.Second},
 	})

@@ -139,7 +139,7 @@ func TestToolUnavailableHandsOffAfterTheWait(t *testing.T) {
 	if st := e.state("t1"); st.Resume != nil || st.Unbilled != (events.Usage{}) || st.TransientRetries != 0 {
 		t.Errorf("state %+v, want the loop settled", st)
 	}
-	if n := e.counter("dispatch_executor_errors_total", map[string]string{"class": events.ErrorClassToolUnavailable}); n != 1 {
+	if n := e.counter("dispatch_executor_errors_total", map[string]string{"class": string(events.ErrorClassToolUnavailable)}); n != 1 {
 		t.Errorf("tool_unavailable errors %v, want 1", n)
 	}
 }

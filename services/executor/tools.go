@@ -94,7 +94,7 @@ func requestTool(ctx context.Context, nc *nats.Conn, t policy.Tool, args string)
 // toolErrorMessage is the tool message telling the model a call failed:
 // everything the tool said (code, description, the reply body as JSON when it
 // is JSON) and what to do about it.
-func toolErrorMessage(te *ToolError, class string) string {
+func toolErrorMessage(te *ToolError, class events.ErrorClass) string {
 	var body any
 	if len(te.Body) > 0 {
 		if json.Valid(te.Body) {
@@ -105,11 +105,11 @@ func toolErrorMessage(te *ToolError, class string) string {
 	}
 	msg := struct {
 		Error struct {
-			Tool        string `json:"tool"`
-			Code        int    `json:"code"`
-			Description string `json:"description,omitempty"`
-			Class       string `json:"class"`
-			Body        any    `json:"body,omitempty"`
+			Tool        string            `json:"tool"`
+			Code        int               `json:"code"`
+			Description string            `json:"description,omitempty"`
+			Class       events.ErrorClass `json:"class"`
+			Body        any               `json:"body,omitempty"`
 		} `json:"error"`
 		Instruction string `json:"instruction"`
 	}{Instruction: "This call failed deterministically: sending the same arguments again will be refused. " +

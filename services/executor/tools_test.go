@@ -170,7 +170,7 @@ func TestToolErrorReachesTheModelAndIdenticalCallsAreRefused(t *testing.T) {
 		t.Fatalf("tool error message: %v", err)
 	}
 	te := toolErr.Error
-	if te.Tool != "create_user" || te.Code != 400 || te.Description != "missing required field" || te.Class != events.ErrorClassDeterministic ||
+	if te.Tool != "create_user" || te.Code != 400 || te.Description != "missing required field" || te.Class != string(events.ErrorClassDeterministic) ||
 		te.Body.Field != "email" || !slices.Equal(te.Body.ReceivedKeys, []string{"name"}) || !slices.Equal(te.Body.ExpectedKeys, []string{"email", "name"}) {
 		t.Errorf("tool error as the model saw it: %+v", te)
 	}

@@ -54,7 +54,7 @@ const PreCommitInstruction = "The last request failed as shown and is refused if
 
 // needsPreCommit reports whether a failure of this class means the next
 // request must change.
-func needsPreCommit(class string) bool {
+func needsPreCommit(class events.ErrorClass) bool {
 	switch class {
 	case events.ErrorClassDeterministic, events.ErrorClassRefused, events.ErrorClassDeadEnd, events.ErrorClassInvalidOutput:
 		return true

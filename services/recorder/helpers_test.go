@@ -8,7 +8,7 @@ import (
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 
-func failed(class, why string) events.Result {
+func failed(class events.ErrorClass, why string) events.Result {
 	return events.Result{Outcome: events.OutcomeFailure, Approach: "a", Error: why, ErrorClass: class, TokensIn: 10, TokensOut: 5, Cost: 0.01}
 }
 

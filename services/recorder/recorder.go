@@ -148,29 +148,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
+	score, _, _ := trust.Score(stats.Outcomes, s.cfg.Scoring)
+	e := task.Emit(st, b, res, pol, score)
 	var out services.Out
-	switch st.Decision {
-	case events.DecisionSucceeded:
-		out, err = services.Next(b, events.StageSucceeded, events.EventSucceeded, events.Succeeded{Base: b, Result: res})
-	case events.DecisionRetry, events.DecisionPark:
-		next := b
-		next.Run = task.NextRun(&st, b.Run, res, pol)
-		retry := events.Retry{Base: next, Reason: task.OneLine(res.Error), WakeAt: st.WakeAt}
-		if st.Decision == events.DecisionPark {
-			retry.Reason = st.Reason
-		}
-		out, err = services.Next(next, events.StageRetry, events.EventRetry, retry)
-	case events.DecisionStuck:
-		s.log.Warn("task stuck", "task", t.ID, "skips", st.Skips)
-		out, err = services.ToReview(b, events.ReviewStuck, events.EventStuck, st.Reason,
-			events.Stuck{Base: b, Reason: st.Reason, Skips: st.Skips, Attempts: st.History})
-	default: // handoff, fail
-		score, _, _ := trust.Score(stats.Outcomes, s.cfg.Scoring)
-		s.log.Warn("task escalated", "task", t.ID, "attempts", st.Attempts, "reason", st.Reason)
-		out, err = services.ToReview(b, events.ReviewEscalated, events.EventEscalated, st.Reason, events.Escalated{
-			Base: b, Reason: st.Reason, TrustScore: score, Attempts: st.History,
-			TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
-		})
+	switch {
+	case e.Review == "":
+		out, err = services.Next(e.Base, e.Stage, e.Name, e.Event)
+	default:
+		s.log.Warn("task to review", "task", t.ID, "review", e.Review, "attempts", st.Attempts, "skips", st.Skips, "reason", st.Reason)
+		out, err = services.ToReview(e.Base, e.Review, e.Name, e.Reason, e.Event)
 	}
 	return []services.Out{out}, err
 }

@@ -1,0 +1,55 @@
+package task
+
+import (
+	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
+)
+
+// Emission is the event a recorded attempt leads to: the task's next stage
+// (Stage set) or a review record for a human (Review set).
+type Emission struct {
+	// Stage is the next stage (events.StageSucceeded, events.StageRetry),
+	// "" when the task goes to review.
+	Stage string
+	// Review is the review reason (events.ReviewStuck,
+	// events.ReviewEscalated), "" when the task goes on.
+	Review string
+	// Name is the event's name (events.Event*).
+	Name string
+	// Reason is a review record's one-line reason.
+	Reason string
+	// Base is the published event's base: b's, or the next run's for a retry.
+	Base events.Base
+	// Event is the body: events.Succeeded, events.Retry, events.Stuck or
+	// events.Escalated.
+	Event any
+}
+
+// Emit says what the attempt (b, res), recorded by Record into st, leads
+// to: success ends the task, a retry or a park starts the next run (NextRun),
+// a task out of skips is stuck, and a handoff or a failure escalates to a
+// human with the type's trust score (score) and what the task spent.
+func Emit(st events.TaskState, b events.Base, res events.Result, pol policy.Type, score float64) Emission {
+	switch st.Decision {
+	case events.DecisionSucceeded:
+		return Emission{Stage: events.StageSucceeded, Name: events.EventSucceeded, Base: b,
+			Event: events.Succeeded{Base: b, Result: res}}
+	case events.DecisionRetry, events.DecisionPark:
+		next := b
+		next.Run = NextRun(&st, b.Run, res, pol)
+		retry := events.Retry{Base: next, Reason: oneLine(res.Error), WakeAt: st.WakeAt}
+		if st.Decision == events.DecisionPark {
+			retry.Reason = st.Reason
+		}
+		return Emission{Stage: events.StageRetry, Name: events.EventRetry, Base: next, Event: retry}
+	case events.DecisionStuck:
+		return Emission{Review: events.ReviewStuck, Name: events.EventStuck, Reason: st.Reason, Base: b,
+			Event: events.Stuck{Base: b, Reason: st.Reason, Skips: st.Skips, Attempts: st.History}}
+	default: // handoff, fail
+		return Emission{Review: events.ReviewEscalated, Name: events.EventEscalated, Reason: st.Reason, Base: b,
+			Event: events.Escalated{
+				Base: b, Reason: st.Reason, TrustScore: score, Attempts: st.History,
+				TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
+			}}
+	}
+}
