@@ -32,11 +32,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"dispatchmesh/events"
 	"dispatchmesh/internal/ladder"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -54,29 +51,6 @@ const MaxDeliver = 200
 // MaxCanaryDelay caps the delay between two looks of a waiting pass.
 const MaxCanaryDelay = 8 * time.Second
 
-// Config of the gate.
-type Config struct {
-	// Trust is the trust stats store (required).
-	Trust *trust.Store
-	// Spending is what each type spent per day; required when a type has a
-	// daily_budget.
-	Spending *trust.Spending
-	// Tasks, when set, gets the status of the tasks the gate stops.
-	Tasks *services.TaskStore
-	// Policy supplies per-type exemption, threshold, canary and rung floor.
-	Policy *policy.Source
-	// Scoring defaults (window 50, minimum 10, threshold 0.15, probe after 5
-	// blocks, 3 canaries, rung floor 0.25 after 8 samples); a type's policy
-	// overrides them (policy.Type.Scoring).
-	Scoring trust.Policy
-	// Registry receives the gate's metrics (metrics.go). Default: none.
-	Registry prometheus.Registerer
-	// Instance names this process in events.
-	Instance string
-	Log      *slog.Logger
-	Now      func() time.Time
-}
-
 // Service is the gate handler.
 type Service struct {
 	cfg     Config
@@ -86,15 +60,10 @@ type Service struct {
 
 // New checks cfg and returns the gate.
 func New(cfg Config) (*Service, error) {
-	if cfg.Trust == nil {
-		return nil, fmt.Errorf("gate: Trust store is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg = cfg.withDefaults()
 	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate"), metrics: newMetrics(cfg.Registry)}, nil
 }
 

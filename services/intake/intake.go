@@ -10,9 +10,7 @@ package intake
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"time"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/ladder"
@@ -20,18 +18,6 @@ import (
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 )
-
-// Config of the intake service.
-type Config struct {
-	// Tasks is the task state store (required).
-	Tasks *services.TaskStore
-	// Policy gives a pipeline type its first step.
-	Policy *policy.Source
-	// Instance names this process in events (service@host:pid).
-	Instance string
-	// Log defaults to slog.Default().
-	Log *slog.Logger
-}
 
 // Service is the intake handler.
 type Service struct {
@@ -41,12 +27,10 @@ type Service struct {
 
 // New checks cfg and returns the service.
 func New(cfg Config) (*Service, error) {
-	if cfg.Tasks == nil {
-		return nil, fmt.Errorf("intake: Tasks store is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	return &Service{cfg: cfg, log: cfg.Log.With("service", "intake")}, nil
 }
 
@@ -82,7 +66,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		s.log.Info("duplicate submission ignored", "task", t.ID, "seq", m.Seq)
 		return nil, nil
 	}
-	b := events.Base{Task: t, Run: run, At: time.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
+	b := events.Base{Task: t, Run: run, At: s.cfg.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
 	// The index entry first: the task explorer lists every task that was
 	// queued. Same decision, deterministic Msg-Id: one entry per task.
 	entry := events.IndexEntry{ID: t.ID, Type: t.Type, Subject: t.Subject, SubmittedAt: t.SubmittedAt}

@@ -15,37 +15,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
-
-// Config of the recorder.
-type Config struct {
-	Tasks   *services.TaskStore // required
-	Trust   *trust.Store        // required
-	History *history.Store      // required
-	// Spending counts what each type spent per day (the gate's daily
-	// budget). Default: not counted.
-	Spending *trust.Spending
-	// Policy supplies each type's max_retries (default 7) and pipeline.
-	Policy *policy.Source
-	// Scoring is used to report the trust score in escalation records.
-	Scoring  trust.Policy
-	Instance string
-	Log      *slog.Logger
-	Now      func() time.Time
-	// Registry receives the spend metrics (see metrics.go). Default: nil,
-	// no metrics are registered.
-	Registry prometheus.Registerer
-}
 
 // Service is the recorder handler.
 type Service struct {
@@ -57,15 +33,10 @@ type Service struct {
 
 // New checks cfg and returns the recorder.
 func New(cfg Config) (*Service, error) {
-	if cfg.Tasks == nil || cfg.Trust == nil || cfg.History == nil {
-		return nil, fmt.Errorf("recorder: Tasks, Trust and History stores are required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg = cfg.withDefaults()
 	return &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry)}, nil
 }
 

@@ -15,13 +15,13 @@ func (s *Service) registry() map[string]factory {
 	return map[string]factory{
 		policy.VerifierNone: func(policy.Verifier) (Checker, error) { return None{}, nil },
 		policy.VerifierNATS: func(v policy.Verifier) (Checker, error) {
-			if s.nc == nil {
+			if s.cfg.NC == nil {
 				return nil, ErrNoConn
 			}
-			return &NATS{NC: s.nc, Subject: v.Subject, Timeout: time.Duration(v.Timeout)}, nil
+			return &NATS{NC: s.cfg.NC, Subject: v.Subject, Timeout: time.Duration(v.Timeout)}, nil
 		},
 		policy.VerifierHTTP: func(v policy.Verifier) (Checker, error) {
-			return &HTTP{Client: s.http, URL: v.URL, Timeout: time.Duration(v.Timeout)}, nil
+			return &HTTP{Client: s.cfg.HTTPClient, URL: v.URL, Timeout: time.Duration(v.Timeout)}, nil
 		},
 		policy.VerifierCommand: func(v policy.Verifier) (Checker, error) {
 			return &Command{Argv: v.Command, Timeout: time.Duration(v.Timeout)}, nil

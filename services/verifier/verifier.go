@@ -15,15 +15,8 @@ package verifier
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
-	"os"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
@@ -31,85 +24,22 @@ import (
 	"dispatchmesh/services"
 )
 
-// Config configures a Service. The zero value works: types without a
-// verifier are skipped, and http and command verifiers need nothing more.
-type Config struct {
-	// NC is the connection nats verifiers are asked on. Default nil: a type
-	// with a nats verifier then gets a verifier error (ErrNoConn).
-	NC *nats.Conn
-	// HTTPClient sends http verifiers' requests. Default http.DefaultClient;
-	// each check is bounded by its verifier's timeout either way.
-	HTTPClient *http.Client
-	// Policy gives each type's verifier. Default nil: built-in defaults (none).
-	Policy *policy.Source
-	// Tasks, when set, gets status verifying before a check and cancelled
-	// for a cancelled task. Default nil: task state is left alone.
-	Tasks *services.TaskStore
-	// Registry receives the task metrics (a cancelled task is counted as
-	// dispatch_tasks_finished_total{status="cancelled"}). Default: none.
-	Registry prometheus.Registerer
-	// Instance names this instance in the events' by field.
-	// Default "verifier@<hostname>:<pid>".
-	Instance string
-	// Log receives the service's logs. Default slog.Default().
-	Log *slog.Logger
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
-}
-
 // Service is the verifier stage.
 type Service struct {
-	metrics  *services.TaskMetrics
-	nc       *nats.Conn
-	http     *http.Client
-	policy   *policy.Source
-	tasks    *services.TaskStore
-	instance string
-	log      *slog.Logger
-	now      func() time.Time
-	kinds    map[string]factory
+	cfg     Config
+	metrics *services.TaskMetrics
+	kinds   map[string]factory
 }
 
-// New builds a Service. It fails when the current policy is invalid or names
-// a nats verifier while cfg.NC is nil.
+// New checks cfg and returns the service. It fails when the current policy
+// is invalid or names a nats verifier while cfg.NC is nil.
 func New(cfg Config) (*Service, error) {
-	s := &Service{
-		nc: cfg.NC, http: cfg.HTTPClient, policy: cfg.Policy, tasks: cfg.Tasks,
-		instance: cfg.Instance, log: cfg.Log, now: cfg.Now, metrics: services.NewTaskMetrics(cfg.Registry),
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if s.instance == "" {
-		host, _ := os.Hostname()
-		s.instance = fmt.Sprintf("verifier@%s:%d", host, os.Getpid())
-	}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
+	s := &Service{cfg: cfg.withDefaults(), metrics: services.NewTaskMetrics(cfg.Registry)}
 	s.kinds = s.registry()
-	if err := s.checkPolicy(cfg.Policy.File()); err != nil {
-		return nil, fmt.Errorf("verifier: %w", err)
-	}
 	return s, nil
-}
-
-// checkPolicy reports every problem of f that would make checks fail.
-func (s *Service) checkPolicy(f *policy.File) error {
-	if f == nil {
-		return nil
-	}
-	errs := []error{f.Validate()}
-	check := func(where string, t policy.Type) {
-		if t.Verifier != nil && t.Verifier.Kind == policy.VerifierNATS && s.nc == nil {
-			errs = append(errs, fmt.Errorf("%s: %w", where, ErrNoConn))
-		}
-	}
-	check("defaults", f.Defaults)
-	for name, t := range f.Types {
-		check("types."+name, t)
-	}
-	return errors.Join(errs...)
 }
 
 // input is a queued or a retry event: both carry Base, retry adds Reason and,
@@ -130,24 +60,24 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("%s: invalid task id %q", m.Subject, in.Task.ID))
 	}
 	b := in.Base
-	now := s.now().UTC()
+	now := s.cfg.Now().UTC()
 	if wait := in.WakeAt.Sub(now); wait > 0 {
 		// A parked task: hold it (a delayed nak) until it is due.
 		return nil, services.Snooze(wait, fmt.Errorf("task %s parked until %s", b.Task.ID, in.WakeAt.Format(time.RFC3339)))
 	}
-	pol := s.policy.Snapshot()
-	b.At, b.By, b.PolicyRev = now, s.instance, pol.Rev
+	pol := s.cfg.Policy.Snapshot()
+	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, pol.Rev
 	pv := *pol.For(b.Task.Type).Verifier
-	log := s.log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
+	log := s.cfg.Log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
-	if s.tasks != nil && (kind(pv) != policy.VerifierNone || m.Delivered > 1) {
+	if s.cfg.Tasks != nil && (kind(pv) != policy.VerifierNone || m.Delivered > 1) {
 		// A task that ended is not verified again — unless this verifier
 		// ended it (stale) and this is a redelivery: then its cancelled
 		// event is published again below (the Msg-Id deduplicates). With
 		// no verifier there is nothing to save by reading the state first:
 		// a task a human cancelled is skipped where it would cost, by the
 		// executor.
-		ended, st, err := s.tasks.Ended(ctx, b.Task.ID)
+		ended, st, err := s.cfg.Tasks.Ended(ctx, b.Task.ID)
 		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("read task state: %w", err))
 		}
@@ -157,8 +87,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
-	if kind(pv) != policy.VerifierNone && s.tasks != nil {
-		if _, _, err := s.tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+	if kind(pv) != policy.VerifierNone && s.cfg.Tasks != nil {
+		if _, _, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Verifying(st, found, b)
 		}); err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status verifying: %w", err))
@@ -208,8 +138,8 @@ func (s *Service) check(ctx context.Context, t events.Task, pv policy.Verifier) 
 
 // cancel records the task as cancelled (when Tasks is set) and emits Cancelled.
 func (s *Service) cancel(ctx context.Context, b events.Base, v events.Verification) ([]services.Out, error) {
-	if s.tasks != nil {
-		_, cause, err := s.tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+	if s.cfg.Tasks != nil {
+		_, cause, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Cancel(st, found, b, v)
 		})
 		if err != nil {

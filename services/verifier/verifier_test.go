@@ -173,7 +173,7 @@ func TestHandleRetryLikeQueued(t *testing.T) {
 func TestHandleNATSWithoutConnFailsOpen(t *testing.T) {
 	// The policy changed at runtime to a nats verifier the service cannot reach.
 	s := newService(t, Config{})
-	s.policy = policyFor(policy.Verifier{Kind: "nats", Subject: "verify.css"})
+	s.cfg.Policy = policyFor(policy.Verifier{Kind: "nats", Subject: "verify.css"})
 	var v events.Verified
 	decodeOut(t, handle(t, s, queued(t, testTask("t1"))), "t1", 1, events.StageVerified, events.EventVerified, &v)
 	if v.Verification.Verdict != events.VerdictError || !v.Verification.FailOpen {
@@ -242,8 +242,8 @@ func TestNewChecksPolicy(t *testing.T) {
 	if _, err := s.CheckerFor(policy.Verifier{Kind: "carrier-pigeon"}); !errors.Is(err, ErrUnknownKind) {
 		t.Errorf("CheckerFor unknown kind: err = %v", err)
 	}
-	if !strings.HasPrefix(s.instance, "verifier@") {
-		t.Errorf("default instance = %q", s.instance)
+	if !strings.HasPrefix(s.cfg.Instance, "verifier@") {
+		t.Errorf("default instance = %q", s.cfg.Instance)
 	}
 }
 

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
-	"dispatchmesh/internal/ladder"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 )
 
@@ -23,64 +19,18 @@ type History interface {
 // DefaultHistoryN is how many previous outcomes a prompt carries by default.
 const DefaultHistoryN = 5
 
-// Config configures the prompt builder.
-type Config struct {
-	// History is the outcome history. Required.
-	History History
-	// Policy gives each task type's template and model. Nil serves the
-	// built-in defaults: DefaultTemplate and DefaultModel.
-	Policy *policy.Source
-	// HistoryN is how many previous outcomes for (type, subject) a prompt
-	// carries. Default 5 (DefaultHistoryN).
-	HistoryN int
-	// Ladder holds the recurring-failure rule: a new task whose (type,
-	// subject) failed 3+ times in the last 7 days starts on PIVOT.
-	Ladder ladder.Config
-	// DefaultModel is the prompt's model when the type's policy names none.
-	// Default "": the executor then uses its own default model.
-	DefaultModel string
-	// Instance names this instance in the events it publishes (By).
-	// Default "".
-	Instance string
-	// Log receives the service's logs. Default slog.Default().
-	Log *slog.Logger
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
-}
-
-// Validate reports every problem with the config at once.
-func (c Config) Validate() error {
-	var errs []error
-	if c.History == nil {
-		errs = append(errs, errors.New("prompt: config: History is required"))
-	}
-	if c.HistoryN < 0 {
-		errs = append(errs, fmt.Errorf("prompt: config: HistoryN %d must not be negative", c.HistoryN))
-	}
-	return errors.Join(errs...)
-}
-
 // Service is the prompt builder.
 type Service struct {
 	cfg       Config
 	templates templates
 }
 
-// New returns a prompt builder with cfg's defaults filled in.
+// New checks cfg and returns a prompt builder.
 func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.HistoryN == 0 {
-		cfg.HistoryN = DefaultHistoryN
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	return &Service{cfg: cfg}, nil
+	return &Service{cfg: cfg.withDefaults()}, nil
 }
 
 // Handle turns an admitted task into its prompt. A history that cannot be

@@ -1,0 +1,60 @@
+package gate
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
+)
+
+// Config of the gate.
+type Config struct {
+	// Trust is the trust stats store (required).
+	Trust *trust.Store
+	// Spending is what each type spent per day; required when a type has a
+	// daily_budget.
+	Spending *trust.Spending
+	// Tasks, when set, gets the status of the tasks the gate stops.
+	Tasks *services.TaskStore
+	// Policy supplies per-type exemption, threshold, canary and rung floor.
+	Policy *policy.Source
+	// Scoring defaults (window 50, minimum 10, threshold 0.15, probe after 5
+	// blocks, 3 canaries, rung floor 0.25 after 8 samples); a type's policy
+	// overrides them (policy.Type.Scoring).
+	Scoring trust.Policy
+	// Registry receives the gate's metrics (metrics.go). Default: none.
+	Registry prometheus.Registerer
+	// Instance names this process in events.
+	Instance string
+	Log      *slog.Logger
+	Now      func() time.Time
+}
+
+// Validate reports every problem of the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Trust == nil {
+		errs = append(errs, errors.New("gate: Trust store is required"))
+	}
+	if err := c.Scoring.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("gate: Scoring: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults fills what c leaves zero.
+func (c Config) withDefaults() Config {
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}

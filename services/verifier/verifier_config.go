@@ -1,0 +1,80 @@
+package verifier
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+)
+
+// Config configures a Service. The zero value works: types without a
+// verifier are skipped, and http and command verifiers need nothing more.
+type Config struct {
+	// NC is the connection nats verifiers are asked on. Default nil: a type
+	// with a nats verifier then gets a verifier error (ErrNoConn).
+	NC *nats.Conn
+	// HTTPClient sends http verifiers' requests. Default http.DefaultClient;
+	// each check is bounded by its verifier's timeout either way.
+	HTTPClient *http.Client
+	// Policy gives each type's verifier. Default nil: built-in defaults (none).
+	Policy *policy.Source
+	// Tasks, when set, gets status verifying before a check and cancelled
+	// for a cancelled task. Default nil: task state is left alone.
+	Tasks *services.TaskStore
+	// Registry receives the task metrics (a cancelled task is counted as
+	// dispatch_tasks_finished_total{status="cancelled"}). Default: none.
+	Registry prometheus.Registerer
+	// Instance names this instance in the events' by field.
+	// Default "verifier@<hostname>:<pid>".
+	Instance string
+	// Log receives the service's logs. Default slog.Default().
+	Log *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Validate reports every problem of the configuration at once: a current
+// policy that is invalid, or that names a nats verifier while NC is nil.
+func (c Config) Validate() error {
+	f := c.Policy.File()
+	if f == nil {
+		return nil
+	}
+	errs := []error{f.Validate()}
+	check := func(where string, t policy.Type) {
+		if t.Verifier != nil && t.Verifier.Kind == policy.VerifierNATS && c.NC == nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where, ErrNoConn))
+		}
+	}
+	check("defaults", f.Defaults)
+	for name, t := range f.Types {
+		check("types."+name, t)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("verifier: %w", err)
+	}
+	return nil
+}
+
+// withDefaults fills what c leaves zero.
+func (c Config) withDefaults() Config {
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		c.Instance = fmt.Sprintf("verifier@%s:%d", host, os.Getpid())
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
