@@ -54,7 +54,11 @@ func policyFileArg(name string, args []string, fs *flag.FlagSet) (string, *polic
 		return "", nil, err
 	}
 	if fs.NArg() != 1 {
-		return "", nil, fmt.Errorf("dispatch policy %s FILE: one policy file is required\n%s", name, policyUsage)
+		hint := ""
+		if fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
+			hint = " (flags go before FILE)"
+		}
+		return "", nil, fmt.Errorf("dispatch policy %s FILE: one policy file is required%s\n%s", name, hint, policyUsage)
 	}
 	path := fs.Arg(0)
 	f, err := policy.LoadInline(path)

@@ -254,6 +254,9 @@ func TestPolicySetCompareAndSet(t *testing.T) {
 	if _, err := c.run("policy", "set", "-rev", "-1", file("lost")); err == nil {
 		t.Fatal("set -rev -1 was accepted")
 	}
+	if _, err := c.run("policy", "set", file("lost"), "-rev", "1"); err == nil || !strings.Contains(err.Error(), "flags go before FILE") {
+		t.Fatalf("set FILE -rev 1: %v", err)
+	}
 }
 
 // dispatch up seeds the empty policy bucket from DISPATCH_POLICY_FILE, its
