@@ -9,7 +9,7 @@
 //	dispatch cancel ID [-note TEXT]
 //	dispatch review list|show|resolve|reject|requeue …
 //	dispatch audit ID [-o json]
-//	dispatch policy set FILE | get [-rev N] | validate FILE
+//	dispatch policy set [-rev N] FILE | get [-rev N] | validate FILE
 //	dispatch stats [-type T] [-o json]
 //	dispatch web [-listen ADDR]
 //	dispatch schema [NAME]
@@ -53,7 +53,8 @@ Usage:
   dispatch rebuild [-apply] [-policy FILE]
                                       recompute the KV stores from the stream (each event with the policy
                                       revision it names), report differences
-  dispatch policy set FILE            make FILE (validated, templates inlined) the policy of every service
+  dispatch policy set [-rev N] FILE   make FILE (validated, templates inlined) the policy of every service
+                                      (-rev: only if revision N is in force)
   dispatch policy get [-rev N]        print the policy in the bucket dispatch_policy
   dispatch policy validate FILE       check a policy file without connecting
   dispatch schema [NAME]              print the embedded JSON Schemas

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -19,8 +20,11 @@ import (
 )
 
 const policyUsage = `usage:
-  dispatch policy set FILE        validate FILE, inline its template files and make it the policy of every service
-  dispatch policy get [-rev N]    print the policy in the bucket (the newest revision, or revision N)
+  dispatch policy set [-rev N] FILE
+                                  validate FILE, inline its template files and make it the policy of every service;
+                                  with -rev, only if revision N is in force (0: only if the bucket holds no policy yet)
+  dispatch policy get [-rev N]    print the policy in the bucket (the newest revision, or revision N) on stdout,
+                                  its revision on stderr
   dispatch policy validate FILE   check FILE as set would, without connecting`
 
 // cmdPolicy reads and changes the policy in the bucket dispatch_policy.
@@ -40,14 +44,21 @@ func cmdPolicy(ctx context.Context, cfg Config, args []string) error {
 }
 
 // policyFileArg is the one FILE argument of set and validate, read and
-// inlined as the bucket will hold it.
-func policyFileArg(name string, args []string) (string, *policy.File, error) {
-	fs := flag.NewFlagSet("policy "+name, flag.ContinueOnError)
+// inlined as the bucket will hold it; fs (nil: none) holds the command's
+// flags.
+func policyFileArg(name string, args []string, fs *flag.FlagSet) (string, *policy.File, error) {
+	if fs == nil {
+		fs = flag.NewFlagSet("policy "+name, flag.ContinueOnError)
+	}
 	if err := fs.Parse(args); err != nil {
 		return "", nil, err
 	}
 	if fs.NArg() != 1 {
-		return "", nil, fmt.Errorf("dispatch policy %s FILE: one policy file is required\n%s", name, policyUsage)
+		hint := ""
+		if fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
+			hint = " (flags go before FILE)"
+		}
+		return "", nil, fmt.Errorf("dispatch policy %s FILE: one policy file is required%s\n%s", name, hint, policyUsage)
 	}
 	path := fs.Arg(0)
 	f, err := policy.LoadInline(path)
@@ -58,7 +69,7 @@ func policyFileArg(name string, args []string) (string, *policy.File, error) {
 }
 
 func cmdPolicyValidate(args []string) error {
-	path, f, err := policyFileArg("validate", args)
+	path, f, err := policyFileArg("validate", args, nil)
 	if err != nil {
 		return err
 	}
@@ -69,8 +80,33 @@ func cmdPolicyValidate(args []string) error {
 	return nil
 }
 
+// revFlag is an optional revision: set tells whether -rev was given.
+type revFlag struct {
+	set bool
+	n   uint64
+}
+
+func (r *revFlag) String() string {
+	if r == nil || !r.set {
+		return ""
+	}
+	return strconv.FormatUint(r.n, 10)
+}
+
+func (r *revFlag) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return errors.New("a revision is a number, 0 or more")
+	}
+	r.set, r.n = true, n
+	return nil
+}
+
 func cmdPolicySet(ctx context.Context, cfg Config, args []string) error {
-	path, f, err := policyFileArg("set", args)
+	fs := flag.NewFlagSet("policy set", flag.ContinueOnError)
+	var expect revFlag
+	fs.Var(&expect, "rev", "set only if this revision is in force (`N`: as dispatch policy get printed it; 0: only if the bucket holds no policy yet)")
+	path, f, err := policyFileArg("set", args, fs)
 	if err != nil {
 		return err
 	}
@@ -79,14 +115,39 @@ func cmdPolicySet(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer closeFn()
-	rev, err := policy.Put(ctx, kv, f)
+	var replaced, rev uint64
+	if expect.set {
+		replaced = expect.n
+		rev, err = policy.PutAt(ctx, kv, f, expect.n)
+	} else {
+		replaced, rev, err = policy.Replace(ctx, kv, f)
+	}
+	if conflict, ok := errors.AsType[*policy.ConflictError](err); ok {
+		return &exitError{1, fmt.Errorf("%s: nothing changed: %s (it changed since you read it): run dispatch policy get to see the policy in force, then retry with -rev %d",
+			path, describeConflict(conflict), conflict.Current)}
+	}
 	if err != nil {
 		// A user that may not write the bucket (only admin may) times
 		// out: say which permission is missing.
 		return fmt.Errorf("%s: %w", path, natsperm.Explain(nc, err))
 	}
-	fmt.Fprintf(stdout, "policy revision %d in force (%s from %s); every service applies it now\n", rev, describePolicy(f), path)
+	was := fmt.Sprintf("replacing revision %d", replaced)
+	if replaced == 0 {
+		was = "the bucket held no policy"
+	}
+	fmt.Fprintf(stdout, "policy revision %d in force (%s from %s; %s); every service applies it now\n", rev, describePolicy(f), path, was)
 	return nil
+}
+
+// describeConflict says which revision -rev expected and which is in force.
+func describeConflict(c *policy.ConflictError) string {
+	switch {
+	case c.Expected == 0:
+		return fmt.Sprintf("-rev 0 expects no policy in bucket %s, but revision %d is in force", services.BucketPolicy, c.Current)
+	case c.Current == 0:
+		return fmt.Sprintf("-rev %d expects revision %d in force, but bucket %s holds no policy", c.Expected, c.Expected, services.BucketPolicy)
+	}
+	return fmt.Sprintf("-rev %d expects revision %d in force, but the current revision is %d", c.Expected, c.Expected, c.Current)
 }
 
 func cmdPolicyGet(ctx context.Context, cfg Config, args []string) error {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -152,6 +153,109 @@ func TestPolicyCommands(t *testing.T) {
 	out, _ = c.run("rebuild", "-policy", good)
 	if !strings.Contains(out, "recomputed with "+good+": policy revision 999, named by 1 events") {
 		t.Fatalf("rebuild -policy:\n%s", out)
+	}
+}
+
+// dispatch policy set -rev N writes only over revision N (0: over no
+// policy); a stale revision changes nothing and names the one in force.
+// Without -rev, set says which revision it replaced; get prints the
+// revision on stderr, the document alone on stdout.
+func TestPolicySetCompareAndSet(t *testing.T) {
+	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Success("fixed")}
+	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
+	c := newCLI(t, m)
+	ctx := context.Background()
+	kv, err := m.Srv.JS.KeyValue(ctx, services.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := func() uint64 {
+		t.Helper()
+		rev, err := policy.Current(ctx, kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	dir := t.TempDir()
+	file := func(model string) string {
+		return writeFile(t, dir, model+".json", `{"types": {"css_fix": {"model": "`+model+`"}}}`)
+	}
+	rev := func(n uint64) string { return strconv.FormatUint(n, 10) }
+
+	// get: the document on stdout (it parses as a policy), the revision on stderr.
+	r0 := current()
+	var doc, errOut bytes.Buffer
+	oldOut, oldErr := stdout, stderr
+	stdout, stderr = &doc, &errOut
+	err = run(ctx, []string{"policy", "get"})
+	stdout, stderr = oldOut, oldErr
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.Decode(doc.Bytes()); err != nil {
+		t.Fatalf("get printed more than the policy on stdout: %v\n%s", err, doc.String())
+	}
+	if !strings.Contains(errOut.String(), "policy revision "+rev(r0)+",") {
+		t.Fatalf("get printed no revision %d on stderr: %q", r0, errOut.String())
+	}
+
+	// Without -rev: as before, and it says what it replaced.
+	out := c.ok("policy", "set", file("second"))
+	r1 := current()
+	if want := "policy revision " + rev(r1) + " in force"; !strings.Contains(out, want) || !strings.Contains(out, "replacing revision "+rev(r0)) {
+		t.Fatalf("set: %s\nwant %q, replacing revision %d", out, want, r0)
+	}
+
+	// -rev of the revision in force: written.
+	out = c.ok("policy", "set", "-rev", rev(r1), file("third"))
+	r2 := current()
+	if r2 == r1 || !strings.Contains(out, "policy revision "+rev(r2)+" in force") || !strings.Contains(out, "replacing revision "+rev(r1)) {
+		t.Fatalf("set -rev %d: revision %d: %s", r1, r2, out)
+	}
+	if e, err := kv.Get(ctx, policy.Key); err != nil || !strings.Contains(string(e.Value()), `"third"`) {
+		t.Fatalf("after set -rev %d: %v", r1, err)
+	}
+
+	// A stale -rev (the other operator's write came first), and -rev 0 over a
+	// policy: refused, nothing written, the revision in force named.
+	for _, stale := range []uint64{r1, 0} {
+		_, err := c.run("policy", "set", "-rev", rev(stale), file("lost"))
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != 1 {
+			t.Fatalf("set -rev %d over revision %d: %v", stale, r2, err)
+		}
+		for _, want := range []string{"nothing changed", "revision " + rev(r2) + " is in force", "dispatch policy get", "retry with -rev " + rev(r2)} {
+			if stale != 0 && want == "revision "+rev(r2)+" is in force" {
+				want = "the current revision is " + rev(r2)
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("set -rev %d: error lacks %q: %v", stale, want, err)
+			}
+		}
+		if got := current(); got != r2 {
+			t.Fatalf("a refused set -rev %d wrote revision %d (was %d)", stale, got, r2)
+		}
+	}
+
+	// No policy in the bucket: -rev 0 creates it; -rev N says there is none.
+	if err := kv.Delete(ctx, policy.Key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.run("policy", "set", "-rev", rev(r2), file("lost")); err == nil ||
+		!strings.Contains(err.Error(), "holds no policy") || !strings.Contains(err.Error(), "retry with -rev 0") {
+		t.Fatalf("set -rev %d over no policy: %v", r2, err)
+	}
+	out = c.ok("policy", "set", "-rev", "0", file("fourth"))
+	if r3 := current(); r3 <= r2 || !strings.Contains(out, "policy revision "+rev(r3)+" in force") || !strings.Contains(out, "the bucket held no policy") {
+		t.Fatalf("set -rev 0 over no policy: revision %d: %s", r3, out)
+	}
+	if _, err := c.run("policy", "set", "-rev", "-1", file("lost")); err == nil {
+		t.Fatal("set -rev -1 was accepted")
+	}
+	if _, err := c.run("policy", "set", file("lost"), "-rev", "1"); err == nil || !strings.Contains(err.Error(), "flags go before FILE") {
+		t.Fatalf("set FILE -rev 1: %v", err)
 	}
 }
 

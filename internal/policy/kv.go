@@ -100,6 +100,93 @@ func Put(ctx context.Context, kv jetstream.KeyValue, f *File) (uint64, error) {
 	return rev, nil
 }
 
+// ErrRevisionConflict is returned (as a *ConflictError) by PutAt when the
+// bucket's policy is not at the revision the caller expected.
+var ErrRevisionConflict = errors.New("policy: another revision is in force")
+
+// ConflictError says which revision was expected and which is in force.
+type ConflictError struct {
+	// Expected is the revision the caller expected (0: no policy yet).
+	Expected uint64
+	// Current is the revision in the bucket (0: none, or a delete).
+	Current uint64
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("policy: expected revision %d, the bucket holds revision %d", e.Expected, e.Current)
+}
+
+// Is makes errors.Is(err, ErrRevisionConflict) hold.
+func (e *ConflictError) Is(target error) bool { return target == ErrRevisionConflict }
+
+// Current is the revision of the policy in the bucket; 0 when it holds
+// none (never written, or deleted).
+func Current(ctx context.Context, kv jetstream.KeyValue) (uint64, error) {
+	e, err := kv.Get(ctx, Key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("policy: %s %s: %w", kv.Bucket(), Key, err)
+	}
+	return e.Revision(), nil
+}
+
+// PutAt stores f as the new policy only if the bucket's policy is at
+// revision rev — rev 0: only if it holds none yet — and returns the new
+// revision. Otherwise nothing is written and the error is a
+// *ConflictError naming the revision in force. A policy that does not
+// validate is refused before anything is written.
+func PutAt(ctx context.Context, kv jetstream.KeyValue, f *File, rev uint64) (uint64, error) {
+	data, err := Encode(f)
+	if err != nil {
+		return 0, err
+	}
+	var newRev uint64
+	if rev == 0 {
+		newRev, err = kv.Create(ctx, Key, data)
+	} else {
+		newRev, err = kv.Update(ctx, Key, data, rev)
+	}
+	if err == nil {
+		return newRev, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return 0, fmt.Errorf("policy: put %s %s at revision %d: %w", kv.Bucket(), Key, rev, err)
+	}
+	cur, cerr := Current(ctx, kv)
+	if cerr != nil {
+		return 0, fmt.Errorf("policy: the bucket holds another revision than %d, which could not be read: %w", rev, cerr)
+	}
+	return 0, &ConflictError{Expected: rev, Current: cur}
+}
+
+// Replace stores f as the new policy whatever revision is in force, like
+// Put, and returns the revision it replaced (0: none) and the new one. It
+// reads the revision in force and writes at it, again when another writer
+// came first, so the replaced revision is exactly the one f follows.
+func Replace(ctx context.Context, kv jetstream.KeyValue, f *File) (replaced, rev uint64, err error) {
+	if _, err := Encode(f); err != nil {
+		return 0, 0, err
+	}
+	for {
+		cur, err := Current(ctx, kv)
+		if err != nil {
+			return 0, 0, err
+		}
+		rev, err := PutAt(ctx, kv, f, cur)
+		if err == nil {
+			return cur, rev, nil
+		}
+		if !errors.Is(err, ErrRevisionConflict) {
+			return 0, 0, err
+		}
+		if ctx.Err() != nil {
+			return 0, 0, ctx.Err()
+		}
+	}
+}
+
 // Seed stores f when the bucket holds no policy yet and returns the
 // revision in force: f's when it was stored (seeded true), else the one
 // already there, which Seed leaves alone — it may hold changes made while

@@ -294,3 +294,49 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// PutAt writes only at the expected revision (0: none yet) and names the
+// revision in force when it is another; Replace writes whatever is in
+// force and says which revision it replaced.
+func TestPutAtAndReplace(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx := context.Background()
+	v := func(model string) *policy.File {
+		return &policy.File{Types: map[string]policy.Type{"a": {Model: model}}}
+	}
+	first, err := policy.PutAt(ctx, kv, v("m1"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conflict *policy.ConflictError
+	if _, err := policy.PutAt(ctx, kv, v("m2"), 0); !errors.As(err, &conflict) || !errors.Is(err, policy.ErrRevisionConflict) ||
+		*conflict != (policy.ConflictError{Expected: 0, Current: first}) {
+		t.Fatalf("PutAt 0 over revision %d: %v", first, err)
+	}
+	second, err := policy.PutAt(ctx, kv, v("m2"), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.PutAt(ctx, kv, v("m3"), first); !errors.As(err, &conflict) || *conflict != (policy.ConflictError{Expected: first, Current: second}) {
+		t.Fatalf("PutAt %d over revision %d: %v", first, second, err)
+	}
+	if cur, err := policy.Current(ctx, kv); err != nil || cur != second {
+		t.Fatalf("a refused PutAt wrote: current %d (want %d) %v", cur, second, err)
+	}
+	replaced, third, err := policy.Replace(ctx, kv, v("m3"))
+	if err != nil || replaced != second || third <= second {
+		t.Fatalf("Replace: replaced %d (want %d), new %d, %v", replaced, second, third, err)
+	}
+	if err := kv.Delete(ctx, policy.Key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.PutAt(ctx, kv, v("m4"), third); !errors.As(err, &conflict) || *conflict != (policy.ConflictError{Expected: third, Current: 0}) {
+		t.Fatalf("PutAt %d after a delete: %v", third, err)
+	}
+	if replaced, _, err := policy.Replace(ctx, kv, v("m4")); err != nil || replaced != 0 {
+		t.Fatalf("Replace after a delete: replaced %d, %v", replaced, err)
+	}
+	if _, err := policy.PutAt(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {MaxRetries: -1}}}, 0); err == nil || errors.Is(err, policy.ErrRevisionConflict) {
+		t.Fatalf("PutAt of an invalid policy: %v", err)
+	}
+}

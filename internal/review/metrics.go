@@ -2,32 +2,66 @@ package review
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// QueueGauge is a Prometheus collector of the review queue: at each scrape
-// it lists the queue (List with the zero Filter) and reports the open
-// items per reason as dispatch_review_queue{reason}. Every reason of
-// Reasons is reported, 0 when none is open, and any other reason a newer
-// service wrote. A scrape that cannot read the queue reports nothing, and
-// dispatch_review_queue_up 0.
-type QueueGauge struct {
-	c       *Client
-	timeout time.Duration
-	queue   *prometheus.Desc
-	up      *prometheus.Desc
+// DefaultQueueGaugeInterval is how long a QueueGauge reuses a reading of
+// the review queue unless QueueGaugeConfig.MinInterval says otherwise.
+const DefaultQueueGaugeInterval = 5 * time.Second
+
+// QueueGaugeConfig configures a QueueGauge. The zero value is the default.
+type QueueGaugeConfig struct {
+	// MinInterval is the least time between two readings of the review
+	// queue: a scrape within it of the last reading reports that reading.
+	// 0: DefaultQueueGaugeInterval; negative: every scrape reads the queue.
+	MinInterval time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
 }
 
-// NewQueueGauge collects c's review queue.
+// QueueGauge is a Prometheus collector of the review queue: it lists the
+// queue (List with the zero Filter) and reports the open items per reason
+// as dispatch_review_queue{reason}. Every reason of Reasons is reported, 0
+// when none is open, and any other reason a newer service wrote. A listing
+// reads every review record, so it is done at most once per MinInterval:
+// scrapes in between report the last reading. A reading that could not
+// list the queue reports nothing, and dispatch_review_queue_up 0.
+type QueueGauge struct {
+	list     func(context.Context, Filter) (Queue, error)
+	timeout  time.Duration
+	interval time.Duration
+	now      func() time.Time
+	queue    *prometheus.Desc
+	up       *prometheus.Desc
+
+	mu   sync.Mutex // held while reading: concurrent scrapes share one listing
+	read time.Time  // when the last reading was taken; zero: never
+	ok   bool       // the last reading listed the queue
+	open map[string]int
+}
+
+// NewQueueGauge collects c's review queue with the default configuration.
 func NewQueueGauge(c *Client) *QueueGauge {
+	return NewQueueGaugeConfig(c, QueueGaugeConfig{})
+}
+
+// NewQueueGaugeConfig collects c's review queue as cfg says.
+func NewQueueGaugeConfig(c *Client, cfg QueueGaugeConfig) *QueueGauge {
+	if cfg.MinInterval == 0 {
+		cfg.MinInterval = DefaultQueueGaugeInterval
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	return &QueueGauge{
-		c: c, timeout: 5 * time.Second,
+		list: c.List, timeout: 5 * time.Second, interval: cfg.MinInterval, now: cfg.Now,
 		queue: prometheus.NewDesc("dispatch_review_queue",
 			"Review items waiting for a human, per reason (escalated, gated, stuck, poison, rejected).", []string{"reason"}, nil),
 		up: prometheus.NewDesc("dispatch_review_queue_up",
-			"1 when the last scrape read the review queue, 0 when it could not.", nil, nil),
+			"1 when the last reading of the review queue succeeded, 0 when it could not read it.", nil, nil),
 	}
 }
 
@@ -39,14 +73,38 @@ func (g *QueueGauge) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (g *QueueGauge) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
-	defer cancel()
-	q, err := g.c.List(ctx, Filter{})
-	if err != nil {
+	ok, open := g.reading()
+	if !ok {
 		ch <- prometheus.MustNewConstMetric(g.up, prometheus.GaugeValue, 0)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(g.up, prometheus.GaugeValue, 1)
+	for r, n := range open {
+		ch <- prometheus.MustNewConstMetric(g.queue, prometheus.GaugeValue, float64(n), r)
+	}
+}
+
+// reading returns the last reading of the queue, listing it again when
+// that reading is MinInterval old (or there is none). The returned map is
+// never written again: a new reading replaces it.
+func (g *QueueGauge) reading() (bool, map[string]int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now := g.now(); g.read.IsZero() || g.interval < 0 || now.Sub(g.read) >= g.interval || now.Before(g.read) {
+		g.ok, g.open = g.listOpen()
+		g.read = now
+	}
+	return g.ok, g.open
+}
+
+// listOpen lists the queue and counts its open items per reason.
+func (g *QueueGauge) listOpen() (bool, map[string]int) {
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	defer cancel()
+	q, err := g.list(ctx, Filter{})
+	if err != nil {
+		return false, nil
+	}
 	open := map[string]int{}
 	for _, r := range Reasons {
 		open[r] = 0
@@ -54,7 +112,5 @@ func (g *QueueGauge) Collect(ch chan<- prometheus.Metric) {
 	for r, n := range q.Counts {
 		open[r] = n.Open
 	}
-	for r, n := range open {
-		ch <- prometheus.MustNewConstMetric(g.queue, prometheus.GaugeValue, float64(n), r)
-	}
+	return true, open
 }

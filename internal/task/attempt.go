@@ -46,6 +46,32 @@ func CutShort(st events.TaskState, found bool, b events.Base, spent events.Usage
 	return st, CauseApplied
 }
 
+// Abandon: a human's cancel cut the executor's attempt of pass b.Run.Pass
+// short, and the attempt is dropped — no Result, no attempt recorded.
+// spent is what the attempt's calls spent: its earlier tries' (the
+// Unbilled it began with) and this try's answered calls'. It stays the
+// attempt's unbilled spend, whatever of it the try had already kept
+// (CutShort) or settled (Settle) when the cancel was heard, so no answered
+// call's spend is lost with the attempt. A task the cancel ended keeps no
+// tool loop to resume (as Act). A later pass's state is not touched.
+func Abandon(st events.TaskState, found bool, b events.Base, spent events.Usage) (events.TaskState, Cause) {
+	if !found {
+		st = New(b.Task)
+	}
+	if st.Pass > b.Run.Pass {
+		return st, CauseMovedOn
+	}
+	resume := st.Resume
+	if events.Terminal(st.Status) {
+		resume = nil
+	}
+	if st.Unbilled == spent && st.Resume == resume {
+		return st, CauseRedelivered
+	}
+	st.Unbilled, st.Resume = spent, resume
+	return st, CauseApplied
+}
+
 // Settle resets the attempt's transient count, unbilled spend and tool loop
 // once the attempt is over.
 func Settle(st events.TaskState, found bool, b events.Base) (events.TaskState, Cause) {

@@ -16,7 +16,8 @@
 //	Block, HandOff          the gate stopped it (needs_human_review, blocked)
 //	Begin                   the executor starts an attempt
 //	CutShort, Settle,       facts of an attempt: a try cut short, the
-//	AddFailed, AddRefused   attempt over, a banned request, a refused one
+//	AddFailed, AddRefused,  attempt over, a banned request, a refused one,
+//	Abandon                 the attempt dropped for a human's cancel
 //	Record                  the recorder folds an outcome in and decides
 //	                        (Judge, Apply: the ladder or the pipeline)
 //	Act                     a human resolves, rejects, requeues or cancels

@@ -203,6 +203,37 @@ func TestExecutorTransitions(t *testing.T) {
 		{"settle, nothing to settle", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Settle(st, found, b)
 		}, task.CauseRedelivered, nil},
+		{"abandoned: the attempt's spend stays unbilled, a cancelled task keeps no loop", withFacts(at(events.StatusCancelled, 2)), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Abandon(st, found, b, events.Usage{TokensIn: 9, TokensOut: 4, Cost: 0.25})
+		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
+			if st.Status != events.StatusCancelled || st.Unbilled != (events.Usage{TokensIn: 9, TokensOut: 4, Cost: 0.25}) || st.Resume != nil || st.TransientRetries != 2 {
+				t.Errorf("state %+v", st)
+			}
+		}},
+		{"abandoned after the attempt settled", at(events.StatusCancelled, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Abandon(st, found, b, events.Usage{TokensIn: 9})
+		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
+			if st.Unbilled != (events.Usage{TokensIn: 9}) {
+				t.Errorf("state %+v", st)
+			}
+		}},
+		{"abandoned, the spend already kept", withResume(func() events.TaskState {
+			st := at(events.StatusCancelled, 2)
+			st.Unbilled = events.Usage{TokensIn: 9}
+			return st
+		}(), nil), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Abandon(st, found, b, events.Usage{TokensIn: 9})
+		}, task.CauseRedelivered, nil},
+		{"abandoned by a cancel that did not take: the loop stays to resume", withFacts(at(events.StatusRunning, 2)), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Abandon(st, found, b, events.Usage{TokensIn: 7})
+		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
+			if st.Unbilled != (events.Usage{TokensIn: 7}) || st.Resume != resume || st.Status != events.StatusRunning {
+				t.Errorf("state %+v", st)
+			}
+		}},
+		{"abandoned, the task moved on", withFacts(at(events.StatusRunning, 3)), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Abandon(st, found, b, events.Usage{TokensIn: 7})
+		}, task.CauseMovedOn, nil},
 		{"a failed request is banned for its pass", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.AddFailed(st, found, b, "h1")
 		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {

@@ -30,6 +30,8 @@ type attempt struct {
 	// prompt is how many of a model request's messages are the prompt's;
 	// the tool loop's turns follow them.
 	prompt int
+	// tried is what this try's model calls spent (set by conclude).
+	tried events.Usage
 }
 
 // outcome is how the calls of an attempt ended.

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 )
 
 // flights are the attempts this instance runs, by task id. A human's cancel
@@ -98,4 +100,26 @@ func (s *Service) listenForCancels(nc *nats.Conn) error {
 	s.flights.sub = sub
 	s.flights.mu.Unlock()
 	return nil
+}
+
+// abandonTimeout bounds the write that keeps what an attempt a cancel cut
+// short spent.
+const abandonTimeout = 15 * time.Second
+
+// abandon keeps what an attempt that a cancel cut short spent, and returns
+// the task's state. The attempt's calls may have been answered before the
+// cancel was heard — all of them, the Result built and the attempt settled
+// — and the Result is dropped: its spend (the earlier tries' and this
+// try's, a.f.unbilled + a.tried) becomes the attempt's unbilled spend, as
+// for a try that a transient failure cuts short (task.Abandon). A call
+// still in flight had reported nothing, and adds nothing. It writes past
+// ctx's end, briefly.
+func (s *Service) abandon(ctx context.Context, a *attempt) (events.TaskState, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+	defer cancel()
+	spent := a.f.unbilled.Add(a.tried)
+	st, _, err := s.cfg.Tasks.Apply(ctx, a.base.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.Abandon(st, found, a.base, spent)
+	})
+	return st, err
 }

@@ -20,6 +20,7 @@ var errRefused = errors.New("request identical to a failed one")
 // conclude turns the outcome of an attempt's calls into its Result, or into
 // a snooze for a transient failure within the budget.
 func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.Result, error) {
+	a.tried = o.usage()
 	if o.err != nil && ctx.Err() != nil {
 		s.keep(ctx, a, o)
 		return events.Result{}, ctx.Err() // shutdown, not an attempt: nak and redeliver

@@ -57,5 +57,7 @@
 //
 // Tokens and cost are summed over every call of the attempt. A cancelled
 // context (shutdown) is not an attempt either: Handle returns ctx.Err() so
-// the message is redelivered.
+// the message is redelivered. An attempt a human's cancel cuts short is
+// dropped, but what its calls had spent stays in TaskState.Unbilled
+// (task.Abandon).
 package executor

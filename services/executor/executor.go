@@ -117,7 +117,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		// task whose state did end is dropped. A cancel that did not take
 		// (its record failed and the state was put back) or a forged one
 		// must not strand a running task: the message is tried again.
-		st, gerr := s.cfg.Tasks.Get(context.WithoutCancel(ctx), in.Task.ID)
+		// Either way what the attempt spent is kept (abandon).
+		st, gerr := s.abandon(ctx, a)
 		if gerr != nil || !events.Terminal(st.Status) {
 			return nil, fmt.Errorf("task %s: call cut short by a cancel that the task state does not show (%v); trying again", in.Task.ID, gerr)
 		}
