@@ -10,6 +10,10 @@ import (
 // server does not hand a message whose handler outlives AckWait (a long
 // model call) to another worker. The router uses AckWait/3. A message
 // without InProgress, or an interval <= 0, gets no heartbeat.
+//
+// A waiting heartbeat is a runtime timer, not a goroutine: a thousand model
+// calls in flight cost a thousand timers. No beat is sent once next has
+// returned (the message may be acked by then).
 func Heartbeat(every time.Duration) Middleware {
 	return func(next Handler) Handler {
 		if every <= 0 {
@@ -19,25 +23,30 @@ func Heartbeat(every time.Duration) Middleware {
 			if m.InProgress == nil {
 				return next(ctx, m)
 			}
-			done := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Go(func() {
-				t := time.NewTicker(every)
-				defer t.Stop()
-				for {
-					select {
-					case <-done:
-						return
-					case <-t.C:
-						// A failed heartbeat is not the handler's failure: at
-						// worst the message is redelivered, and handlers are
-						// idempotent.
-						_ = m.InProgress()
-					}
+			var (
+				mu      sync.Mutex
+				stopped bool
+				t       *time.Timer
+			)
+			mu.Lock()
+			t = time.AfterFunc(every, func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if stopped {
+					return
 				}
+				// A failed heartbeat is not the handler's failure: at worst
+				// the message is redelivered, and handlers are idempotent.
+				_ = m.InProgress()
+				t.Reset(every)
 			})
-			defer wg.Wait()
-			defer close(done)
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				stopped = true
+				t.Stop()
+				mu.Unlock()
+			}()
 			return next(ctx, m)
 		}
 	}

@@ -101,3 +101,37 @@ func TestRouterHeartbeatOutlivesAckWait(t *testing.T) {
 		t.Fatalf("handled %d times, %d redelivered", calls.Load(), ci.NumRedelivered)
 	}
 }
+
+// The heartbeat beats while the handler runs and never after it returned
+// (by then the router may have acked the message).
+func TestHeartbeatStopsWithTheHandler(t *testing.T) {
+	var beats atomic.Int32
+	var returned atomic.Bool
+	late := make(chan struct{}, 1)
+	thrice := make(chan struct{})
+	m := &services.Msg{InProgress: func() error {
+		if returned.Load() {
+			select {
+			case late <- struct{}{}:
+			default:
+			}
+		}
+		if beats.Add(1) == 3 {
+			close(thrice)
+		}
+		return nil
+	}}
+	h := services.Heartbeat(time.Millisecond)(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		<-thrice
+		return nil, nil
+	})
+	if _, err := h(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	returned.Store(true)
+	select {
+	case <-late:
+		t.Fatal("a heartbeat after the handler returned")
+	case <-time.After(50 * time.Millisecond): // 50 more intervals
+	}
+}
