@@ -166,24 +166,23 @@ func PutAt(ctx context.Context, kv jetstream.KeyValue, f *File, rev uint64) (uin
 // reads the revision in force and writes at it, again when another writer
 // came first, so the replaced revision is exactly the one f follows.
 func Replace(ctx context.Context, kv jetstream.KeyValue, f *File) (replaced, rev uint64, err error) {
-	if _, err := Encode(f); err != nil {
+	cur, err := Current(ctx, kv)
+	if err != nil {
 		return 0, 0, err
 	}
 	for {
-		cur, err := Current(ctx, kv)
-		if err != nil {
-			return 0, 0, err
-		}
 		rev, err := PutAt(ctx, kv, f, cur)
-		if err == nil {
+		conflict, ok := errors.AsType[*ConflictError](err)
+		if !ok {
+			if err != nil {
+				return 0, 0, err
+			}
 			return cur, rev, nil
-		}
-		if !errors.Is(err, ErrRevisionConflict) {
-			return 0, 0, err
 		}
 		if ctx.Err() != nil {
 			return 0, 0, ctx.Err()
 		}
+		cur = conflict.Current // another writer came first: write after it
 	}
 }
 
@@ -203,11 +202,8 @@ func Seed(ctx context.Context, kv jetstream.KeyValue, f *File) (rev uint64, seed
 	if !errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, false, fmt.Errorf("policy: seed %s %s: %w", kv.Bucket(), Key, err)
 	}
-	e, err := kv.Get(ctx, Key)
-	if err != nil {
-		return 0, false, fmt.Errorf("policy: %s %s: %w", kv.Bucket(), Key, err)
-	}
-	return e.Revision(), false, nil
+	rev, err = Current(ctx, kv)
+	return rev, false, err
 }
 
 // Revisions are every revision of the policy the bucket holds, read once:
