@@ -74,3 +74,54 @@ func TestEmit(t *testing.T) {
 		})
 	}
 }
+
+// A redelivered outcome republishes what its attempt led to only while the
+// task is as recording it left it.
+func TestAsRecorded(t *testing.T) {
+	bugFix := events.Task{ID: "t", Type: "bug_fix", Subject: "a.go"}
+	pol := policy.Type{}
+	fail := events.Result{Outcome: events.OutcomeFailure, Error: "boom", ErrorClass: events.ErrorClassTask}
+	record := func(res events.Result) events.TaskState {
+		st, _, c := task.Record(task.New(bugFix), true, events.Base{Task: bugFix, Run: events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}}, res, pol, now)
+		if c != task.CauseApplied {
+			t.Fatalf("record: %s", c)
+		}
+		return st
+	}
+	retrying := record(fail)
+	if retrying.Decision != events.DecisionRetry || retrying.Pass != 2 {
+		t.Fatalf("setup: %+v", retrying)
+	}
+	next := events.Base{Task: bugFix, Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, At: now}
+	handedOff, _ := task.HandOff(retrying, true, next, "rung rate")
+	blocked, _ := task.Block(retrying, true, next, "trust", events.CauseTrust)
+	running, _ := task.SetStatus(retrying, true, next, events.StatusRunning, "")
+	succeeded := record(events.Result{Outcome: events.OutcomeSuccess})
+	resolved := task.Act(record(events.Result{Outcome: events.OutcomeFailure, Error: "x", ErrorClass: events.ErrorClassDeterministic}),
+		events.Action{Action: events.ActionResolve, By: "ann", At: now})
+	requeued := task.Act(resolved, events.Action{Action: events.ActionRequeue, By: "ann", At: now})
+
+	cases := []struct {
+		name string
+		st   events.TaskState
+		pass int
+		want bool
+	}{
+		{"a retry not yet taken up", retrying, 1, true},
+		{"a retry the gate handed off at the next pass", handedOff, 1, false},
+		{"a retry the gate blocked at the next pass", blocked, 1, false},
+		{"a retry the next pass started", running, 1, false},
+		{"a success", succeeded, 1, true},
+		{"an earlier pass", retrying, 0, false},
+		{"no record at all", task.New(bugFix), 1, false},
+		{"a failure a human resolved", resolved, 1, false},
+		{"a failure a human requeued", requeued, 1, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := task.AsRecorded(c.st, c.pass); got != c.want {
+				t.Fatalf("AsRecorded = %v, want %v (status %s, decision %s, pass %d)", got, c.want, c.st.Status, c.st.Decision, c.st.Pass)
+			}
+		})
+	}
+}

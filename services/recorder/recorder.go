@@ -111,10 +111,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return nil, err
 		}
 	}
-	if last, ok := task.LastRecord(st); !ok || last.Pass != b.Run.Pass {
-		// The task moved on (or this is an old pass): whatever this attempt
-		// led to was published when it was first recorded.
-		s.log.Warn("outcome of an earlier pass ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass)
+	if !task.AsRecorded(st, b.Run.Pass) {
+		// A redelivery after the task moved on (the next pass started, the
+		// gate stopped it, a human acted): whatever this attempt led to was
+		// published when it was first recorded.
+		s.log.Warn("outcome of a pass the task has moved past: nothing to publish again", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass, "status", st.Status)
 		return nil, nil
 	}
 

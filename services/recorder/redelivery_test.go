@@ -124,3 +124,56 @@ func TestOutcomeAfterACancelIsIgnored(t *testing.T) {
 		t.Fatalf("the late answer reached trust: %+v", stats.Outcomes)
 	}
 }
+
+// A recorder killed after its writes and before its ack gets a failed
+// attempt again after its retry went on and the gate handed that retry off
+// (its rung's retries rarely succeed): the redelivery publishes neither the
+// retry again nor a second escalation (found by the long fault suite: a task
+// ended twice, escalated at pass 4 by the gate and at pass 3 by the
+// redelivered outcome). Before the retry is taken up, a redelivery still
+// publishes the retry (same Msg-Id), so a kill between the write and the
+// publish loses nothing.
+func TestOutcomeRedeliveredAfterTheGateHandedOffTheRetry(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := context.Background()
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := services.NewTaskStore(stores.Tasks)
+	rec, err := recorder.New(recorder.Config{
+		Tasks: tasks, Trust: trust.NewStore(stores.Trust, trust.Policy{}), History: history.NewStore(stores.History, 0),
+		Policy: policy.Static(nil), Instance: "recorder@test",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := events.Task{ID: "twice", Type: "bug_fix", Subject: "a.go"}
+	m := executed(t, tk, 1, 1, events.RungRefine, failed(events.ErrorClassTask, "still broken"))
+	first, err := rec.Handle(ctx, m)
+	if err != nil || len(first) != 1 || first[0].Subject != events.TaskSubject(tk.ID, events.StageRetry) {
+		t.Fatalf("first delivery: %+v, %v; want the retry", first, err)
+	}
+	m.Delivered = 2
+	again, err := rec.Handle(ctx, m)
+	if err != nil || len(again) != 1 || again[0].MsgID != first[0].MsgID {
+		t.Fatalf("redelivery before the retry is taken up: %+v, %v; want the same retry again", again, err)
+	}
+
+	next := events.Base{Task: tk, Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, At: now, By: "gate@test"}
+	if _, _, err := tasks.Apply(ctx, tk.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.HandOff(st, found, next, "HANDOFF before attempt 2: REFINE retries rarely succeed")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m.Delivered = 3
+	late, err := rec.Handle(ctx, m)
+	if err != nil || len(late) != 0 {
+		t.Fatalf("redelivery after the gate handed the retry off: %d outputs, %v; want none", len(late), err)
+	}
+	st, err := tasks.Get(ctx, tk.ID)
+	if err != nil || st.Status != events.StatusBlocked || st.Pass != 2 || st.Cause != events.CauseRungRate {
+		t.Fatalf("state %+v, %v: want the gate's handoff of pass 2 kept", st, err)
+	}
+}
