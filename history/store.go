@@ -33,6 +33,12 @@ type Record struct {
 	Entries []Entry `json:"entries"`
 }
 
+// Clone returns a copy of r that shares no slice with it.
+func (r Record) Clone() Record {
+	r.Entries = slices.Clone(r.Entries)
+	return r
+}
+
 // Key is the KV key of (taskType, subject): the type, a dot and the first 32
 // hex digits of the SHA-256 of the subject (subjects are file paths, URLs…,
 // not valid keys).
@@ -56,7 +62,9 @@ func NewStore(kv jetstream.KeyValue, limit int) *Store {
 	if limit <= 0 {
 		limit = DefaultLimit
 	}
-	return &Store{kv: kv, limit: limit, writer: kvcas.NewWriter[Record](kv)}
+	w := kvcas.NewWriter[Record](kv)
+	w.Clone = Record.Clone
+	return &Store{kv: kv, limit: limit, writer: w}
 }
 
 // Append adds e to the history of (taskType, subject), in At order, dropping

@@ -35,6 +35,14 @@ type Canary struct {
 	At  time.Time `json:"at"`
 }
 
+// Clone returns a copy of s that shares no slice with it.
+func (s Stats) Clone() Stats {
+	s.Outcomes = slices.Clone(s.Outcomes)
+	s.Gates = slices.Clone(s.Gates)
+	s.Canaries = slices.Clone(s.Canaries)
+	return s
+}
+
 // Spend is tokens (input + output) and USD.
 type Spend struct {
 	Tokens int     `json:"tokens"`

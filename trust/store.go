@@ -35,7 +35,9 @@ type Store struct {
 
 // NewStore returns a store on kv that applies p (zero fields are defaults).
 func NewStore(kv jetstream.KeyValue, p Policy) *Store {
-	return &Store{kv: kv, policy: p.WithDefaults(), writer: kvcas.NewWriter[Stats](kv)}
+	w := kvcas.NewWriter[Stats](kv)
+	w.Clone = Stats.Clone
+	return &Store{kv: kv, policy: p.WithDefaults(), writer: w}
 }
 
 // Get returns the stats of taskType, or Stats{Type: taskType} when there are none.

@@ -23,7 +23,9 @@ import (
 //   - It remembers the value and revision it last wrote for each key (a
 //     bounded number of keys), so the next batch needs no read. A write
 //     that finds the key changed by someone else (another instance, the
-//     gate) reads it and reapplies the batch, exactly like Update.
+//     gate) reads it and reapplies the batch, exactly like Update. With
+//     Clone set it remembers the value itself, not its encoding, so a batch
+//     costs no decode either.
 //
 // Decisions taken on a remembered value are only final once written: a
 // batch that changes nothing is checked against a fresh read before its
@@ -39,14 +41,23 @@ type Writer[T any] struct {
 	Remember int
 	// Timeout bounds one batch's reads and writes. Default 30s.
 	Timeout time.Duration
+	// Clone, when set, returns a copy of a value that shares nothing a
+	// mutate function may change (slices, maps, pointers). The Writer then
+	// remembers a copy of the last value it wrote to a key, and the next
+	// batch starts from it instead of decoding JSON. The values it returns
+	// to callers are never the remembered ones.
+	Clone func(T) T
 
 	mu      sync.Mutex
 	pending map[string]*[]*op[T] // keys with a batch being written, and what waits for the next
-	last    map[string]written
+	last    map[string]written[T]
 }
 
-type written struct {
+// written is a key's last written value: its JSON, or with Clone set a
+// copy of the value itself.
+type written[T any] struct {
 	data []byte
+	v    T
 	rev  uint64
 }
 
@@ -59,7 +70,7 @@ type op[T any] struct {
 
 // NewWriter returns a Writer on kv.
 func NewWriter[T any](kv jetstream.KeyValue) *Writer[T] {
-	return &Writer[T]{kv: kv, pending: map[string]*[]*op[T]{}, last: map[string]written{}}
+	return &Writer[T]{kv: kv, pending: map[string]*[]*op[T]{}, last: map[string]written[T]{}}
 }
 
 // Update applies mutate to the value of key (see the package's Update) and
@@ -130,7 +141,11 @@ func (w *Writer[T]) write(ctx context.Context, key string, batch []*op[T]) {
 			found bool
 			err   error
 		)
-		if fromMemory {
+		if fromMemory && w.Clone != nil {
+			// The remembered value is this batch's alone: a write that
+			// fails forgets it, one that succeeds remembers a new copy.
+			v, rev, found = remembered.v, remembered.rev, true
+		} else if fromMemory {
 			if err := json.Unmarshal(remembered.data, &v); err != nil {
 				fromMemory = false
 				w.forget(key)
@@ -174,7 +189,11 @@ func (w *Writer[T]) write(ctx context.Context, key string, batch []*op[T]) {
 		}
 		switch {
 		case err == nil:
-			w.remember(key, written{data: data, rev: newRev})
+			if w.Clone != nil {
+				w.remember(key, written[T]{v: w.Clone(v), rev: newRev})
+			} else {
+				w.remember(key, written[T]{data: data, rev: newRev})
+			}
 			w.setAll(batch, v)
 			return
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
@@ -197,14 +216,14 @@ func (w *Writer[T]) setAll(batch []*op[T], v T) {
 	}
 }
 
-func (w *Writer[T]) remembered(key string) (written, bool) {
+func (w *Writer[T]) remembered(key string) (written[T], bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e, ok := w.last[key]
 	return e, ok
 }
 
-func (w *Writer[T]) remember(key string, e written) {
+func (w *Writer[T]) remember(key string, e written[T]) {
 	limit := w.Remember
 	if limit <= 0 {
 		limit = 4096

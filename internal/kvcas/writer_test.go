@@ -28,6 +28,29 @@ func add(k string) func(*tally, bool) error {
 	}
 }
 
+func (v tally) clone() tally { v.Keys = slices.Clone(v.Keys); return v }
+
+// writers are the two ways a Writer remembers what it wrote: the JSON it
+// decodes for the next batch, or (Clone set) a copy of the value.
+var writers = []struct {
+	name string
+	new  func(jetstream.KeyValue) *kvcas.Writer[tally]
+}{
+	{"json", kvcas.NewWriter[tally]},
+	{"clone", func(kv jetstream.KeyValue) *kvcas.Writer[tally] {
+		w := kvcas.NewWriter[tally](kv)
+		w.Clone = tally.clone
+		return w
+	}},
+}
+
+// eachWriter runs test once per way of remembering.
+func eachWriter(t *testing.T, test func(t *testing.T, newWriter func(jetstream.KeyValue) *kvcas.Writer[tally])) {
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) { test(t, w.new) })
+	}
+}
+
 func bucket(t *testing.T) jetstream.KeyValue {
 	t.Helper()
 	srv := natstest.Start(t)
@@ -40,9 +63,11 @@ func bucket(t *testing.T) jetstream.KeyValue {
 
 // Two writers (two instances) and many goroutines each, every update twice
 // (a redelivery): every key lands exactly once.
-func TestWriterConcurrentExact(t *testing.T) {
+func TestWriterConcurrentExact(t *testing.T) { eachWriter(t, testWriterConcurrentExact) }
+
+func testWriterConcurrentExact(t *testing.T, newWriter func(jetstream.KeyValue) *kvcas.Writer[tally]) {
 	kv := bucket(t)
-	writers := []*kvcas.Writer[tally]{kvcas.NewWriter[tally](kv), kvcas.NewWriter[tally](kv)}
+	writers := []*kvcas.Writer[tally]{newWriter(kv), newWriter(kv)}
 	const n = 200
 	var wg sync.WaitGroup
 	errs := make(chan error, 4*n)
@@ -81,8 +106,12 @@ func TestWriterConcurrentExact(t *testing.T) {
 // the remembered value is checked against a fresh read, and one that would
 // change it is reapplied after the conflict.
 func TestWriterNeverDecidesOnAStaleValue(t *testing.T) {
+	eachWriter(t, testWriterNeverDecidesOnAStaleValue)
+}
+
+func testWriterNeverDecidesOnAStaleValue(t *testing.T, newWriter func(jetstream.KeyValue) *kvcas.Writer[tally]) {
 	kv := bucket(t)
-	a, b := kvcas.NewWriter[tally](kv), kvcas.NewWriter[tally](kv)
+	a, b := newWriter(kv), newWriter(kv)
 	ctx := t.Context()
 	if _, err := a.Update(ctx, "k", add("x")); err != nil { // a remembers [x]
 		t.Fatal(err)
@@ -120,9 +149,11 @@ func TestWriterNeverDecidesOnAStaleValue(t *testing.T) {
 
 // An update that fails leaves the others of its batch applied, and its
 // caller gets the error.
-func TestWriterErrorIsTheCallersOwn(t *testing.T) {
+func TestWriterErrorIsTheCallersOwn(t *testing.T) { eachWriter(t, testWriterErrorIsTheCallersOwn) }
+
+func testWriterErrorIsTheCallersOwn(t *testing.T, newWriter func(jetstream.KeyValue) *kvcas.Writer[tally]) {
 	kv := bucket(t)
-	w := kvcas.NewWriter[tally](kv)
+	w := newWriter(kv)
 	ctx := t.Context()
 	refused := fmt.Errorf("refused")
 	var wg sync.WaitGroup
@@ -147,5 +178,40 @@ func TestWriterErrorIsTheCallersOwn(t *testing.T) {
 	v, _, _, err := kvcas.Get[tally](ctx, kv, "k")
 	if err != nil || len(v.Keys) != 10 {
 		t.Fatalf("stored %v (%v), want the 10 accepted updates", v.Keys, err)
+	}
+}
+
+// With Clone, a value a caller got back is its own: the next batches start
+// from a copy of the remembered value, so an update that appends in place
+// changes neither what earlier callers hold nor what the Writer remembers.
+func TestWriterCloneSharesNothing(t *testing.T) {
+	kv := bucket(t)
+	w := kvcas.NewWriter[tally](kv)
+	w.Clone = tally.clone
+	ctx := t.Context()
+	appendInPlace := func(k string) func(*tally, bool) error {
+		return func(v *tally, _ bool) error { v.Keys = append(v.Keys, k); return nil }
+	}
+	var got []tally
+	for _, k := range []string{"a", "b", "c", "d"} {
+		v, err := w.Update(ctx, "k", appendInPlace(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, v)
+	}
+	got[3].Keys[0] = "changed by a caller" // the latest value: must not reach the Writer
+	v, err := w.Update(ctx, "k", appendInPlace("e"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range [][]string{{"a"}, {"a", "b"}, {"a", "b", "c"}, {"changed by a caller", "b", "c", "d"}} {
+		if !slices.Equal(got[i].Keys, want) {
+			t.Fatalf("caller %d holds %v, want %v: a later update changed it", i, got[i].Keys, want)
+		}
+	}
+	stored, _, _, err := kvcas.Get[tally](ctx, kv, "k")
+	if err != nil || !slices.Equal(stored.Keys, []string{"a", "b", "c", "d", "e"}) || !slices.Equal(v.Keys, stored.Keys) {
+		t.Fatalf("stored %v (%v), returned %v, want [a b c d e]", stored.Keys, err, v.Keys)
 	}
 }
