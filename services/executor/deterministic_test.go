@@ -162,3 +162,31 @@ func TestRefusalWithoutTaskStore(t *testing.T) {
 		t.Errorf("%d calls, want 1", n)
 	}
 }
+
+// A request refused before it is sent still bills what the attempt's
+// earlier tries spent (TaskState.Unbilled, kept when a transient failure cut
+// one short): the refusal's Result carries it to the recorder, and the
+// ledger settles it once.
+func TestRefusalBillsTheAttemptsEarlierSpend(t *testing.T) {
+	e := newEnv(t, sequence(status(http.StatusBadRequest, badRequest)), policy.Type{}, nil)
+	if r := e.handle("t1", 1, testMessages).result(t); r.ErrorClass != events.ErrorClassDeterministic {
+		t.Fatalf("result %+v, want a deterministic failure", r)
+	}
+	spent := events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.0015}
+	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+		st.Unbilled = spent // a try of attempt 2 was cut short after spending this
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ref := e.handle("t1", 2, testMessages).result(t)
+	if !ref.Refused || ref.TokensIn != spent.TokensIn || ref.TokensOut != spent.TokensOut || ref.Cost != spent.Cost {
+		t.Fatalf("refusal %+v, want it to bill the attempt's earlier spend %+v", ref, spent)
+	}
+	if st := e.state("t1"); st.Unbilled != (events.Usage{}) {
+		t.Fatalf("unbilled %+v after the refusal, want it settled", st.Unbilled)
+	}
+	if n := e.model.Calls(); n != 1 {
+		t.Fatalf("%d calls, want 1", n)
+	}
+}

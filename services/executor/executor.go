@@ -226,7 +226,8 @@ func (s *Service) endpoint() string {
 	return fmt.Sprintf("%T", s.cfg.Model)
 }
 
-// refuse is the Result of a request that was not sent.
+// refuse is the Result of a request that was not sent. It bills what the
+// attempt's earlier tries spent (a.f.unbilled): the ledger settles it here.
 func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.Result, error) {
 	if err := s.ledger.addRefused(ctx, a.base); err != nil {
 		return events.Result{}, err
@@ -238,6 +239,7 @@ func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.R
 	return events.Result{
 		Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassRefused, Refused: true,
 		RequestHash: hash, Model: a.model, TransientRetries: a.f.transient,
+		TokensIn: a.f.unbilled.TokensIn, TokensOut: a.f.unbilled.TokensOut, Cost: a.f.unbilled.Cost,
 		Error: fmt.Sprintf("refused: identical to a request that already failed deterministically (%s); the request must change", HashPrefix(hash)),
 	}, nil
 }
