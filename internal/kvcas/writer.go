@@ -44,8 +44,8 @@ type Writer[T any] struct {
 	// Clone, when set, returns a copy of a value that shares nothing a
 	// mutate function may change (slices, maps, pointers). The Writer then
 	// remembers a copy of the last value it wrote to a key, and the next
-	// batch starts from it instead of decoding JSON. The values it returns
-	// to callers are never the remembered ones.
+	// batch starts from a copy of that instead of decoding JSON: neither
+	// mutate functions nor callers ever hold the remembered value.
 	Clone func(T) T
 
 	mu      sync.Mutex
@@ -142,9 +142,9 @@ func (w *Writer[T]) write(ctx context.Context, key string, batch []*op[T]) {
 			err   error
 		)
 		if fromMemory && w.Clone != nil {
-			// The remembered value is this batch's alone: a write that
-			// fails forgets it, one that succeeds remembers a new copy.
-			v, rev, found = remembered.v, remembered.rev, true
+			// A copy: whatever the batch's mutate functions do to it, the
+			// remembered value stays as written.
+			v, rev, found = w.Clone(remembered.v), remembered.rev, true
 		} else if fromMemory {
 			if err := json.Unmarshal(remembered.data, &v); err != nil {
 				fromMemory = false

@@ -215,3 +215,27 @@ func TestWriterCloneSharesNothing(t *testing.T) {
 		t.Fatalf("stored %v (%v), returned %v, want [a b c d e]", stored.Keys, err, v.Keys)
 	}
 }
+
+// With Clone, a batch that changes its value in place and then changes its
+// mind (ErrNoChange) or fails leaves the remembered value as written.
+func TestWriterCloneKeepsTheRememberedValue(t *testing.T) {
+	kv := bucket(t)
+	w := kvcas.NewWriter[tally](kv)
+	w.Clone = tally.clone
+	ctx := t.Context()
+	if _, err := w.Update(ctx, "k", add("a")); err != nil {
+		t.Fatal(err)
+	}
+	scribble := func(v *tally, _ bool) error { v.Keys[0] = "scribbled"; return kvcas.ErrNoChange }
+	if _, err := w.Update(ctx, "k", scribble); err != nil {
+		t.Fatal(err)
+	}
+	v, err := w.Update(ctx, "k", add("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, _, _, err := kvcas.Get[tally](ctx, kv, "k")
+	if err != nil || !slices.Equal(stored.Keys, []string{"a", "b"}) || !slices.Equal(v.Keys, stored.Keys) {
+		t.Fatalf("stored %v (%v), returned %v, want [a b]", stored.Keys, err, v.Keys)
+	}
+}
