@@ -1,6 +1,7 @@
 package history_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -209,5 +210,25 @@ func TestStoreRejectsInvalidInput(t *testing.T) {
 	}
 	if _, err := store.Recent(ctx, "", subject, 1); !errors.Is(err, history.ErrInvalid) {
 		t.Errorf("empty type: err = %v", err)
+	}
+}
+
+// Clone copies the entries: a change to the copy leaves the original as
+// its JSON says it was.
+func TestRecordClone(t *testing.T) {
+	at := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
+	r := history.Record{Type: "css_fix", Subject: "a.css", Entries: []history.Entry{
+		{Key: "a:1", TaskID: "a", Attempt: 1, Outcome: "failure", Approach: "guess", Error: "no", At: at},
+		{Key: "b:1", TaskID: "b", Attempt: 1, Outcome: "success", Summary: "fixed", At: at},
+	}}
+	before, _ := json.Marshal(r)
+	c := r.Clone()
+	if after, _ := json.Marshal(c); string(after) != string(before) {
+		t.Fatalf("clone %s, want %s", after, before)
+	}
+	c.Entries[0].Summary = "changed"
+	c.Entries = append(c.Entries[:1], history.Entry{Key: "z"})
+	if after, _ := json.Marshal(r); string(after) != string(before) {
+		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)
 	}
 }

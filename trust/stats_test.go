@@ -1,9 +1,12 @@
 package trust_test
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
+	"time"
 
+	"dispatchmesh/events"
 	"dispatchmesh/trust"
 )
 
@@ -119,5 +122,26 @@ func TestPolicyRecordLateDuplicate(t *testing.T) {
 	again, _ := p.Record(st, all[0])
 	if !slices.Equal(again.Outcomes, st.Outcomes) {
 		t.Fatalf("a late duplicate changed the window: %v, was %v", again.Outcomes, st.Outcomes)
+	}
+}
+
+// Clone copies every slice: a change to the copy leaves the original as
+// its JSON says it was.
+func TestStatsClone(t *testing.T) {
+	at := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
+	st := trust.Stats{Type: "css_fix", BlockStreak: 2,
+		Outcomes: []trust.Outcome{{Key: "a:1", Success: true, At: at, Tokens: 10, Rung: events.RungRefine}, {Key: "b:1", At: at, Retry: true}},
+		Gates:    []trust.GateMark{{Key: "c:1", Probe: true}},
+		Canaries: []trust.Canary{{Key: "d", At: at}},
+	}
+	before, _ := json.Marshal(st)
+	c := st.Clone()
+	if after, _ := json.Marshal(c); string(after) != string(before) {
+		t.Fatalf("clone %s, want %s", after, before)
+	}
+	c.Outcomes[0].Key, c.Gates[0].Key, c.Canaries[0].Key = "x", "x", "x"
+	c.Outcomes = append(c.Outcomes[:1], trust.Outcome{Key: "y"})
+	if after, _ := json.Marshal(st); string(after) != string(before) {
+		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/task"
 )
 
 // ReviewStatuses are the task statuses a human can resolve, reject or
@@ -84,8 +85,11 @@ func checkReviewable(st events.TaskState, t tail, action string) error {
 // pass is its Dispatch-Pass header, else its body's; a record with neither
 // (written before records carried the header, its body undecodable) counts
 // as the current pass: nothing newer on the stream shows the task moving.
+// A poisoned outcome whose recording already moved the task to its next
+// pass (pending or parked, task.AsRecorded) halts it too: the recorder
+// never published that pass, and nothing else will.
 func halted(st events.TaskState, t tail) bool {
 	reason, isReview := strings.CutPrefix(t.Stage, "review.")
 	return isReview && reason != ReasonAction && reason != events.ReviewRejected &&
-		st.Status != events.StatusSucceeded && (t.Pass == 0 || t.Pass >= st.Pass)
+		st.Status != events.StatusSucceeded && (t.Pass == 0 || t.Pass >= st.Pass || task.AsRecorded(st, t.Pass))
 }

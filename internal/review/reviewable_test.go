@@ -54,6 +54,27 @@ func TestCheckReviewable(t *testing.T) {
 	}
 }
 
+// A recorder whose outcome was poisoned after it had written the task's
+// next pass (pending, or parked) never published that pass: the task can
+// be requeued. Once the next pass moved the task, it cannot.
+func TestPoisonedOutcomeOfARecordedRetryIsReviewable(t *testing.T) {
+	recorded := events.TaskState{ID: "t-1", Status: events.StatusPending, Decision: events.DecisionRetry, Pass: 3,
+		History: []events.AttemptRecord{{Attempt: 1, Pass: 1}, {Attempt: 2, Pass: 2}}}
+	if err := checkReviewable(recorded, tail{"review.poison", 2}, events.ActionRequeue); err != nil {
+		t.Fatalf("refused: %v", err)
+	}
+	parked := recorded
+	parked.Status, parked.Decision = events.StatusParked, events.DecisionPark
+	if err := checkReviewable(parked, tail{"review.poison", 2}, events.ActionRequeue); err != nil {
+		t.Fatalf("parked: refused: %v", err)
+	}
+	moved := recorded
+	moved.Status = events.StatusRunning // pass 3 began: its retry was published
+	if err := checkReviewable(moved, tail{"review.poison", 2}, events.ActionRequeue); !errors.Is(err, ErrNotReviewable) {
+		t.Fatalf("err = %v, want ErrNotReviewable once the next pass runs", err)
+	}
+}
+
 func TestHandledBy(t *testing.T) {
 	t0 := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
 	rec := Record{Seq: 10, Time: t0}

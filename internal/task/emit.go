@@ -56,13 +56,15 @@ func Emit(st events.TaskState, b events.Base, res events.Result, pol policy.Type
 
 // AsRecorded reports whether st is still as recording the attempt of pass
 // left it: that attempt's record is the last, and neither a later pass's
-// stage (the gate stopping the retry, the executor starting it) nor a human
-// has changed the task since. Only then does Emit say what the attempt led
-// to, and only then may a redelivered outcome publish it again. Once the
-// task moved on, what it led to was published (a retry's next pass began
-// only from it), and the state no longer says what it was: the gate that
-// hands the next pass off leaves decision handoff where the recorder left
-// retry.
+// stage that writes the task's state (the verifier checking the retry, the
+// gate stopping it, the executor starting it) nor a human has changed the
+// task since. Only then does Emit say what the attempt led to, and only then
+// may a redelivered outcome publish it again. Once the task moved on, what
+// it led to was published (a retry's next pass began only from it), and the
+// state no longer says what it was: the gate that hands the next pass off
+// leaves decision handoff where the recorder left retry. A terminal
+// decision keeps the pass the state had (Apply moves it only for a retry),
+// so it asks for no later pass than the attempt's.
 func AsRecorded(st events.TaskState, pass int) bool {
 	last, ok := LastRecord(st)
 	if !ok || last.Pass != pass || EndedByHuman(st) {
@@ -74,11 +76,11 @@ func AsRecorded(st events.TaskState, pass int) bool {
 	case events.DecisionPark:
 		return st.Pass == pass+1 && st.Status == events.StatusParked
 	case events.DecisionSucceeded:
-		return st.Pass == pass && st.Status == events.StatusSucceeded
+		return st.Pass <= pass && st.Status == events.StatusSucceeded
 	case events.DecisionHandoff, events.DecisionStuck:
-		return st.Pass == pass && st.Status == events.StatusBlocked
+		return st.Pass <= pass && st.Status == events.StatusBlocked
 	case events.DecisionFail:
-		return st.Pass == pass && st.Status == events.StatusFailed
+		return st.Pass <= pass && st.Status == events.StatusFailed
 	}
 	return false
 }

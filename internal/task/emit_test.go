@@ -100,6 +100,16 @@ func TestAsRecorded(t *testing.T) {
 	resolved := task.Act(record(events.Result{Outcome: events.OutcomeFailure, Error: "x", ErrorClass: events.ErrorClassDeterministic}),
 		events.Action{Action: events.ActionResolve, By: "ann", At: now})
 	requeued := task.Act(resolved, events.Action{Action: events.ActionRequeue, By: "ann", At: now})
+	// the other ends a recorded attempt can lead to, as Apply leaves them
+	with := func(st events.TaskState, status events.Status, d events.Decision, pass int) events.TaskState {
+		st.Status, st.Decision, st.Pass = status, d, pass
+		return st
+	}
+	parked := with(retrying, events.StatusParked, events.DecisionPark, 2)
+	stuck := with(retrying, events.StatusBlocked, events.DecisionStuck, 1)
+	failed := with(retrying, events.StatusFailed, events.DecisionFail, 1)
+	budget := with(retrying, events.StatusBlocked, events.DecisionHandoff, 1)
+	fromScratch := with(succeeded, events.StatusSucceeded, events.DecisionSucceeded, 0) // state recreated by Record
 
 	cases := []struct {
 		name string
@@ -116,6 +126,12 @@ func TestAsRecorded(t *testing.T) {
 		{"no record at all", task.New(bugFix), 1, false},
 		{"a failure a human resolved", resolved, 1, false},
 		{"a failure a human requeued", requeued, 1, false},
+		{"a park not yet due", parked, 1, true},
+		{"a pipeline out of skips", stuck, 1, true},
+		{"a pipeline's final fail", failed, 1, true},
+		{"a task over its budget", budget, 1, true},
+		{"a success on a state Record recreated", fromScratch, 1, true},
+		{"a park whose pass began", with(parked, events.StatusVerifying, events.DecisionPark, 2), 1, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
