@@ -134,21 +134,8 @@ func TestOutcomeAfterACancelIsIgnored(t *testing.T) {
 // publishes the retry (same Msg-Id), so a kill between the write and the
 // publish loses nothing.
 func TestOutcomeRedeliveredAfterTheGateHandedOffTheRetry(t *testing.T) {
-	srv := natstest.Start(t)
 	ctx := context.Background()
-	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tasks := services.NewTaskStore(stores.Tasks)
-	rec, err := recorder.New(recorder.Config{
-		Tasks: tasks, Trust: trust.NewStore(stores.Trust, trust.Policy{}), History: history.NewStore(stores.History, 0),
-		Policy: policy.Static(nil), Instance: "recorder@test",
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec, tasks := recorderOn(t, nil)
 	tk := events.Task{ID: "twice", Type: "bug_fix", Subject: "a.go"}
 	m := executed(t, tk, 1, 1, events.RungRefine, failed(events.ErrorClassTask, "still broken"))
 	first, err := rec.Handle(ctx, m)
