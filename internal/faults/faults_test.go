@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
@@ -128,6 +129,17 @@ func (r *run) kill(kind string) {
 	}
 }
 
+// unsettled reports whether err is a JetStream request that found no server
+// to answer it (no responders, a timeout, a fetch without heartbeats) while
+// ctx still has time: the checks read again.
+func unsettled(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // drive submits the workload while causing the faults in order, waits for
 // every task to end and the mesh to be idle, then checks the stores.
 func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fault) {
@@ -159,6 +171,13 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rep, err := faults.Check(cctx, in)
+	for err != nil && unsettled(cctx, err) {
+		// A cluster whose leaders the faults moved may still be electing
+		// one: the stores are there, a request found nobody to answer it.
+		t.Logf("check: %v; trying again", err)
+		time.Sleep(time.Second)
+		rep, err = faults.Check(cctx, in)
+	}
 	if err != nil {
 		t.Fatalf("check: %v", err)
 	}
