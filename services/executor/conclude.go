@@ -43,8 +43,8 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 	case o.err == nil:
 		s.parse(&r, o.final.Content)
 	case errors.Is(o.err, errRefused):
-		ref, err := s.refuse(ctx, a, o.hash)
-		ref.TokensIn, ref.TokensOut, ref.Cost, ref.ToolCalls, ref.ToolRefusals = r.TokensIn, r.TokensOut, r.Cost, r.ToolCalls, r.ToolRefusals
+		ref, err := s.refuse(ctx, a, o.hash, spent)
+		ref.ToolCalls, ref.ToolRefusals = r.ToolCalls, r.ToolRefusals
 		return ref, err
 	case errors.Is(o.err, ErrInvalidOutput):
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassInvalidOutput, o.err.Error()

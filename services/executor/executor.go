@@ -193,7 +193,7 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 // endpoint's circuit is open, and turns what happened into the Result.
 func (s *Service) run(ctx context.Context, a *attempt, req Request, call func(probe bool) outcome) (events.Result, error) {
 	if hash := RequestHash(req); a.f.failed[hash] {
-		return s.refuse(ctx, a, hash)
+		return s.refuse(ctx, a, hash, a.f.unbilled)
 	}
 	a.br = s.circuits.get(a.endpoint)
 	ok, probe, wait := a.br.allow(s.cfg.Now())
@@ -226,9 +226,10 @@ func (s *Service) endpoint() string {
 	return fmt.Sprintf("%T", s.cfg.Model)
 }
 
-// refuse is the Result of a request that was not sent. It bills what the
-// attempt's earlier tries spent (a.f.unbilled): the ledger settles it here.
-func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.Result, error) {
+// refuse is the Result of a request that was not sent. It bills spent, what
+// the attempt's calls spent before it (its earlier tries' unbilled spend and
+// this try's answered turns): the ledger settles the unbilled part here.
+func (s *Service) refuse(ctx context.Context, a *attempt, hash string, spent events.Usage) (events.Result, error) {
 	if err := s.ledger.addRefused(ctx, a.base); err != nil {
 		return events.Result{}, err
 	}
@@ -239,7 +240,7 @@ func (s *Service) refuse(ctx context.Context, a *attempt, hash string) (events.R
 	return events.Result{
 		Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassRefused, Refused: true,
 		RequestHash: hash, Model: a.model, TransientRetries: a.f.transient,
-		TokensIn: a.f.unbilled.TokensIn, TokensOut: a.f.unbilled.TokensOut, Cost: a.f.unbilled.Cost,
+		TokensIn: spent.TokensIn, TokensOut: spent.TokensOut, Cost: spent.Cost,
 		Error: fmt.Sprintf("refused: identical to a request that already failed deterministically (%s); the request must change", HashPrefix(hash)),
 	}, nil
 }
