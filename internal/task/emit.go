@@ -66,7 +66,7 @@ func Emit(st events.TaskState, b events.Base, res events.Result, pol policy.Type
 // decision keeps the pass the state had (Apply moves it only for a retry),
 // so it asks for no later pass than the attempt's.
 func AsRecorded(st events.TaskState, pass int) bool {
-	last, ok := LastRecord(st)
+	last, ok := lastRecord(st)
 	if !ok || last.Pass != pass || EndedByHuman(st) {
 		return false
 	}

@@ -284,8 +284,8 @@ func recordOf(st *events.TaskState, pass int) (events.AttemptRecord, bool) {
 	return events.AttemptRecord{}, false
 }
 
-// LastRecord is the latest attempt recorded in st, if any.
-func LastRecord(st events.TaskState) (events.AttemptRecord, bool) {
+// lastRecord is the latest attempt recorded in st, if any.
+func lastRecord(st events.TaskState) (events.AttemptRecord, bool) {
 	if len(st.History) == 0 {
 		return events.AttemptRecord{}, false
 	}
