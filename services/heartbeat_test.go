@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -103,35 +104,34 @@ func TestRouterHeartbeatOutlivesAckWait(t *testing.T) {
 }
 
 // The heartbeat beats while the handler runs and never after it returned
-// (by then the router may have acked the message).
+// (by then the router may have acked the message). The clock is synctest's:
+// 50 more intervals pass at once, and every timer due in them has fired.
 func TestHeartbeatStopsWithTheHandler(t *testing.T) {
-	var beats atomic.Int32
-	var returned atomic.Bool
-	late := make(chan struct{}, 1)
-	thrice := make(chan struct{})
-	m := &services.Msg{InProgress: func() error {
-		if returned.Load() {
-			select {
-			case late <- struct{}{}:
-			default:
+	synctest.Test(t, func(t *testing.T) {
+		var beats, late atomic.Int32
+		var returned atomic.Bool
+		thrice := make(chan struct{})
+		m := &services.Msg{InProgress: func() error {
+			if returned.Load() {
+				late.Add(1)
 			}
+			if beats.Add(1) == 3 {
+				close(thrice)
+			}
+			return nil
+		}}
+		h := services.Heartbeat(time.Millisecond)(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+			<-thrice
+			return nil, nil
+		})
+		if _, err := h(context.Background(), m); err != nil {
+			t.Fatal(err)
 		}
-		if beats.Add(1) == 3 {
-			close(thrice)
+		returned.Store(true)
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if n := late.Load(); n != 0 {
+			t.Fatalf("%d heartbeats after the handler returned", n)
 		}
-		return nil
-	}}
-	h := services.Heartbeat(time.Millisecond)(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
-		<-thrice
-		return nil, nil
 	})
-	if _, err := h(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-	returned.Store(true)
-	select {
-	case <-late:
-		t.Fatal("a heartbeat after the handler returned")
-	case <-time.After(50 * time.Millisecond): // 50 more intervals
-	}
 }
