@@ -8,9 +8,8 @@ const (
 	// Stream holds every task event and every review record (Limits retention).
 	Stream = "DISPATCH"
 
-	BucketTasks   = "dispatch_tasks"   // task state by task id
-	BucketTrust   = "dispatch_trust"   // trust stats by task type
-	BucketHistory = "dispatch_history" // outcome history by (type, subject)
+	BucketTasks = "dispatch_tasks" // task state by task id
+	BucketTrust = "dispatch_trust" // the gate's facts by task type (the outcomes are a stream)
 )
 
 // MsgID is the deterministic id (Nats-Msg-Id) of a task's event for one

@@ -8,116 +8,216 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
-	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/directget"
 )
 
-// DefaultLimit is the number of entries kept per (type, subject) when
-// NewStore is given no limit.
-const DefaultLimit = 50
+// The history stream: every recorded attempt is one small message on
+// dispatch.history.<type>.<key>.outcome, and a failure one more on
+// ….failure, in the stream Stream, which keeps the newest Keep of each
+// (its per-subject limit). A recorder publishes; nobody compare-and-sets a
+// subject's record, so a subject many tasks work on is no hot key. A prompt
+// reads a subject's last outcomes (what was tried) and last failures (is
+// it failing again and again?) in one request.
+const (
+	// Stream holds the history (Limits retention, Keep per subject and kind).
+	Stream = "DISPATCH_HISTORY"
+	// Root prefixes the history subjects.
+	Root = "dispatch.history"
+	// Filter matches every history subject.
+	Filter = Root + ".>"
+	// EventEntry names a history message (the Dispatch-Event header).
+	EventEntry = "history.entry.v1"
+	// Keep is how many of a subject's last outcomes, and of its last
+	// failures, the stream keeps: a prompt carries at most Keep previous
+	// attempts, and a subject is found failing again and again from at most
+	// Keep failures.
+	Keep = 5
+)
 
-// ErrInvalid marks a call the store refuses: a task type that is not valid,
-// or an entry without an idempotency key.
+// Kinds of history subject: every outcome, and the failures among them.
+const (
+	KindOutcome = "outcome"
+	KindFailure = "failure"
+)
+
+// ErrInvalid marks a call the history refuses: a task type that is not
+// valid, or an entry without an idempotency key.
 var ErrInvalid = errors.New("history: invalid input")
 
-// Record is the value stored under Key(Type, Subject). It carries the type
-// and subject so tools can list what the bucket holds without the hash.
-type Record struct {
-	Type    string `json:"type"`
-	Subject string `json:"subject"`
-	// Entries are ordered by At, oldest first.
-	Entries []Entry `json:"entries"`
-}
-
-// Clone returns a copy of r that shares no slice with it.
-func (r Record) Clone() Record {
-	r.Entries = slices.Clone(r.Entries)
-	return r
-}
-
-// Key is the KV key of (taskType, subject): the type, a dot and the first 32
-// hex digits of the SHA-256 of the subject (subjects are file paths, URLs…,
-// not valid keys).
+// Key names the history of (taskType, subject): the type, a dot and the
+// first 32 hex digits of the SHA-256 of the subject (subjects are file
+// paths, URLs…, not subject tokens).
 func Key(taskType, subject string) string {
 	sum := sha256.Sum256([]byte(subject))
 	return taskType + "." + hex.EncodeToString(sum[:16])
 }
 
-// Store keeps the recent entries of each (type, subject) in a KV bucket.
-// Appends of one process go through a kvcas.Writer: those to one subject
-// that arrive together are written together.
-type Store struct {
-	kv     jetstream.KeyValue
-	limit  int
-	writer *kvcas.Writer[Record]
+// Subject is the stream subject of (taskType, subject)'s entries of kind.
+func Subject(taskType, subject, kind string) string {
+	return Root + "." + Key(taskType, subject) + "." + kind
 }
 
-// NewStore returns a store on kv keeping at most limit entries per
-// (type, subject); limit <= 0 means DefaultLimit.
-func NewStore(kv jetstream.KeyValue, limit int) *Store {
-	if limit <= 0 {
-		limit = DefaultLimit
+// Message is one history message: an entry with the (type, subject) it
+// belongs to, so a reader of the stream needs no hash to tell.
+type Message struct {
+	Type    string `json:"type"`
+	Subject string `json:"subject"`
+	Entry
+}
+
+// Msgs are the messages that record e for (taskType, subject): one on the
+// outcome subject, and for a failure one on the failure subject. Each
+// carries e.Key in its Nats-Msg-Id, so a redelivered outcome is stored once.
+func Msgs(taskType, subject string, e Entry) ([]*nats.Msg, error) {
+	if !events.ValidType(taskType) {
+		return nil, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
 	}
-	w := kvcas.NewWriter[Record](kv)
-	w.Clone = Record.Clone
-	return &Store{kv: kv, limit: limit, writer: w}
-}
-
-// Append adds e to the history of (taskType, subject), in At order, dropping
-// the oldest entries beyond the limit. It is a compare-and-set retried on
-// conflict (kvcas.Writer), and idempotent: an entry whose Key is already kept changes nothing.
-func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) error {
 	if e.Key == "" {
-		return fmt.Errorf("%w: entry without a key", ErrInvalid)
+		return nil, fmt.Errorf("%w: entry without a key", ErrInvalid)
 	}
-	key, err := validKey(taskType, subject)
+	data, err := json.Marshal(Message{Type: taskType, Subject: subject, Entry: e})
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("history: encode %s: %w", e.Key, err)
 	}
-	_, err = s.writer.Update(ctx, key, func(rec *Record, _ bool) error {
-		rec.Type, rec.Subject = taskType, subject
-		entries, changed := Insert(rec.Entries, e, s.limit)
-		if !changed {
-			return kvcas.ErrNoChange
+	kinds := []string{KindOutcome}
+	if e.Outcome == events.OutcomeFailure {
+		kinds = append(kinds, KindFailure)
+	}
+	msgs := make([]*nats.Msg, len(kinds))
+	for i, kind := range kinds {
+		m := nats.NewMsg(Subject(taskType, subject, kind))
+		m.Header.Set(nats.MsgIdHdr, e.Key+":"+kind)
+		m.Header.Set(events.HeaderEvent, EventEntry)
+		m.Data = data
+		msgs[i] = m
+	}
+	return msgs, nil
+}
+
+// Record is what the stream keeps of one (type, subject): its last
+// outcomes and its last failures, each oldest first, at most Keep each.
+type Record struct {
+	Type     string  `json:"type"`
+	Subject  string  `json:"subject"`
+	Outcomes []Entry `json:"outcomes,omitempty"`
+	Failures []Entry `json:"failures,omitempty"`
+}
+
+// Add returns r with e recorded (Insert, keeping Keep of each kind); changed
+// is false when e was already there. r is not modified.
+func (r Record) Add(e Entry) (next Record, changed bool) {
+	next = r
+	next.Outcomes, changed = Insert(r.Outcomes, e, Keep)
+	if e.Outcome == events.OutcomeFailure {
+		var f bool
+		next.Failures, f = Insert(r.Failures, e, Keep)
+		changed = changed || f
+	}
+	return next, changed
+}
+
+// Log reads the history stream; the recorder writes it (Msgs) through its
+// router, so a recorded outcome and the task's next step are published the
+// same way.
+type Log struct {
+	get *directget.Getter
+}
+
+// NewLog returns a Log reading with direct gets on nc.
+func NewLog(nc *nats.Conn) *Log { return &Log{get: directget.New(nc)} }
+
+// Close releases the Log's subscription.
+func (l *Log) Close() error { return l.get.Close() }
+
+// Recent returns the history of (taskType, subject): its last outcomes and
+// last failures, oldest first — one request, answered with at most
+// 2 × Keep small messages.
+func (l *Log) Recent(ctx context.Context, taskType, subject string) (Record, error) {
+	if !events.ValidType(taskType) {
+		return Record{}, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
+	}
+	rec := Record{Type: taskType, Subject: subject}
+	msgs, err := l.get.Subject(ctx, Stream, Root+"."+Key(taskType, subject)+".*", 2*Keep)
+	if err != nil {
+		return rec, fmt.Errorf("history: %s %q: %w", taskType, subject, err)
+	}
+	for _, m := range msgs {
+		var hm Message
+		if err := json.Unmarshal(m.Data, &hm); err != nil || hm.Key == "" {
+			continue // not a recorder's message: nothing to learn from it
 		}
-		rec.Entries = entries
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("history: %s: %w", key, err)
+		switch {
+		case strings.HasSuffix(m.Subject, "."+KindFailure):
+			rec.Failures, _ = Insert(rec.Failures, hm.Entry, Keep)
+		default:
+			rec.Outcomes, _ = Insert(rec.Outcomes, hm.Entry, Keep)
+		}
 	}
-	return nil
+	return rec, nil
 }
 
-// Recent returns the last n entries of (taskType, subject), oldest first; all
-// kept entries when n <= 0, none when there is no history.
-func (s *Store) Recent(ctx context.Context, taskType, subject string, n int) ([]Entry, error) {
-	key, err := validKey(taskType, subject)
+// ReadAll reads the whole history stream (dispatch rebuild, the fault
+// suite's checker): every (type, subject)'s Record, by Key. It is bounded
+// by the subjects worked on, not by the tasks: Keep of each kind apiece.
+func ReadAll(ctx context.Context, js jetstream.JetStream) (map[string]*Record, error) {
+	stream, err := js.Stream(ctx, Stream)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("history: stream %s: %w", Stream, err)
 	}
-	rec, _, err := s.get(ctx, key, taskType, subject)
+	all := map[string]*Record{}
+	last := stream.CachedInfo().State.LastSeq
+	if stream.CachedInfo().State.Msgs == 0 {
+		return all, nil
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{Filter}})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("history: read %s: %w", Stream, err)
 	}
-	if n <= 0 {
-		return rec.Entries, nil
+	for {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("history: read %s: %w", Stream, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			meta, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			var hm Message
+			if err := json.Unmarshal(m.Data(), &hm); err != nil || hm.Key == "" {
+				return nil, fmt.Errorf("history: %s seq %d does not decode: %v", m.Subject(), meta.Sequence.Stream, err)
+			}
+			k := Key(hm.Type, hm.Subject)
+			rec := all[k]
+			if rec == nil {
+				rec = &Record{Type: hm.Type, Subject: hm.Subject}
+				all[k] = rec
+			}
+			if strings.HasSuffix(m.Subject(), "."+KindFailure) {
+				rec.Failures, _ = Insert(rec.Failures, hm.Entry, Keep)
+			} else {
+				rec.Outcomes, _ = Insert(rec.Outcomes, hm.Entry, Keep)
+			}
+			if meta.Sequence.Stream >= last || meta.NumPending == 0 {
+				return all, nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("history: read %s: %w", Stream, err)
+		}
+		if n == 0 {
+			return all, nil
+		}
 	}
-	return lastN(rec.Entries, n), nil
-}
-
-// FailuresSince counts the kept failures of (taskType, subject) at or after
-// since (recurring-error detection, SPEC §8).
-func (s *Store) FailuresSince(ctx context.Context, taskType, subject string, since time.Time) (int, error) {
-	entries, err := s.Recent(ctx, taskType, subject, 0)
-	if err != nil {
-		return 0, err
-	}
-	return Failures(entries, since), nil
 }
 
 // Failures counts the failures among entries at or after since.
@@ -131,59 +231,18 @@ func Failures(entries []Entry, since time.Time) int {
 	return n
 }
 
-// Put writes the history of (taskType, subject) unconditionally (for
-// rebuilding the bucket): entries as given, oldest first, the newest limit kept.
-func (s *Store) Put(ctx context.Context, taskType, subject string, entries []Entry) error {
-	key, err := validKey(taskType, subject)
-	if err != nil {
-		return err
-	}
-	rec := Record{Type: taskType, Subject: subject, Entries: lastN(entries, s.limit)}
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("history: encode %s: %w", key, err)
-	}
-	if _, err := s.kv.Put(ctx, key, data); err != nil {
-		return fmt.Errorf("history: put %s: %w", key, err)
-	}
-	return nil
-}
-
-// get returns the record under key and its revision (0 when absent).
-func (s *Store) get(ctx context.Context, key, taskType, subject string) (Record, uint64, error) {
-	e, err := s.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Record{Type: taskType, Subject: subject}, 0, nil
-	}
-	if err != nil {
-		return Record{}, 0, fmt.Errorf("history: get %s: %w", key, err)
-	}
-	var rec Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return Record{}, 0, fmt.Errorf("history: decode %s: %w", key, err)
-	}
-	rec.Type, rec.Subject = taskType, subject
-	return rec, e.Revision(), nil
-}
-
-func validKey(taskType, subject string) (string, error) {
-	if !events.ValidType(taskType) {
-		return "", fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
-	}
-	return Key(taskType, subject), nil
-}
-
 func lastN[T any](s []T, n int) []T {
-	if len(s) > n {
+	if n >= 0 && len(s) > n {
 		return s[len(s)-n:]
 	}
 	return s
 }
 
 // Insert adds e to entries (oldest first) in (At, Key) order, keeping the
-// newest limit. It is idempotent: an entry whose Key is present changes
-// nothing. The order does not depend on arrival, so replaying the same
-// entries in any order (dispatch rebuild) gives the same history.
+// newest limit. It is idempotent: an entry whose Key is present, or one
+// older than every entry of a full history, changes nothing. The order does
+// not depend on arrival, so replaying the same entries in any order
+// (dispatch rebuild) gives the same history.
 func Insert(entries []Entry, e Entry, limit int) ([]Entry, bool) {
 	if slices.ContainsFunc(entries, func(x Entry) bool { return x.Key == e.Key }) {
 		return entries, false
@@ -191,6 +250,9 @@ func Insert(entries []Entry, e Entry, limit int) ([]Entry, bool) {
 	i := len(entries)
 	for i > 0 && later(entries[i-1], e) {
 		i--
+	}
+	if limit > 0 && len(entries) >= limit && i == 0 {
+		return entries, false
 	}
 	out := slices.Insert(slices.Clone(entries), i, e)
 	return lastN(out, limit), true

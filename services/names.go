@@ -1,6 +1,10 @@
 package services
 
-import "dispatchmesh/events"
+import (
+	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/trust"
+)
 
 // Names of everything the mesh provisions. deploy/ grants permissions on them.
 const (
@@ -13,9 +17,15 @@ const (
 	// dispatch.count.<type>.<unit>.<day>, one message per counter.
 	CounterStream = "DISPATCH_COUNTERS"
 
-	BucketTasks   = events.BucketTasks   // task state by task id
-	BucketTrust   = events.BucketTrust   // trust stats by task type
-	BucketHistory = events.BucketHistory // outcome history by (type, subject)
+	// OutcomeStream holds the outcomes that score each type's trust
+	// (trust.View reads them), HistoryStream each (type, subject)'s last
+	// outcomes and failures (history.Log reads them): both written by the
+	// recorder, one small message per outcome, no shared value rewritten.
+	OutcomeStream = trust.OutcomeStream
+	HistoryStream = history.Stream
+
+	BucketTasks = events.BucketTasks // task state by task id
+	BucketTrust = events.BucketTrust // the gate's facts by task type: block streak, decisions, canary places
 	// BucketPolicy holds the per-type policies under one key, "current"
 	// (package policy), keeping every revision (PolicyRevisions).
 	BucketPolicy = "dispatch_policy"
