@@ -136,31 +136,58 @@ func NewLog(nc *nats.Conn) *Log { return &Log{get: directget.New(nc)} }
 // Close releases the Log's subscription.
 func (l *Log) Close() error { return l.get.Close() }
 
-// Recent returns the history of (taskType, subject): its last outcomes and
-// last failures, oldest first — one request, answered with at most
-// 2 × Keep small messages.
+// Outcomes returns the last outcomes of (taskType, subject), oldest first:
+// one direct get of one subject, answered with at most Keep small messages.
+func (l *Log) Outcomes(ctx context.Context, taskType, subject string) ([]Entry, error) {
+	return l.read(ctx, taskType, subject, KindOutcome)
+}
+
+// Failures returns the last failures of (taskType, subject), oldest first.
+func (l *Log) Failures(ctx context.Context, taskType, subject string) ([]Entry, error) {
+	return l.read(ctx, taskType, subject, KindFailure)
+}
+
+// Recent returns both, the Record the stream keeps of (taskType, subject).
 func (l *Log) Recent(ctx context.Context, taskType, subject string) (Record, error) {
-	if !events.ValidType(taskType) {
-		return Record{}, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
-	}
 	rec := Record{Type: taskType, Subject: subject}
-	msgs, err := l.get.Subject(ctx, Stream, Root+"."+Key(taskType, subject)+".*", 2*Keep)
-	if err != nil {
-		return rec, fmt.Errorf("history: %s %q: %w", taskType, subject, err)
+	var err error
+	if rec.Outcomes, err = l.Outcomes(ctx, taskType, subject); err != nil {
+		return rec, err
 	}
+	rec.Failures, err = l.Failures(ctx, taskType, subject)
+	return rec, err
+}
+
+// read reads one subject. The subject is literal, never a wildcard: the
+// server finds a literal subject's messages through its per-subject index,
+// where a wildcard makes it scan the messages in between.
+func (l *Log) read(ctx context.Context, taskType, subject, kind string) ([]Entry, error) {
+	if !events.ValidType(taskType) {
+		return nil, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
+	}
+	msgs, err := l.get.Subject(ctx, Stream, Subject(taskType, subject, kind), Keep)
+	if err != nil {
+		return nil, fmt.Errorf("history: %s %q: %w", taskType, subject, err)
+	}
+	var entries []Entry
 	for _, m := range msgs {
 		var hm Message
 		if err := json.Unmarshal(m.Data, &hm); err != nil || hm.Key == "" {
 			continue // not a recorder's message: nothing to learn from it
 		}
-		switch {
-		case strings.HasSuffix(m.Subject, "."+KindFailure):
-			rec.Failures, _ = Insert(rec.Failures, hm.Entry, Keep)
-		default:
-			rec.Outcomes, _ = Insert(rec.Outcomes, hm.Entry, Keep)
-		}
+		entries, _ = Insert(entries, hm.Entry, Keep)
 	}
-	return rec, nil
+	return entries, nil
+}
+
+// RecentFailures counts the failures of (type, subject) at or after since
+// from its last outcomes alone, and reports whether that count is the
+// whole answer: when fewer than Keep outcomes are kept (none was dropped),
+// or the oldest kept is older than since (every dropped one is too).
+// Otherwise only its failures (Log.Failures) tell.
+func RecentFailures(outcomes []Entry, since time.Time) (n int, sure bool) {
+	n = Failures(outcomes, since)
+	return n, len(outcomes) < Keep || outcomes[0].At.Before(since)
 }
 
 // ReadAll reads the whole history stream (dispatch rebuild, the fault

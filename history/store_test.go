@@ -1,7 +1,7 @@
 package history_test
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -10,22 +10,44 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/natstest"
 )
 
 const subject = "src/app/handlers/response.go"
 
-func newStore(t *testing.T, limit int) (*history.Store, jetstream.KeyValue) {
+// newLog creates the history stream as the mesh provisions it and a Log
+// reading it.
+func newLog(t *testing.T) (*history.Log, *natstest.Server) {
 	t.Helper()
 	srv := natstest.Start(t)
-	kv, err := srv.JS.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "test_history"})
+	_, err := srv.JS.CreateStream(t.Context(), jetstream.StreamConfig{
+		Name: history.Stream, Subjects: []string{history.Filter},
+		MaxMsgsPerSubject: history.Keep, Duplicates: time.Hour, AllowDirect: true,
+	})
 	if err != nil {
-		t.Fatalf("create bucket: %v", err)
+		t.Fatalf("create stream: %v", err)
 	}
-	return history.NewStore(kv, limit), kv
+	l := history.NewLog(srv.NC)
+	t.Cleanup(func() { _ = l.Close() })
+	return l, srv
+}
+
+func record(t *testing.T, js jetstream.JetStream, taskType, subj string, e history.Entry) {
+	t.Helper()
+	msgs, err := history.Msgs(taskType, subj, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func entry(i int, outcome string) history.Entry {
@@ -48,187 +70,156 @@ func TestKey(t *testing.T) {
 	if !regexp.MustCompile(`^css_fix\.[0-9a-f]{32}$`).MatchString(k) {
 		t.Errorf("Key = %q", k)
 	}
-	if k != history.Key("css_fix", subject) || k == history.Key("css_fix", subject+"x") || k == history.Key("js_fix", subject) {
-		t.Error("Key is not a function of exactly (type, subject)")
+	if history.Key("css_fix", subject+"x") == k || history.Key("js_fix", subject) == k {
+		t.Error("keys collide")
+	}
+	if s := history.Subject("css_fix", subject, history.KindFailure); s != history.Root+"."+k+".failure" {
+		t.Errorf("Subject = %q", s)
 	}
 }
 
-func TestStoreRecentAbsent(t *testing.T) {
-	store, _ := newStore(t, 0)
-	got, err := store.Recent(t.Context(), "css_fix", subject, 5)
-	if err != nil || len(got) != 0 {
-		t.Errorf("Recent on no history = %v, %v", got, err)
+func TestLogRecentAbsent(t *testing.T) {
+	l, _ := newLog(t)
+	rec, err := l.Recent(t.Context(), "css_fix", subject)
+	if err != nil || len(rec.Outcomes) != 0 || len(rec.Failures) != 0 || rec.Type != "css_fix" || rec.Subject != subject {
+		t.Fatalf("Recent = %+v, %v", rec, err)
 	}
 }
 
-func TestStoreAppendIdempotentAndOrdered(t *testing.T) {
-	store, kv := newStore(t, 0)
-	ctx := t.Context()
-	// Appended out of time order, one twice.
-	for _, i := range []int{1, 3, 2, 3, 4} {
-		if err := store.Append(ctx, "css_fix", subject, entry(i, "failure")); err != nil {
-			t.Fatal(err)
+// Entries come back in time order whatever order they were recorded in;
+// a redelivered entry (the same key) is stored once; failures are kept
+// apart too; other subjects are not mixed in.
+func TestLogRecentOrderedAndIdempotent(t *testing.T) {
+	l, srv := newLog(t)
+	for _, i := range []int{2, 0, 1} {
+		outcome := events.OutcomeFailure
+		if i == 1 {
+			outcome = events.OutcomeSuccess
 		}
+		record(t, srv.JS, "css_fix", subject, entry(i, outcome))
 	}
-	all, err := store.Recent(ctx, "css_fix", subject, 0)
+	record(t, srv.JS, "css_fix", subject, entry(2, events.OutcomeFailure)) // redelivered
+	record(t, srv.JS, "css_fix", "other.go", entry(9, events.OutcomeFailure))
+	record(t, srv.JS, "js_fix", subject, entry(8, events.OutcomeFailure))
+
+	rec, err := l.Recent(t.Context(), "css_fix", subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"t1:1", "t2:1", "t3:1", "t4:1"}; !slices.Equal(keys(all), want) {
-		t.Errorf("entries = %v, want %v", keys(all), want)
+	if got, want := keys(rec.Outcomes), []string{"t0:1", "t1:1", "t2:1"}; !slices.Equal(got, want) {
+		t.Errorf("outcomes = %v, want %v", got, want)
 	}
-	last, err := store.Recent(ctx, "css_fix", subject, 2)
-	if err != nil {
-		t.Fatal(err)
+	if got, want := keys(rec.Failures), []string{"t0:1", "t2:1"}; !slices.Equal(got, want) {
+		t.Errorf("failures = %v, want %v", got, want)
 	}
-	if want := []string{"t3:1", "t4:1"}; !slices.Equal(keys(last), want) {
-		t.Errorf("Recent(2) = %v, want %v", keys(last), want)
-	}
-	if got, _ := store.Recent(ctx, "css_fix", subject, 10); len(got) != 4 {
-		t.Errorf("Recent(10) returned %d entries, want 4", len(got))
-	}
-
-	// The stored value names its type and subject.
-	e, err := kv.Get(ctx, history.Key("css_fix", subject))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := `"type":"css_fix","subject":"` + subject + `"`; !regexp.MustCompile(regexp.QuoteMeta(want)).Match(e.Value()) {
-		t.Errorf("stored value %s lacks %s", e.Value(), want)
+	if rec.Outcomes[1].Outcome != events.OutcomeSuccess || rec.Outcomes[0].TaskID != "t0" {
+		t.Errorf("entries = %+v", rec.Outcomes)
 	}
 }
 
-func TestStoreAppendBounded(t *testing.T) {
-	store, _ := newStore(t, 3)
-	ctx := t.Context()
-	for i := 1; i <= 5; i++ {
-		if err := store.Append(ctx, "css_fix", subject, entry(i, "failure")); err != nil {
-			t.Fatal(err)
-		}
+// The stream keeps the last Keep outcomes and, apart, the last Keep
+// failures: a subject that failed long ago and then succeeded many times
+// still shows its failures.
+func TestLogKeepsKeepOfEachKind(t *testing.T) {
+	l, srv := newLog(t)
+	for i := range history.Keep + 2 {
+		record(t, srv.JS, "css_fix", subject, entry(i, events.OutcomeFailure))
 	}
-	// An entry older than everything kept is dropped at once.
-	if err := store.Append(ctx, "css_fix", subject, entry(0, "failure")); err != nil {
-		t.Fatal(err)
+	for i := history.Keep + 2; i < 3*history.Keep; i++ {
+		record(t, srv.JS, "css_fix", subject, entry(i, events.OutcomeSuccess))
 	}
-	all, err := store.Recent(ctx, "css_fix", subject, 0)
+	rec, err := l.Recent(t.Context(), "css_fix", subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"t3:1", "t4:1", "t5:1"}; !slices.Equal(keys(all), want) {
-		t.Errorf("entries = %v, want %v", keys(all), want)
+	if len(rec.Outcomes) != history.Keep || rec.Outcomes[0].Key != fmt.Sprintf("t%d:1", 2*history.Keep) {
+		t.Errorf("outcomes = %v", keys(rec.Outcomes))
+	}
+	if len(rec.Failures) != history.Keep || rec.Failures[0].Key != "t2:1" {
+		t.Errorf("failures = %v", keys(rec.Failures))
+	}
+	since := at.Add(4 * time.Minute)
+	if n := history.Failures(rec.Failures, since); n != history.Keep-2 {
+		t.Errorf("failures since %s = %d, want %d", since, n, history.Keep-2)
 	}
 }
 
-func TestStoreFailuresSince(t *testing.T) {
-	store, _ := newStore(t, 0)
-	ctx := t.Context()
-	outcomes := []string{"failure", "success", "failure", "failure", "success", "failure"}
-	for i, o := range outcomes {
-		if err := store.Append(ctx, "css_fix", subject, entry(i, o)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tests := []struct {
-		since time.Time
-		want  int
-	}{
-		{at.Add(-time.Hour), 4},
-		{at, 4},
-		{at.Add(2 * time.Minute), 3}, // inclusive: entry 2 is at exactly this time
-		{at.Add(2*time.Minute + time.Second), 2},
-		{at.Add(time.Hour), 0},
-	}
-	for _, tt := range tests {
-		got, err := store.FailuresSince(ctx, "css_fix", subject, tt.since)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != tt.want {
-			t.Errorf("FailuresSince(%v) = %d, want %d", tt.since, got, tt.want)
-		}
-	}
-	if n, err := store.FailuresSince(ctx, "css_fix", "other/file.go", at.Add(-time.Hour)); err != nil || n != 0 {
-		t.Errorf("FailuresSince on another subject = %d, %v", n, err)
-	}
-}
-
-func TestStoreConcurrentAppends(t *testing.T) {
-	const writers, perWriter = 4, 20
-	store, _ := newStore(t, 200)
-	ctx := t.Context()
+// Many recorders on one subject at once: nothing to compare-and-set, so
+// nothing is lost; each kind keeps its newest Keep.
+func TestLogConcurrentRecorders(t *testing.T) {
+	const writers, perWriter = 8, 20
+	l, srv := newLog(t)
 	var wg sync.WaitGroup
 	for w := range writers {
+		_, js := srv.Connect(t)
 		wg.Go(func() {
 			for i := range perWriter {
-				e := entry(w*perWriter+i, "failure")
-				if err := store.Append(ctx, "css_fix", subject, e); err != nil {
-					t.Errorf("writer %d append %d: %v", w, i, err)
-					return
+				e := history.Entry{Key: fmt.Sprintf("w%d-%d:1", w, i), Outcome: events.OutcomeSuccess, At: at.Add(time.Duration(i*writers+w) * time.Second)}
+				msgs, _ := history.Msgs("css_fix", subject, e)
+				for _, m := range msgs {
+					if _, err := js.PublishMsg(context.Background(), m); err != nil {
+						t.Error(err)
+						return
+					}
 				}
 			}
 		})
 	}
 	wg.Wait()
-	all, err := store.Recent(ctx, "css_fix", subject, 0)
+	all, err := history.ReadAll(t.Context(), srv.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all) != writers*perWriter {
-		t.Fatalf("kept %d entries, want %d (lost appends)", len(all), writers*perWriter)
+	rec := all[history.Key("css_fix", subject)]
+	if rec == nil || len(rec.Outcomes) != history.Keep || rec.Subject != subject {
+		t.Fatalf("ReadAll = %+v", rec)
 	}
-	if !slices.IsSortedFunc(all, func(a, b history.Entry) int { return a.At.Compare(b.At) }) {
-		t.Errorf("entries not in time order: %v", keys(all))
+	recent, err := l.Recent(t.Context(), "css_fix", subject)
+	if err != nil || !slices.Equal(keys(recent.Outcomes), keys(rec.Outcomes)) {
+		t.Errorf("Recent %v and ReadAll %v disagree (%v)", keys(recent.Outcomes), keys(rec.Outcomes), err)
 	}
 }
 
-func TestStorePut(t *testing.T) {
-	store, _ := newStore(t, 2)
-	ctx := t.Context()
-	if err := store.Append(ctx, "css_fix", subject, entry(9, "success")); err != nil {
-		t.Fatal(err)
+// ReadAll and Record.Add agree: what the stream keeps is what a replay
+// of the same entries builds.
+func TestReadAllMatchesRecordAdd(t *testing.T) {
+	_, srv := newLog(t)
+	var want history.Record
+	for i := range 12 {
+		outcome := events.OutcomeSuccess
+		if i%3 == 0 {
+			outcome = events.OutcomeFailure
+		}
+		e := entry(i, outcome)
+		record(t, srv.JS, "css_fix", subject, e)
+		want, _ = want.Add(e)
 	}
-	if err := store.Put(ctx, "css_fix", subject, []history.Entry{entry(1, "failure"), entry(2, "failure"), entry(3, "success")}); err != nil {
-		t.Fatal(err)
-	}
-	all, err := store.Recent(ctx, "css_fix", subject, 0)
+	all, err := history.ReadAll(t.Context(), srv.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"t2:1", "t3:1"}; !slices.Equal(keys(all), want) {
-		t.Errorf("after Put: %v, want %v", keys(all), want)
+	got := all[history.Key("css_fix", subject)]
+	if got == nil || !slices.Equal(keys(got.Outcomes), keys(want.Outcomes)) || !slices.Equal(keys(got.Failures), keys(want.Failures)) {
+		t.Fatalf("ReadAll = %+v, want outcomes %v failures %v", got, keys(want.Outcomes), keys(want.Failures))
+	}
+	if again, changed := want.Add(entry(11, events.OutcomeSuccess)); changed || len(again.Outcomes) != len(want.Outcomes) {
+		t.Error("Add of an entry already kept changed the record")
 	}
 }
 
-func TestStoreRejectsInvalidInput(t *testing.T) {
-	store, _ := newStore(t, 0)
-	ctx := t.Context()
-	if err := store.Append(ctx, "css_fix", subject, history.Entry{Outcome: "failure"}); !errors.Is(err, history.ErrInvalid) {
-		t.Errorf("entry without a key: err = %v", err)
-	}
-	if err := store.Append(ctx, "CSS.fix", subject, entry(1, "failure")); !errors.Is(err, history.ErrInvalid) {
+func TestMsgsRejectsInvalidInput(t *testing.T) {
+	if _, err := history.Msgs("CSS.fix", subject, entry(1, events.OutcomeSuccess)); !errors.Is(err, history.ErrInvalid) {
 		t.Errorf("invalid type: err = %v", err)
 	}
-	if _, err := store.Recent(ctx, "", subject, 1); !errors.Is(err, history.ErrInvalid) {
-		t.Errorf("empty type: err = %v", err)
+	if _, err := history.Msgs("css_fix", subject, history.Entry{}); !errors.Is(err, history.ErrInvalid) {
+		t.Errorf("entry without a key: err = %v", err)
 	}
-}
-
-// Clone copies the entries: a change to the copy leaves the original as
-// its JSON says it was.
-func TestRecordClone(t *testing.T) {
-	at := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
-	r := history.Record{Type: "css_fix", Subject: "a.css", Entries: []history.Entry{
-		{Key: "a:1", TaskID: "a", Attempt: 1, Outcome: "failure", Approach: "guess", Error: "no", At: at},
-		{Key: "b:1", TaskID: "b", Attempt: 1, Outcome: "success", Summary: "fixed", At: at},
-	}}
-	before, _ := json.Marshal(r)
-	c := r.Clone()
-	if after, _ := json.Marshal(c); string(after) != string(before) {
-		t.Fatalf("clone %s, want %s", after, before)
+	l, _ := newLog(t)
+	if _, err := l.Recent(t.Context(), "CSS.fix", subject); !errors.Is(err, history.ErrInvalid) {
+		t.Errorf("Recent of an invalid type: err = %v", err)
 	}
-	c.Entries[0].Summary = "changed"
-	c.Entries = append(c.Entries[:1], history.Entry{Key: "z"})
-	if after, _ := json.Marshal(r); string(after) != string(before) {
-		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)
+	msgs, err := history.Msgs("css_fix", subject, entry(1, events.OutcomeFailure))
+	if err != nil || len(msgs) != 2 || msgs[0].Header.Get(nats.MsgIdHdr) == msgs[1].Header.Get(nats.MsgIdHdr) {
+		t.Errorf("a failure's messages: %v %v", msgs, err)
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"dispatchmesh/events"
+	"dispatchmesh/history"
 	"dispatchmesh/schemas"
+	trustpkg "dispatchmesh/trust"
 )
 
 // modelResult is the structured answer the model is asked to return
@@ -49,6 +51,8 @@ var messages = []struct {
 	{"api.submit.reply.v1", events.SubmitReply{}},
 	{"api.wait.reply.v1", events.WaitReply{}},
 	{"api.error.v1", events.ErrorReply{}},
+	{trustpkg.EventOutcome, trustpkg.Outcome{}},
+	{history.EventEntry, history.Message{}},
 }
 
 // TestSchemasMatchGoTypes is the drift test: every JSON field the Go type

@@ -39,6 +39,16 @@ type Out struct {
 	Data   []byte
 }
 
+// NatsMsg is out as a NATS message: subject, header and data (publish it
+// with jetstream.WithMsgID(out.MsgID)).
+func NatsMsg(out Out) *nats.Msg {
+	h := out.Header
+	if h == nil {
+		h = nats.Header{}
+	}
+	return &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}
+}
+
 // OutMsg is m as an output: its Nats-Msg-Id header becomes the Out's MsgID.
 // m is not modified.
 func OutMsg(m *nats.Msg) Out {

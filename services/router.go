@@ -413,12 +413,9 @@ func (r *Router) publish(ctx context.Context, service string, out Out) error {
 
 // msg is out as a NATS message, naming this instance.
 func (r *Router) msg(out Out) *nats.Msg {
-	h := out.Header
-	if h == nil {
-		h = nats.Header{}
+	m := NatsMsg(out)
+	if r.Instance != "" && m.Header.Get(events.HeaderService) == "" {
+		m.Header.Set(events.HeaderService, r.Instance)
 	}
-	if r.Instance != "" && h.Get(events.HeaderService) == "" {
-		h.Set(events.HeaderService, r.Instance)
-	}
-	return &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}
+	return m
 }

@@ -104,6 +104,9 @@ func (g *Getter) Subject(ctx context.Context, stream, filter string, max int) ([
 	if max < 1 {
 		return nil, fmt.Errorf("directget: batch of %d", max)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("directget: %s %s: %w", stream, filter, err)
+	}
 	if err := g.subscribe(); err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ var Buckets = map[string]Access{
 	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
 	Recorder: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream, services.HistoryStream}},
-	Reaper:   {}, // reads DISPATCH messages, no bucket, no policy
+	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
 }
 
 // bucketsOf is every bucket the named services use, each once.

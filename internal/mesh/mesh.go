@@ -159,7 +159,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	specs, err := o.build(ctx, stores)
 	if err != nil {
-		return err
+		return startError(o.NC, err)
 	}
 	var metrics *services.Metrics
 	if o.Registry != nil {

@@ -6,25 +6,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/services"
 )
 
-// TestHandleWithHistoryStore runs the builder on a real outcome history in
-// JetStream KV: the second attempt's prompt carries both earlier outcomes of
-// the same (type, subject), escaped, and nothing of another subject.
+// TestHandleWithHistoryStore runs the builder on a real outcome history, the
+// history stream as the mesh provisions it: the second attempt's prompt
+// carries both earlier outcomes of the same (type, subject), escaped, and
+// nothing of another subject.
 func TestHandleWithHistoryStore(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx := context.Background()
-	kv, err := srv.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: services.BucketHistory})
-	if err != nil {
-		t.Fatalf("create bucket: %v", err)
+	if _, err := services.Provision(ctx, srv.JS, services.StreamConfig{}); err != nil {
+		t.Fatal(err)
 	}
-	store := history.NewStore(kv, 0)
+	store := history.NewLog(srv.NC)
+	defer store.Close()
 	for _, e := range []struct {
 		subject string
 		entry   history.Entry
@@ -36,8 +35,14 @@ func TestHandleWithHistoryStore(t *testing.T) {
 		{"src/other.css", history.Entry{Key: "t9:1", TaskID: "t9", Attempt: 1, Outcome: events.OutcomeSuccess,
 			Approach: "unrelated subject", At: t0}},
 	} {
-		if err := store.Append(ctx, "css_fix", e.subject, e.entry); err != nil {
-			t.Fatalf("append: %v", err)
+		msgs, err := history.Msgs("css_fix", e.subject, e.entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if _, err := srv.JS.PublishMsg(ctx, m); err != nil {
+				t.Fatalf("record: %v", err)
+			}
 		}
 	}
 
