@@ -30,7 +30,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/proctest"
@@ -292,9 +291,7 @@ var reviewAccess = map[string]mesh.Access{
 
 // followGrants are how each outcome stream is read (mesh.Access.Follows):
 // the trust outcomes with an ordered consumer (trust.View: stream info,
-// then consumers it names, pulls from, re-creates and deletes; no acks),
-// the history with a batch direct get (history.Log: one request, the
-// subject in its body, answered on the requester's inbox).
+// then consumers it names, pulls from, re-creates and deletes; no acks).
 var followGrants = map[string][]string{
 	services.OutcomeStream: {
 		"$JS.API.STREAM.INFO." + services.OutcomeStream,
@@ -302,14 +299,12 @@ var followGrants = map[string][]string{
 		"$JS.API.CONSUMER.MSG.NEXT." + services.OutcomeStream + ".*",
 		"$JS.API.CONSUMER.DELETE." + services.OutcomeStream + ".*",
 	},
-	services.HistoryStream: {"$JS.API.DIRECT.GET." + services.HistoryStream},
 }
 
 // publishGrants are the subjects of each outcome stream
 // (mesh.Access.Publishes), as services.Provision creates it.
 var publishGrants = map[string]string{
 	services.OutcomeStream: trust.OutcomeFilter,
-	services.HistoryStream: history.Filter,
 }
 
 // outcomeStreams are the streams of followGrants, sorted.
@@ -663,8 +658,8 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 			t.Fatalf("admin puts seed in %s: %v", b, err)
 		}
 	}
-	// The outcome streams, as services.Provision creates them, each with a
-	// first outcome to read.
+	// The outcome stream, as services.Provision creates it, with a first
+	// outcome to read.
 	for stream, subjects := range publishGrants {
 		if _, err := admin.js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: stream, Subjects: []string{subjects}, Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage,
@@ -673,10 +668,8 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 			t.Fatalf("admin creates stream %s: %v", stream, err)
 		}
 	}
-	for _, m := range seedOutcome(t, "seed") {
-		if _, err := admin.js.PublishMsg(ctx, m); err != nil {
-			t.Fatalf("admin publishes seed outcome %s: %v", m.Subject, err)
-		}
+	if _, err := admin.js.PublishMsg(ctx, seedOutcome(t, "seed")); err != nil {
+		t.Fatalf("admin publishes the seed outcome: %v", err)
 	}
 	// A first event no stage consumes, so GetMsg(1) has something to read.
 	if _, err := admin.js.Publish(ctx, events.ReviewSubject(events.ReviewRejected, "seed"), []byte(`{}`)); err != nil {
@@ -686,26 +679,20 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 
 // testBuckets are the buckets provision creates (the policy bucket is
 // tested with the binaries, processes_test.go).
-var testBuckets = []string{services.BucketTasks, services.BucketTrust}
+var testBuckets = []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}
 
-// The outcome the tests publish and read: a failure of seedType on
-// seedSubject.
-const seedType, seedSubject = "css_fix", "src/seed.css"
+// The outcome the tests publish and read: one of seedType.
+const seedType = "css_fix"
 
-// seedOutcome is one outcome with key as the recorder publishes it: on
-// the trust outcomes and, twice (outcome and failure), the history.
-func seedOutcome(t *testing.T, key string) []*nats.Msg {
+// seedOutcome is one outcome with key as the recorder publishes it on the
+// trust outcomes.
+func seedOutcome(t *testing.T, key string) *nats.Msg {
 	t.Helper()
-	at := time.Now()
-	o, err := trust.OutcomeMsg(seedType, trust.Outcome{Key: key, At: at})
+	m, err := trust.OutcomeMsg(seedType, trust.Outcome{Key: key, At: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := history.Msgs(seedType, seedSubject, history.Entry{Key: key, TaskID: key, Attempt: 1, Outcome: events.OutcomeFailure, At: at})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append(h, o)
+	return m
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -893,8 +880,8 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 }
 
 // testOutcomeStreams has c read the outcome streams it follows the way the
-// services do (trust.View, history.Log), publish to those it publishes to
-// as the recorder does, and be refused the others.
+// services do (trust.View), publish to those it publishes to as the
+// recorder does, and be refused the others.
 func testOutcomeStreams(ctx context.Context, t *testing.T, c *conn, access mesh.Access) {
 	t.Helper()
 	if slices.Contains(access.Follows, services.OutcomeStream) {
@@ -916,37 +903,17 @@ func testOutcomeStreams(ctx context.Context, t *testing.T, c *conn, access mesh.
 	} else {
 		c.denyPublish(t, "$JS.API.STREAM.INFO."+services.OutcomeStream)
 	}
-	if slices.Contains(access.Follows, services.HistoryStream) {
-		log := history.NewLog(c.nc)
-		rec, err := log.Recent(ctx, seedType, seedSubject)
-		if err != nil {
-			t.Fatalf("read %s: %v", services.HistoryStream, err)
-		}
-		if len(rec.Outcomes) == 0 || rec.Outcomes[0].Key != "seed" || len(rec.Failures) == 0 {
-			t.Fatalf("history of %s: %+v, not the seed", seedSubject, rec)
-		}
-		if err := log.Close(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		c.denyPublish(t, "$JS.API.DIRECT.GET."+services.HistoryStream)
+	m := seedOutcome(t, "smoke-"+c.user)
+	if !slices.Contains(access.Publishes, services.OutcomeStream) {
+		c.denyPublish(t, m.Subject)
+		return
 	}
-	for _, m := range seedOutcome(t, "smoke-"+c.user) {
-		stream := services.OutcomeStream
-		if strings.HasPrefix(m.Subject, history.Root+".") {
-			stream = services.HistoryStream
-		}
-		if !slices.Contains(access.Publishes, stream) {
-			c.denyPublish(t, m.Subject)
-			continue
-		}
-		ack, err := c.js.PublishMsg(ctx, m)
-		if err != nil {
-			t.Fatalf("publish %s: %v", m.Subject, err)
-		}
-		if ack.Stream != stream {
-			t.Fatalf("publish %s stored in %q, want %s", m.Subject, ack.Stream, stream)
-		}
+	ack, err := c.js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatalf("publish %s: %v", m.Subject, err)
+	}
+	if ack.Stream != services.OutcomeStream {
+		t.Fatalf("publish %s stored in %q, want %s", m.Subject, ack.Stream, services.OutcomeStream)
 	}
 }
 
@@ -1070,7 +1037,7 @@ func testClient(ctx context.Context, t *testing.T, serverURL string, pw map[stri
 	client.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")
 	client.denyPublish(t, trust.OutcomeSubject(seedType))
 	client.denyPublish(t, "$JS.API.STREAM.INFO."+services.OutcomeStream)
-	client.denyPublish(t, "$JS.API.DIRECT.GET."+services.HistoryStream)
+	client.denyPublish(t, "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
 
 	// Audit / --wait: an ordered consumer over one task's events.
 	oc, err := client.js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
@@ -1328,8 +1295,8 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	web.denyPublish(t, events.ReviewSubject(events.ReviewEscalated, "t1"))
 	web.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")
 	web.denyPublish(t, trust.OutcomeSubject(seedType))
-	web.denyPublish(t, history.Subject(seedType, seedSubject, history.KindOutcome))
-	web.denyPublish(t, "$JS.API.DIRECT.GET."+services.HistoryStream)
+	web.denyPublish(t, "$KV."+services.BucketHistory+".css_fix")
+	web.denyPublish(t, "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
 	web.denyPublish(t, "$JS.API.CONSUMER.MSG.NEXT."+services.Stream+"."+services.ConsumerRecorder)
 	web.noViolations(t)
 }

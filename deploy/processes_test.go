@@ -24,7 +24,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/proctest"
 	"dispatchmesh/services"
@@ -69,15 +68,14 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		running[name] = proctest.Start(t, name, append(as(name), "DISPATCH_METRICS_LISTEN="+metrics[name]), argv...)
 	}
 
-	// The wrong user: the executor has every bucket the recorder binds
-	// but may not follow the trust outcomes the recorder scores with; the
-	// verifier may not serve intake's API. Each exits at start and says
-	// which permission is missing.
+	// The wrong user: gate may not read the history the prompt builder
+	// needs, the verifier may not serve intake's API. Each exits at start
+	// and says which permission is missing.
 	wrong := []struct {
 		name, user, service, want string
 	}{
-		{"recorder-as-executor", "executor", mesh.Recorder,
-			`permission denied for $JS.API.STREAM.INFO.` + services.OutcomeStream + `: NATS user "executor" may not`},
+		{"prompt-as-gate", "gate", mesh.Prompt,
+			`permission denied for $JS.API.STREAM.INFO.KV_dispatch_history: NATS user "gate" may not use bucket dispatch_history`},
 		{"intake-as-verifier", "verifier", mesh.Intake, `NATS user "verifier" may not subscribe to it`},
 	}
 	var misfits []*proctest.Process
@@ -230,16 +228,16 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 
 	// The gate's user, on a connection of its own: the refusals reach the
 	// error handler. It follows the trust outcomes but may neither publish
-	// one nor read the history the prompt builder reads.
+	// one nor bind the history bucket the prompt builder reads.
 	gate := connect(t, url, "gate", pw["gate"], "_INBOX.gate")
 	gate.denyPublish(t, events.SubmitSubject("x"))
 	gate.denyPublish(t, trust.OutcomeSubject("css_fix"))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // how long the refused call waits
 	defer cancel()
-	if _, err := history.NewLog(gate.nc).Recent(ctx, "css_fix", "src/app0.css"); err == nil {
-		t.Fatal("gate read the history")
+	if _, err := gate.js.KeyValue(ctx, services.BucketHistory); err == nil {
+		t.Fatal("gate bound the history bucket")
 	}
-	gate.waitViolation(t, "Publish", "$JS.API.DIRECT.GET."+services.HistoryStream)
+	gate.waitViolation(t, "Publish", "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
 	gate.noViolations(t)
 
 	// Every process is ready, and every service answers micro's discovery

@@ -8,8 +8,9 @@ const (
 	// Stream holds every task event and every review record (Limits retention).
 	Stream = "DISPATCH"
 
-	BucketTasks = "dispatch_tasks" // task state by task id
-	BucketTrust = "dispatch_trust" // the gate's facts by task type (the outcomes are a stream)
+	BucketTasks   = "dispatch_tasks"   // task state by task id
+	BucketTrust   = "dispatch_trust"   // the gate's facts by task type (the outcomes are a stream)
+	BucketHistory = "dispatch_history" // last outcomes and failures by (type, subject)
 )
 
 // MsgID is the deterministic id (Nats-Msg-Id) of a task's event for one

@@ -3,9 +3,8 @@
 //
 // Format is pure: it turns entries into the <previous_attempts> block, with
 // everything escaped so text from a model or a tool cannot break out of it.
-// The history itself is a stream (Stream): each recorded attempt is a small
-// message on its (type, subject)'s subjects, deduplicated by the attempt's
-// key and kept Keep deep per subject by the stream, so concurrent recorders
-// never contend for a shared value and a redelivered entry is stored once.
-// Log reads a subject's history in one request; ReadAll reads all of it.
+// Store keeps each (type, subject)'s last outcomes and last failures in one
+// small value of a NATS JetStream KV bucket, read in one get and appended
+// under compare-and-set, so concurrent recorders lose nothing and a
+// redelivered entry is stored once.
 package history

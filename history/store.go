@@ -8,101 +8,29 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
-	"dispatchmesh/internal/directget"
+	"dispatchmesh/internal/kvcas"
 )
 
-// The history stream: every recorded attempt is one small message on
-// dispatch.history.<type>.<key>.outcome, and a failure one more on
-// ….failure, in the stream Stream, which keeps the newest Keep of each
-// (its per-subject limit). A recorder publishes; nobody compare-and-sets a
-// subject's record, so a subject many tasks work on is no hot key. A prompt
-// reads a subject's last outcomes (what was tried) and last failures (is
-// it failing again and again?) in one request.
-const (
-	// Stream holds the history (Limits retention, Keep per subject and kind).
-	Stream = "DISPATCH_HISTORY"
-	// Root prefixes the history subjects.
-	Root = "dispatch.history"
-	// Filter matches every history subject.
-	Filter = Root + ".>"
-	// EventEntry names a history message (the Dispatch-Event header).
-	EventEntry = "history.entry.v1"
-	// Keep is how many of a subject's last outcomes, and of its last
-	// failures, the stream keeps: a prompt carries at most Keep previous
-	// attempts, and a subject is found failing again and again from at most
-	// Keep failures.
-	Keep = 5
-)
+// Keep is how many of a (type, subject)'s last outcomes, and apart of its
+// last failures, the history keeps: a prompt carries at most Keep previous
+// attempts, and a subject is found failing again and again from at most
+// Keep failures. A record stays small (at most 2 × Keep entries), so the
+// prompt builder reads it, and a recorder rewrites it, cheaply.
+const Keep = 5
 
-// Kinds of history subject: every outcome, and the failures among them.
-const (
-	KindOutcome = "outcome"
-	KindFailure = "failure"
-)
-
-// ErrInvalid marks a call the history refuses: a task type that is not
-// valid, or an entry without an idempotency key.
+// ErrInvalid marks a call the store refuses: a task type that is not valid,
+// or an entry without an idempotency key.
 var ErrInvalid = errors.New("history: invalid input")
 
-// Key names the history of (taskType, subject): the type, a dot and the
-// first 32 hex digits of the SHA-256 of the subject (subjects are file
-// paths, URLs…, not subject tokens).
-func Key(taskType, subject string) string {
-	sum := sha256.Sum256([]byte(subject))
-	return taskType + "." + hex.EncodeToString(sum[:16])
-}
-
-// Subject is the stream subject of (taskType, subject)'s entries of kind.
-func Subject(taskType, subject, kind string) string {
-	return Root + "." + Key(taskType, subject) + "." + kind
-}
-
-// Message is one history message: an entry with the (type, subject) it
-// belongs to, so a reader of the stream needs no hash to tell.
-type Message struct {
-	Type    string `json:"type"`
-	Subject string `json:"subject"`
-	Entry
-}
-
-// Msgs are the messages that record e for (taskType, subject): one on the
-// outcome subject, and for a failure one on the failure subject. Each
-// carries e.Key in its Nats-Msg-Id, so a redelivered outcome is stored once.
-func Msgs(taskType, subject string, e Entry) ([]*nats.Msg, error) {
-	if !events.ValidType(taskType) {
-		return nil, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
-	}
-	if e.Key == "" {
-		return nil, fmt.Errorf("%w: entry without a key", ErrInvalid)
-	}
-	data, err := json.Marshal(Message{Type: taskType, Subject: subject, Entry: e})
-	if err != nil {
-		return nil, fmt.Errorf("history: encode %s: %w", e.Key, err)
-	}
-	kinds := []string{KindOutcome}
-	if e.Outcome == events.OutcomeFailure {
-		kinds = append(kinds, KindFailure)
-	}
-	msgs := make([]*nats.Msg, len(kinds))
-	for i, kind := range kinds {
-		m := nats.NewMsg(Subject(taskType, subject, kind))
-		m.Header.Set(nats.MsgIdHdr, e.Key+":"+kind)
-		m.Header.Set(events.HeaderEvent, EventEntry)
-		m.Data = data
-		msgs[i] = m
-	}
-	return msgs, nil
-}
-
-// Record is what the stream keeps of one (type, subject): its last
-// outcomes and its last failures, each oldest first, at most Keep each.
+// Record is the value stored under Key(Type, Subject): the subject's last
+// outcomes and, apart, its last failures, each oldest first, at most Keep
+// each. It carries the type and subject so tools can list what the bucket
+// holds without the hash.
 type Record struct {
 	Type     string  `json:"type"`
 	Subject  string  `json:"subject"`
@@ -123,128 +51,97 @@ func (r Record) Add(e Entry) (next Record, changed bool) {
 	return next, changed
 }
 
-// Log reads the history stream; the recorder writes it (Msgs) through its
-// router, so a recorded outcome and the task's next step are published the
-// same way.
-type Log struct {
-	get *directget.Getter
+// Clone returns a copy of r that shares no slice with it.
+func (r Record) Clone() Record {
+	r.Outcomes, r.Failures = slices.Clone(r.Outcomes), slices.Clone(r.Failures)
+	return r
 }
 
-// NewLog returns a Log reading with direct gets on nc.
-func NewLog(nc *nats.Conn) *Log { return &Log{get: directget.New(nc)} }
-
-// Close releases the Log's subscription.
-func (l *Log) Close() error { return l.get.Close() }
-
-// Outcomes returns the last outcomes of (taskType, subject), oldest first:
-// one direct get of one subject, answered with at most Keep small messages.
-func (l *Log) Outcomes(ctx context.Context, taskType, subject string) ([]Entry, error) {
-	return l.read(ctx, taskType, subject, KindOutcome)
+// Key is the KV key of (taskType, subject): the type, a dot and the first 32
+// hex digits of the SHA-256 of the subject (subjects are file paths, URLs…,
+// not valid keys).
+func Key(taskType, subject string) string {
+	sum := sha256.Sum256([]byte(subject))
+	return taskType + "." + hex.EncodeToString(sum[:16])
 }
 
-// Failures returns the last failures of (taskType, subject), oldest first.
-func (l *Log) Failures(ctx context.Context, taskType, subject string) ([]Entry, error) {
-	return l.read(ctx, taskType, subject, KindFailure)
+// Store keeps each (type, subject)'s Record in a KV bucket. An append is a
+// compare-and-set retried on conflict, so concurrent recorders lose
+// nothing; the appends of one process go through a kvcas.Writer, so those
+// to one subject that arrive together are written together and a subject
+// the process wrote last needs no read. The key is a subject's, not a
+// type's: recorders contend only when they record attempts on the same
+// subject at once.
+type Store struct {
+	kv     jetstream.KeyValue
+	writer *kvcas.Writer[Record]
 }
 
-// Recent returns both, the Record the stream keeps of (taskType, subject).
-func (l *Log) Recent(ctx context.Context, taskType, subject string) (Record, error) {
-	rec := Record{Type: taskType, Subject: subject}
-	var err error
-	if rec.Outcomes, err = l.Outcomes(ctx, taskType, subject); err != nil {
-		return rec, err
+// NewStore returns a store on kv.
+func NewStore(kv jetstream.KeyValue) *Store {
+	w := kvcas.NewWriter[Record](kv)
+	w.Clone = Record.Clone
+	return &Store{kv: kv, writer: w}
+}
+
+// Append records e in the history of (taskType, subject) (Record.Add). It
+// is idempotent: an entry whose Key is already kept changes nothing.
+func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) error {
+	if e.Key == "" {
+		return fmt.Errorf("%w: entry without a key", ErrInvalid)
 	}
-	rec.Failures, err = l.Failures(ctx, taskType, subject)
-	return rec, err
-}
-
-// read reads one subject. The subject is literal, never a wildcard: the
-// server finds a literal subject's messages through its per-subject index,
-// where a wildcard makes it scan the messages in between.
-func (l *Log) read(ctx context.Context, taskType, subject, kind string) ([]Entry, error) {
-	if !events.ValidType(taskType) {
-		return nil, fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
-	}
-	msgs, err := l.get.Subject(ctx, Stream, Subject(taskType, subject, kind), Keep)
+	key, err := validKey(taskType, subject)
 	if err != nil {
-		return nil, fmt.Errorf("history: %s %q: %w", taskType, subject, err)
+		return err
 	}
-	var entries []Entry
-	for _, m := range msgs {
-		var hm Message
-		if err := json.Unmarshal(m.Data, &hm); err != nil || hm.Key == "" {
-			continue // not a recorder's message: nothing to learn from it
+	_, err = s.writer.Update(ctx, key, func(rec *Record, _ bool) error {
+		rec.Type, rec.Subject = taskType, subject
+		next, changed := rec.Add(e)
+		if !changed {
+			return kvcas.ErrNoChange
 		}
-		entries, _ = Insert(entries, hm.Entry, Keep)
+		*rec = next
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("history: %s: %w", key, err)
 	}
-	return entries, nil
+	return nil
 }
 
-// RecentFailures counts the failures of (type, subject) at or after since
-// from its last outcomes alone, and reports whether that count is the
-// whole answer: when fewer than Keep outcomes are kept (none was dropped),
-// or the oldest kept is older than since (every dropped one is too).
-// Otherwise only its failures (Log.Failures) tell.
-func RecentFailures(outcomes []Entry, since time.Time) (n int, sure bool) {
-	n = Failures(outcomes, since)
-	return n, len(outcomes) < Keep || outcomes[0].At.Before(since)
+// Recent returns the Record of (taskType, subject) — one read — or an empty
+// one when there is no history.
+func (s *Store) Recent(ctx context.Context, taskType, subject string) (Record, error) {
+	key, err := validKey(taskType, subject)
+	if err != nil {
+		return Record{}, err
+	}
+	rec, _, found, err := kvcas.Get[Record](ctx, s.kv, key)
+	if err != nil {
+		return Record{}, fmt.Errorf("history: %w", err)
+	}
+	if !found {
+		rec = Record{}
+	}
+	rec.Type, rec.Subject = taskType, subject
+	return rec, nil
 }
 
-// ReadAll reads the whole history stream (dispatch rebuild, the fault
-// suite's checker): every (type, subject)'s Record, by Key. It is bounded
-// by the subjects worked on, not by the tasks: Keep of each kind apiece.
-func ReadAll(ctx context.Context, js jetstream.JetStream) (map[string]*Record, error) {
-	stream, err := js.Stream(ctx, Stream)
+// Put writes the Record of (taskType, subject) unconditionally (for
+// rebuilding the bucket).
+func (s *Store) Put(ctx context.Context, rec Record) error {
+	key, err := validKey(rec.Type, rec.Subject)
 	if err != nil {
-		return nil, fmt.Errorf("history: stream %s: %w", Stream, err)
+		return err
 	}
-	all := map[string]*Record{}
-	last := stream.CachedInfo().State.LastSeq
-	if stream.CachedInfo().State.Msgs == 0 {
-		return all, nil
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{Filter}})
+	data, err := json.Marshal(rec)
 	if err != nil {
-		return nil, fmt.Errorf("history: read %s: %w", Stream, err)
+		return fmt.Errorf("history: encode %s: %w", key, err)
 	}
-	for {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("history: read %s: %w", Stream, err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			meta, err := m.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			var hm Message
-			if err := json.Unmarshal(m.Data(), &hm); err != nil || hm.Key == "" {
-				return nil, fmt.Errorf("history: %s seq %d does not decode: %v", m.Subject(), meta.Sequence.Stream, err)
-			}
-			k := Key(hm.Type, hm.Subject)
-			rec := all[k]
-			if rec == nil {
-				rec = &Record{Type: hm.Type, Subject: hm.Subject}
-				all[k] = rec
-			}
-			if strings.HasSuffix(m.Subject(), "."+KindFailure) {
-				rec.Failures, _ = Insert(rec.Failures, hm.Entry, Keep)
-			} else {
-				rec.Outcomes, _ = Insert(rec.Outcomes, hm.Entry, Keep)
-			}
-			if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-				return all, nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("history: read %s: %w", Stream, err)
-		}
-		if n == 0 {
-			return all, nil
-		}
+	if _, err := s.kv.Put(ctx, key, data); err != nil {
+		return fmt.Errorf("history: put %s: %w", key, err)
 	}
+	return nil
 }
 
 // Failures counts the failures among entries at or after since.
@@ -256,6 +153,13 @@ func Failures(entries []Entry, since time.Time) int {
 		}
 	}
 	return n
+}
+
+func validKey(taskType, subject string) (string, error) {
+	if !events.ValidType(taskType) {
+		return "", fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
+	}
+	return Key(taskType, subject), nil
 }
 
 func lastN[T any](s []T, n int) []T {

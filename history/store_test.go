@@ -1,7 +1,7 @@
 package history_test
 
 import (
-	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
@@ -20,34 +19,14 @@ import (
 
 const subject = "src/app/handlers/response.go"
 
-// newLog creates the history stream as the mesh provisions it and a Log
-// reading it.
-func newLog(t *testing.T) (*history.Log, *natstest.Server) {
+func newStore(t *testing.T) (*history.Store, jetstream.KeyValue, *natstest.Server) {
 	t.Helper()
 	srv := natstest.Start(t)
-	_, err := srv.JS.CreateStream(t.Context(), jetstream.StreamConfig{
-		Name: history.Stream, Subjects: []string{history.Filter},
-		MaxMsgsPerSubject: history.Keep, Duplicates: time.Hour, AllowDirect: true,
-	})
+	kv, err := srv.JS.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "test_history"})
 	if err != nil {
-		t.Fatalf("create stream: %v", err)
+		t.Fatalf("create bucket: %v", err)
 	}
-	l := history.NewLog(srv.NC)
-	t.Cleanup(func() { _ = l.Close() })
-	return l, srv
-}
-
-func record(t *testing.T, js jetstream.JetStream, taskType, subj string, e history.Entry) {
-	t.Helper()
-	msgs, err := history.Msgs(taskType, subj, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range msgs {
-		if _, err := js.PublishMsg(context.Background(), m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	return history.NewStore(kv), kv, srv
 }
 
 func entry(i int, outcome string) history.Entry {
@@ -73,153 +52,202 @@ func TestKey(t *testing.T) {
 	if history.Key("css_fix", subject+"x") == k || history.Key("js_fix", subject) == k {
 		t.Error("keys collide")
 	}
-	if s := history.Subject("css_fix", subject, history.KindFailure); s != history.Root+"."+k+".failure" {
-		t.Errorf("Subject = %q", s)
-	}
 }
 
-func TestLogRecentAbsent(t *testing.T) {
-	l, _ := newLog(t)
-	rec, err := l.Recent(t.Context(), "css_fix", subject)
+func TestStoreRecentAbsent(t *testing.T) {
+	store, _, _ := newStore(t)
+	rec, err := store.Recent(t.Context(), "css_fix", subject)
 	if err != nil || len(rec.Outcomes) != 0 || len(rec.Failures) != 0 || rec.Type != "css_fix" || rec.Subject != subject {
-		t.Fatalf("Recent = %+v, %v", rec, err)
+		t.Errorf("Recent on no history = %+v, %v", rec, err)
 	}
 }
 
-// Entries come back in time order whatever order they were recorded in;
-// a redelivered entry (the same key) is stored once; failures are kept
-// apart too; other subjects are not mixed in.
-func TestLogRecentOrderedAndIdempotent(t *testing.T) {
-	l, srv := newLog(t)
-	for _, i := range []int{2, 0, 1} {
+// Entries come back in time order whatever order they were appended in; a
+// redelivered entry (the same key) is kept once; failures are kept apart
+// too; the stored value names its type and subject.
+func TestStoreAppendIdempotentAndOrdered(t *testing.T) {
+	store, kv, _ := newStore(t)
+	ctx := t.Context()
+	for _, i := range []int{1, 3, 2, 3, 4} {
 		outcome := events.OutcomeFailure
-		if i == 1 {
+		if i == 2 {
 			outcome = events.OutcomeSuccess
 		}
-		record(t, srv.JS, "css_fix", subject, entry(i, outcome))
+		if err := store.Append(ctx, "css_fix", subject, entry(i, outcome)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	record(t, srv.JS, "css_fix", subject, entry(2, events.OutcomeFailure)) // redelivered
-	record(t, srv.JS, "css_fix", "other.go", entry(9, events.OutcomeFailure))
-	record(t, srv.JS, "js_fix", subject, entry(8, events.OutcomeFailure))
-
-	rec, err := l.Recent(t.Context(), "css_fix", subject)
+	rec, err := store.Recent(ctx, "css_fix", subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := keys(rec.Outcomes), []string{"t0:1", "t1:1", "t2:1"}; !slices.Equal(got, want) {
-		t.Errorf("outcomes = %v, want %v", got, want)
+	if want := []string{"t1:1", "t2:1", "t3:1", "t4:1"}; !slices.Equal(keys(rec.Outcomes), want) {
+		t.Errorf("outcomes = %v, want %v", keys(rec.Outcomes), want)
 	}
-	if got, want := keys(rec.Failures), []string{"t0:1", "t2:1"}; !slices.Equal(got, want) {
-		t.Errorf("failures = %v, want %v", got, want)
+	if want := []string{"t1:1", "t3:1", "t4:1"}; !slices.Equal(keys(rec.Failures), want) {
+		t.Errorf("failures = %v, want %v", keys(rec.Failures), want)
 	}
-	if rec.Outcomes[1].Outcome != events.OutcomeSuccess || rec.Outcomes[0].TaskID != "t0" {
-		t.Errorf("entries = %+v", rec.Outcomes)
+	e, err := kv.Get(ctx, history.Key("css_fix", subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"type":"css_fix","subject":"` + subject + `"`; !regexp.MustCompile(regexp.QuoteMeta(want)).Match(e.Value()) {
+		t.Errorf("stored value %s lacks %s", e.Value(), want)
 	}
 }
 
-// The stream keeps the last Keep outcomes and, apart, the last Keep
-// failures: a subject that failed long ago and then succeeded many times
-// still shows its failures.
-func TestLogKeepsKeepOfEachKind(t *testing.T) {
-	l, srv := newLog(t)
+// The history keeps the last Keep outcomes and, apart, the last Keep
+// failures: a subject that failed a while ago and then succeeded many
+// times still shows its failures. An entry older than everything kept is
+// dropped at once.
+func TestStoreKeepsKeepOfEachKind(t *testing.T) {
+	store, _, _ := newStore(t)
+	ctx := t.Context()
 	for i := range history.Keep + 2 {
-		record(t, srv.JS, "css_fix", subject, entry(i, events.OutcomeFailure))
+		if err := store.Append(ctx, "css_fix", subject, entry(i+1, events.OutcomeFailure)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for i := history.Keep + 2; i < 3*history.Keep; i++ {
-		record(t, srv.JS, "css_fix", subject, entry(i, events.OutcomeSuccess))
+	for i := history.Keep + 3; i <= 3*history.Keep; i++ {
+		if err := store.Append(ctx, "css_fix", subject, entry(i, events.OutcomeSuccess)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	rec, err := l.Recent(t.Context(), "css_fix", subject)
+	if err := store.Append(ctx, "css_fix", subject, entry(0, events.OutcomeSuccess)); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.Recent(ctx, "css_fix", subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rec.Outcomes) != history.Keep || rec.Outcomes[0].Key != fmt.Sprintf("t%d:1", 2*history.Keep) {
+	if len(rec.Outcomes) != history.Keep || rec.Outcomes[0].Key != fmt.Sprintf("t%d:1", 2*history.Keep+1) {
 		t.Errorf("outcomes = %v", keys(rec.Outcomes))
 	}
-	if len(rec.Failures) != history.Keep || rec.Failures[0].Key != "t2:1" {
+	if len(rec.Failures) != history.Keep || rec.Failures[0].Key != "t3:1" {
 		t.Errorf("failures = %v", keys(rec.Failures))
 	}
-	since := at.Add(4 * time.Minute)
-	if n := history.Failures(rec.Failures, since); n != history.Keep-2 {
-		t.Errorf("failures since %s = %d, want %d", since, n, history.Keep-2)
+	if n := history.Failures(rec.Failures, at.Add(5*time.Minute)); n != history.Keep-2 {
+		t.Errorf("failures since minute 5 = %d, want %d", n, history.Keep-2)
 	}
 }
 
-// Many recorders on one subject at once: nothing to compare-and-set, so
-// nothing is lost; each kind keeps its newest Keep.
-func TestLogConcurrentRecorders(t *testing.T) {
-	const writers, perWriter = 8, 20
-	l, srv := newLog(t)
+func TestFailures(t *testing.T) {
+	var es []history.Entry
+	for i, o := range []string{"failure", "success", "failure", "failure", "success", "failure"} {
+		es = append(es, entry(i, o))
+	}
+	tests := []struct {
+		since time.Time
+		want  int
+	}{
+		{at.Add(-time.Hour), 4},
+		{at, 4},
+		{at.Add(2 * time.Minute), 3}, // inclusive: entry 2 is at exactly this time
+		{at.Add(2*time.Minute + time.Second), 2},
+		{at.Add(time.Hour), 0},
+	}
+	for _, tt := range tests {
+		if got := history.Failures(es, tt.since); got != tt.want {
+			t.Errorf("Failures since %v = %d, want %d", tt.since, got, tt.want)
+		}
+	}
+}
+
+// Recorders in separate processes appending to one subject at once lose
+// nothing: each append is a compare-and-set, retried on conflict.
+func TestStoreConcurrentAppends(t *testing.T) {
+	const writers, perWriter = 4, 20
+	_, _, srv := newStore(t)
+	ctx := t.Context()
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []history.Entry
 	for w := range writers {
 		_, js := srv.Connect(t)
+		kv, err := js.KeyValue(ctx, "test_history")
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := history.NewStore(kv)
 		wg.Go(func() {
 			for i := range perWriter {
-				e := history.Entry{Key: fmt.Sprintf("w%d-%d:1", w, i), Outcome: events.OutcomeSuccess, At: at.Add(time.Duration(i*writers+w) * time.Second)}
-				msgs, _ := history.Msgs("css_fix", subject, e)
-				for _, m := range msgs {
-					if _, err := js.PublishMsg(context.Background(), m); err != nil {
-						t.Error(err)
-						return
-					}
+				e := entry(w*perWriter+i, events.OutcomeFailure)
+				if err := store.Append(ctx, "css_fix", subject, e); err != nil {
+					t.Errorf("writer %d append %d: %v", w, i, err)
+					return
 				}
+				mu.Lock()
+				failures = append(failures, e)
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	all, err := history.ReadAll(t.Context(), srv.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := all[history.Key("css_fix", subject)]
-	if rec == nil || len(rec.Outcomes) != history.Keep || rec.Subject != subject {
-		t.Fatalf("ReadAll = %+v", rec)
-	}
-	recent, err := l.Recent(t.Context(), "css_fix", subject)
-	if err != nil || !slices.Equal(keys(recent.Outcomes), keys(rec.Outcomes)) {
-		t.Errorf("Recent %v and ReadAll %v disagree (%v)", keys(recent.Outcomes), keys(rec.Outcomes), err)
-	}
-}
-
-// ReadAll and Record.Add agree: what the stream keeps is what a replay
-// of the same entries builds.
-func TestReadAllMatchesRecordAdd(t *testing.T) {
-	_, srv := newLog(t)
 	var want history.Record
-	for i := range 12 {
-		outcome := events.OutcomeSuccess
-		if i%3 == 0 {
-			outcome = events.OutcomeFailure
-		}
-		e := entry(i, outcome)
-		record(t, srv.JS, "css_fix", subject, e)
+	for _, e := range failures {
 		want, _ = want.Add(e)
 	}
-	all, err := history.ReadAll(t.Context(), srv.JS)
+	kv, _ := srv.JS.KeyValue(ctx, "test_history")
+	rec, err := history.NewStore(kv).Recent(ctx, "css_fix", subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := all[history.Key("css_fix", subject)]
-	if got == nil || !slices.Equal(keys(got.Outcomes), keys(want.Outcomes)) || !slices.Equal(keys(got.Failures), keys(want.Failures)) {
-		t.Fatalf("ReadAll = %+v, want outcomes %v failures %v", got, keys(want.Outcomes), keys(want.Failures))
-	}
-	if again, changed := want.Add(entry(11, events.OutcomeSuccess)); changed || len(again.Outcomes) != len(want.Outcomes) {
-		t.Error("Add of an entry already kept changed the record")
+	if !slices.Equal(keys(rec.Outcomes), keys(want.Outcomes)) || !slices.Equal(keys(rec.Failures), keys(want.Failures)) {
+		t.Fatalf("kept %v / %v, want the newest %v (lost appends)", keys(rec.Outcomes), keys(rec.Failures), keys(want.Outcomes))
 	}
 }
 
-func TestMsgsRejectsInvalidInput(t *testing.T) {
-	if _, err := history.Msgs("CSS.fix", subject, entry(1, events.OutcomeSuccess)); !errors.Is(err, history.ErrInvalid) {
-		t.Errorf("invalid type: err = %v", err)
+func TestStorePut(t *testing.T) {
+	store, _, _ := newStore(t)
+	ctx := t.Context()
+	if err := store.Append(ctx, "css_fix", subject, entry(9, events.OutcomeSuccess)); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := history.Msgs("css_fix", subject, history.Entry{}); !errors.Is(err, history.ErrInvalid) {
+	put := history.Record{Type: "css_fix", Subject: subject, Outcomes: []history.Entry{entry(2, events.OutcomeFailure), entry(3, events.OutcomeSuccess)},
+		Failures: []history.Entry{entry(2, events.OutcomeFailure)}}
+	if err := store.Put(ctx, put); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.Recent(ctx, "css_fix", subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(keys(rec.Outcomes), []string{"t2:1", "t3:1"}) || !slices.Equal(keys(rec.Failures), []string{"t2:1"}) {
+		t.Errorf("after Put: %+v", rec)
+	}
+}
+
+func TestStoreRejectsInvalidInput(t *testing.T) {
+	store, _, _ := newStore(t)
+	ctx := t.Context()
+	if err := store.Append(ctx, "css_fix", subject, history.Entry{Outcome: "failure"}); !errors.Is(err, history.ErrInvalid) {
 		t.Errorf("entry without a key: err = %v", err)
 	}
-	l, _ := newLog(t)
-	if _, err := l.Recent(t.Context(), "CSS.fix", subject); !errors.Is(err, history.ErrInvalid) {
-		t.Errorf("Recent of an invalid type: err = %v", err)
+	if err := store.Append(ctx, "CSS.fix", subject, entry(1, "failure")); !errors.Is(err, history.ErrInvalid) {
+		t.Errorf("invalid type: err = %v", err)
 	}
-	msgs, err := history.Msgs("css_fix", subject, entry(1, events.OutcomeFailure))
-	if err != nil || len(msgs) != 2 || msgs[0].Header.Get(nats.MsgIdHdr) == msgs[1].Header.Get(nats.MsgIdHdr) {
-		t.Errorf("a failure's messages: %v %v", msgs, err)
+	if _, err := store.Recent(ctx, "", subject); !errors.Is(err, history.ErrInvalid) {
+		t.Errorf("empty type: err = %v", err)
+	}
+	if err := store.Put(ctx, history.Record{}); !errors.Is(err, history.ErrInvalid) {
+		t.Errorf("put without a type: err = %v", err)
+	}
+}
+
+// Clone copies the entries: a change to the copy leaves the original as
+// its JSON says it was.
+func TestRecordClone(t *testing.T) {
+	r := history.Record{Type: "css_fix", Subject: "a.css",
+		Outcomes: []history.Entry{entry(1, "failure"), entry(2, "success")}, Failures: []history.Entry{entry(1, "failure")}}
+	before, _ := json.Marshal(r)
+	c := r.Clone()
+	if after, _ := json.Marshal(c); string(after) != string(before) {
+		t.Fatalf("clone %s, want %s", after, before)
+	}
+	c.Outcomes[0].Summary = "changed"
+	c.Failures[0].Summary = "changed"
+	c.Outcomes = append(c.Outcomes[:1], history.Entry{Key: "z"})
+	if after, _ := json.Marshal(r); string(after) != string(before) {
+		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)
 	}
 }

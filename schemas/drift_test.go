@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/schemas"
 	trustpkg "dispatchmesh/trust"
 )
@@ -52,7 +51,6 @@ var messages = []struct {
 	{"api.wait.reply.v1", events.WaitReply{}},
 	{"api.error.v1", events.ErrorReply{}},
 	{trustpkg.EventOutcome, trustpkg.Outcome{}},
-	{history.EventEntry, history.Message{}},
 }
 
 // TestSchemasMatchGoTypes is the drift test: every JSON field the Go type

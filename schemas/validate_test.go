@@ -1,7 +1,6 @@
 package schemas_test
 
 import (
-	"dispatchmesh/history"
 	trustpkg "dispatchmesh/trust"
 	"encoding/json"
 	"fmt"
@@ -111,10 +110,6 @@ var populated = []struct {
 	}},
 	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
 	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true}},
-	{history.EventEntry, history.Message{Type: "css_fix", Subject: "src/app.css", Entry: history.Entry{
-		Key: "t-42:2:outcome", TaskID: "t-42", Attempt: 2, Rung: events.RungPivot, Step: "implement", Outcome: events.OutcomeFailure,
-		Approach: "move the rule", Summary: "tests still fail", Error: "tests failed", At: at,
-	}}},
 }
 
 func TestPopulatedValuesAreComplete(t *testing.T) {

@@ -2,7 +2,6 @@ package services
 
 import (
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/trust"
 )
 
@@ -17,15 +16,14 @@ const (
 	// dispatch.count.<type>.<unit>.<day>, one message per counter.
 	CounterStream = "DISPATCH_COUNTERS"
 
-	// OutcomeStream holds the outcomes that score each type's trust
-	// (trust.View reads them), HistoryStream each (type, subject)'s last
-	// outcomes and failures (history.Log reads them): both written by the
-	// recorder, one small message per outcome, no shared value rewritten.
+	// OutcomeStream holds the outcomes that score each type's trust: the
+	// recorder publishes one small message per outcome, trust.View follows
+	// them into windows; no shared value is rewritten.
 	OutcomeStream = trust.OutcomeStream
-	HistoryStream = history.Stream
 
-	BucketTasks = events.BucketTasks // task state by task id
-	BucketTrust = events.BucketTrust // the gate's facts by task type: block streak, decisions, canary places
+	BucketTasks   = events.BucketTasks   // task state by task id
+	BucketTrust   = events.BucketTrust   // the gate's facts by task type: block streak, decisions, canary places
+	BucketHistory = events.BucketHistory // last outcomes and failures by (type, subject)
 	// BucketPolicy holds the per-type policies under one key, "current"
 	// (package policy), keeping every revision (PolicyRevisions).
 	BucketPolicy = "dispatch_policy"

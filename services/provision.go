@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/trust"
 )
 
@@ -48,7 +47,7 @@ func (c StreamConfig) withDefaults() StreamConfig {
 
 // Stores are the KV buckets the services use; one a process did not bind is nil.
 type Stores struct {
-	Tasks, Trust, Policy jetstream.KeyValue
+	Tasks, Trust, History, Policy jetstream.KeyValue
 }
 
 // PolicyRevisions is how many revisions of the policy BucketPolicy keeps:
@@ -119,25 +118,22 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)
 	}
-	// The outcome streams: per type (trust windows) and per (type, subject)
-	// (history), each kept as deep as its readers need by its per-subject
-	// limit; no age limit, as a KV value would have none.
-	for _, sc := range []jetstream.StreamConfig{{
+	// The outcome stream: each type's newest outcomes, kept by its
+	// per-subject limit; no age limit, as a KV value would have none.
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:              trust.OutcomeStream,
 		Description:       "dispatchmesh: the outcomes that count for each task type's trust, the newest of each type",
 		Subjects:          []string{trust.OutcomeFilter},
 		MaxMsgsPerSubject: trust.Keep,
-	}, {
-		Name:              history.Stream,
-		Description:       "dispatchmesh: the last outcomes and failures of each (task type, subject), read by the prompt builder",
-		Subjects:          []string{history.Filter},
-		MaxMsgsPerSubject: history.Keep,
-	}} {
-		sc.Retention, sc.Storage, sc.Discard = jetstream.LimitsPolicy, jetstream.FileStorage, jetstream.DiscardOld
-		sc.Duplicates, sc.Replicas, sc.AllowDirect = cfg.Duplicates, cfg.Replicas, true
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return nil, fmt.Errorf("stream %s: %w", sc.Name, err)
-		}
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        cfg.Duplicates,
+		Replicas:          cfg.Replicas,
+		AllowDirect:       true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", trust.OutcomeStream, err)
 	}
 	if err := provisionPolicyBucket(ctx, js, cfg); err != nil {
 		return nil, err
@@ -151,6 +147,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	}{
 		{&st.Tasks, BucketTasks, cfg.HistoryKeep, cfg.MaxAge},
 		{&st.Trust, BucketTrust, 1, 0},
+		{&st.History, BucketHistory, 1, 0},
 	} {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,
@@ -195,7 +192,7 @@ func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg Stre
 }
 
 // AllBuckets are the KV buckets Provision creates.
-var AllBuckets = []string{BucketTasks, BucketTrust, BucketPolicy}
+var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory, BucketPolicy}
 
 // OpenStores binds to every bucket, which must exist (admin tools).
 func OpenStores(ctx context.Context, js jetstream.JetStream) (*Stores, error) {
@@ -238,6 +235,8 @@ func (s *Stores) field(bucket string) *jetstream.KeyValue {
 		return &s.Tasks
 	case BucketTrust:
 		return &s.Trust
+	case BucketHistory:
+		return &s.History
 	case BucketPolicy:
 		return &s.Policy
 	}

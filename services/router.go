@@ -337,8 +337,8 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, h Handler, msg je
 const publishTimeout = 10 * time.Second
 
 // publishing publishes next's outputs before the message is settled: the
-// ones before the last together (a recorded outcome, its history and spend
-// counters), then — once every one of them is stored — the last, which
+// ones before the last together (what a recorded attempt adds to its type's
+// trust and spend), then — once every one of them is stored — the last, which
 // moves the task on. So whatever reacts to the last output finds the
 // others stored. A failure is a *publishError.
 func (r *Router) publishing(service string) Middleware {

@@ -17,7 +17,7 @@ import (
 
 // cmdRebuild recomputes the task states, each type's trust (its outcomes
 // on the outcome stream, the gate's facts), each subject's history (the
-// history stream) and the spend counters from the event stream and reports
+// history bucket) and the spend counters from the event stream and reports
 // where the live stores differ; -apply overwrites them.
 // Each event is recomputed with the policy revision it names, read from
 // the policy bucket's history; when the bucket does not hold one, rebuild
@@ -121,6 +121,6 @@ func liveStores(ctx context.Context, js jetstream.JetStream) (rebuild.Live, erro
 	if err != nil {
 		return rebuild.Live{}, err
 	}
-	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, JS: js,
+	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History, JS: js,
 		Spending: trust.NewSpending(js, services.CounterStream)}, nil
 }

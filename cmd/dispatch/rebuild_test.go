@@ -103,12 +103,13 @@ func injectUndecodableTask(t *testing.T, m *reviewtest.Mesh, id string) {
 	}
 }
 
-// The outcome stream, the history stream and the gate's facts are derived
-// stores too: a missing outcome, a foreign one, a lost failure and a block
-// streak nobody decided are found, -apply restores them (the canary places
-// the gate holds are left as they are, being nothing events imply), and a
-// second -apply finds nothing to rewrite.
-func TestRebuildRestoresTheOutcomeAndHistoryStreams(t *testing.T) {
+// The outcome stream, the history bucket and the gate's facts are derived
+// stores too: a missing outcome, a foreign one, a lost failure, a record
+// of the former history layout and a block streak nobody decided are
+// found, -apply restores them (the canary places the gate holds are left
+// as they are, being nothing events imply), and a second -apply finds
+// nothing to rewrite.
+func TestRebuildRestoresTheOutcomeStreamAndHistory(t *testing.T) {
 	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
 		if strings.Contains(r.Messages[1].Content, "hard") {
 			return openaitest.Reply{Content: openaitest.Failure("an idea", "nope")}
@@ -149,15 +150,26 @@ func TestRebuildRestoresTheOutcomeAndHistoryStreams(t *testing.T) {
 	if _, err := js.PublishMsg(ctx, foreign); err != nil { // an outcome no event implies
 		t.Fatal(err)
 	}
-	hist, err := js.Stream(ctx, history.Stream)
+	histKV, err := js.KeyValue(ctx, services.BucketHistory)
 	if err != nil {
 		t.Fatal(err)
 	}
-	failure, err := hist.GetLastMsgForSubject(ctx, history.Subject("triage_fix", "hard.go", history.KindFailure))
-	if err != nil {
+	hist := history.NewStore(histKV)
+	hard, err := hist.Recent(ctx, "triage_fix", "hard.go")
+	if err != nil || len(hard.Failures) == 0 {
+		t.Fatalf("history of hard.go: %+v %v", hard, err)
+	}
+	lost := hard.Failures[len(hard.Failures)-1].Key
+	hard.Failures = hard.Failures[:len(hard.Failures)-1]
+	if err := hist.Put(ctx, hard); err != nil { // a failure lost
 		t.Fatal(err)
 	}
-	if err := hist.DeleteMsg(ctx, failure.Sequence); err != nil { // a failure lost
+	easy, err := hist.Recent(ctx, "triage_fix", "a.go")
+	if err != nil || len(easy.Outcomes) == 0 {
+		t.Fatalf("history of a.go: %+v %v", easy, err)
+	}
+	old, _ := json.Marshal(map[string]any{"type": easy.Type, "subject": easy.Subject, "entries": easy.Outcomes})
+	if _, err := histKV.Put(ctx, history.Key("triage_fix", "a.go"), old); err != nil { // the former layout
 		t.Fatal(err)
 	}
 	facts, err := js.KeyValue(ctx, services.BucketTrust)
@@ -178,7 +190,9 @@ func TestRebuildRestoresTheOutcomeAndHistoryStreams(t *testing.T) {
 	for _, want := range []string{
 		"differs: " + rebuild.StoreOutcomes + " triage_fix: outcomes live=",
 		"only here: nobody:1:outcome",
-		"differs: " + rebuild.StoreHistory + " " + history.Key("triage_fix", "hard.go") + ": failures live=",
+		"differs: " + services.BucketHistory + " " + history.Key("triage_fix", "hard.go") + ": failures live=",
+		"only here: " + lost,
+		"differs: " + services.BucketHistory + " " + history.Key("triage_fix", "a.go") + ": entries live=",
 		"differs: " + services.BucketTrust + " triage_fix: (entry) live=present rebuilt=missing", // a streak no gate decision implies
 	} {
 		if !strings.Contains(out, want) {
@@ -197,20 +211,26 @@ func TestRebuildRestoresTheOutcomeAndHistoryStreams(t *testing.T) {
 		t.Fatalf("gate facts after -apply: %+v (%v); want streak 0 and the canary places kept", kept, err)
 	}
 
-	// Applied again: nothing left to rewrite on the streams.
+	if rec, err := hist.Recent(ctx, "triage_fix", "hard.go"); err != nil ||
+		!slices.ContainsFunc(rec.Failures, func(e history.Entry) bool { return e.Key == lost }) {
+		t.Fatalf("history of hard.go after -apply: %+v %v; want %s among its failures", rec, err, lost)
+	}
+
+	// Applied again: nothing left to rewrite on the outcome stream or in
+	// the history bucket.
 	before := streamStates(t, js)
 	c.ok("rebuild", "-apply")
 	if after := streamStates(t, js); after != before {
-		t.Fatalf("a second -apply rewrote the streams: %s, then %s", before, after)
+		t.Fatalf("a second -apply rewrote the stores: %s, then %s", before, after)
 	}
 }
 
-// streamStates is the last sequence and message count of the outcome and
-// history streams.
+// streamStates is the last sequence and message count of the outcome
+// stream and of the history bucket's stream.
 func streamStates(t *testing.T, js jetstream.JetStream) string {
 	t.Helper()
 	var parts []string
-	for _, name := range []string{trust.OutcomeStream, history.Stream} {
+	for _, name := range []string{trust.OutcomeStream, "KV_" + services.BucketHistory} {
 		s, err := js.Stream(context.Background(), name)
 		if err != nil {
 			t.Fatal(err)

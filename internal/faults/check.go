@@ -95,7 +95,7 @@ const (
 	KindAttempts   = "attempts"   // not the attempts the model's answers imply
 	KindCalls      = "calls"      // model calls and recorded outcomes disagree
 	KindRepeat     = "repeat"     // a model call repeated or cut short with no fault to explain it
-	KindHistory    = "history"    // a subject's history is not its newest attempts, one entry each
+	KindHistory    = "history"    // a subject's history record is not its newest attempts, one entry each
 	KindDrift      = "drift"      // trust outcomes or daily spend differ from the recorded outcomes
 	KindRebuild    = "rebuild"    // dispatch rebuild disagrees with the live stores
 	KindUnknown    = "unknown"    // a task nobody submitted
@@ -172,10 +172,8 @@ type checker struct {
 	in     Input
 	v      *streamView
 	states map[string]events.TaskState
-	// records are the history stream's, by history.Key (history.ReadAll);
-	// copies counts the messages of each key on each of its subjects.
-	records map[string]*history.Record
-	copies  map[string]map[string]int
+	// records are the history bucket's, by key (history.Key).
+	records map[string]history.Record
 	calls   map[string]map[int][]Call // by task and pass, in arrival order
 	r       *Report
 }
@@ -184,8 +182,8 @@ func (c *checker) problem(task, kind, format string, args ...any) {
 	c.r.Problems = append(c.r.Problems, Problem{Task: task, Kind: kind, Detail: fmt.Sprintf(format, args...)})
 }
 
-// Check reads the stream, the task bucket, the outcome and history
-// streams, the spend counters and the stage consumers, and holds them to
+// Check reads the stream, the task and history buckets, the outcome
+// stream, the spend counters and the stage consumers, and holds them to
 // the invariants of a mesh that lost nothing and did nothing twice,
 // whatever faults it went through:
 //
@@ -193,8 +191,9 @@ func (c *checker) problem(task, kind, format string, args ...any) {
 //     state agrees with it;
 //   - it made the attempts the model's answers imply (a gate may stop it
 //     earlier), each attempt once, with the outcome the model answered;
-//   - each (type, subject)'s history holds the newest history.Keep of its
-//     attempts (and of its failed ones), each once;
+//   - each (type, subject)'s history record holds the newest history.Keep
+//     of its attempts (and of its failed ones) by (At, Key), in that
+//     order, each once;
 //   - every model call's pass has its outcome, and a pass answered twice
 //     (or a call cut short) has a fault to explain it;
 //   - each type's outcomes on the outcome stream and its daily spend equal
@@ -222,10 +221,7 @@ func Check(ctx context.Context, in Input) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.records, err = history.ReadAll(ctx, in.JS); err != nil {
-		return nil, err
-	}
-	if c.copies, err = copies(ctx, in.JS, services.HistoryStream); err != nil {
+	if c.records, err = readBucket[history.Record](ctx, in.JS, services.BucketHistory); err != nil {
 		return nil, err
 	}
 	if c.r.Redeliveries, err = redeliveries(ctx, in.JS, c.v); err != nil {
@@ -468,14 +464,16 @@ func (c *checker) explained(instance string, from, to time.Time) bool {
 	return false
 }
 
-// histories checks each (type, subject)'s history against the attempts its
-// tasks made. The history stream keeps the last history.Keep outcomes of a
-// (type, subject), and the last Keep of its failures: every entry kept is
-// an attempt on the stream, of a task of that (type, subject), stored once
-// and with the attempt's outcome; and what is kept is exactly the newest
-// Keep of those attempts (and of the failed ones) by (At, Key) — At being
-// when the stream stored the attempt's executed event, as the recorder
-// dates it — so every attempt is there until Keep newer ones replace it.
+// histories checks each (type, subject)'s history record against the
+// attempts its tasks made. The record keeps the last history.Keep outcomes
+// of a (type, subject), and apart the last Keep of its failures, each
+// ordered by (At, Key) whatever order recorders appended them in
+// (history.Record.Add): every entry kept is an attempt on the stream, of a
+// task of that (type, subject), kept once and with the attempt's outcome;
+// and what is kept is exactly the newest Keep of those attempts (and of
+// the failed ones) by (At, Key), oldest first — At being when the stream
+// stored the attempt's executed event, as the recorder dates it — so
+// every attempt is there until Keep newer ones replace it.
 func (c *checker) histories() {
 	attempts := map[string]history.Entry{} // by key
 	implied := map[string]*history.Record{}
@@ -500,36 +498,39 @@ func (c *checker) histories() {
 		if want == nil {
 			want = &history.Record{}
 		}
-		if kept == nil {
-			kept = &history.Record{}
-		}
 		where := fmt.Sprintf("%s %q", want.Type, want.Subject)
 		if want.Type == "" {
 			where = fmt.Sprintf("%s %q", kept.Type, kept.Subject)
 		}
+		if _, ok := c.records[k]; ok && history.Key(kept.Type, kept.Subject) != k {
+			c.problem("", KindHistory, "the record under %s says it is the history of %s %q, whose key is %s",
+				k, kept.Type, kept.Subject, history.Key(kept.Type, kept.Subject))
+		}
 		c.historyKind(where, "outcomes", kept.Outcomes, want.Outcomes, attempts)
 		c.historyKind(where, "failures", kept.Failures, want.Failures, attempts)
 	}
-	for _, subject := range slices.Sorted(maps.Keys(c.copies)) {
-		for _, key := range slices.Sorted(maps.Keys(c.copies[subject])) {
-			switch n := c.copies[subject][key]; {
-			case key == "":
-				c.problem("", KindHistory, "%d messages on %s are no history entry (no key)", n, subject)
-			case n > 1:
-				c.r.Duplicated++
-				c.problem(attempts[key].TaskID, KindDuplicated, "history entry %s stored %d times on %s", key, n, subject)
-			}
-		}
-	}
 }
 
-// historyKind compares the entries of one kind a (type, subject)'s history
+// historyKind compares the entries of one kind a (type, subject)'s record
 // keeps with the newest of its attempts (want), both oldest first.
 func (c *checker) historyKind(where, kind string, kept, want []history.Entry, attempts map[string]history.Entry) {
 	has := func(entries []history.Entry, key string) bool {
 		return slices.ContainsFunc(entries, func(e history.Entry) bool { return e.Key == key })
 	}
+	times := map[string]int{}
 	for _, e := range kept {
+		times[e.Key]++
+	}
+	seen := map[string]bool{}
+	for _, e := range kept {
+		if seen[e.Key] {
+			continue
+		}
+		seen[e.Key] = true
+		if n := times[e.Key]; n > 1 { // Record.Add never keeps a key twice: written by hand
+			c.r.Duplicated++
+			c.problem(e.TaskID, KindDuplicated, "history entry %s is kept %d times among the %s of %s", e.Key, n, kind, where)
+		}
 		a, ok := attempts[e.Key]
 		switch {
 		case !ok:
@@ -542,11 +543,18 @@ func (c *checker) historyKind(where, kind string, kept, want []history.Entry, at
 				e.Key, e.Attempt, e.Outcome, e.At.Format(time.RFC3339Nano), a.Attempt, a.Outcome, a.At.Format(time.RFC3339Nano))
 		}
 	}
+	missing := false
 	for _, e := range want {
 		if !has(kept, e.Key) {
+			missing = true
 			c.problem(e.TaskID, KindHistory, "attempt %s has no history entry among the %s of %s, of which it is one of the newest %d (kept: %s)",
 				e.Key, kind, where, history.Keep, keyList(kept))
 		}
+	}
+	// The same entries, each once, in another order: the record is not
+	// ordered by (At, Key).
+	if !missing && len(kept) == len(want) && keyList(kept) != keyList(want) {
+		c.problem("", KindHistory, "the %s of %s are kept in the order %s, not by (At, Key): %s", kind, where, keyList(kept), keyList(want))
 	}
 }
 
@@ -702,7 +710,7 @@ func (c *checker) rebuild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, JS: c.in.JS,
+	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, History: live.History, JS: c.in.JS,
 		Spending: trust.NewSpending(c.in.JS, services.CounterStream)}, rebuilt)
 	if err != nil {
 		return fmt.Errorf("rebuild: %w", err)

@@ -28,7 +28,8 @@ import (
 // invariant once the stores are tampered with: an outcome's spend counted
 // twice (what a recorder redelivered after its outcome left the trust window
 // did before spend had its own deduplicated counters), a lost history
-// entry, a history entry and a trust outcome stored twice (published again
+// entry, a history entry kept twice and history entries out of order (a
+// record written by hand), a trust outcome stored twice (published again
 // after the deduplication window), a second terminal record, a task
 // submitted and never seen, one queued and never ended, and a model call
 // for a pass without an outcome.
@@ -96,19 +97,24 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 			break
 		}
 	}
-	k0 := history.Root + "." + history.Key("triage_fix", "src/k0.go") + ".*"
-	for _, m := range stored(t, srv.JS, history.Stream, k0) { // k-01's first attempt, lost
-		if m.key == "k-01:1:outcome" {
-			if err := m.stream.DeleteMsg(ctx, m.seq); err != nil {
-				t.Fatal(err)
+	histKV, err := srv.JS.KeyValue(ctx, services.BucketHistory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	update(t, histKV, history.Key("triage_fix", "src/k0.go"), func(r *history.Record) {
+		lost := func(e history.Entry) bool { return e.Key == "k-01:1:outcome" } // k-01's first attempt, lost
+		r.Outcomes = slices.DeleteFunc(r.Outcomes, lost)
+		r.Failures = slices.DeleteFunc(r.Failures, lost)
+		for _, e := range r.Failures { // k-02's first failure, kept twice
+			if e.Key == "k-02:1:outcome" {
+				r.Failures = append(r.Failures, e)
+				break
 			}
 		}
-	}
-	for _, m := range stored(t, srv.JS, history.Stream, k0) { // k-02's first failure, stored twice
-		if m.key == "k-02:1:outcome" && strings.HasSuffix(m.subject, "."+history.KindFailure) {
-			republish(t, srv.JS, m)
-		}
-	}
+	})
+	update(t, histKV, history.Key("triage_fix", "src/k2.go"), func(r *history.Record) { // out of order
+		r.Outcomes[0], r.Outcomes[1] = r.Outcomes[1], r.Outcomes[0]
+	})
 	for _, m := range stored(t, srv.JS, trust.OutcomeStream, trust.OutcomeSubject("triage_fix")) { // k-00's outcome, stored twice
 		if m.key == "k-00:1:outcome" {
 			republish(t, srv.JS, m)
@@ -146,9 +152,11 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 	for _, also := range []faults.Problem{
 		{Kind: faults.KindDuplicated, Detail: "task k-04: 2 entries in the task index"},
 		{Kind: faults.KindHistory, Detail: "task k-01: attempt k-01:1:outcome has no history entry among the outcomes of"},
-		{Kind: faults.KindDuplicated, Detail: "task k-02: history entry k-02:1:outcome stored 2 times on " + history.Root},
+		{Kind: faults.KindDuplicated, Detail: "task k-02: history entry k-02:1:outcome is kept 2 times among the failures of triage_fix \"src/k0.go\""},
+		{Kind: faults.KindHistory, Detail: "the outcomes of triage_fix \"src/k2.go\" are kept in the order "},
 		{Kind: faults.KindDrift, Detail: "outcome k-00:1:outcome stored 2 times on " + trust.OutcomeSubject("triage_fix")},
-		{Kind: faults.KindRebuild, Detail: "history " + history.Key("triage_fix", "src/k0.go") + ": outcomes live=4 entries rebuilt=5 entries, only here: k-01:1:outcome"},
+		{Kind: faults.KindRebuild, Detail: services.BucketHistory + " " + history.Key("triage_fix", "src/k0.go") + ": outcomes live=4 entries rebuilt=5 entries, only here: k-01:1:outcome"},
+		{Kind: faults.KindRebuild, Detail: services.BucketHistory + " " + history.Key("triage_fix", "src/k2.go") + ": outcomes live=in the order "},
 	} {
 		if !slices.ContainsFunc(rep.Problems, func(p faults.Problem) bool { return p.Kind == also.Kind && strings.Contains(p.String(), also.Detail) }) {
 			t.Errorf("no %s problem saying %q; problems:\n%v", also.Kind, also.Detail, rep.Problems)
@@ -162,9 +170,26 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 	}
 }
 
+// update changes the value of key in kv, as a hand-written put would.
+func update[T any](t *testing.T, kv jetstream.KeyValue, key string, change func(*T)) {
+	t.Helper()
+	e, err := kv.Get(context.Background(), key)
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	var v T
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		t.Fatal(err)
+	}
+	change(&v)
+	data, _ := json.Marshal(v)
+	if _, err := kv.Put(context.Background(), key, data); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // storedMsg is one message of a stream.
 type storedMsg struct {
-	stream       jetstream.Stream
 	subject, key string
 	seq          uint64
 	data         []byte
@@ -201,7 +226,7 @@ func stored(t *testing.T, js jetstream.JetStream, stream, filter string) []store
 				Key string `json:"key"`
 			}
 			_ = json.Unmarshal(m.Data(), &k)
-			out = append(out, storedMsg{stream: s, subject: m.Subject(), key: k.Key, seq: md.Sequence.Stream, data: m.Data()})
+			out = append(out, storedMsg{subject: m.Subject(), key: k.Key, seq: md.Sequence.Stream, data: m.Data()})
 			pending--
 		}
 		if err := batch.Error(); err != nil {

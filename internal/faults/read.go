@@ -317,10 +317,10 @@ func readOutcomes(ctx context.Context, js jetstream.JetStream) (map[string][]tru
 }
 
 // copies counts the messages stored for each key on each subject of a
-// stream of recorder messages (the outcome stream, the history stream):
-// more than one is an outcome published again after the deduplication
-// window, and counted twice by whoever reads it. A message without a key,
-// which no recorder publishes, is counted under "".
+// stream of recorder messages (the outcome stream): more than one is an
+// outcome published again after the deduplication window, and counted
+// twice by whoever reads it. A message without a key, which no recorder
+// publishes, is counted under "".
 func copies(ctx context.Context, js jetstream.JetStream, stream string) (map[string]map[string]int, error) {
 	out := map[string]map[string]int{}
 	err := readAll(ctx, js, stream, func(msg jetstream.Msg, _ *jetstream.MsgMetadata) error {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/history"
@@ -37,19 +36,18 @@ func (a Access) All() []string { return slices.Concat(a.Writes, a.Reads) }
 //
 // Every service that decides with the policy reads (watches) the policy
 // bucket; none writes it: only an admin changes the policy (dispatch policy
-// set, nats kv put). The outcome streams are no buckets: the recorder
-// publishes every outcome to them, the gate and the recorder follow the
-// trust outcomes into windows in memory, the prompt builder reads a
-// subject's history with one direct get.
+// set, nats kv put). The outcome stream is no bucket: the recorder
+// publishes every outcome that counts for trust to it, the gate and the
+// recorder follow it into windows in memory.
 var Buckets = map[string]Access{
 	Intake:   {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}}, // the submit/status API too
 	Verifier: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
 	Gate: {Writes: []string{services.BucketTrust, services.BucketTasks}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}},
-	Prompt:   {Reads: []string{services.BucketPolicy}, Follows: []string{services.HistoryStream}},
+	Prompt:   {Reads: []string{services.BucketHistory, services.BucketPolicy}},
 	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
-	Recorder: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy},
-		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream, services.HistoryStream}},
+	Recorder: {Writes: []string{services.BucketTasks, services.BucketHistory}, Reads: []string{services.BucketPolicy},
+		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}},
 	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
 }
 
@@ -132,12 +130,12 @@ func (s *storesOf) view(ctx context.Context, js jetstream.JetStream, log *slog.L
 	return v, nil
 }
 
-// history reads subjects' histories with direct gets on nc.
-func (s *storesOf) history(nc *nats.Conn) *history.Log {
-	if !s.follows(services.HistoryStream) {
+func (s *storesOf) history() *history.Store {
+	if s.kv.History == nil {
+		s.unlisted(services.BucketHistory)
 		return nil
 	}
-	return history.NewLog(nc)
+	return history.NewStore(s.kv.History)
 }
 
 // usesPolicy reports whether a service decides with the policy (reads the

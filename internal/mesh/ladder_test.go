@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"dispatchmesh/events"
+	"dispatchmesh/history"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
@@ -42,7 +43,7 @@ func TestLadderHandsOffOnceAfterMaxRetries(t *testing.T) {
 	}
 	defer view.Stop()
 	rec, err := recorder.New(recorder.Config{
-		Tasks: services.NewTaskStore(stores.Tasks), Trust: view, CountSpend: true, Policy: e.pol, Log: quiet,
+		Tasks: services.NewTaskStore(stores.Tasks), History: history.NewStore(stores.History), Trust: view, CountSpend: true, Policy: e.pol, Log: quiet,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -359,12 +359,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		}
 		return s.Spec(), nil
 	case Prompt:
-		h := st.history(o.NC)
-		if st.err != nil {
-			return services.Spec{}, st.err
-		}
-		context.AfterFunc(ctx, func() { _ = h.Close() })
-		s, err := prompt.New(prompt.Config{History: h, Policy: o.Policy, DefaultModel: o.DefaultModel, Instance: inst, Log: o.Log})
+		s, err := prompt.New(prompt.Config{History: st.history(), Policy: o.Policy, DefaultModel: o.DefaultModel, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -391,7 +386,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		if err != nil {
 			return services.Spec{}, err
 		}
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), Trust: view, CountSpend: true, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), History: st.history(), Trust: view, CountSpend: true, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/openaitest"
@@ -22,7 +20,7 @@ import (
 // escalations, gated and stale tasks — rebuilding every store from the
 // stream finds no difference; a tampered store is found and restored:
 // a task state, the gate's facts, an outcome lost from the outcome stream
-// and a subject's history lost from the history stream.
+// and a subject's history record lost from the history bucket.
 func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	pol := &policy.File{Types: map[string]policy.Type{
 		"stale_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
@@ -66,7 +64,7 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, JS: e.srv.JS}
+	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, JS: e.srv.JS}
 	built, err := rebuild.Replay(ctx, e.srv.JS, rebuild.Options{Policy: e.pol})
 	if err != nil {
 		t.Fatal(err)
@@ -101,12 +99,8 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	if err := outcomes.DeleteMsg(ctx, last.Sequence); err != nil {
 		t.Fatal(err)
 	}
-	hist, err := e.srv.JS.Stream(ctx, history.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
 	hard := history.Key("bug_fix", "hard.go")
-	if err := hist.Purge(ctx, jetstream.WithPurgeSubject(history.Root+"."+hard+".>")); err != nil {
+	if err := stores.History.Delete(ctx, hard); err != nil {
 		t.Fatal(err)
 	}
 	diffs, err = rebuild.Compare(ctx, live, built)
@@ -118,7 +112,7 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 		found[d.Store+"/"+d.Key] = true
 	}
 	for _, want := range []string{services.BucketTasks + "/r-0", services.BucketTrust + "/bug_fix",
-		rebuild.StoreOutcomes + "/bug_fix", rebuild.StoreHistory + "/" + hard} {
+		rebuild.StoreOutcomes + "/bug_fix", services.BucketHistory + "/" + hard} {
 		if !found[want] {
 			t.Errorf("tampering with %s not found: %v", want, diffs)
 		}

@@ -1,6 +1,6 @@
 // Package rebuild recomputes the derived stores — task state, each type's
 // trust (its outcomes on the outcome stream, the gate's facts in the trust
-// bucket), each subject's outcome history (the history stream), the spend
+// bucket), each subject's outcome history (the history bucket), the spend
 // counters — from the event stream alone, with the same pure functions the
 // services use, and compares them with the live stores. After a normal run
 // they agree; a difference means a store was written outside the events (or
@@ -42,9 +42,9 @@ type Stores struct {
 	// TTL), never rebuilt.
 	Trust map[string]*trust.Stats
 	// History is each (type, subject)'s record by history.Key: its newest
-	// outcomes and failures by (At, Key), history.Keep of each
-	// (history.Record.Add), what a reader of the history stream reads
-	// (history.ReadAll).
+	// outcomes and failures by (At, Key), history.Keep of each, built with
+	// history.Record.Add as the recorder's history.Store.Append builds the
+	// record it stores in the history bucket.
 	History map[string]*history.Record
 	// Spend is what each (type, UTC day) spent: the spend counters.
 	Spend map[[2]string]trust.DaySpend
@@ -438,8 +438,9 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 }
 
 // executed mirrors the executor's and the recorder's writes for one
-// attempt: the task state, and what the recorder publishes for it — its
-// history entries, its trust outcome when it counts, its spend.
+// attempt: the task state, its entry in the subject's history record, and
+// what the recorder publishes for it — its trust outcome when it counts,
+// its spend.
 func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	b, t := ev.Base, ev.Task
 	r.fold(t.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
@@ -482,14 +483,12 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 }
 
 // Store names in a Difference, besides the buckets' (events.BucketTasks,
-// events.BucketTrust: the gate's facts).
+// events.BucketTrust: the gate's facts; events.BucketHistory: each (type,
+// subject)'s record, keyed by history.Key).
 const (
 	// StoreOutcomes is the outcome stream (trust.OutcomeStream): each
 	// type's outcomes, keyed by type.
 	StoreOutcomes = "outcomes"
-	// StoreHistory is the history stream (history.Stream): each (type,
-	// subject)'s last outcomes and failures, keyed by history.Key.
-	StoreHistory = "history"
 	// StoreSpend is the spend counters (trust.Spending), keyed by type/day.
 	StoreSpend = "spend"
 )
@@ -509,10 +508,10 @@ func (d Difference) String() string {
 
 // Live are the live stores; one left nil is neither compared nor applied.
 type Live struct {
-	// Tasks is the task bucket; Trust the gate's facts per type.
-	Tasks, Trust jetstream.KeyValue
-	// JS reads the outcome stream and the history stream (and Apply
-	// rewrites them).
+	// Tasks is the task bucket; Trust the gate's facts per type; History
+	// each (type, subject)'s last outcomes and failures (history.Store).
+	Tasks, Trust, History jetstream.KeyValue
+	// JS reads the outcome stream (and Apply rewrites it).
 	JS       jetstream.JetStream
 	Spending *trust.Spending
 }
@@ -523,8 +522,10 @@ type Live struct {
 // and the submission's stream sequence are not derived from events and are
 // left out; so are the canary places in the trust bucket (see
 // Stores.Trust). Each type's outcomes are read as a trust.View reads them
-// from the outcome stream, and its newest OutcomeDepth compared; each
-// subject's history as history.ReadAll reads it from the history stream.
+// from the outcome stream, and its newest OutcomeDepth compared. Each
+// record of the history bucket is compared field by field, as stored,
+// with the rebuilt record of its key: a field no rebuilt record has (the
+// "entries" of the former 50-entry layout) is a difference like any other.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
 	cur, err := readLive(ctx, live)
 	if err != nil {
@@ -539,7 +540,9 @@ func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, err
 	}
 	if live.JS != nil {
 		diffs = append(diffs, compareValues(StoreOutcomes, cur.outcomes, rebuilt.Trust, newestOutcomes, noOutcomes)...)
-		diffs = append(diffs, compareValues(StoreHistory, cur.history, rebuilt.History, same[history.Record], nil)...)
+	}
+	if live.History != nil {
+		diffs = append(diffs, compareValues(events.BucketHistory, cur.history, asStored(rebuilt.History), same[json.RawMessage], nil)...)
 	}
 	if live.Spending != nil {
 		diffs = append(diffs, compareSpend(cur.spend, rebuilt.Spend)...)
@@ -550,9 +553,9 @@ func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, err
 // current is what the live stores hold, each read as the services read it.
 type current struct {
 	tasks    map[string]*events.TaskState
-	facts    map[string]*trust.Stats // the trust bucket: gate facts, by type
-	outcomes map[string]*trust.Stats // the outcome stream: Outcomes only, by type
-	history  map[string]*history.Record
+	facts    map[string]*trust.Stats     // the trust bucket: gate facts, by type
+	outcomes map[string]*trust.Stats     // the outcome stream: Outcomes only, by type
+	history  map[string]*json.RawMessage // the history bucket, as stored, by history.Key
 	spend    map[[2]string]trust.DaySpend
 }
 
@@ -574,7 +577,9 @@ func readLive(ctx context.Context, live Live) (*current, error) {
 		if cur.outcomes, err = readOutcomes(ctx, live.JS); err != nil {
 			return nil, err
 		}
-		if cur.history, err = history.ReadAll(ctx, live.JS); err != nil {
+	}
+	if live.History != nil {
+		if cur.history, err = readBucket[json.RawMessage](ctx, live.History); err != nil {
 			return nil, err
 		}
 	}
@@ -618,6 +623,17 @@ func readBucket[T any](ctx context.Context, kv jetstream.KeyValue) (map[string]*
 		}
 	}
 	return out, nil
+}
+
+// asStored is each rebuilt history record as the history bucket would
+// store it (its JSON), for comparing with the bucket's values as they are.
+func asStored(records map[string]*history.Record) map[string]*json.RawMessage {
+	out := make(map[string]*json.RawMessage, len(records))
+	for k, rec := range records {
+		raw := marshal(rec)
+		out[k] = &raw
+	}
+	return out
 }
 
 // gateFacts is what the trust bucket holds that events imply: the block
@@ -726,16 +742,17 @@ func compareSpend(have, rebuilt map[[2]string]trust.DaySpend) []Difference {
 
 // Apply overwrites the live stores with the rebuilt ones: every task
 // state; the gate facts of the types whose facts differ (their canary
-// places kept, compare-and-set against the gate); the outcomes of each
-// type, and each kind of each subject's history, that differ — their
-// subject purged and the rebuilt messages published again, oldest first;
-// the spend counters corrected to the rebuilt totals. Applied again, it
-// finds nothing more to rewrite on the streams.
+// places kept, compare-and-set against the gate); the history records
+// that differ (history.Store.Put; one no event implies is deleted); the
+// outcomes of each type that differ — their subject purged and the
+// rebuilt messages published again, oldest first; the spend counters
+// corrected to the rebuilt totals. Applied again, it finds nothing more
+// to rewrite in the history bucket or on the outcome stream.
 //
 // A service that follows the outcome stream (the gate's trust.View) does
 // not see a purge: run Apply with the mesh stopped, or restart it after.
 func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
-	cur, err := readLive(ctx, Live{Trust: live.Trust, JS: live.JS, Spending: live.Spending})
+	cur, err := readLive(ctx, Live{Trust: live.Trust, History: live.History, JS: live.JS, Spending: live.Spending})
 	if err != nil {
 		return err
 	}
@@ -755,15 +772,17 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 			return err
 		}
 	}
+	if live.History != nil {
+		if err := applyHistory(ctx, live.History, cur.history, rebuilt.History); err != nil {
+			return err
+		}
+	}
 	if live.JS != nil {
 		// Purged messages keep their Msg-Id in the stream's deduplication
 		// window: published again under it, they would be dropped as
 		// duplicates. The rebuilt ones carry it salted, once per Apply.
 		salt := "rebuilt-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		if err := applyOutcomes(ctx, live.JS, cur.outcomes, rebuilt.Trust, salt); err != nil {
-			return err
-		}
-		if err := applyHistory(ctx, live.JS, cur.history, rebuilt.History, salt); err != nil {
 			return err
 		}
 	}
@@ -828,40 +847,24 @@ func applyOutcomes(ctx context.Context, js jetstream.JetStream, have, rebuilt ma
 	return nil
 }
 
-// applyHistory rewrites, for each (type, subject) whose history differs,
-// the subject of each kind (outcomes, failures) that differs.
-func applyHistory(ctx context.Context, js jetstream.JetStream, have, rebuilt map[string]*history.Record, salt string) error {
-	for _, k := range slices.Sorted(maps.Keys(union(have, rebuilt))) {
-		var lv, bv history.Record
-		if have[k] != nil {
-			lv = *have[k]
+// applyHistory writes the rebuilt record of each (type, subject) whose
+// record in the history bucket differs, and deletes the records no event
+// implies.
+func applyHistory(ctx context.Context, kv jetstream.KeyValue, have map[string]*json.RawMessage, rebuilt map[string]*history.Record) error {
+	store := history.NewStore(kv)
+	want := asStored(rebuilt)
+	for _, k := range slices.Sorted(maps.Keys(union(have, want))) {
+		if entryDiffs(events.BucketHistory, k, have[k], want[k], same[json.RawMessage], nil) == nil {
+			continue
 		}
-		if rebuilt[k] != nil {
-			bv = *rebuilt[k]
+		var err error
+		if rec := rebuilt[k]; rec != nil {
+			err = store.Put(ctx, *rec)
+		} else if err = kv.Delete(ctx, k); errors.Is(err, jetstream.ErrKeyNotFound) {
+			err = nil
 		}
-		for _, kind := range []struct {
-			name       string
-			live, want []history.Entry
-		}{{history.KindOutcome, lv.Outcomes, bv.Outcomes}, {history.KindFailure, lv.Failures, bv.Failures}} {
-			if equalJSON(marshal(kind.live), marshal(kind.want)) {
-				continue
-			}
-			subject := history.Root + "." + k + "." + kind.name
-			var msgs []*nats.Msg
-			for _, e := range kind.want {
-				all, err := history.Msgs(bv.Type, bv.Subject, e)
-				if err != nil {
-					return err
-				}
-				for _, m := range all {
-					if m.Subject == subject { // the entry's message of this kind only
-						msgs = append(msgs, m)
-					}
-				}
-			}
-			if err := rewrite(ctx, js, history.Stream, subject, msgs, salt); err != nil {
-				return err
-			}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", events.BucketHistory, k, err)
 		}
 	}
 	return nil

@@ -136,7 +136,7 @@ func (c *Client) Show(ctx context.Context, id string) (Detail, error) {
 	if !events.ValidID(id) {
 		return Detail{}, fmt.Errorf("%w: task id %q", ErrInvalid, id)
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Detail{}, err
 	}

@@ -13,17 +13,17 @@ import (
 )
 
 // TestHandleWithHistoryStore runs the builder on a real outcome history, the
-// history stream as the mesh provisions it: the second attempt's prompt
+// history bucket as the mesh provisions it: the second attempt's prompt
 // carries both earlier outcomes of the same (type, subject), escaped, and
 // nothing of another subject.
 func TestHandleWithHistoryStore(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx := context.Background()
-	if _, err := services.Provision(ctx, srv.JS, services.StreamConfig{}); err != nil {
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	store := history.NewLog(srv.NC)
-	defer store.Close()
+	store := history.NewStore(stores.History)
 	for _, e := range []struct {
 		subject string
 		entry   history.Entry
@@ -35,14 +35,8 @@ func TestHandleWithHistoryStore(t *testing.T) {
 		{"src/other.css", history.Entry{Key: "t9:1", TaskID: "t9", Attempt: 1, Outcome: events.OutcomeSuccess,
 			Approach: "unrelated subject", At: t0}},
 	} {
-		msgs, err := history.Msgs("css_fix", e.subject, e.entry)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range msgs {
-			if _, err := srv.JS.PublishMsg(ctx, m); err != nil {
-				t.Fatalf("record: %v", err)
-			}
+		if err := store.Append(ctx, "css_fix", e.subject, e.entry); err != nil {
+			t.Fatalf("append: %v", err)
 		}
 	}
 

@@ -11,11 +11,10 @@ import (
 )
 
 // History is the outcome history the builder reads: the last outcomes and
-// the last failures of (taskType, subject), oldest first. *history.Log
+// the last failures of (taskType, subject), oldest first. *history.Store
 // implements it.
 type History interface {
-	Outcomes(ctx context.Context, taskType, subject string) ([]history.Entry, error)
-	Failures(ctx context.Context, taskType, subject string) ([]history.Entry, error)
+	Recent(ctx context.Context, taskType, subject string) (history.Record, error)
 }
 
 // DefaultHistoryN is how many previous outcomes a prompt carries by default.
@@ -57,21 +56,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	// The last HistoryN outcomes go into the prompt; the recent failures
 	// decide a new task's starting rung.
-	kept, err := s.cfg.History.Outcomes(ctx, t.Type, t.Subject)
+	kept, err := s.cfg.History.Recent(ctx, t.Type, t.Subject)
 	if err != nil {
 		return nil, s.historyError(ctx, t, err)
 	}
-	previous := kept[max(0, len(kept)-s.cfg.HistoryN):]
+	previous := kept.Outcomes[max(0, len(kept.Outcomes)-s.cfg.HistoryN):]
 	if r := in.Run; r.Pass == 1 && r.Attempt == 1 && r.Rung == events.RungRefine && len(pol.Steps) == 0 {
-		since := t.SubmittedAt.Add(-s.cfg.Ladder.Window())
-		n, sure := history.RecentFailures(kept, since)
-		if !sure && in.Run.Rung == s.cfg.Ladder.StartRung(n) { // the outcomes alone do not decide it
-			failures, err := s.cfg.History.Failures(ctx, t.Type, t.Subject)
-			if err != nil {
-				return nil, s.historyError(ctx, t, err)
-			}
-			n = history.Failures(failures, since)
-		}
+		n := history.Failures(kept.Failures, t.SubmittedAt.Add(-s.cfg.Ladder.Window()))
 		if in.Run.Rung = s.cfg.Ladder.StartRung(n); in.Run.Rung == events.RungPivot {
 			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
 		}

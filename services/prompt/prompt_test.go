@@ -26,22 +26,12 @@ type fakeHistory struct {
 	asked   []string
 }
 
-// Outcomes and Failures keep what the history stream keeps of entries:
-// the last Keep outcomes, and the last Keep failures.
-func (f *fakeHistory) Outcomes(ctx context.Context, taskType, subject string) ([]history.Entry, error) {
-	rec, err := f.recent("outcomes", taskType, subject)
-	return rec.Outcomes, err
-}
-
-func (f *fakeHistory) Failures(ctx context.Context, taskType, subject string) ([]history.Entry, error) {
-	rec, err := f.recent("failures", taskType, subject)
-	return rec.Failures, err
-}
-
-func (f *fakeHistory) recent(what, taskType, subject string) (history.Record, error) {
+// Recent keeps what the history keeps of entries: the last Keep outcomes,
+// and the last Keep failures.
+func (f *fakeHistory) Recent(ctx context.Context, taskType, subject string) (history.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.asked = append(f.asked, fmt.Sprintf("%s|%s|%s", what, taskType, subject))
+	f.asked = append(f.asked, fmt.Sprintf("%s|%s", taskType, subject))
 	rec := history.Record{Type: taskType, Subject: subject}
 	if f.err != nil {
 		return rec, f.err
@@ -119,8 +109,8 @@ func TestHandle(t *testing.T) {
 	if p.Prompt.Model != "" {
 		t.Errorf("model = %q, want empty for the executor's default", p.Prompt.Model)
 	}
-	if len(h.asked) != 1 || h.asked[0] != "outcomes|css_fix|src/app.css" {
-		t.Errorf("history asked %v, want the outcomes of css_fix|src/app.css (once: a retry starts on no other rung)", h.asked)
+	if len(h.asked) != 1 || h.asked[0] != "css_fix|src/app.css" {
+		t.Errorf("history asked %v, want css_fix|src/app.css (once)", h.asked)
 	}
 	msgs := p.Prompt.Messages
 	if len(msgs) != 2 || msgs[0].Content != SystemPrompt {
@@ -262,7 +252,7 @@ func TestRecurringFailureStartRung(t *testing.T) {
 		{"one of three is older than 7 days", fails(day, 2*day, 8*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
 		{"a retry keeps its rung", fails(day, 2*day, 3*day), events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, events.RungRefine},
 		// The last outcomes are all successes, but the failures before
-		// them are recent: the failures kept apart tell.
+		// them are recent: the failures, kept apart, tell.
 		{"three recent failures behind five successes", append(fails(3*day, 3*day, 3*day), oks(day, 5)...),
 			events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungPivot},
 		{"three old failures behind five successes", append(fails(9*day, 9*day, 9*day), oks(day, 5)...),

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
+	"dispatchmesh/history"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
@@ -35,6 +36,7 @@ type harness struct {
 	t     *testing.T
 	rec   *recorder.Service
 	tasks *services.TaskStore
+	hist  *history.Store
 	view  *trust.View
 	js    jetstream.JetStream
 }
@@ -49,13 +51,13 @@ func recorderOn(t *testing.T, reg prometheus.Registerer) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, tasks: services.NewTaskStore(stores.Tasks), js: srv.JS}
+	h := &harness{t: t, tasks: services.NewTaskStore(stores.Tasks), hist: history.NewStore(stores.History), js: srv.JS}
 	if h.view, err = trust.NewView(ctx, srv.JS, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.view.Stop)
 	h.rec, err = recorder.New(recorder.Config{
-		Tasks: h.tasks, Trust: h.view, CountSpend: true,
+		Tasks: h.tasks, History: h.hist, Trust: h.view, CountSpend: true,
 		Policy: policy.Static(nil), Registry: reg, Instance: "recorder@test",
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
 	})

@@ -17,6 +17,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/task"
@@ -82,10 +84,18 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		s.log.Warn("outcome of an earlier pass or an ended task ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass, "status", st.Status)
 		return nil, nil
 	}
-	// What the attempt adds to the history, the type's trust and its spend
-	// of the day: messages published before the task moves on, each with
-	// the attempt's key in its Msg-Id, so a redelivery stores nothing twice.
+	// What the attempt adds to the subject's history (a compare-and-set
+	// on its record), to its type's trust and to its spend of the day
+	// (messages published before the task moves on, each with the
+	// attempt's key in its Msg-Id): a redelivery stores nothing twice.
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
+	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
+		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
+		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
 	outs, stats, err := s.recorded(t, b.Run, res, key, now)
 	if err != nil {
 		return nil, err
@@ -112,17 +122,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	return append(outs, out), err
 }
 
-// recorded is what an attempt's outcome adds to the history, the type's
-// trust window and its spend of the day, as messages to publish, and the
-// type's stats with the outcome counted.
+// recorded is what an attempt's outcome adds to its type's trust window and
+// its spend of the day, as messages to publish, and the type's stats with
+// the outcome counted.
 func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time) ([]services.Out, trust.Stats, error) {
-	msgs, err := history.Msgs(t.Type, t.Subject, history.Entry{
-		Key: key, TaskID: t.ID, Attempt: run.Attempt, Rung: run.Rung, Step: run.Step,
-		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
-	})
-	if err != nil {
-		return nil, trust.Stats{}, services.Dead(events.ReviewPoison, err)
-	}
+	var msgs []*nats.Msg
 	stats := s.cfg.Trust.Stats(t.Type)
 	if task.CountsForTrust(res) {
 		o := task.TrustOutcome(key, run, res, now)

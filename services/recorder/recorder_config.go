@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"dispatchmesh/history"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -22,6 +23,9 @@ type Trust interface {
 // Config of the recorder.
 type Config struct {
 	Tasks *services.TaskStore // required
+	// History keeps each (type, subject)'s last outcomes and failures
+	// (required).
+	History *history.Store
 	// Trust gives each type's outcomes (required): the recorder publishes
 	// an outcome, it never rewrites a window.
 	Trust Trust
@@ -46,6 +50,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Tasks == nil {
 		errs = append(errs, errors.New("recorder: Tasks store is required"))
+	}
+	if c.History == nil {
+		errs = append(errs, errors.New("recorder: History store is required"))
 	}
 	if c.Trust == nil {
 		errs = append(errs, errors.New("recorder: Trust (the outcome windows) is required"))

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -41,12 +40,8 @@ func TestOutcomeRedeliveredBehindAFullWindowCountsOnce(t *testing.T) {
 	if got := view.Stats("css_fix").Outcomes; len(got) != outcomes {
 		t.Fatalf("%d outcomes on the stream, want %d: the redelivered one counted twice", len(got), outcomes)
 	}
-	hist, err := history.ReadAll(ctx, h.js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec := hist[history.Key("css_fix", "a.css")]; rec == nil || len(rec.Outcomes) != 1 {
-		t.Fatalf("history of a.css = %+v, want the one outcome", rec)
+	if rec, err := h.hist.Recent(ctx, "css_fix", "a.css"); err != nil || len(rec.Outcomes) != 1 {
+		t.Fatalf("history of a.css = %+v (%v), want the one outcome", rec, err)
 	}
 	got, err := trust.NewSpending(h.js, services.CounterStream).On(ctx, "css_fix", first.Time)
 	if err != nil {
