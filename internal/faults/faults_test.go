@@ -89,14 +89,14 @@ var killKinds = []string{killRandom, killMidCall, killRandom, killAfterAnswer, k
 
 // run is one fault run: a mesh of processes, the model, the load.
 type run struct {
-	t        *testing.T
-	s        suite
-	pm       *procMesh
-	model    *model
-	work     *workload
-	admin    jetstream.JetStream
-	client   jetstream.JetStream
-	policy   *policy.Source
+	t          *testing.T
+	s          suite
+	pm         *procMesh
+	model      *model
+	work       *workload
+	admin      jetstream.JetStream
+	client     jetstream.JetStream
+	policy     *policy.Source
 	historyHit *hookSlot
 }
 

@@ -219,10 +219,10 @@ func (pm *procMesh) killRandom(service, kind string) bool {
 
 // Kill kinds, as the report counts them.
 const (
-	killRandom      = "kill: random instance"
-	killMidCall     = "kill: executor mid-call"
-	killAfterAnswer = "kill: executor between answer and publish"
-	killAfterHistory  = "kill: recorders after a history write"
+	killRandom       = "kill: random instance"
+	killMidCall      = "kill: executor mid-call"
+	killAfterAnswer  = "kill: executor between answer and publish"
+	killAfterHistory = "kill: recorders after a history write"
 )
 
 // killAimed kills what a trigger names: arm sets the trigger, which calls
