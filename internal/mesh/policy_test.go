@@ -59,7 +59,7 @@ func (e *env) startWatching(instance string, names ...string) *policy.Source {
 			Log:   slog.New(slog.NewTextHandler(io.Discard, nil)), AckWait: 2 * time.Second, Grace: 5 * time.Second,
 		})
 	}()
-	e.waitProvisioned()
+	e.waitProvisioned(done)
 	e.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
