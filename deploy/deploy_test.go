@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,8 +33,10 @@ import (
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/proctest"
+	"dispatchmesh/internal/review"
 	"dispatchmesh/services"
 	"dispatchmesh/services/intake"
+	"dispatchmesh/trust"
 )
 
 // Stage services: NATS user = durable consumer name = `dispatch <command>`.
@@ -209,7 +213,22 @@ func checkPermissions(t *testing.T, u *server.User) {
 	}
 	if access, ok := mesh.Buckets[u.Username]; ok {
 		checkBuckets(t, u.Username, access, p.Publish.Allow)
+		checkStreams(t, u.Username, access, p.Publish.Allow)
 	}
+	if access, ok := reviewAccess[u.Username]; ok {
+		checkStreams(t, u.Username, access, p.Publish.Allow)
+		for _, b := range access.Reads { // watched by the review client: read-only
+			for _, s := range watchGrants(b) {
+				if !slices.Contains(p.Publish.Allow, s) {
+					t.Errorf("user %s watches bucket %s (review client) but lacks publish %s", u.Username, b, s)
+				}
+			}
+			if slices.Contains(p.Publish.Allow, "$KV."+b+".>") {
+				t.Errorf("user %s may write bucket %s, which the review client only watches", u.Username, b)
+			}
+		}
+	}
+	checkKnownNames(t, u.Username, slices.Concat(p.Publish.Allow, p.Publish.Deny))
 	if u.Username == "client" || u.Username == "web" {
 		for _, d := range dispatchDurables {
 			for _, s := range []string{
@@ -234,11 +253,7 @@ func checkBuckets(t *testing.T, user string, access mesh.Access, allow []string)
 	for _, b := range services.AllBuckets {
 		switch {
 		case slices.Contains(access.All(), b):
-			for _, s := range []string{
-				"$JS.API.STREAM.INFO.KV_" + b, "$JS.API.STREAM.MSG.GET.KV_" + b,
-				"$JS.API.DIRECT.GET.KV_" + b, "$JS.API.DIRECT.GET.KV_" + b + ".>",
-				"$JS.API.CONSUMER.CREATE.KV_" + b + ".>", "$JS.API.CONSUMER.DELETE.KV_" + b + ".>", "$JS.FC.KV_" + b + ".>",
-			} {
+			for _, s := range watchGrants(b) {
 				if !slices.Contains(allow, s) {
 					t.Errorf("user %s uses bucket %s (mesh.Buckets) but lacks publish %s", user, b, s)
 				}
@@ -252,6 +267,130 @@ func checkBuckets(t *testing.T, user string, access mesh.Access, allow []string)
 					t.Errorf("user %s may %s, but does not use bucket %s (mesh.Buckets)", user, s, b)
 				}
 			}
+		}
+	}
+}
+
+// watchGrants are the grants that bind bucket b, read it and watch it.
+func watchGrants(b string) []string {
+	return []string{
+		"$JS.API.STREAM.INFO.KV_" + b, "$JS.API.STREAM.MSG.GET.KV_" + b,
+		"$JS.API.DIRECT.GET.KV_" + b, "$JS.API.DIRECT.GET.KV_" + b + ".>",
+		"$JS.API.CONSUMER.CREATE.KV_" + b + ".>", "$JS.API.CONSUMER.DELETE.KV_" + b + ".>", "$JS.FC.KV_" + b + ".>",
+	}
+}
+
+// reviewAccess is what the review client (dispatch web, dispatch review)
+// and the task explorer use beyond the stream DISPATCH and the task bucket,
+// by user: web follows the trust outcomes and watches the gate's facts
+// (trust.View, as the gate sees them); client only lists tasks.
+var reviewAccess = map[string]mesh.Access{
+	"web":    {Reads: []string{services.BucketTrust, services.BucketPolicy}, Follows: []string{services.OutcomeStream}},
+	"client": {},
+}
+
+// followGrants are how each outcome stream is read (mesh.Access.Follows):
+// the trust outcomes with an ordered consumer (trust.View: stream info,
+// then consumers it names, pulls from, re-creates and deletes; no acks).
+var followGrants = map[string][]string{
+	services.OutcomeStream: {
+		"$JS.API.STREAM.INFO." + services.OutcomeStream,
+		"$JS.API.CONSUMER.CREATE." + services.OutcomeStream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + services.OutcomeStream + ".*",
+		"$JS.API.CONSUMER.DELETE." + services.OutcomeStream + ".*",
+	},
+}
+
+// publishGrants are the subjects of each outcome stream
+// (mesh.Access.Publishes), as services.Provision creates it.
+var publishGrants = map[string]string{
+	services.OutcomeStream: trust.OutcomeFilter,
+}
+
+// outcomeStreams are the streams of followGrants, sorted.
+func outcomeStreams() []string {
+	var all []string
+	for s := range followGrants {
+		all = append(all, s)
+	}
+	slices.Sort(all)
+	return all
+}
+
+// grantStream is the stream a JetStream grant names ("KV_<bucket>" for a
+// bucket's), "" for any other subject.
+func grantStream(s string) string {
+	t := strings.Split(s, ".")
+	switch {
+	case len(t) >= 3 && t[0] == "$JS" && (t[1] == "ACK" || t[1] == "FC"):
+		return t[2]
+	case len(t) >= 5 && t[0] == "$JS" && t[1] == "API" && (t[2] == "STREAM" || t[2] == "DIRECT") && t[3] != "MSG":
+		return t[4] // STREAM.INFO.<S>, DIRECT.GET.<S>[.…]
+	case len(t) >= 6 && t[0] == "$JS" && t[1] == "API" && t[2] == "STREAM": // STREAM.MSG.GET.<S>
+		return t[5]
+	case len(t) >= 6 && t[0] == "$JS" && t[1] == "API" && t[2] == "CONSUMER" && (t[3] == "MSG" || t[3] == "DURABLE"):
+		return t[5] // MSG.NEXT.<S>.<d>, DURABLE.CREATE.<S>.<d>
+	case len(t) >= 5 && t[0] == "$JS" && t[1] == "API" && t[2] == "CONSUMER":
+		return t[4] // CREATE|INFO|DELETE.<S>…
+	}
+	return ""
+}
+
+// checkStreams compares a user's grants on the outcome streams with what
+// it Follows and Publishes to (mesh.Buckets, reviewAccess): a stream it
+// follows is readable the way it is read and no other way, one it does
+// not follow is named by none of its grants, and it may publish to a
+// stream's subjects exactly when it publishes to the stream.
+func checkStreams(t *testing.T, user string, access mesh.Access, allow []string) {
+	t.Helper()
+	for _, s := range slices.Concat(access.Follows, access.Publishes) {
+		if _, ok := followGrants[s]; !ok {
+			t.Errorf("user %s uses stream %s, which deploy_test.go does not know how to grant: add it to followGrants and publishGrants", user, s)
+		}
+	}
+	for _, stream := range outcomeStreams() {
+		follows := slices.Contains(access.Follows, stream)
+		for _, s := range allow {
+			if grantStream(s) == stream && !(follows && slices.Contains(followGrants[stream], s)) {
+				t.Errorf("user %s may %s, but does not read stream %s that way (it follows %v)", user, s, stream, access.Follows)
+			}
+		}
+		if follows {
+			for _, s := range followGrants[stream] {
+				if !slices.Contains(allow, s) {
+					t.Errorf("user %s follows stream %s (mesh.Buckets, reviewAccess) but lacks publish %s", user, stream, s)
+				}
+			}
+		}
+		subjects, publishes := publishGrants[stream], slices.Contains(access.Publishes, stream)
+		if publishes && !slices.Contains(allow, subjects) {
+			t.Errorf("user %s publishes to stream %s (mesh.Buckets, reviewAccess) but lacks publish %s", user, stream, subjects)
+		}
+		for _, s := range allow {
+			if server.SubjectsCollide(s, subjects) && !(publishes && s == subjects) {
+				t.Errorf("user %s may publish %s, into stream %s (%s), which it does not publish to (mesh.Buckets, reviewAccess)", user, s, stream, subjects)
+			}
+		}
+	}
+}
+
+// checkKnownNames fails on a grant for a stream or bucket the mesh does not
+// provision (one it no longer uses, a typo).
+func checkKnownNames(t *testing.T, user string, grants []string) {
+	t.Helper()
+	known := []string{services.Stream, services.AdvisoryStream, services.CounterStream}
+	known = append(known, outcomeStreams()...)
+	for _, b := range services.AllBuckets {
+		known = append(known, "KV_"+b)
+	}
+	for _, s := range grants {
+		stream := grantStream(s)
+		if b, ok := strings.CutPrefix(s, "$KV."); ok {
+			b, _, _ = strings.Cut(b, ".")
+			stream = "KV_" + b
+		}
+		if stream != "" && !slices.Contains(known, stream) {
+			t.Errorf("user %s: %s names %s, which the mesh does not provision", user, s, stream)
 		}
 	}
 }
@@ -510,7 +649,7 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 			t.Fatalf("admin creates consumer %s: %v", durable, err)
 		}
 	}
-	for _, b := range []string{services.BucketTasks, services.BucketTrust, services.BucketHistory} {
+	for _, b := range testBuckets {
 		kv, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 5, Replicas: replicas})
 		if err != nil {
 			t.Fatalf("admin creates bucket %s: %v", b, err)
@@ -519,11 +658,44 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 			t.Fatalf("admin puts seed in %s: %v", b, err)
 		}
 	}
+	// The outcome stream, as services.Provision creates it, with a first
+	// outcome to read.
+	for stream, subjects := range publishGrants {
+		if _, err := admin.js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: stream, Subjects: []string{subjects}, Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage,
+			MaxMsgsPerSubject: 10, AllowDirect: true, Replicas: replicas,
+		}); err != nil {
+			t.Fatalf("admin creates stream %s: %v", stream, err)
+		}
+	}
+	if _, err := admin.js.PublishMsg(ctx, seedOutcome(t, "seed")); err != nil {
+		t.Fatalf("admin publishes the seed outcome: %v", err)
+	}
 	// A first event no stage consumes, so GetMsg(1) has something to read.
 	if _, err := admin.js.Publish(ctx, events.ReviewSubject(events.ReviewRejected, "seed"), []byte(`{}`)); err != nil {
 		t.Fatalf("admin publishes seed event: %v", err)
 	}
 }
+
+// testBuckets are the buckets provision creates (the policy bucket is
+// tested with the binaries, processes_test.go).
+var testBuckets = []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}
+
+// The outcome the tests publish and read: one of seedType.
+const seedType = "css_fix"
+
+// seedOutcome is one outcome with key as the recorder publishes it on the
+// trust outcomes.
+func seedOutcome(t *testing.T, key string) *nats.Msg {
+	t.Helper()
+	m, err := trust.OutcomeMsg(seedType, trust.Outcome{Key: key, At: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // testCtx bounds one scenario, so a refused call fails it without starving the next.
 func testCtx(t *testing.T) context.Context {
@@ -567,9 +739,10 @@ func TestSingleNode(t *testing.T) {
 	admin.noViolations(t)
 }
 
+// serviceSpec is what a stage publishes into DISPATCH; its buckets and
+// outcome streams are its row of mesh.Buckets.
 type serviceSpec struct {
 	outputs []string // subjects it publishes into DISPATCH
-	rw, ro  []string // KV buckets it writes / only reads
 	foreign string   // an output of another stage it must not publish
 }
 
@@ -579,12 +752,10 @@ var serviceSpecs = map[string]serviceSpec{
 			events.TaskSubject("s1", events.StageQueued), events.ReviewSubject(events.ReviewRejected, "s1"),
 			events.SubmitSubject("smoke"), // the submit API queues what it accepts
 		},
-		rw:      []string{services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageVerified),
 	},
 	services.ConsumerVerifier: {
 		outputs: []string{events.TaskSubject("s1", events.StageVerified), events.TaskSubject("s1", events.StageCancelled)},
-		rw:      []string{services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageAdmitted),
 	},
 	services.ConsumerGate: {
@@ -592,17 +763,14 @@ var serviceSpecs = map[string]serviceSpec{
 			events.TaskSubject("s1", events.StageAdmitted), events.ReviewSubject(events.ReviewGated, "s1"),
 			events.ReviewSubject(events.ReviewEscalated, "s1"), // a handoff before a retry (rung_rate)
 		},
-		rw:      []string{services.BucketTrust, services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageSucceeded),
 	},
 	services.ConsumerPrompt: {
 		outputs: []string{events.TaskSubject("s1", events.StagePrompted)},
-		ro:      []string{services.BucketHistory},
 		foreign: events.TaskSubject("s1", events.StageExecuted),
 	},
 	services.ConsumerExecutor: {
 		outputs: []string{events.TaskSubject("s1", events.StageExecuted)},
-		rw:      []string{services.BucketTasks},
 		foreign: events.TaskSubject("s1", events.StageSucceeded),
 	},
 	services.ConsumerRecorder: {
@@ -610,7 +778,6 @@ var serviceSpecs = map[string]serviceSpec{
 			events.TaskSubject("s1", events.StageSucceeded), events.TaskSubject("s1", events.StageRetry),
 			events.ReviewSubject(events.ReviewEscalated, "s1"), events.ReviewSubject(events.ReviewStuck, "s1"),
 		},
-		rw:      []string{services.BucketTasks, services.BucketTrust, services.BucketHistory},
 		foreign: events.TaskSubject("s1", events.StageAdmitted),
 	},
 	services.ConsumerReaper: {
@@ -620,13 +787,13 @@ var serviceSpecs = map[string]serviceSpec{
 
 // Every stage user can bind to (and re-create) its own durable, pull from it,
 // publish its outputs and a dead letter, read a stream message by sequence,
-// use its KV buckets as granted, and nothing else that was tried.
+// use its KV buckets and outcome streams as mesh.Buckets says, and nothing
+// else that was tried.
 func testServices(t *testing.T, serverURL string, pw map[string]string) {
-	buckets := []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}
 	for _, name := range stageServices {
 		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t)
-			spec := serviceSpecs[name]
+			spec, access := serviceSpecs[name], mesh.Buckets[name]
 			c := connect(t, serverURL, name, pw[name], "_INBOX."+name)
 
 			cfg := consumerConfigs()[name]
@@ -668,9 +835,9 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 				t.Fatalf("get message 1 of %s: %v", services.Stream, err)
 			}
 
-			for _, b := range buckets {
+			for _, b := range testBuckets {
 				switch {
-				case slices.Contains(spec.rw, b):
+				case slices.Contains(access.Writes, b):
 					kv, err := c.js.KeyValue(ctx, b)
 					if err != nil {
 						t.Fatalf("bind bucket %s: %v", b, err)
@@ -681,7 +848,7 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 					if _, err := kv.Get(ctx, "seed"); err != nil {
 						t.Fatalf("get from %s: %v", b, err)
 					}
-				case slices.Contains(spec.ro, b):
+				case slices.Contains(access.Reads, b):
 					kv, err := c.js.KeyValue(ctx, b)
 					if err != nil {
 						t.Fatalf("bind bucket %s: %v", b, err)
@@ -694,6 +861,7 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 					c.denyPublish(t, "$KV."+b+".smoke-"+name)
 				}
 			}
+			testOutcomeStreams(ctx, t, c, access)
 
 			c.denyPublish(t, spec.foreign)
 			if name != services.ConsumerIntake {
@@ -708,6 +876,44 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 			c.denySubscribe(t, "_INBOX.>")
 			c.noViolations(t)
 		})
+	}
+}
+
+// testOutcomeStreams has c read the outcome streams it follows the way the
+// services do (trust.View), publish to those it publishes to as the
+// recorder does, and be refused the others.
+func testOutcomeStreams(ctx context.Context, t *testing.T, c *conn, access mesh.Access) {
+	t.Helper()
+	if slices.Contains(access.Follows, services.OutcomeStream) {
+		var facts jetstream.KeyValue // the gate's facts, where it may watch them
+		if slices.Contains(access.All(), services.BucketTrust) {
+			var err error
+			if facts, err = c.js.KeyValue(ctx, services.BucketTrust); err != nil {
+				t.Fatalf("bind bucket %s: %v", services.BucketTrust, err)
+			}
+		}
+		view, err := trust.NewView(ctx, c.js, facts, quiet)
+		if err != nil {
+			t.Fatalf("follow %s: %v", services.OutcomeStream, err)
+		}
+		if got := view.Stats(seedType).Outcomes; !slices.ContainsFunc(got, func(o trust.Outcome) bool { return o.Key == "seed" }) {
+			t.Fatalf("the view of %s has outcomes %+v, not the seed", services.OutcomeStream, got)
+		}
+		view.Stop()
+	} else {
+		c.denyPublish(t, "$JS.API.STREAM.INFO."+services.OutcomeStream)
+	}
+	m := seedOutcome(t, "smoke-"+c.user)
+	if !slices.Contains(access.Publishes, services.OutcomeStream) {
+		c.denyPublish(t, m.Subject)
+		return
+	}
+	ack, err := c.js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatalf("publish %s: %v", m.Subject, err)
+	}
+	if ack.Stream != services.OutcomeStream {
+		t.Fatalf("publish %s stored in %q, want %s", m.Subject, ack.Stream, services.OutcomeStream)
 	}
 }
 
@@ -829,6 +1035,9 @@ func testClient(ctx context.Context, t *testing.T, serverURL string, pw map[stri
 	}
 	client.denyPublish(t, "$KV."+services.BucketTasks+".t1")
 	client.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")
+	client.denyPublish(t, trust.OutcomeSubject(seedType))
+	client.denyPublish(t, "$JS.API.STREAM.INFO."+services.OutcomeStream)
+	client.denyPublish(t, "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
 
 	// Audit / --wait: an ordered consumer over one task's events.
 	oc, err := client.js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
@@ -1030,12 +1239,25 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	if _, err := tasks.Update(ctx, "seed", []byte(`{"status":"cancelled"}`), e.Revision()); err != nil {
 		t.Fatalf("web CAS-updates task state: %v", err)
 	}
-	trust, err := web.js.KeyValue(ctx, services.BucketTrust)
+	facts, err := web.js.KeyValue(ctx, services.BucketTrust)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := trust.Get(ctx, "seed"); err != nil {
+	if _, err := facts.Get(ctx, "seed"); err != nil {
+		t.Fatalf("web reads the gate's facts: %v", err)
+	}
+	// The review client's trust: the outcomes followed, the facts watched.
+	rc, err := review.New(review.Config{JS: web.js, Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tv, err := rc.TrustOf(ctx, seedType)
+	rc.Close()
+	if err != nil {
 		t.Fatalf("web reads trust: %v", err)
+	}
+	if !slices.ContainsFunc(tv.Recent, func(o trust.Outcome) bool { return o.Key == "seed" }) {
+		t.Fatalf("web's trust of %s: %+v, without the seed outcome", seedType, tv)
 	}
 	oc, err := web.js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.ReviewFilter},
@@ -1072,6 +1294,9 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	web.denyPublish(t, events.TaskSubject("t1", events.StageAdmitted))
 	web.denyPublish(t, events.ReviewSubject(events.ReviewEscalated, "t1"))
 	web.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")
+	web.denyPublish(t, trust.OutcomeSubject(seedType))
+	web.denyPublish(t, "$KV."+services.BucketHistory+".css_fix")
+	web.denyPublish(t, "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
 	web.denyPublish(t, "$JS.API.CONSUMER.MSG.NEXT."+services.Stream+"."+services.ConsumerRecorder)
 	web.noViolations(t)
 }

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"dispatchmesh/internal/proctest"
 	"dispatchmesh/services"
 	"dispatchmesh/services/intake"
+	"dispatchmesh/trust"
 )
 
 // patience bounds every wait on the processes. It is a deadlock guard, not a
@@ -154,6 +156,19 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 			}
 		}
 	}
+	// The review client as the web user: a task's trust, as the gate sees
+	// it, from the outcomes the recorder published (followed) and the
+	// gate's facts (watched).
+	var shown struct {
+		Trust *struct {
+			Outcomes int `json:"outcomes"`
+		} `json:"trust"`
+	}
+	out := proctest.RunToEnd(t, patience, "review-show-as-web", as("web"), dispatch, "review", "show", "e2e-0", "-o", "json")
+	doc := regexp.MustCompile(`(?ms)^\{$.*^\}$`).FindString(out) // the document, not the log lines
+	if err := json.Unmarshal([]byte(doc), &shown); err != nil || shown.Trust == nil || shown.Trust.Outcomes == 0 {
+		t.Fatalf("dispatch review show e2e-0 as web: no outcomes in its trust (%v):\n%s", err, out)
+	}
 	// A cancel, as the web user, of a task that ended: refused, nothing changed.
 	p := proctest.Start(t, "cancel-as-web", as("web"), dispatch, "cancel", "e2e-0")
 	if out := p.Wait(t, patience, running); p.Err == nil || !strings.Contains(out, "already ended") {
@@ -179,7 +194,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		!strings.Contains(out, `NATS user "gate" may not write to bucket `+services.BucketPolicy) {
 		t.Fatalf("dispatch policy set as gate: %v\n%s", denied.Err, out)
 	}
-	out := proctest.RunToEnd(t, patience, "policy-set", as("admin"), dispatch, "policy", "set", file)
+	out = proctest.RunToEnd(t, patience, "policy-set", as("admin"), dispatch, "policy", "set", file)
 	var rev uint64
 	if _, err := fmt.Sscanf(out[strings.Index(out, "policy revision "):], "policy revision %d in force", &rev); err != nil || rev == 0 {
 		t.Fatalf("dispatch policy set as admin: %v\n%s", err, out)
@@ -212,9 +227,11 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	}
 
 	// The gate's user, on a connection of its own: the refusals reach the
-	// error handler.
+	// error handler. It follows the trust outcomes but may neither publish
+	// one nor bind the history bucket the prompt builder reads.
 	gate := connect(t, url, "gate", pw["gate"], "_INBOX.gate")
 	gate.denyPublish(t, events.SubmitSubject("x"))
+	gate.denyPublish(t, trust.OutcomeSubject("css_fix"))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // how long the refused call waits
 	defer cancel()
 	if _, err := gate.js.KeyValue(ctx, services.BucketHistory); err == nil {

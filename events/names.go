@@ -9,8 +9,8 @@ const (
 	Stream = "DISPATCH"
 
 	BucketTasks   = "dispatch_tasks"   // task state by task id
-	BucketTrust   = "dispatch_trust"   // trust stats by task type
-	BucketHistory = "dispatch_history" // outcome history by (type, subject)
+	BucketTrust   = "dispatch_trust"   // the gate's facts by task type (the outcomes are a stream)
+	BucketHistory = "dispatch_history" // last outcomes and failures by (type, subject)
 )
 
 // MsgID is the deterministic id (Nats-Msg-Id) of a task's event for one

@@ -3,7 +3,8 @@
 //
 // Format is pure: it turns entries into the <previous_attempts> block, with
 // everything escaped so text from a model or a tool cannot break out of it.
-// Store keeps the entries of each (type, subject) in a NATS JetStream KV
-// bucket, appended under compare-and-set so concurrent recorders lose nothing
-// and a redelivered entry is stored once.
+// Store keeps each (type, subject)'s last outcomes and last failures in one
+// small value of a NATS JetStream KV bucket, read in one get and appended
+// under compare-and-set, so concurrent recorders lose nothing and a
+// redelivered entry is stored once.
 package history

@@ -16,26 +16,44 @@ import (
 	"dispatchmesh/internal/kvcas"
 )
 
-// DefaultLimit is the number of entries kept per (type, subject) when
-// NewStore is given no limit.
-const DefaultLimit = 50
+// Keep is how many of a (type, subject)'s last outcomes, and apart of its
+// last failures, the history keeps: a prompt carries at most Keep previous
+// attempts, and a subject is found failing again and again from at most
+// Keep failures. A record stays small (at most 2 × Keep entries), so the
+// prompt builder reads it, and a recorder rewrites it, cheaply.
+const Keep = 5
 
 // ErrInvalid marks a call the store refuses: a task type that is not valid,
 // or an entry without an idempotency key.
 var ErrInvalid = errors.New("history: invalid input")
 
-// Record is the value stored under Key(Type, Subject). It carries the type
-// and subject so tools can list what the bucket holds without the hash.
+// Record is the value stored under Key(Type, Subject): the subject's last
+// outcomes and, apart, its last failures, each oldest first, at most Keep
+// each. It carries the type and subject so tools can list what the bucket
+// holds without the hash.
 type Record struct {
-	Type    string `json:"type"`
-	Subject string `json:"subject"`
-	// Entries are ordered by At, oldest first.
-	Entries []Entry `json:"entries"`
+	Type     string  `json:"type"`
+	Subject  string  `json:"subject"`
+	Outcomes []Entry `json:"outcomes,omitempty"`
+	Failures []Entry `json:"failures,omitempty"`
+}
+
+// Add returns r with e recorded (Insert, keeping Keep of each kind); changed
+// is false when e was already there. r is not modified.
+func (r Record) Add(e Entry) (next Record, changed bool) {
+	next = r
+	next.Outcomes, changed = Insert(r.Outcomes, e, Keep)
+	if e.Outcome == events.OutcomeFailure {
+		var f bool
+		next.Failures, f = Insert(r.Failures, e, Keep)
+		changed = changed || f
+	}
+	return next, changed
 }
 
 // Clone returns a copy of r that shares no slice with it.
 func (r Record) Clone() Record {
-	r.Entries = slices.Clone(r.Entries)
+	r.Outcomes, r.Failures = slices.Clone(r.Outcomes), slices.Clone(r.Failures)
 	return r
 }
 
@@ -47,29 +65,27 @@ func Key(taskType, subject string) string {
 	return taskType + "." + hex.EncodeToString(sum[:16])
 }
 
-// Store keeps the recent entries of each (type, subject) in a KV bucket.
-// Appends of one process go through a kvcas.Writer: those to one subject
-// that arrive together are written together.
+// Store keeps each (type, subject)'s Record in a KV bucket. An append is a
+// compare-and-set retried on conflict, so concurrent recorders lose
+// nothing; the appends of one process go through a kvcas.Writer, so those
+// to one subject that arrive together are written together and a subject
+// the process wrote last needs no read. The key is a subject's, not a
+// type's: recorders contend only when they record attempts on the same
+// subject at once.
 type Store struct {
 	kv     jetstream.KeyValue
-	limit  int
 	writer *kvcas.Writer[Record]
 }
 
-// NewStore returns a store on kv keeping at most limit entries per
-// (type, subject); limit <= 0 means DefaultLimit.
-func NewStore(kv jetstream.KeyValue, limit int) *Store {
-	if limit <= 0 {
-		limit = DefaultLimit
-	}
+// NewStore returns a store on kv.
+func NewStore(kv jetstream.KeyValue) *Store {
 	w := kvcas.NewWriter[Record](kv)
 	w.Clone = Record.Clone
-	return &Store{kv: kv, limit: limit, writer: w}
+	return &Store{kv: kv, writer: w}
 }
 
-// Append adds e to the history of (taskType, subject), in At order, dropping
-// the oldest entries beyond the limit. It is a compare-and-set retried on
-// conflict (kvcas.Writer), and idempotent: an entry whose Key is already kept changes nothing.
+// Append records e in the history of (taskType, subject) (Record.Add). It
+// is idempotent: an entry whose Key is already kept changes nothing.
 func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) error {
 	if e.Key == "" {
 		return fmt.Errorf("%w: entry without a key", ErrInvalid)
@@ -80,11 +96,11 @@ func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) e
 	}
 	_, err = s.writer.Update(ctx, key, func(rec *Record, _ bool) error {
 		rec.Type, rec.Subject = taskType, subject
-		entries, changed := Insert(rec.Entries, e, s.limit)
+		next, changed := rec.Add(e)
 		if !changed {
 			return kvcas.ErrNoChange
 		}
-		rec.Entries = entries
+		*rec = next
 		return nil
 	})
 	if err != nil {
@@ -93,31 +109,39 @@ func (s *Store) Append(ctx context.Context, taskType, subject string, e Entry) e
 	return nil
 }
 
-// Recent returns the last n entries of (taskType, subject), oldest first; all
-// kept entries when n <= 0, none when there is no history.
-func (s *Store) Recent(ctx context.Context, taskType, subject string, n int) ([]Entry, error) {
+// Recent returns the Record of (taskType, subject) — one read — or an empty
+// one when there is no history.
+func (s *Store) Recent(ctx context.Context, taskType, subject string) (Record, error) {
 	key, err := validKey(taskType, subject)
 	if err != nil {
-		return nil, err
+		return Record{}, err
 	}
-	rec, _, err := s.get(ctx, key, taskType, subject)
+	rec, _, found, err := kvcas.Get[Record](ctx, s.kv, key)
 	if err != nil {
-		return nil, err
+		return Record{}, fmt.Errorf("history: %w", err)
 	}
-	if n <= 0 {
-		return rec.Entries, nil
+	if !found {
+		rec = Record{}
 	}
-	return lastN(rec.Entries, n), nil
+	rec.Type, rec.Subject = taskType, subject
+	return rec, nil
 }
 
-// FailuresSince counts the kept failures of (taskType, subject) at or after
-// since (recurring-error detection, SPEC §8).
-func (s *Store) FailuresSince(ctx context.Context, taskType, subject string, since time.Time) (int, error) {
-	entries, err := s.Recent(ctx, taskType, subject, 0)
+// Put writes the Record of (taskType, subject) unconditionally (for
+// rebuilding the bucket).
+func (s *Store) Put(ctx context.Context, rec Record) error {
+	key, err := validKey(rec.Type, rec.Subject)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	return Failures(entries, since), nil
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("history: encode %s: %w", key, err)
+	}
+	if _, err := s.kv.Put(ctx, key, data); err != nil {
+		return fmt.Errorf("history: put %s: %w", key, err)
+	}
+	return nil
 }
 
 // Failures counts the failures among entries at or after since.
@@ -131,41 +155,6 @@ func Failures(entries []Entry, since time.Time) int {
 	return n
 }
 
-// Put writes the history of (taskType, subject) unconditionally (for
-// rebuilding the bucket): entries as given, oldest first, the newest limit kept.
-func (s *Store) Put(ctx context.Context, taskType, subject string, entries []Entry) error {
-	key, err := validKey(taskType, subject)
-	if err != nil {
-		return err
-	}
-	rec := Record{Type: taskType, Subject: subject, Entries: lastN(entries, s.limit)}
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("history: encode %s: %w", key, err)
-	}
-	if _, err := s.kv.Put(ctx, key, data); err != nil {
-		return fmt.Errorf("history: put %s: %w", key, err)
-	}
-	return nil
-}
-
-// get returns the record under key and its revision (0 when absent).
-func (s *Store) get(ctx context.Context, key, taskType, subject string) (Record, uint64, error) {
-	e, err := s.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Record{Type: taskType, Subject: subject}, 0, nil
-	}
-	if err != nil {
-		return Record{}, 0, fmt.Errorf("history: get %s: %w", key, err)
-	}
-	var rec Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return Record{}, 0, fmt.Errorf("history: decode %s: %w", key, err)
-	}
-	rec.Type, rec.Subject = taskType, subject
-	return rec, e.Revision(), nil
-}
-
 func validKey(taskType, subject string) (string, error) {
 	if !events.ValidType(taskType) {
 		return "", fmt.Errorf("%w: task type %q", ErrInvalid, taskType)
@@ -174,16 +163,17 @@ func validKey(taskType, subject string) (string, error) {
 }
 
 func lastN[T any](s []T, n int) []T {
-	if len(s) > n {
+	if n >= 0 && len(s) > n {
 		return s[len(s)-n:]
 	}
 	return s
 }
 
 // Insert adds e to entries (oldest first) in (At, Key) order, keeping the
-// newest limit. It is idempotent: an entry whose Key is present changes
-// nothing. The order does not depend on arrival, so replaying the same
-// entries in any order (dispatch rebuild) gives the same history.
+// newest limit. It is idempotent: an entry whose Key is present, or one
+// older than every entry of a full history, changes nothing. The order does
+// not depend on arrival, so replaying the same entries in any order
+// (dispatch rebuild) gives the same history.
 func Insert(entries []Entry, e Entry, limit int) ([]Entry, bool) {
 	if slices.ContainsFunc(entries, func(x Entry) bool { return x.Key == e.Key }) {
 		return entries, false
@@ -191,6 +181,9 @@ func Insert(entries []Entry, e Entry, limit int) ([]Entry, bool) {
 	i := len(entries)
 	for i > 0 && later(entries[i-1], e) {
 		i--
+	}
+	if limit > 0 && len(entries) >= limit && i == 0 {
+		return entries, false
 	}
 	out := slices.Insert(slices.Clone(entries), i, e)
 	return lastN(out, limit), true

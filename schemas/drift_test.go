@@ -12,6 +12,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/schemas"
+	trustpkg "dispatchmesh/trust"
 )
 
 // modelResult is the structured answer the model is asked to return
@@ -49,6 +50,7 @@ var messages = []struct {
 	{"api.submit.reply.v1", events.SubmitReply{}},
 	{"api.wait.reply.v1", events.WaitReply{}},
 	{"api.error.v1", events.ErrorReply{}},
+	{trustpkg.EventOutcome, trustpkg.Outcome{}},
 }
 
 // TestSchemasMatchGoTypes is the drift test: every JSON field the Go type

@@ -1,6 +1,7 @@
 package schemas_test
 
 import (
+	trustpkg "dispatchmesh/trust"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -108,6 +109,7 @@ var populated = []struct {
 		Attempts: 3, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Result: &result, UpdatedAt: at,
 	}},
 	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
+	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true}},
 }
 
 func TestPopulatedValuesAreComplete(t *testing.T) {

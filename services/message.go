@@ -39,6 +39,28 @@ type Out struct {
 	Data   []byte
 }
 
+// NatsMsg is out as a NATS message: subject, header and data (publish it
+// with jetstream.WithMsgID(out.MsgID)).
+func NatsMsg(out Out) *nats.Msg {
+	h := out.Header
+	if h == nil {
+		h = nats.Header{}
+	}
+	return &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}
+}
+
+// OutMsg is m as an output: its Nats-Msg-Id header becomes the Out's MsgID.
+// m is not modified.
+func OutMsg(m *nats.Msg) Out {
+	h := nats.Header{}
+	for k, v := range m.Header {
+		if k != nats.MsgIdHdr {
+			h[k] = v
+		}
+	}
+	return Out{Subject: m.Subject, MsgID: m.Header.Get(nats.MsgIdHdr), Header: h, Data: m.Data}
+}
+
 // MsgID is the deterministic id of a task's event for one pass (events.MsgID).
 func MsgID(taskID string, pass int, stage string) string { return events.MsgID(taskID, pass, stage) }
 

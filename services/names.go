@@ -1,6 +1,9 @@
 package services
 
-import "dispatchmesh/events"
+import (
+	"dispatchmesh/events"
+	"dispatchmesh/trust"
+)
 
 // Names of everything the mesh provisions. deploy/ grants permissions on them.
 const (
@@ -13,9 +16,14 @@ const (
 	// dispatch.count.<type>.<unit>.<day>, one message per counter.
 	CounterStream = "DISPATCH_COUNTERS"
 
+	// OutcomeStream holds the outcomes that score each type's trust: the
+	// recorder publishes one small message per outcome, trust.View follows
+	// them into windows; no shared value is rewritten.
+	OutcomeStream = trust.OutcomeStream
+
 	BucketTasks   = events.BucketTasks   // task state by task id
-	BucketTrust   = events.BucketTrust   // trust stats by task type
-	BucketHistory = events.BucketHistory // outcome history by (type, subject)
+	BucketTrust   = events.BucketTrust   // the gate's facts by task type: block streak, decisions, canary places
+	BucketHistory = events.BucketHistory // last outcomes and failures by (type, subject)
 	// BucketPolicy holds the per-type policies under one key, "current"
 	// (package policy), keeping every revision (PolicyRevisions).
 	BucketPolicy = "dispatch_policy"

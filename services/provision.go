@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
+	"dispatchmesh/trust"
 )
 
 // StreamConfig sizes what Provision creates.
@@ -116,6 +117,23 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)
+	}
+	// The outcome stream: each type's newest outcomes, kept by its
+	// per-subject limit; no age limit, as a KV value would have none.
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              trust.OutcomeStream,
+		Description:       "dispatchmesh: the outcomes that count for each task type's trust, the newest of each type",
+		Subjects:          []string{trust.OutcomeFilter},
+		MaxMsgsPerSubject: trust.Keep,
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        cfg.Duplicates,
+		Replicas:          cfg.Replicas,
+		AllowDirect:       true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", trust.OutcomeStream, err)
 	}
 	if err := provisionPolicyBucket(ctx, js, cfg); err != nil {
 		return nil, err

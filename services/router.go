@@ -336,25 +336,60 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, h Handler, msg je
 // record. It is not cut short by a shutdown.
 const publishTimeout = 10 * time.Second
 
-// publishing publishes next's outputs, in order, before the message is
-// settled. A failure is a *publishError.
+// publishing publishes next's outputs before the message is settled: the
+// ones before the last together (what a recorded attempt adds to its type's
+// trust and spend), then — once every one of them is stored — the last, which
+// moves the task on. So whatever reacts to the last output finds the
+// others stored. A failure is a *publishError.
 func (r *Router) publishing(service string) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, m *Msg) ([]Out, error) {
 			outs, err := next(ctx, m)
-			if err != nil {
-				return nil, err
+			if err != nil || len(outs) == 0 {
+				return outs, err
 			}
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 			defer cancel()
-			for _, out := range outs {
-				if err := r.publish(pctx, service, out); err != nil {
-					return nil, &publishError{subject: out.Subject, err: err}
-				}
+			if err := r.publishTogether(pctx, service, outs[:len(outs)-1]); err != nil {
+				return nil, err
+			}
+			last := outs[len(outs)-1]
+			if err := r.publish(pctx, service, last); err != nil {
+				return nil, &publishError{subject: last.Subject, err: err}
 			}
 			return outs, nil
 		}
 	}
+}
+
+// publishTogether publishes outs without waiting for each one's ack before
+// sending the next, and returns once all are stored.
+func (r *Router) publishTogether(ctx context.Context, service string, outs []Out) error {
+	if len(outs) == 1 {
+		if err := r.publish(ctx, service, outs[0]); err != nil {
+			return &publishError{subject: outs[0].Subject, err: err}
+		}
+		return nil
+	}
+	acks := make([]jetstream.PubAckFuture, len(outs))
+	for i, out := range outs {
+		f, err := r.JS.PublishMsgAsync(r.msg(out), jetstream.WithMsgID(out.MsgID))
+		if err != nil {
+			return &publishError{subject: out.Subject, err: err}
+		}
+		acks[i] = f
+	}
+	for i, f := range acks {
+		select {
+		case ack := <-f.Ok():
+			r.Metrics.published(service, ack.Duplicate)
+		case err := <-f.Err():
+			return &publishError{subject: outs[i].Subject, err: err}
+		case <-ctx.Done():
+			return &publishError{subject: outs[i].Subject, err: ctx.Err()}
+		}
+	}
+	return nil
 }
 
 // publishError is a failure to publish a handler's output. It is retried
@@ -368,17 +403,19 @@ func (e *publishError) Error() string { return fmt.Sprintf("publish to %s: %v", 
 func (e *publishError) Unwrap() error { return e.err }
 
 func (r *Router) publish(ctx context.Context, service string, out Out) error {
-	h := out.Header
-	if h == nil {
-		h = nats.Header{}
-	}
-	if r.Instance != "" && h.Get(events.HeaderService) == "" {
-		h.Set(events.HeaderService, r.Instance)
-	}
-	ack, err := r.JS.PublishMsg(ctx, &nats.Msg{Subject: out.Subject, Header: h, Data: out.Data}, jetstream.WithMsgID(out.MsgID))
+	ack, err := r.JS.PublishMsg(ctx, r.msg(out), jetstream.WithMsgID(out.MsgID))
 	if err != nil {
 		return err
 	}
 	r.Metrics.published(service, ack.Duplicate)
 	return nil
+}
+
+// msg is out as a NATS message, naming this instance.
+func (r *Router) msg(out Out) *nats.Msg {
+	m := NatsMsg(out)
+	if r.Instance != "" && m.Header.Get(events.HeaderService) == "" {
+		m.Header.Set(events.HeaderService, r.Instance)
+	}
+	return m
 }

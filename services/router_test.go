@@ -107,6 +107,44 @@ func TestRouterPublishesOutputsThenAcks(t *testing.T) {
 	}
 }
 
+// A handler's outputs before the last (what a recorded outcome adds to the
+// history, the trust window, the spend counters) are all stored before the
+// last one (the event that moves the task on) is published: whatever the
+// last output wakes finds them.
+func TestRouterPublishesTheLastOutputLast(t *testing.T) {
+	s := setup(t)
+	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		var outs []services.Out
+		for i, stage := range []string{"side0", "side1", "side2", "next"} {
+			o, err := services.Emit(events.TaskSubject("t1", stage), fmt.Sprintf("t1:1:%d", i), "test.v1", "t1", i)
+			if err != nil {
+				return nil, err
+			}
+			outs = append(outs, o)
+		}
+		return outs, nil
+	}))
+	publish(t, s.JS, events.TaskSubject("t1", "in"), "x")
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+	st, err := s.JS.Stream(context.Background(), services.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := map[string]uint64{}
+	for _, stage := range []string{"side0", "side1", "side2", "next"} {
+		m, err := st.GetLastMsgForSubject(context.Background(), events.TaskSubject("t1", stage))
+		if err != nil {
+			t.Fatalf("output %s not stored: %v", stage, err)
+		}
+		seq[stage] = m.Sequence
+	}
+	for _, side := range []string{"side0", "side1", "side2"} {
+		if seq[side] >= seq["next"] {
+			t.Errorf("%s stored at %d, after the last output (%d)", side, seq[side], seq["next"])
+		}
+	}
+}
+
 func TestRouterRepublishIsDeduplicated(t *testing.T) {
 	s := setup(t)
 	var calls atomic.Int32

@@ -122,7 +122,7 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
-			ok, err := store.Canary(ctx, "css_fix", fmt.Sprintf("t%d", i), time.Now(), trust.Policy{})
+			ok, err := store.Canary(ctx, "css_fix", fmt.Sprintf("t%d", i), time.Now(), trust.Policy{}, nil)
 			if err != nil {
 				t.Error(err)
 			}
@@ -144,7 +144,7 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	if _, err := store.Release(ctx, "css_fix", st.Canaries[0].Key); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := store.Canary(ctx, "css_fix", "late", time.Now(), trust.Policy{}); err != nil || !ok {
+	if ok, err := store.Canary(ctx, "css_fix", "late", time.Now(), trust.Policy{}, nil); err != nil || !ok {
 		t.Fatalf("a freed place was not given: %v %v", ok, err)
 	}
 }

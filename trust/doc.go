@@ -2,9 +2,14 @@
 // (SPEC §4).
 //
 // The logic is pure: Score and Policy.Evaluate compute a type's trust from its
-// recent outcomes, and Policy.Record and Policy.Gate compute the next Stats of
-// a type from the current one. Store keeps one Stats per task type in a NATS
-// JetStream KV bucket and applies those functions under compare-and-set, so
-// many recorder and gate instances can update the same type without losing an
-// update, and a redelivered message changes nothing the second time.
+// recent outcomes, and Policy.Record, Policy.Gate and Policy.AdmitCanary
+// compute the next Stats of a type from the current one.
+//
+// A type's outcomes are a stream, not a value anyone rewrites: each outcome is
+// one message on the type's subject (OutcomeMsg), deduplicated by its key and
+// kept Keep deep by the stream, and View follows them into each type's window
+// in memory. What the gate itself decides — its block streak, remembered
+// decisions and canary places — Store keeps in a KV bucket under
+// compare-and-set, written only when a decision changes it. Spending counts
+// what each type spends per day in server-side counters.
 package trust

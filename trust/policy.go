@@ -134,8 +134,8 @@ func (p Policy) WithDefaults() Policy {
 func (p Policy) Validate() error {
 	p = p.WithDefaults()
 	var errs []error
-	if p.Window < 1 {
-		errs = append(errs, fmt.Errorf("trust: window %d must be positive", p.Window))
+	if p.Window < 1 || p.Window > MaxWindow {
+		errs = append(errs, fmt.Errorf("trust: window %d must be 1-%d (the outcome stream keeps %d per type)", p.Window, MaxWindow, Keep))
 	}
 	if p.MinOutcomes < 0 {
 		errs = append(errs, fmt.Errorf("trust: min outcomes %d must not be negative", p.MinOutcomes))

@@ -14,7 +14,8 @@ type Outcome struct {
 	Key     string    `json:"key"`
 	Success bool      `json:"success"`
 	At      time.Time `json:"at"`
-	// Tokens and Cost the attempt spent, added to the type's daily spend.
+	// Tokens and Cost the attempt spent, for the record (the daily budget
+	// reads the spend counters, Spending).
 	Tokens int     `json:"tokens,omitempty"`
 	Cost   float64 `json:"cost,omitempty"`
 	// Rung is the escalation rung the attempt ran on ("" for pipeline steps)

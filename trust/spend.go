@@ -53,14 +53,17 @@ func NewSpending(js jetstream.JetStream, stream string) *Spending {
 	return &Spending{js: js, stream: stream}
 }
 
-// Add counts what the outcome with key spent on at's UTC day: both
-// increments are in flight together.
-func (s *Spending) Add(ctx context.Context, taskType, key string, at time.Time, tokens int, cost float64) error {
+// SpendMsgs are the increments that count what the outcome with key spent
+// on at's UTC day: one per unit that is not zero, each with the outcome's
+// key in its Nats-Msg-Id, so the counter stream counts the outcome once
+// however often it is published. The recorder publishes them with the
+// outcome.
+func SpendMsgs(taskType, key string, at time.Time, tokens int, cost float64) ([]*nats.Msg, error) {
 	if !events.ValidType(taskType) || key == "" {
-		return fmt.Errorf("%w: spend of type %q with key %q", ErrInvalid, taskType, key)
+		return nil, fmt.Errorf("%w: spend of type %q with key %q", ErrInvalid, taskType, key)
 	}
 	day := Day(at)
-	var acks []jetstream.PubAckFuture
+	var msgs []*nats.Msg
 	for _, c := range []struct {
 		unit string
 		n    int64
@@ -68,7 +71,23 @@ func (s *Spending) Add(ctx context.Context, taskType, key string, at time.Time, 
 		if c.n == 0 {
 			continue
 		}
-		f, err := s.js.PublishMsgAsync(incrMsg(SpendSubject(taskType, c.unit, day), c.n), jetstream.WithMsgID(key+":"+c.unit))
+		m := incrMsg(SpendSubject(taskType, c.unit, day), c.n)
+		m.Header.Set(nats.MsgIdHdr, key+":"+c.unit)
+		msgs = append(msgs, m)
+	}
+	return msgs, nil
+}
+
+// Add counts what the outcome with key spent on at's UTC day (SpendMsgs),
+// both increments in flight together.
+func (s *Spending) Add(ctx context.Context, taskType, key string, at time.Time, tokens int, cost float64) error {
+	msgs, err := SpendMsgs(taskType, key, at, tokens, cost)
+	if err != nil {
+		return err
+	}
+	var acks []jetstream.PubAckFuture
+	for _, m := range msgs {
+		f, err := s.js.PublishMsgAsync(m)
 		if err != nil {
 			return fmt.Errorf("trust: count spend of %s: %w", taskType, err)
 		}

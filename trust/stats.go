@@ -73,25 +73,19 @@ func (s Stats) Counts() (successes, failures int) {
 // Day is the UTC day of t as spend counters name it ("2006-01-02").
 func Day(t time.Time) string { return t.UTC().Format("2006-01-02") }
 
-// Record returns s with outcome o appended and the window trimmed to
-// p.Window; once the window holds MinOutcomes outcomes
-// the type is scored and its canary places are cleared. When an outcome with
-// o.Key is already in the window it returns s unchanged and changed=false.
-// (An outcome already trimmed out of the window would be counted again.) s
-// is not modified.
+// Record returns s with outcome o in its place in the window (Insert),
+// trimmed to p.Window; once the window holds MinOutcomes outcomes the type
+// is scored and its canary places are cleared. When an outcome with o.Key
+// is already in the window, or o is older than every outcome of a full
+// window, it returns s unchanged and changed=false. s is not modified.
 func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	p = p.WithDefaults()
-	if slices.ContainsFunc(s.Outcomes, func(x Outcome) bool { return x.Key == o.Key }) {
+	window, changed := Insert(s.Outcomes, o, p.Window)
+	if !changed {
 		return s, false
 	}
-	// Keep the window in (At, Key) order whatever order outcomes arrive in,
-	// so a replay of the stream (dispatch rebuild) yields the same window.
-	i := len(s.Outcomes)
-	for i > 0 && outcomeAfter(s.Outcomes[i-1], o) {
-		i--
-	}
 	next = s
-	next.Outcomes = lastN(slices.Insert(slices.Clone(s.Outcomes), i, o), p.Window)
+	next.Outcomes = window
 	if len(next.Outcomes) >= p.MinOutcomes {
 		next.Canaries = nil // scored from now on: the canary phase is over
 	}

@@ -39,7 +39,7 @@ func TestPolicyRecord(t *testing.T) {
 	if changed || len(same.Outcomes) != 3 {
 		t.Errorf("duplicate key recorded: changed=%v %+v", changed, same)
 	}
-	if _, changed := p.Record(st, trust.Outcome{Key: "new", Success: true}); !changed {
+	if _, changed := p.Record(st, trust.Outcome{Key: "new", Success: true, At: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}); !changed {
 		t.Error("new key not recorded")
 	}
 	if !slices.Equal(st.Outcomes, before) {

@@ -19,14 +19,14 @@ import (
 // key, or an outcome or gate call without an idempotency key.
 var ErrInvalid = errors.New("trust: invalid input")
 
-// Store keeps one Stats per task type in a KV bucket, keyed by the type.
-// Every update is a compare-and-set on the key's revision, retried on
-// conflict, so concurrent writers never lose an update.
-//
-// The updates of one process go through a kvcas.Writer: a type's updates
-// that arrive together are written together, so a burst of outcomes of one
-// type costs one write instead of a compare-and-set each and the conflicts
-// between them.
+// Store keeps each task type's gate facts — its block streak, remembered
+// gate decisions and canary places (Stats without Outcomes: the outcomes
+// are on the outcome stream) — in a KV bucket, keyed by the type. Only the
+// gate writes them, and only when a decision changes them (a block, a
+// probe, a canary place taken or given up), never for a pass it simply
+// admits. Every update is a compare-and-set on the key's revision, retried
+// on conflict, so concurrent gates never lose an update; the updates of one
+// process go through a kvcas.Writer, so a burst of them costs one write.
 type Store struct {
 	kv     jetstream.KeyValue
 	policy Policy
@@ -40,25 +40,11 @@ func NewStore(kv jetstream.KeyValue, p Policy) *Store {
 	return &Store{kv: kv, policy: p.WithDefaults(), writer: w}
 }
 
-// Get returns the stats of taskType, or Stats{Type: taskType} when there are none.
+// Get returns the gate facts of taskType (Outcomes nil), or Stats{Type:
+// taskType} when there are none.
 func (s *Store) Get(ctx context.Context, taskType string) (Stats, error) {
 	st, _, err := s.get(ctx, taskType)
 	return st, err
-}
-
-// Record adds outcome o to taskType's stats and returns the stats after it.
-// It is idempotent: an outcome whose key is already in the window changes
-// nothing. When release is set (the id of a task that ended) its canary
-// place is given up in the same write.
-func (s *Store) Record(ctx context.Context, taskType string, o Outcome, release string) (Stats, error) {
-	if o.Key == "" {
-		return Stats{}, fmt.Errorf("%w: outcome without a key", ErrInvalid)
-	}
-	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		next, recorded := s.policy.Record(cur, o)
-		next, released := Release(next, release)
-		return next, recorded || released
-	})
 }
 
 // Gate records the gate decision for the task identified by key (see
@@ -83,12 +69,14 @@ func (s *Store) Gate(ctx context.Context, taskType, key string, below bool) (pro
 
 // Canary asks for a canary place for task key (its id) under p, the
 // policy of its type (see Policy.AdmitCanary: a type may set its own number
-// of canaries, or none), and reports whether its pass may go.
-func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time, p Policy) (admit bool, err error) {
+// of canaries, or none), given the type's outcomes (View.Stats), and
+// reports whether its pass may go.
+func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time, p Policy, outcomes []Outcome) (admit bool, err error) {
 	if key == "" {
 		return false, fmt.Errorf("%w: canary call without a key", ErrInvalid)
 	}
 	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		cur.Outcomes = outcomes
 		next, a, changed := p.AdmitCanary(cur, key, now)
 		admit = a
 		return next, changed
@@ -97,13 +85,15 @@ func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time,
 }
 
 // Release gives up the canary place of task key, if it holds one: the task
-// ended without an outcome recorded for its type.
+// ended, or the gate stopped it.
 func (s *Store) Release(ctx context.Context, taskType, key string) (Stats, error) {
 	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) { return Release(cur, key) })
 }
 
-// Put writes st unconditionally under st.Type (for rebuilding the bucket).
+// Put writes st's gate facts unconditionally under st.Type (for
+// rebuilding the bucket); its Outcomes are not stored.
 func (s *Store) Put(ctx context.Context, st Stats) error {
+	st.Outcomes = nil
 	if !events.ValidType(st.Type) {
 		return fmt.Errorf("%w: task type %q", ErrInvalid, st.Type)
 	}
@@ -117,7 +107,7 @@ func (s *Store) Put(ctx context.Context, st Stats) error {
 	return nil
 }
 
-// All returns the stats of every task type in the bucket, sorted by type.
+// All returns the gate facts of every task type in the bucket, sorted by type.
 func (s *Store) All(ctx context.Context) ([]Stats, error) {
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -166,6 +156,7 @@ func (s *Store) update(ctx context.Context, taskType string, fn func(Stats) (Sta
 			return kvcas.ErrNoChange
 		}
 		*cur = next
+		cur.Outcomes = nil // the outcomes live on the outcome stream
 		return nil
 	})
 	if err != nil {

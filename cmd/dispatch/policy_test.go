@@ -133,15 +133,17 @@ func TestPolicyCommands(t *testing.T) {
 	}
 
 	// An event decided under a revision the bucket does not hold (another
-	// mesh's, or purged): rebuild says so instead of guessing a policy.
-	ghost, err := json.Marshal(events.Admitted{Base: events.Base{
-		Task: events.Task{ID: "ghost-1", Type: "css_fix", Subject: "g.css"}, Run: events.Run{Pass: 1, Attempt: 1},
-		At: time.Now().UTC(), By: "gate@elsewhere", PolicyRev: 999,
-	}, Trust: events.TrustDecision{Cause: events.CauseUnproven}})
+	// mesh's, or purged): rebuild says so instead of guessing a policy. (An
+	// attempt of p-1, which ended: no recorder acts on it, so no later
+	// event names the revision it is to be recorded under.)
+	ghost, err := json.Marshal(events.Executed{Base: events.Base{
+		Task: events.Task{ID: "p-1", Type: "css_fix", Subject: "a.css"}, Run: events.Run{Pass: 2, Attempt: 2},
+		At: time.Now().UTC(), By: "executor@elsewhere", PolicyRev: 999,
+	}, Result: events.Result{Outcome: events.OutcomeSuccess}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Srv.JS.Publish(ctx, events.TaskSubject("ghost-1", events.StageAdmitted), ghost); err != nil {
+	if _, err := m.Srv.JS.Publish(ctx, events.TaskSubject("p-1", events.StageExecuted), ghost); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.run("rebuild")

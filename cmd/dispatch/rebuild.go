@@ -15,8 +15,10 @@ import (
 	"dispatchmesh/trust"
 )
 
-// cmdRebuild recomputes the task-state, trust and history stores from the
-// stream and reports where the live stores differ; -apply overwrites them.
+// cmdRebuild recomputes the task states, each type's trust (its outcomes
+// on the outcome stream, the gate's facts), each subject's history (the
+// history bucket) and the spend counters from the event stream and reports
+// where the live stores differ; -apply overwrites them.
 // Each event is recomputed with the policy revision it names, read from
 // the policy bucket's history; when the bucket does not hold one, rebuild
 // says so and stops, unless -policy FILE says what to use instead.
@@ -119,6 +121,6 @@ func liveStores(ctx context.Context, js jetstream.JetStream) (rebuild.Live, erro
 	if err != nil {
 		return rebuild.Live{}, err
 	}
-	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History,
+	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History, JS: js,
 		Spending: trust.NewSpending(js, services.CounterStream)}, nil
 }

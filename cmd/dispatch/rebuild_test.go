@@ -4,16 +4,24 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
+	"dispatchmesh/history"
 	"dispatchmesh/internal/openaitest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/rebuild"
 	"dispatchmesh/internal/review/reviewtest"
 	"dispatchmesh/internal/task"
+	"dispatchmesh/services"
+	"dispatchmesh/trust"
 )
 
 // Issue 9 end to end: a task whose queued event no later stage can decode
@@ -41,8 +49,10 @@ func TestUndecodableEventIsReviewableAndRebuildSkipsIt(t *testing.T) {
 			t.Errorf("rebuild output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "fine-1") {
-		t.Errorf("the rest of the stream was not replayed as it was:\n%s", out)
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "differs:") && !strings.Contains(line, "deep-1") {
+			t.Errorf("the rest of the stream was not replayed as it was: %s\n%s", line, out)
+		}
 	}
 	out, err = c.run("rebuild", "-o", "json")
 	var report struct {
@@ -91,4 +101,142 @@ func injectUndecodableTask(t *testing.T, m *reviewtest.Mesh, id string) {
 	if _, err := m.Srv.JS.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The outcome stream, the history bucket and the gate's facts are derived
+// stores too: a missing outcome, a foreign one, a lost failure, a record
+// of the former history layout and a block streak nobody decided are
+// found, -apply restores them (the canary places the gate holds are left
+// as they are, being nothing events imply), and a second -apply finds
+// nothing to rewrite.
+func TestRebuildRestoresTheOutcomeStreamAndHistory(t *testing.T) {
+	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		if strings.Contains(r.Messages[1].Content, "hard") {
+			return openaitest.Reply{Content: openaitest.Failure("an idea", "nope")}
+		}
+		return openaitest.Reply{Content: openaitest.Success("fixed")}
+	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"triage_fix": {MaxRetries: 2}}}})
+	c := newCLI(t, m)
+	for i, subject := range []string{"a.go", "hard.go", "a.go", "hard.go"} {
+		id := fmt.Sprintf("rs-%d", i)
+		m.Submit(events.Submit{ID: id, Type: "triage_fix", Subject: subject, Payload: []byte(`{"what":"` + subject + `"}`)})
+		if subject == "hard.go" {
+			m.WaitStage(id, "review."+events.ReviewEscalated, 1)
+		} else {
+			m.WaitStage(id, events.StageSucceeded, 1)
+		}
+	}
+	if out := c.ok("rebuild"); !strings.Contains(out, "the live stores agree with the stream") {
+		t.Fatalf("rebuild after a normal run:\n%s", out)
+	}
+
+	ctx := context.Background()
+	js := m.Srv.JS
+	outcomes, err := js.Stream(ctx, trust.OutcomeStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := outcomes.GetLastMsgForSubject(ctx, trust.OutcomeSubject("triage_fix"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outcomes.DeleteMsg(ctx, first.Sequence); err != nil { // an outcome lost
+		t.Fatal(err)
+	}
+	foreign, err := trust.OutcomeMsg("triage_fix", trust.Outcome{Key: "nobody:1:outcome", Success: true, At: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, foreign); err != nil { // an outcome no event implies
+		t.Fatal(err)
+	}
+	histKV, err := js.KeyValue(ctx, services.BucketHistory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := history.NewStore(histKV)
+	hard, err := hist.Recent(ctx, "triage_fix", "hard.go")
+	if err != nil || len(hard.Failures) == 0 {
+		t.Fatalf("history of hard.go: %+v %v", hard, err)
+	}
+	lost := hard.Failures[len(hard.Failures)-1].Key
+	hard.Failures = hard.Failures[:len(hard.Failures)-1]
+	if err := hist.Put(ctx, hard); err != nil { // a failure lost
+		t.Fatal(err)
+	}
+	easy, err := hist.Recent(ctx, "triage_fix", "a.go")
+	if err != nil || len(easy.Outcomes) == 0 {
+		t.Fatalf("history of a.go: %+v %v", easy, err)
+	}
+	old, _ := json.Marshal(map[string]any{"type": easy.Type, "subject": easy.Subject, "entries": easy.Outcomes})
+	if _, err := histKV.Put(ctx, history.Key("triage_fix", "a.go"), old); err != nil { // the former layout
+		t.Fatal(err)
+	}
+	facts, err := js.KeyValue(ctx, services.BucketTrust)
+	if err != nil {
+		t.Fatal(err)
+	}
+	canaries := []trust.Canary{{Key: "rs-9", At: time.Now().UTC().Truncate(time.Second)}}
+	tampered, _ := json.Marshal(trust.Stats{Type: "triage_fix", BlockStreak: 3, Canaries: canaries})
+	if _, err := facts.Put(ctx, "triage_fix", tampered); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := c.run("rebuild")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("rebuild of tampered stores: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"differs: " + rebuild.StoreOutcomes + " triage_fix: outcomes live=",
+		"only here: nobody:1:outcome",
+		"differs: " + services.BucketHistory + " " + history.Key("triage_fix", "hard.go") + ": failures live=",
+		"only here: " + lost,
+		"differs: " + services.BucketHistory + " " + history.Key("triage_fix", "a.go") + ": entries live=",
+		"differs: " + services.BucketTrust + " triage_fix: (entry) live=present rebuilt=missing", // a streak no gate decision implies
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rebuild output lacks %q:\n%s", want, out)
+		}
+	}
+	if out := c.ok("rebuild", "-apply"); !strings.Contains(out, "live stores overwritten") {
+		t.Fatalf("rebuild -apply:\n%s", out)
+	}
+	if out := c.ok("rebuild"); !strings.Contains(out, "the live stores agree with the stream") {
+		t.Fatalf("rebuild after -apply:\n%s", out)
+	}
+	var kept trust.Stats
+	if e, err := facts.Get(ctx, "triage_fix"); err != nil || json.Unmarshal(e.Value(), &kept) != nil ||
+		kept.BlockStreak != 0 || !slices.Equal(kept.Canaries, canaries) {
+		t.Fatalf("gate facts after -apply: %+v (%v); want streak 0 and the canary places kept", kept, err)
+	}
+
+	if rec, err := hist.Recent(ctx, "triage_fix", "hard.go"); err != nil ||
+		!slices.ContainsFunc(rec.Failures, func(e history.Entry) bool { return e.Key == lost }) {
+		t.Fatalf("history of hard.go after -apply: %+v %v; want %s among its failures", rec, err, lost)
+	}
+
+	// Applied again: nothing left to rewrite on the outcome stream or in
+	// the history bucket.
+	before := streamStates(t, js)
+	c.ok("rebuild", "-apply")
+	if after := streamStates(t, js); after != before {
+		t.Fatalf("a second -apply rewrote the stores: %s, then %s", before, after)
+	}
+}
+
+// streamStates is the last sequence and message count of the outcome
+// stream and of the history bucket's stream.
+func streamStates(t *testing.T, js jetstream.JetStream) string {
+	t.Helper()
+	var parts []string
+	for _, name := range []string{trust.OutcomeStream, "KV_" + services.BucketHistory} {
+		s, err := js.Stream(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := s.CachedInfo().State
+		parts = append(parts, fmt.Sprintf("%s last %d, %d messages", name, st.LastSeq, st.Msgs))
+	}
+	return strings.Join(parts, "; ")
 }

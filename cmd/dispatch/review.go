@@ -53,7 +53,8 @@ func newReviewClient(cfg Config, withPolicy bool) (*review.Client, func(), error
 		closeFn()
 		return nil, nil, err
 	}
-	return rc, closeFn, nil
+	// The client's trust view stops before the connection closes.
+	return rc, func() { rc.Close(); closeFn() }, nil
 }
 
 // parseArgs parses flags wherever they stand among the positional

@@ -331,8 +331,9 @@ func cmdProvision(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, buckets %s %s %s %s\n", services.Stream, cfg.MaxAge,
-		cfg.Replicas, services.AdvisoryStream, services.BucketTasks, services.BucketTrust, services.BucketHistory, services.BucketPolicy)
+	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, %s, %s, buckets %s %s %s %s\n", services.Stream, cfg.MaxAge,
+		cfg.Replicas, services.AdvisoryStream, services.CounterStream, services.OutcomeStream,
+		services.BucketTasks, services.BucketTrust, services.BucketHistory, services.BucketPolicy)
 	fmt.Fprintf(stdout, "policy: %s\n", line)
 	return nil
 }

@@ -75,6 +75,7 @@ type webPage struct {
 	stats   *services.RunStats
 	ops     micro.Service
 	queue   *review.QueueGauge
+	review  *review.Client
 }
 
 // newWebPage builds the review page on nc and registers its micro service.
@@ -95,7 +96,7 @@ func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	p := &webPage{nc: nc, stats: &services.RunStats{}, queue: review.NewQueueGauge(rc)}
+	p := &webPage{nc: nc, stats: &services.RunStats{}, queue: review.NewQueueGauge(rc), review: rc}
 	p.handler = counted(h, p.stats)
 	p.ops, err = services.StartOps(nc, services.OpsConfig{
 		Service: "web", Version: version, Instance: instance(),
@@ -134,7 +135,8 @@ func (p *webPage) ready() error {
 	return nil
 }
 
-func (p *webPage) stop() { _ = p.ops.Stop() }
+// stop stops the micro service and the review client's trust view.
+func (p *webPage) stop() { _ = p.ops.Stop(); p.review.Close() }
 
 // counted counts h's requests in stats: in flight, handled, and errors
 // (answers 500 and above).

@@ -95,8 +95,8 @@ const (
 	KindAttempts   = "attempts"   // not the attempts the model's answers imply
 	KindCalls      = "calls"      // model calls and recorded outcomes disagree
 	KindRepeat     = "repeat"     // a model call repeated or cut short with no fault to explain it
-	KindHistory    = "history"    // not one history entry per attempt
-	KindDrift      = "drift"      // trust counters or daily spend differ from the recorded outcomes
+	KindHistory    = "history"    // a subject's history record is not its newest attempts, one entry each
+	KindDrift      = "drift"      // trust outcomes or daily spend differ from the recorded outcomes
 	KindRebuild    = "rebuild"    // dispatch rebuild disagrees with the live stores
 	KindUnknown    = "unknown"    // a task nobody submitted
 )
@@ -119,8 +119,8 @@ type Report struct {
 	// answered for a pass already answered (a kill between the call and its
 	// publish), CutShort lost their caller mid-call, Transient were 503s.
 	ModelCalls, Repeated, CutShort, Transient int
-	// CounterDrift counts the task types whose trust counters or daily
-	// spend differ from the recorded outcomes.
+	// CounterDrift counts the ways the outcome stream (each type's trust)
+	// or the daily spend differ from the recorded outcomes.
 	CounterDrift int
 	// RebuildDiffs counts the differences dispatch rebuild finds.
 	RebuildDiffs int
@@ -172,33 +172,37 @@ type checker struct {
 	in     Input
 	v      *streamView
 	states map[string]events.TaskState
-	hist   map[string][]history.Entry // by task
-	calls  map[string]map[int][]Call  // by task and pass, in arrival order
-	r      *Report
+	// records are the history bucket's, by key (history.Key).
+	records map[string]history.Record
+	calls   map[string]map[int][]Call // by task and pass, in arrival order
+	r       *Report
 }
 
 func (c *checker) problem(task, kind, format string, args ...any) {
 	c.r.Problems = append(c.r.Problems, Problem{Task: task, Kind: kind, Detail: fmt.Sprintf(format, args...)})
 }
 
-// Check reads the stream, the task, trust and history buckets and the
-// stage consumers, and holds them to the invariants of a mesh that lost
-// nothing and did nothing twice, whatever faults it went through:
+// Check reads the stream, the task and history buckets, the outcome
+// stream, the spend counters and the stage consumers, and holds them to
+// the invariants of a mesh that lost nothing and did nothing twice,
+// whatever faults it went through:
 //
 //   - every submitted task reached exactly one terminal record, and its
 //     state agrees with it;
 //   - it made the attempts the model's answers imply (a gate may stop it
 //     earlier), each attempt once, with the outcome the model answered;
-//   - every attempt has its history entry, once;
+//   - each (type, subject)'s history record holds the newest history.Keep
+//     of its attempts (and of its failed ones) by (At, Key), in that
+//     order, each once;
 //   - every model call's pass has its outcome, and a pass answered twice
 //     (or a call cut short) has a fault to explain it;
-//   - each type's trust counters and daily spend equal what its recorded
-//     outcomes imply;
+//   - each type's outcomes on the outcome stream and its daily spend equal
+//     what its recorded outcomes imply;
 //   - dispatch rebuild, replaying the stream, agrees with the live stores.
 //
 // The mesh must be idle (see Idle) for the result to mean anything.
 func Check(ctx context.Context, in Input) (*Report, error) {
-	c := &checker{in: in, hist: map[string][]history.Entry{}, calls: map[string]map[int][]Call{}, r: &Report{
+	c := &checker{in: in, calls: map[string]map[int][]Call{}, r: &Report{
 		Submitted: len(in.Tasks), Ends: map[string]int{}, Faults: in.Faults,
 	}}
 	var err error
@@ -209,18 +213,16 @@ func Check(ctx context.Context, in Input) (*Report, error) {
 	if c.states, err = readBucket[events.TaskState](ctx, in.JS, services.BucketTasks); err != nil {
 		return nil, err
 	}
-	stats, err := readBucket[trust.Stats](ctx, in.JS, services.BucketTrust)
+	windows, err := readOutcomes(ctx, in.JS)
 	if err != nil {
 		return nil, err
 	}
-	records, err := readBucket[history.Record](ctx, in.JS, services.BucketHistory)
+	outcomeCopies, err := copies(ctx, in.JS, services.OutcomeStream)
 	if err != nil {
 		return nil, err
 	}
-	for _, rec := range records {
-		for _, e := range rec.Entries {
-			c.hist[e.TaskID] = append(c.hist[e.TaskID], e)
-		}
+	if c.records, err = readBucket[history.Record](ctx, in.JS, services.BucketHistory); err != nil {
+		return nil, err
 	}
 	if c.r.Redeliveries, err = redeliveries(ctx, in.JS, c.v); err != nil {
 		return nil, err
@@ -254,7 +256,8 @@ func Check(ctx context.Context, in Input) (*Report, error) {
 			c.problem(id, KindUnknown, "a task state for a task nobody submitted (status %s)", c.states[id].Status)
 		}
 	}
-	if err := c.trust(ctx, stats); err != nil {
+	c.histories()
+	if err := c.trust(ctx, windows, outcomeCopies); err != nil {
 		return nil, err
 	}
 	if err := c.rebuild(ctx); err != nil {
@@ -267,7 +270,7 @@ func Check(ctx context.Context, in Input) (*Report, error) {
 func (c *checker) task(id string, plan Plan) {
 	te := c.v.tasks[id]
 	if te == nil {
-		te = &taskEvents{executed: map[int][]events.Executed{}}
+		te = newTaskEvents()
 	}
 	st, hasState := c.states[id]
 	if te.queued == 0 && !hasState {
@@ -310,16 +313,13 @@ func (c *checker) task(id string, plan Plan) {
 	passes := slices.Sorted(maps.Keys(te.executed))
 	var executed []events.Executed
 	byAttempt := map[int]int{}
-	duplicated := false
 	for i, pass := range passes {
 		evs := te.executed[pass]
 		if len(evs) > 1 {
-			duplicated = true
 			c.problem(id, KindDuplicated, "pass %d has %d executed events", pass, len(evs))
 		}
 		ex := evs[0]
 		if prev, ok := byAttempt[ex.Run.Attempt]; ok {
-			duplicated = true
 			c.problem(id, KindDuplicated, "attempt %d executed twice (passes %d and %d)", ex.Run.Attempt, prev, pass)
 		} else if ex.Run.Attempt != i+1 {
 			c.problem(id, KindAttempts, "pass %d ran attempt %d, expected attempt %d", pass, ex.Run.Attempt, i+1)
@@ -369,9 +369,6 @@ func (c *checker) task(id string, plan Plan) {
 	}
 
 	c.modelCalls(id, te, executed)
-	if !duplicated {
-		c.history(id, executed)
-	}
 }
 
 // endStatus is the task status each terminal record leaves.
@@ -467,45 +464,164 @@ func (c *checker) explained(instance string, from, to time.Time) bool {
 	return false
 }
 
-// history checks one history entry per attempt.
-func (c *checker) history(id string, executed []events.Executed) {
-	want := map[string]bool{}
-	for _, ex := range executed {
-		want[services.MsgID(id, ex.Run.Pass, "outcome")] = true
-	}
-	seen := map[string]int{}
-	for _, e := range c.hist[id] {
-		seen[e.Key]++
-	}
-	for _, key := range slices.Sorted(maps.Keys(seen)) {
-		switch {
-		case seen[key] > 1:
-			c.r.Duplicated++
-			c.problem(id, KindDuplicated, "history entry %s kept %d times", key, seen[key])
-		case !want[key]:
-			c.problem(id, KindHistory, "history entry %s has no attempt on the stream", key)
+// histories checks each (type, subject)'s history record against the
+// attempts its tasks made. The record keeps the last history.Keep outcomes
+// of a (type, subject), and apart the last Keep of its failures, each
+// ordered by (At, Key) whatever order recorders appended them in
+// (history.Record.Add): every entry kept is an attempt on the stream, of a
+// task of that (type, subject), kept once and with the attempt's outcome;
+// and what is kept is exactly the newest Keep of those attempts (and of
+// the failed ones) by (At, Key), oldest first — At being when the stream
+// stored the attempt's executed event, as the recorder dates it — so
+// every attempt is there until Keep newer ones replace it.
+func (c *checker) histories() {
+	attempts := map[string]history.Entry{} // by key
+	implied := map[string]*history.Record{}
+	for _, id := range slices.Sorted(maps.Keys(c.v.tasks)) {
+		te := c.v.tasks[id]
+		for _, pass := range slices.Sorted(maps.Keys(te.executed)) {
+			ex := te.executed[pass][0] // a second executed event is a problem of its own
+			e := history.Entry{Key: services.MsgID(id, pass, "outcome"), TaskID: id, Attempt: ex.Run.Attempt,
+				Outcome: c.judged(id, ex), At: te.executedAt[pass]}
+			attempts[e.Key] = e
+			k := history.Key(ex.Task.Type, ex.Task.Subject)
+			rec := implied[k]
+			if rec == nil {
+				rec = &history.Record{Type: ex.Task.Type, Subject: ex.Task.Subject}
+				implied[k] = rec
+			}
+			*rec, _ = rec.Add(e)
 		}
 	}
-	for _, key := range slices.Sorted(maps.Keys(want)) {
-		if seen[key] == 0 {
-			c.problem(id, KindHistory, "attempt %s has no history entry", key)
+	for _, k := range slices.Sorted(maps.Keys(union(implied, c.records))) {
+		want, kept := implied[k], c.records[k]
+		if want == nil {
+			want = &history.Record{}
 		}
+		where := fmt.Sprintf("%s %q", want.Type, want.Subject)
+		if want.Type == "" {
+			where = fmt.Sprintf("%s %q", kept.Type, kept.Subject)
+		}
+		if _, ok := c.records[k]; ok && history.Key(kept.Type, kept.Subject) != k {
+			c.problem("", KindHistory, "the record under %s says it is the history of %s %q, whose key is %s",
+				k, kept.Type, kept.Subject, history.Key(kept.Type, kept.Subject))
+		}
+		c.historyKind(where, "outcomes", kept.Outcomes, want.Outcomes, attempts)
+		c.historyKind(where, "failures", kept.Failures, want.Failures, attempts)
 	}
 }
 
-// trust checks each type's trust window and daily spend against what the
-// recorded attempts of its tasks imply: every outcome in the window is a
-// recorded attempt that counts for trust, once, with its outcome; and the
-// spend counters of every (type, day) are the sum of the recorded attempts'
-// tokens and cost — the figures a recorder killed before its ack must not
-// count twice.
-func (c *checker) trust(ctx context.Context, stats map[string]trust.Stats) error {
-	recorded := map[string]bool{} // outcome key → success, of attempts that count for trust
+// historyKind compares the entries of one kind a (type, subject)'s record
+// keeps with the newest of its attempts (want), both oldest first.
+func (c *checker) historyKind(where, kind string, kept, want []history.Entry, attempts map[string]history.Entry) {
+	has := func(entries []history.Entry, key string) bool {
+		return slices.ContainsFunc(entries, func(e history.Entry) bool { return e.Key == key })
+	}
+	times := map[string]int{}
+	for _, e := range kept {
+		times[e.Key]++
+	}
+	seen := map[string]bool{}
+	for _, e := range kept {
+		if seen[e.Key] {
+			continue
+		}
+		seen[e.Key] = true
+		if n := times[e.Key]; n > 1 { // Record.Add never keeps a key twice: written by hand
+			c.r.Duplicated++
+			c.problem(e.TaskID, KindDuplicated, "history entry %s is kept %d times among the %s of %s", e.Key, n, kind, where)
+		}
+		a, ok := attempts[e.Key]
+		switch {
+		case !ok:
+			c.problem(e.TaskID, KindHistory, "history entry %s among the %s of %s has no attempt on the stream", e.Key, kind, where)
+		case !has(want, e.Key):
+			c.problem(e.TaskID, KindHistory, "history entry %s is kept among the %s of %s, but is not one of its newest %d attempts there (the newest: %s)",
+				e.Key, kind, where, history.Keep, keyList(want))
+		case e.Attempt != a.Attempt || e.Outcome != a.Outcome || !e.At.Equal(a.At):
+			c.problem(e.TaskID, KindHistory, "history entry %s says attempt %d %s at %s; the stream has attempt %d %s, executed at %s",
+				e.Key, e.Attempt, e.Outcome, e.At.Format(time.RFC3339Nano), a.Attempt, a.Outcome, a.At.Format(time.RFC3339Nano))
+		}
+	}
+	missing := false
+	for _, e := range want {
+		if !has(kept, e.Key) {
+			missing = true
+			c.problem(e.TaskID, KindHistory, "attempt %s has no history entry among the %s of %s, of which it is one of the newest %d (kept: %s)",
+				e.Key, kind, where, history.Keep, keyList(kept))
+		}
+	}
+	// The same entries, each once, in another order: the record is not
+	// ordered by (At, Key).
+	if !missing && len(kept) == len(want) && keyList(kept) != keyList(want) {
+		c.problem("", KindHistory, "the %s of %s are kept in the order %s, not by (At, Key): %s", kind, where, keyList(kept), keyList(want))
+	}
+}
+
+// judged is the outcome the recorder recorded for the attempt of ex (the
+// task state's record of its pass), or else the one it was executed with.
+func (c *checker) judged(id string, ex events.Executed) string {
+	for _, rec := range c.states[id].History {
+		if rec.Pass == ex.Run.Pass {
+			return rec.Outcome
+		}
+	}
+	return ex.Result.Outcome
+}
+
+func keyList(entries []history.Entry) string {
+	if len(entries) == 0 {
+		return "none"
+	}
+	ks := make([]string, len(entries))
+	for i, e := range entries {
+		ks[i] = e.Key
+	}
+	return strings.Join(ks, " ")
+}
+
+func lastN[T any](s []T, n int) []T {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func union[A, B any](a map[string]A, b map[string]B) map[string]bool {
+	all := map[string]bool{}
+	for k := range a {
+		all[k] = true
+	}
+	for k := range b {
+		all[k] = true
+	}
+	return all
+}
+
+// trust checks each type's outcomes on the outcome stream and its daily
+// spend against what the recorded attempts of its tasks imply. The stream
+// keeps the last trust.Keep outcomes of a type it received: every one it
+// keeps is a recorded attempt that counts for trust, stored once, with its
+// outcome and date. Which ones it keeps: all of them while the type has no
+// more than Keep; beyond that, the newest trust.MaxWindow by (At, Key) —
+// every window a policy may score — are exactly the newest recorded (the
+// older ones depend on the order concurrent recorders' outcomes arrived in:
+// see rebuild.OutcomeDepth). The spend counters of every (type, day) are
+// the sum of the recorded attempts' tokens and cost — the figures a
+// recorder killed before its ack must not count twice.
+func (c *checker) trust(ctx context.Context, windows map[string][]trust.Outcome, stored map[string]map[string]int) error {
+	recorded := map[string]trust.Outcome{}  // by key, of attempts that count for trust
+	implied := map[string][]trust.Outcome{} // by type: the newest Keep of them
+	total := map[string]int{}               // by type: how many
 	want := map[[2]string]trust.DaySpend{}
-	for id, st := range c.states {
+	for _, id := range slices.Sorted(maps.Keys(c.states)) {
+		st := c.states[id]
 		for _, rec := range st.History {
 			if task.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
-				recorded[services.MsgID(id, rec.Pass, "outcome")] = rec.Outcome == events.OutcomeSuccess
+				o := trust.Outcome{Key: services.MsgID(id, rec.Pass, "outcome"), Success: rec.Outcome == events.OutcomeSuccess, At: rec.At}
+				recorded[o.Key] = o
+				implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
+				total[st.Type]++
 			}
 			if tokens := rec.TokensIn + rec.TokensOut; tokens != 0 || rec.Cost != 0 {
 				k := [2]string{st.Type, trust.Day(rec.At)}
@@ -517,22 +633,49 @@ func (c *checker) trust(ctx context.Context, stats map[string]trust.Stats) error
 			}
 		}
 	}
-	for _, typ := range slices.Sorted(maps.Keys(stats)) {
-		seen := map[string]bool{}
-		for _, o := range stats[typ].Outcomes {
-			success, ok := recorded[o.Key]
+	drift := func(format string, args ...any) {
+		c.r.CounterDrift++
+		c.problem("", KindDrift, format, args...)
+	}
+	has := func(outcomes []trust.Outcome, key string) bool {
+		return slices.ContainsFunc(outcomes, func(o trust.Outcome) bool { return o.Key == key })
+	}
+	for _, typ := range slices.Sorted(maps.Keys(union(windows, implied))) {
+		kept := windows[typ]
+		for _, o := range kept {
+			r, ok := recorded[o.Key]
 			switch {
-			case seen[o.Key]:
-				c.r.CounterDrift++
-				c.problem("", KindDrift, "type %s: outcome %s twice in the trust window", typ, o.Key)
 			case !ok:
-				c.r.CounterDrift++
-				c.problem("", KindDrift, "type %s: outcome %s in the trust window is no recorded attempt that counts for trust", typ, o.Key)
-			case success != o.Success:
-				c.r.CounterDrift++
-				c.problem("", KindDrift, "type %s: outcome %s is success=%v in the trust window, %v recorded", typ, o.Key, o.Success, success)
+				drift("type %s: outcome %s on the outcome stream is no recorded attempt that counts for trust", typ, o.Key)
+			case r.Success != o.Success || !r.At.Equal(o.At):
+				drift("type %s: outcome %s is success=%v at %s on the outcome stream; recorded success=%v at %s",
+					typ, o.Key, o.Success, o.At.Format(time.RFC3339Nano), r.Success, r.At.Format(time.RFC3339Nano))
 			}
-			seen[o.Key] = true
+		}
+		depth := trust.MaxWindow
+		if total[typ] <= trust.Keep {
+			depth = trust.Keep // the stream had nothing to let go
+		}
+		newest, keptNewest := lastN(implied[typ], depth), lastN(kept, depth)
+		for _, o := range keptNewest {
+			if _, ok := recorded[o.Key]; ok && !has(newest, o.Key) {
+				drift("type %s: outcome %s is one of the newest %d on the outcome stream, not of the newest %d recorded", typ, o.Key, depth, depth)
+			}
+		}
+		for _, o := range newest {
+			if !has(keptNewest, o.Key) {
+				drift("type %s: outcome %s, one of the newest %d recorded, is not among the newest %d on the outcome stream", typ, o.Key, depth, depth)
+			}
+		}
+	}
+	for _, subject := range slices.Sorted(maps.Keys(stored)) {
+		for _, key := range slices.Sorted(maps.Keys(stored[subject])) {
+			switch n := stored[subject][key]; {
+			case key == "":
+				drift("%d messages on %s are no outcome (no key): the gate leaves them out", n, subject)
+			case n > 1:
+				drift("outcome %s stored %d times on %s", key, n, subject)
+			}
 		}
 	}
 	have, err := trust.NewSpending(c.in.JS, services.CounterStream).All(ctx)
@@ -567,7 +710,7 @@ func (c *checker) rebuild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, History: live.History,
+	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, History: live.History, JS: c.in.JS,
 		Spending: trust.NewSpending(c.in.JS, services.CounterStream)}, rebuilt)
 	if err != nil {
 		return fmt.Errorf("rebuild: %w", err)

@@ -83,21 +83,21 @@ func mode() suite {
 
 // killKinds are the kills in turn: two random ones, then aimed ones: an
 // executor mid-call, an executor between the model's answer and its
-// publish, and every recorder right after one of them wrote trust stats
+// publish, and every recorder right after one of them wrote a history record
 // (before it acked the outcome).
-var killKinds = []string{killRandom, killMidCall, killRandom, killAfterAnswer, killAfterTrust}
+var killKinds = []string{killRandom, killMidCall, killRandom, killAfterAnswer, killAfterHistory}
 
 // run is one fault run: a mesh of processes, the model, the load.
 type run struct {
-	t        *testing.T
-	s        suite
-	pm       *procMesh
-	model    *model
-	work     *workload
-	admin    jetstream.JetStream
-	client   jetstream.JetStream
-	policy   *policy.Source
-	trustHit *hookSlot
+	t          *testing.T
+	s          suite
+	pm         *procMesh
+	model      *model
+	work       *workload
+	admin      jetstream.JetStream
+	client     jetstream.JetStream
+	policy     *policy.Source
+	historyHit *hookSlot
 }
 
 // fault is something done to the mesh at a point of the load.
@@ -122,8 +122,8 @@ func (r *run) kill(kind string) {
 		r.pm.killAimed(kind, mesh.Executor, r.model.armMidCall, r.model.disarm)
 	case killAfterAnswer:
 		r.pm.killAimed(kind, mesh.Executor, r.model.armAfterAnswer, r.model.disarm)
-	case killAfterTrust:
-		r.pm.killAimed(kind, mesh.Recorder, r.trustHit.arm, r.trustHit.disarm)
+	case killAfterHistory:
+		r.pm.killAimed(kind, mesh.Recorder, r.historyHit.arm, r.historyHit.disarm)
 	default:
 		r.pm.killRandom("", kind)
 	}
@@ -238,7 +238,7 @@ func TestFaultProcesses(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go watchTrust(ctx, r.admin, r.trustHit)
+	go watchHistory(ctx, r.admin, r.historyHit)
 	r.drive(ctx, s.load, s.kills, fs)
 }
 
@@ -296,7 +296,7 @@ func TestFaultCluster(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go watchTrust(ctx, r.admin, r.trustHit)
+	go watchHistory(ctx, r.admin, r.historyHit)
 	r.drive(ctx, s.clusterLoad, s.clusterKills, fs)
 }
 
@@ -304,7 +304,7 @@ func TestFaultCluster(t *testing.T) {
 // processes against url.
 func newRun(t *testing.T, s suite, prefix string, tasks int, dispatch, url string, pw map[string]string, extra []string) *run {
 	t.Helper()
-	r := &run{t: t, s: s, work: newWorkload(prefix, tasks, uint64(tasks)), trustHit: &hookSlot{}}
+	r := &run{t: t, s: s, work: newWorkload(prefix, tasks, uint64(tasks)), historyHit: &hookSlot{}}
 	r.model = startModel(t, r.work.plan, 100*time.Millisecond, 400*time.Millisecond)
 	policyFile, pol := writePolicy(t)
 	r.policy = pol

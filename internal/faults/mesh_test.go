@@ -219,10 +219,10 @@ func (pm *procMesh) killRandom(service, kind string) bool {
 
 // Kill kinds, as the report counts them.
 const (
-	killRandom      = "kill: random instance"
-	killMidCall     = "kill: executor mid-call"
-	killAfterAnswer = "kill: executor between answer and publish"
-	killAfterTrust  = "kill: recorders after a trust write"
+	killRandom       = "kill: random instance"
+	killMidCall      = "kill: executor mid-call"
+	killAfterAnswer  = "kill: executor between answer and publish"
+	killAfterHistory = "kill: recorders after a history write"
 )
 
 // killAimed kills what a trigger names: arm sets the trigger, which calls
@@ -303,12 +303,23 @@ func (pm *procMesh) terminateAll(server *proctest.NATS) []string {
 	return unclean
 }
 
-// watchTrust calls the armed hook (once) on the next write to the trust
-// bucket, until ctx ends. The watch is opened again if it stops (a server
-// restart).
-func watchTrust(ctx context.Context, js jetstream.JetStream, hook *hookSlot) {
+// watchHistory calls the armed hook (once) on the next write to the history
+// bucket ($KV.dispatch_history.>), until ctx ends. The watch is opened
+// again if it stops (a server restart).
+//
+// The hook is "kill the recorders right after one wrote a store": a
+// recorder killed between its store writes and its publishes and ack,
+// whose attempt is redelivered to a recorder that finds it half recorded.
+// Recorders no longer write the trust bucket (a type's outcomes are
+// messages on the outcome stream); their last store write before they
+// publish is the subject's history, appended in the handler after the
+// task state. So the history bucket is watched, not the outcome stream
+// (dispatch.outcome.>), which a recorder publishes to right before its
+// next event and its ack, when there is little left to cut short. (The
+// name is the hook's first one: the trust bucket's.)
+func watchHistory(ctx context.Context, js jetstream.JetStream, hook *hookSlot) {
 	for ctx.Err() == nil {
-		kv, err := js.KeyValue(ctx, services.BucketTrust)
+		kv, err := js.KeyValue(ctx, services.BucketHistory)
 		if err != nil {
 			time.Sleep(200 * time.Millisecond)
 			continue

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/services"
+	"dispatchmesh/trust"
 )
 
 // Terminal records: the one record that ends a task (until a human acts).
@@ -46,9 +48,12 @@ func (e ending) String() string {
 type taskEvents struct {
 	submits, queued int
 	indexed         int // entries in the task index (dispatch.index.>)
-	// executed are the Executed events by pass, in stream order.
-	executed map[int][]events.Executed
-	endings  []ending
+	// executed are the Executed events by pass, in stream order;
+	// executedAt when the stream stored each pass's first (what the
+	// recorder dates the attempt by).
+	executed   map[int][]events.Executed
+	executedAt map[int]time.Time
+	endings    []ending
 	// last is the stage of the task's latest event and when it was stored.
 	last     string
 	lastTime time.Time
@@ -67,10 +72,14 @@ type streamView struct {
 	msgs     int
 }
 
+func newTaskEvents() *taskEvents {
+	return &taskEvents{executed: map[int][]events.Executed{}, executedAt: map[int]time.Time{}}
+}
+
 func (v *streamView) task(id string) *taskEvents {
 	te := v.tasks[id]
 	if te == nil {
-		te = &taskEvents{executed: map[int][]events.Executed{}}
+		te = newTaskEvents()
 		v.tasks[id] = te
 	}
 	return te
@@ -105,6 +114,9 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 				return fmt.Errorf("executed of %s (seq %d): %w", id, md.Sequence.Stream, err)
 			}
 			te.executed[ev.Run.Pass] = append(te.executed[ev.Run.Pass], ev)
+			if _, ok := te.executedAt[ev.Run.Pass]; !ok {
+				te.executedAt[ev.Run.Pass] = md.Timestamp.UTC()
+			}
 		case events.StageAdmitted:
 			var ev events.Admitted
 			if json.Unmarshal(data, &ev) == nil {
@@ -287,4 +299,42 @@ func Idle(ctx context.Context, js jetstream.JetStream) (bool, string, error) {
 		}
 	}
 	return len(busy) == 0, fmt.Sprint(busy), nil
+}
+
+// readOutcomes reads each type's outcomes from the outcome stream as the
+// gate sees them (trust.View).
+func readOutcomes(ctx context.Context, js jetstream.JetStream) (map[string][]trust.Outcome, error) {
+	v, err := trust.NewView(ctx, js, nil, slog.New(slog.DiscardHandler)) // what it leaves out, copies reports
+	if err != nil {
+		return nil, err
+	}
+	defer v.Stop()
+	out := map[string][]trust.Outcome{}
+	for _, st := range v.All() {
+		out[st.Type] = st.Outcomes
+	}
+	return out, nil
+}
+
+// copies counts the messages stored for each key on each subject of a
+// stream of recorder messages (the outcome stream): more than one is an
+// outcome published again after the deduplication window, and counted
+// twice by whoever reads it. A message without a key, which no recorder
+// publishes, is counted under "".
+func copies(ctx context.Context, js jetstream.JetStream, stream string) (map[string]map[string]int, error) {
+	out := map[string]map[string]int{}
+	err := readAll(ctx, js, stream, func(msg jetstream.Msg, _ *jetstream.MsgMetadata) error {
+		var m struct {
+			Key string `json:"key"`
+		}
+		_ = json.Unmarshal(msg.Data(), &m)
+		keys := out[msg.Subject()]
+		if keys == nil {
+			keys = map[string]int{}
+			out[msg.Subject()] = keys
+		}
+		keys[m.Key]++
+		return nil
+	})
+	return out, err
 }

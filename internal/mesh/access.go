@@ -1,7 +1,9 @@
 package mesh
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -11,10 +13,14 @@ import (
 	"dispatchmesh/trust"
 )
 
-// Access is what a service does with the KV buckets.
+// Access is what a service does with the KV buckets and the outcome
+// streams.
 type Access struct {
 	// Reads are the buckets it only reads; Writes those it also writes.
 	Reads, Writes []string
+	// Follows are the outcome streams it reads (an ordered consumer, or a
+	// direct get); Publishes those it publishes to.
+	Follows, Publishes []string
 }
 
 // All is every bucket the service uses.
@@ -30,15 +36,19 @@ func (a Access) All() []string { return slices.Concat(a.Writes, a.Reads) }
 //
 // Every service that decides with the policy reads (watches) the policy
 // bucket; none writes it: only an admin changes the policy (dispatch policy
-// set, nats kv put).
+// set, nats kv put). The outcome stream is no bucket: the recorder
+// publishes every outcome that counts for trust to it, the gate and the
+// recorder follow it into windows in memory.
 var Buckets = map[string]Access{
 	Intake:   {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}}, // the submit/status API too
 	Verifier: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
-	Gate:     {Writes: []string{services.BucketTrust, services.BucketTasks}, Reads: []string{services.BucketPolicy}},
+	Gate: {Writes: []string{services.BucketTrust, services.BucketTasks}, Reads: []string{services.BucketPolicy},
+		Follows: []string{services.OutcomeStream}},
 	Prompt:   {Reads: []string{services.BucketHistory, services.BucketPolicy}},
 	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
-	Recorder: {Writes: []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}, Reads: []string{services.BucketPolicy}},
-	Reaper:   {}, // reads DISPATCH messages, no bucket, no policy
+	Recorder: {Writes: []string{services.BucketTasks, services.BucketHistory}, Reads: []string{services.BucketPolicy},
+		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}},
+	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
 }
 
 // bucketsOf is every bucket the named services use, each once.
@@ -95,12 +105,37 @@ func (s *storesOf) spending(js jetstream.JetStream) *trust.Spending {
 	return trust.NewSpending(js, services.CounterStream)
 }
 
+// follows reports whether the service may read stream (or records an error).
+func (s *storesOf) follows(stream string) bool {
+	if !slices.Contains(Buckets[s.service].Follows, stream) {
+		if s.err == nil {
+			s.err = fmt.Errorf("mesh: service %s reads stream %s, which mesh.Buckets does not list for it", s.service, stream)
+		}
+		return false
+	}
+	return true
+}
+
+// view follows the trust outcomes (and, for the gate, its facts) into
+// windows in memory; it is stopped when ctx ends.
+func (s *storesOf) view(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*trust.View, error) {
+	if !s.follows(services.OutcomeStream) {
+		return nil, s.err
+	}
+	v, err := trust.NewView(ctx, js, s.kv.Trust, log)
+	if err != nil {
+		return nil, err
+	}
+	context.AfterFunc(ctx, v.Stop)
+	return v, nil
+}
+
 func (s *storesOf) history() *history.Store {
 	if s.kv.History == nil {
 		s.unlisted(services.BucketHistory)
 		return nil
 	}
-	return history.NewStore(s.kv.History, 0)
+	return history.NewStore(s.kv.History)
 }
 
 // usesPolicy reports whether a service decides with the policy (reads the

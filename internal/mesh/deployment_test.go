@@ -10,7 +10,6 @@ import (
 	"dispatchmesh/events"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
-	"dispatchmesh/services"
 	"dispatchmesh/trust"
 )
 
@@ -77,15 +76,12 @@ func TestDeploymentFaultsReachAHumanWithTheFix(t *testing.T) {
 			t.Errorf("escalation record of %s: reason %q, want the fix first", esc.Task.ID, esc.Reason)
 		}
 	}
-	stores, err := services.OpenStores(context.Background(), e.srv.JS)
+	view, err := trust.NewView(context.Background(), e.srv.JS, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stats, err := trust.NewStore(stores.Trust, trust.Policy{}).Get(context.Background(), "bug_fix")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(stats.Outcomes) != 0 {
+	defer view.Stop()
+	if stats := view.Stats("bug_fix"); len(stats.Outcomes) != 0 {
 		t.Errorf("trust of bug_fix %+v, want no outcome recorded", stats)
 	}
 }

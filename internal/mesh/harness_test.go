@@ -65,7 +65,7 @@ func (e *env) startOn(nc *nats.Conn, names ...string) (stop func()) {
 			AckWait: 2 * time.Second, Grace: 5 * time.Second, Registry: e.registry,
 		})
 	}()
-	e.waitProvisioned()
+	e.waitProvisioned(done)
 	stopped := false
 	stop = func() {
 		if stopped {
@@ -81,7 +81,9 @@ func (e *env) startOn(nc *nats.Conn, names ...string) (stop func()) {
 	return stop
 }
 
-func (e *env) waitProvisioned() {
+// waitProvisioned waits until the task bucket exists; done is the mesh's
+// end, which fails the test at once when the mesh stopped first.
+func (e *env) waitProvisioned(done chan error) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
@@ -90,6 +92,12 @@ func (e *env) waitProvisioned() {
 		if err == nil {
 			e.tasks = services.NewTaskStore(kv)
 			return
+		}
+		select {
+		case err := <-done:
+			done <- err // for whoever waits for the mesh's end
+			e.t.Fatalf("mesh stopped before it provisioned: %v", err)
+		default:
 		}
 		if ctx.Err() != nil {
 			e.t.Fatalf("mesh never provisioned: %v", err)

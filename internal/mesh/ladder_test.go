@@ -37,9 +37,13 @@ func TestLadderHandsOffOnceAfterMaxRetries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	view, err := trust.NewView(context.Background(), vjs, nil, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer view.Stop()
 	rec, err := recorder.New(recorder.Config{
-		Tasks: services.NewTaskStore(stores.Tasks), Trust: trust.NewStore(stores.Trust, trust.Policy{}),
-		History: history.NewStore(stores.History, 0), Policy: e.pol, Log: quiet,
+		Tasks: services.NewTaskStore(stores.Tasks), History: history.NewStore(stores.History), Trust: view, CountSpend: true, Policy: e.pol, Log: quiet,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +56,7 @@ func TestLadderHandsOffOnceAfterMaxRetries(t *testing.T) {
 	spec.Handler = func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 		outs, err := inner(ctx, m)
 		if bytes.Contains(m.Data, []byte(`"attempt":3,`)) && once.CompareAndSwap(false, true) {
-			victim.Close() // KV written, nothing published, nothing acked
+			victim.Close() // task state written, nothing published (outcome, history, retry), nothing acked
 			close(crashed)
 			return nil, context.Canceled
 		}

@@ -157,9 +157,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.Model == nil {
 		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
 	}
-	specs, err := o.build(stores)
+	specs, err := o.build(ctx, stores)
 	if err != nil {
-		return err
+		return startError(o.NC, err)
 	}
 	var metrics *services.Metrics
 	if o.Registry != nil {
@@ -310,11 +310,11 @@ func orDefault[T comparable](v, def T) T {
 
 // build makes the router spec of every selected service, each with the
 // stores of its own buckets.
-func (o Options) build(all *services.Stores) ([]services.Spec, error) {
+func (o Options) build(ctx context.Context, all *services.Stores) ([]services.Spec, error) {
 	var specs []services.Spec
 	for _, name := range o.Services {
 		st := newStoresOf(name, all)
-		spec, err := o.spec(name, st)
+		spec, err := o.spec(ctx, name, st)
 		if st.err != nil {
 			return nil, st.err
 		}
@@ -327,7 +327,7 @@ func (o Options) build(all *services.Stores) ([]services.Spec, error) {
 }
 
 // spec makes the router spec of service name.
-func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
+func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.Spec, error) {
 	inst := name + "@" + o.Instance
 	switch name {
 	case Intake:
@@ -349,7 +349,11 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 			Handler: s.Handle, Concurrency: 8,
 		}, nil
 	case Gate:
-		s, err := gate.New(gate.Config{Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		view, err := st.view(ctx, o.JS, o.Log)
+		if err != nil {
+			return services.Spec{}, err
+		}
+		s, err := gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -378,7 +382,11 @@ func (o Options) spec(name string, st *storesOf) (services.Spec, error) {
 			Handler: s.Handle, Concurrency: 16, MaxDeliver: ExecutorMaxDeliver, OnDemand: true, Stop: s.Close,
 		}, nil
 	case Recorder:
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), Trust: st.trust(o.Scoring), History: st.history(), Spending: st.spending(o.JS), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		view, err := st.view(ctx, o.JS, o.Log)
+		if err != nil {
+			return services.Spec{}, err
+		}
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), History: st.history(), Trust: view, CountSpend: true, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -246,7 +246,8 @@ func TestKilledExecutorMessageIsRedelivered(t *testing.T) {
 	}
 }
 
-// Many recorders recording outcomes of one type at once lose no update.
+// Many recorders recording outcomes of one type at once lose no update: the
+// outcome stream holds each outcome once.
 func TestConcurrentOutcomesKeepTrustExact(t *testing.T) {
 	e := newEnv(t, func(n int, _ openaitest.Request) openaitest.Reply {
 		if n%2 == 0 {
@@ -271,18 +272,12 @@ func TestConcurrentOutcomesKeepTrustExact(t *testing.T) {
 	for i := range tasks {
 		e.waitEnd(fmt.Sprintf("c-%d", i))
 	}
-	kv, err := e.srv.JS.KeyValue(context.Background(), services.BucketTrust)
+	view, err := trust.NewView(context.Background(), e.srv.JS, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	entry, err := kv.Get(context.Background(), "triage_fix")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stats trust.Stats
-	if err := jsonUnmarshal(entry.Value(), &stats); err != nil {
-		t.Fatal(err)
-	}
+	defer view.Stop()
+	stats := view.Stats("triage_fix")
 	if ok, failed := stats.Counts(); ok+failed != tasks || ok != e.model.Calls()-failed {
 		t.Fatalf("trust window %d/%d after %d outcomes", ok, failed, tasks)
 	}

@@ -59,7 +59,7 @@ func (e *env) startWatching(instance string, names ...string) *policy.Source {
 			Log:   slog.New(slog.NewTextHandler(io.Discard, nil)), AckWait: 2 * time.Second, Grace: 5 * time.Second,
 		})
 	}()
-	e.waitProvisioned()
+	e.waitProvisioned(done)
 	e.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -257,7 +257,7 @@ func TestRebuildAfterPolicyChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History}
+	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, JS: e.srv.JS}
 	revs, err := policy.History(ctx, kv)
 	if err != nil {
 		t.Fatal(err)

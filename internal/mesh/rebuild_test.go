@@ -8,15 +8,19 @@ import (
 	"testing"
 
 	"dispatchmesh/events"
+	"dispatchmesh/history"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/rebuild"
 	"dispatchmesh/services"
+	"dispatchmesh/trust"
 )
 
 // After a run with concurrent recorders — successes, ladder climbs,
 // escalations, gated and stale tasks — rebuilding every store from the
-// stream finds no difference; a tampered store is found and restored.
+// stream finds no difference; a tampered store is found and restored:
+// a task state, the gate's facts, an outcome lost from the outcome stream
+// and a subject's history record lost from the history bucket.
 func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	pol := &policy.File{Types: map[string]policy.Type{
 		"stale_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
@@ -60,13 +64,13 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History}
+	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, JS: e.srv.JS}
 	built, err := rebuild.Replay(ctx, e.srv.JS, rebuild.Options{Policy: e.pol})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(built.Tasks) != 30 || len(built.Trust) != 1 {
-		t.Fatalf("rebuilt %d tasks, %d types", len(built.Tasks), len(built.Trust))
+	if len(built.Tasks) != 30 || len(built.Trust) != 1 || len(built.Trust["bug_fix"].Outcomes) == 0 || len(built.History) == 0 {
+		t.Fatalf("rebuilt %d tasks, %d types, %d histories", len(built.Tasks), len(built.Trust), len(built.History))
 	}
 	diffs, err := rebuild.Compare(ctx, live, built)
 	if err != nil {
@@ -76,11 +80,27 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 		t.Errorf("difference after a normal run: %s", d)
 	}
 
-	// Tamper with a task and a trust entry: rebuild finds both and -apply restores them.
+	// Tamper with a task, the gate's facts, an outcome and a history:
+	// rebuild finds each and -apply restores them.
 	if _, err := stores.Tasks.Put(ctx, "r-0", []byte(`{"id":"r-0","status":"failed"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := stores.Trust.Delete(ctx, "bug_fix"); err != nil {
+	if _, err := stores.Trust.Put(ctx, "bug_fix", []byte(`{"type":"bug_fix","block_streak":4}`)); err != nil {
+		t.Fatal(err)
+	}
+	outcomes, err := e.srv.JS.Stream(ctx, trust.OutcomeStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := outcomes.GetLastMsgForSubject(ctx, trust.OutcomeSubject("bug_fix"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outcomes.DeleteMsg(ctx, last.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	hard := history.Key("bug_fix", "hard.go")
+	if err := stores.History.Delete(ctx, hard); err != nil {
 		t.Fatal(err)
 	}
 	diffs, err = rebuild.Compare(ctx, live, built)
@@ -91,14 +111,23 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	for _, d := range diffs {
 		found[d.Store+"/"+d.Key] = true
 	}
-	if !found[services.BucketTasks+"/r-0"] || !found[services.BucketTrust+"/bug_fix"] {
-		t.Fatalf("tampering not found: %v", diffs)
+	for _, want := range []string{services.BucketTasks + "/r-0", services.BucketTrust + "/bug_fix",
+		rebuild.StoreOutcomes + "/bug_fix", services.BucketHistory + "/" + hard} {
+		if !found[want] {
+			t.Errorf("tampering with %s not found: %v", want, diffs)
+		}
 	}
 	if err := rebuild.Apply(ctx, live, built); err != nil {
 		t.Fatal(err)
 	}
 	if diffs, _ = rebuild.Compare(ctx, live, built); len(diffs) != 0 {
 		t.Fatalf("after apply: %v", diffs)
+	}
+	if err := rebuild.Apply(ctx, live, built); err != nil { // again: nothing changes
+		t.Fatal(err)
+	}
+	if diffs, _ = rebuild.Compare(ctx, live, built); len(diffs) != 0 {
+		t.Fatalf("after a second apply: %v", diffs)
 	}
 	if st := e.state("r-0"); st.Status == events.StatusFailed {
 		t.Fatal("task state not restored")

@@ -135,12 +135,13 @@ func TestToolUnavailableGoesToAHuman(t *testing.T) {
 	if n := e.model.Calls(); n != 1 {
 		t.Errorf("%d model calls, want 1", n)
 	}
-	stores, err := services.OpenStores(context.Background(), e.srv.JS)
+	view, err := trust.NewView(context.Background(), e.srv.JS, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stats, err := trust.NewStore(stores.Trust, trust.Policy{}).Get(context.Background(), "user_fix"); err != nil || len(stats.Outcomes) != 0 {
-		t.Errorf("trust of user_fix %+v (%v), want no outcome recorded", stats, err)
+	defer view.Stop()
+	if stats := view.Stats("user_fix"); len(stats.Outcomes) != 0 {
+		t.Errorf("trust of user_fix %+v, want no outcome recorded", stats)
 	}
 }
 

@@ -1,8 +1,10 @@
-// Package rebuild recomputes the derived stores — task state, trust stats,
-// outcome history — from the event stream alone, with the same pure functions
-// the services use, and compares them with the live stores. After a normal
-// run they agree; a difference means a store was written outside the events
-// (or lost), and Apply can restore it from the stream.
+// Package rebuild recomputes the derived stores — task state, each type's
+// trust (its outcomes on the outcome stream, the gate's facts in the trust
+// bucket), each subject's outcome history (the history bucket), the spend
+// counters — from the event stream alone, with the same pure functions the
+// services use, and compares them with the live stores. After a normal run
+// they agree; a difference means a store was written outside the events (or
+// lost), and Apply can restore it from the stream.
 package rebuild
 
 import (
@@ -13,9 +15,11 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
@@ -28,8 +32,19 @@ import (
 
 // Stores are what a replay produces.
 type Stores struct {
-	Tasks   map[string]*events.TaskState
-	Trust   map[string]*trust.Stats
+	Tasks map[string]*events.TaskState
+	// Trust is each type's trust as its events imply it: its outcomes,
+	// oldest first — the newest trust.Keep by (At, Key), what the outcome
+	// stream keeps of the type — and the gate's facts: block streak and
+	// remembered gate decisions. Canary places are not among them: the gate
+	// gives a place back when it finds its holder ended, which no event
+	// records; they are the gate's live admission control (bounded by their
+	// TTL), never rebuilt.
+	Trust map[string]*trust.Stats
+	// History is each (type, subject)'s record by history.Key: its newest
+	// outcomes and failures by (At, Key), history.Keep of each, built with
+	// history.Record.Add as the recorder's history.Store.Append builds the
+	// record it stores in the history bucket.
 	History map[string]*history.Record
 	// Spend is what each (type, UTC day) spent: the spend counters.
 	Spend map[[2]string]trust.DaySpend
@@ -105,17 +120,12 @@ type Options struct {
 	Policy *policy.Source
 	// Scoring must match the mesh's trust scoring.
 	Scoring trust.Policy
-	// HistoryLimit is the history store's per-key limit (default 50).
-	HistoryLimit int
 }
 
 // Replay reads every task event and review record on the stream, in order,
 // and folds them into fresh stores. An event it cannot decode is skipped and
 // listed in Stores.Skipped; only failing to read the stream is an error.
 func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, error) {
-	if o.HistoryLimit <= 0 {
-		o.HistoryLimit = history.DefaultLimit
-	}
 	if o.Policy == nil && o.Revisions == nil {
 		return nil, errors.New("rebuild: no policy: set Options.Revisions (or Options.Policy)")
 	}
@@ -356,7 +366,6 @@ func (r *replayer) review(reason string, data []byte) error {
 			return err
 		}
 		r.gate(ev.Base, ev.Trust, true)
-		r.release(ev.Task.Type, ev.Task.ID)
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Block(st, found, ev.Base, ev.Reason, ev.Trust.Cause)
 		})
@@ -368,7 +377,6 @@ func (r *replayer) review(reason string, data []byte) error {
 		if ev.Cause != events.CauseRungRate {
 			return nil // the recorder's handoffs are replayed from their attempts
 		}
-		r.release(ev.Task.Type, ev.Task.ID)
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.HandOff(st, found, ev.Base, ev.Reason)
 		})
@@ -389,15 +397,9 @@ func (r *replayer) review(reason string, data []byte) error {
 	return nil
 }
 
-// release mirrors a task giving up its canary place when it ends.
-func (r *replayer) release(taskType, id string) {
-	if s, ok := r.out.Trust[taskType]; ok {
-		*s, _ = trust.Release(*s, id)
-	}
-}
-
-// gate mirrors the gate's writes to its type's trust stats: the block
-// streak (trust.Policy.Gate) and the canary places (trust.Policy.AdmitCanary).
+// gate mirrors the gate's writes to its type's gate facts: the block
+// streak and the remembered decisions (trust.Policy.Gate). Its canary
+// places are not mirrored (see Stores.Trust).
 func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 	s := r.stats(b.Task.Type)
 	var below bool
@@ -413,10 +415,6 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 		}
 		below = true
 	case events.CauseTrusted:
-	case events.CauseUnproven:
-		scoring := r.policyFor(b.PolicyRev, b.Task.Type).Scoring(r.o.Scoring)
-		*s, _, _ = scoring.AdmitCanary(*s, b.Task.ID, b.At)
-		return
 	case "": // recorded before gate causes existed: read the decision as it was then
 		switch {
 		case blocked:
@@ -429,7 +427,7 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 		case b.Run.Reviewed || d.Exempt || b.Run.Pass > 1: // the gate did not weigh trust
 			return
 		}
-	default: // exempt, reviewed, budget, rung_rate: the gate did not weigh trust
+	default: // exempt, reviewed, budget, rung_rate, unproven (a canary place): the streak is not touched
 		return
 	}
 	if !below && s.BlockStreak == 0 {
@@ -439,7 +437,10 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 	*s = next
 }
 
-// executed mirrors the executor's and the recorder's writes for one attempt.
+// executed mirrors the executor's and the recorder's writes for one
+// attempt: the task state, its entry in the subject's history record, and
+// what the recorder publishes for it — its trust outcome when it counts,
+// its spend.
 func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	b, t := ev.Base, ev.Task
 	r.fold(t.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
@@ -462,10 +463,10 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 		rec = &history.Record{Type: t.Type, Subject: t.Subject}
 		r.out.History[hk] = rec
 	}
-	rec.Entries, _ = history.Insert(rec.Entries, history.Entry{
+	*rec, _ = rec.Add(history.Entry{
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
-	}, r.o.HistoryLimit)
+	})
 	if tokens := res.TokensIn + res.TokensOut; tokens != 0 || res.Cost != 0 {
 		k := [2]string{t.Type, trust.Day(stored)}
 		d := r.out.Spend[k]
@@ -476,13 +477,21 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	}
 	if task.CountsForTrust(res) {
 		s := r.stats(t.Type)
-		*s, _ = r.o.Scoring.Record(*s, task.TrustOutcome(key, b.Run, res, stored))
+		s.Outcomes, _ = trust.Insert(s.Outcomes, task.TrustOutcome(key, b.Run, res, stored), trust.Keep)
 	}
 	*st = next
-	if st.Decision != events.DecisionRetry {
-		r.release(t.Type, t.ID)
-	}
 }
+
+// Store names in a Difference, besides the buckets' (events.BucketTasks,
+// events.BucketTrust: the gate's facts; events.BucketHistory: each (type,
+// subject)'s record, keyed by history.Key).
+const (
+	// StoreOutcomes is the outcome stream (trust.OutcomeStream): each
+	// type's outcomes, keyed by type.
+	StoreOutcomes = "outcomes"
+	// StoreSpend is the spend counters (trust.Spending), keyed by type/day.
+	StoreSpend = "spend"
+)
 
 // Difference is one store entry where the live store and the replay disagree.
 type Difference struct {
@@ -497,46 +506,220 @@ func (d Difference) String() string {
 	return fmt.Sprintf("%s %s: %s live=%s rebuilt=%s", d.Store, d.Key, d.Field, d.Live, d.Built)
 }
 
-// Live are the live stores.
+// Live are the live stores; one left nil is neither compared nor applied.
 type Live struct {
+	// Tasks is the task bucket; Trust the gate's facts per type; History
+	// each (type, subject)'s last outcomes and failures (history.Store).
 	Tasks, Trust, History jetstream.KeyValue
-	Spending              *trust.Spending
+	// JS reads the outcome stream (and Apply rewrites it).
+	JS       jetstream.JetStream
+	Spending *trust.Spending
 }
 
 // Compare reports every difference between the live stores and rebuilt.
 // Counters only the executor keeps (transient retries and their unbilled
 // spend, failed tool calls, a cut-short tool loop kept to resume)
 // and the submission's stream sequence are not derived from events and are
-// left out.
+// left out; so are the canary places in the trust bucket (see
+// Stores.Trust). Each type's outcomes are read as a trust.View reads them
+// from the outcome stream, and its newest OutcomeDepth compared. Each
+// record of the history bucket is compared field by field, as stored,
+// with the rebuilt record of its key: a field no rebuilt record has (the
+// "entries" of the former 50-entry layout) is a difference like any other.
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
-	tasks, err := compareBucket(ctx, events.BucketTasks, live.Tasks, rebuilt.Tasks, normTask)
+	cur, err := readLive(ctx, live)
 	if err != nil {
 		return nil, err
 	}
-	stats, err := compareBucket(ctx, events.BucketTrust, live.Trust, rebuilt.Trust, same[trust.Stats])
+	var diffs []Difference
+	if live.Tasks != nil {
+		diffs = append(diffs, compareValues(events.BucketTasks, cur.tasks, rebuilt.Tasks, normTask, nil)...)
+	}
+	if live.Trust != nil {
+		diffs = append(diffs, compareValues(events.BucketTrust, cur.facts, rebuilt.Trust, gateFacts, noGateFacts)...)
+	}
+	if live.JS != nil {
+		diffs = append(diffs, compareValues(StoreOutcomes, cur.outcomes, rebuilt.Trust, newestOutcomes, noOutcomes)...)
+	}
+	if live.History != nil {
+		diffs = append(diffs, compareValues(events.BucketHistory, cur.history, asStored(rebuilt.History), same[json.RawMessage], nil)...)
+	}
+	if live.Spending != nil {
+		diffs = append(diffs, compareSpend(cur.spend, rebuilt.Spend)...)
+	}
+	return diffs, nil
+}
+
+// current is what the live stores hold, each read as the services read it.
+type current struct {
+	tasks    map[string]*events.TaskState
+	facts    map[string]*trust.Stats     // the trust bucket: gate facts, by type
+	outcomes map[string]*trust.Stats     // the outcome stream: Outcomes only, by type
+	history  map[string]*json.RawMessage // the history bucket, as stored, by history.Key
+	spend    map[[2]string]trust.DaySpend
+}
+
+// readLive reads the stores of live that are set.
+func readLive(ctx context.Context, live Live) (*current, error) {
+	cur := &current{}
+	var err error
+	if live.Tasks != nil {
+		if cur.tasks, err = readBucket[events.TaskState](ctx, live.Tasks); err != nil {
+			return nil, err
+		}
+	}
+	if live.Trust != nil {
+		if cur.facts, err = readBucket[trust.Stats](ctx, live.Trust); err != nil {
+			return nil, err
+		}
+	}
+	if live.JS != nil {
+		if cur.outcomes, err = readOutcomes(ctx, live.JS); err != nil {
+			return nil, err
+		}
+	}
+	if live.History != nil {
+		if cur.history, err = readBucket[json.RawMessage](ctx, live.History); err != nil {
+			return nil, err
+		}
+	}
+	if live.Spending != nil {
+		if cur.spend, err = live.Spending.All(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return cur, nil
+}
+
+// readOutcomes reads every type's outcomes from the outcome stream, as the
+// gate's trust.View holds them.
+func readOutcomes(ctx context.Context, js jetstream.JetStream) (map[string]*trust.Stats, error) {
+	v, err := trust.NewView(ctx, js, nil, nil)
 	if err != nil {
 		return nil, err
 	}
-	hist, err := compareBucket(ctx, events.BucketHistory, live.History, rebuilt.History, same[history.Record])
+	defer v.Stop()
+	out := map[string]*trust.Stats{}
+	for _, st := range v.All() {
+		out[st.Type] = &st
+	}
+	return out, nil
+}
+
+// readBucket reads every value of a bucket.
+func readBucket[T any](ctx context.Context, kv jetstream.KeyValue) (map[string]*T, error) {
+	keys, err := keysOf(ctx, kv)
 	if err != nil {
 		return nil, err
 	}
-	spend, err := compareSpend(ctx, live.Spending, rebuilt.Spend)
-	if err != nil {
-		return nil, err
+	out := map[string]*T{}
+	for _, k := range keys {
+		v, _, found, err := kvcas.Get[T](ctx, kv, k)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out[k] = &v
+		}
 	}
-	return slices.Concat(tasks, stats, hist, spend), nil
+	return out, nil
+}
+
+// asStored is each rebuilt history record as the history bucket would
+// store it (its JSON), for comparing with the bucket's values as they are.
+func asStored(records map[string]*history.Record) map[string]*json.RawMessage {
+	out := make(map[string]*json.RawMessage, len(records))
+	for k, rec := range records {
+		raw := marshal(rec)
+		out[k] = &raw
+	}
+	return out
+}
+
+// gateFacts is what the trust bucket holds that events imply: the block
+// streak and the remembered gate decisions (no outcomes, no canary places).
+func gateFacts(s trust.Stats) trust.Stats {
+	return trust.Stats{Type: s.Type, BlockStreak: s.BlockStreak, Gates: s.Gates}
+}
+
+// noGateFacts: a type the gate never blocked (or whose streak it reset
+// with no decision remembered) needs no entry in the trust bucket.
+func noGateFacts(s trust.Stats) bool { return s.BlockStreak == 0 && len(s.Gates) == 0 }
+
+// OutcomeDepth is how many of a type's newest outcomes Compare holds to
+// the rebuilt ones: the largest window a policy may score
+// (trust.MaxWindow). The stream keeps trust.Keep, twice as many, and those
+// beyond the newest OutcomeDepth are not derived from events alone: the
+// stream keeps the last Keep it received, and concurrent recorders publish
+// outcomes in an order no event records (an outcome of 12:00:01 may arrive
+// after one of 12:00:02, and a redelivered one 30 seconds late). The
+// newest OutcomeDepth by (At, Key) are the same whatever that order,
+// unless more than Keep − OutcomeDepth outcomes of the type were late at
+// once.
+const OutcomeDepth = trust.MaxWindow
+
+// newestOutcomes is what Compare holds to the rebuilt outcomes of a type.
+func newestOutcomes(s trust.Stats) trust.Stats {
+	return trust.Stats{Type: s.Type, Outcomes: lastN(s.Outcomes, OutcomeDepth)}
+}
+
+func noOutcomes(s trust.Stats) bool { return len(s.Outcomes) == 0 }
+
+func same[T any](v T) T { return v }
+
+func lastN[T any](s []T, n int) []T {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// compareValues compares every key of one live store with the rebuilt
+// values, both seen through norm; a value vacant reports (after norm)
+// counts as no entry (nil: none does).
+func compareValues[T any](store string, live, rebuilt map[string]*T, norm func(T) T, vacant func(T) bool) []Difference {
+	var diffs []Difference
+	for _, k := range slices.Sorted(maps.Keys(union(live, rebuilt))) {
+		diffs = append(diffs, entryDiffs(store, k, live[k], rebuilt[k], norm, vacant)...)
+	}
+	return diffs
+}
+
+// entryDiffs compares one key's live and rebuilt values (nil: no entry).
+func entryDiffs[T any](store, key string, lv, bv *T, norm func(T) T, vacant func(T) bool) []Difference {
+	present := func(v *T) (T, bool) {
+		var n T
+		if v == nil {
+			return n, false
+		}
+		n = norm(*v)
+		return n, vacant == nil || !vacant(n)
+	}
+	l, lok := present(lv)
+	b, bok := present(bv)
+	switch {
+	case !lok && !bok:
+		return nil
+	case !lok:
+		return []Difference{{store, key, "(entry)", "missing", "present"}}
+	case !bok:
+		return []Difference{{store, key, "(entry)", "present", "missing"}}
+	}
+	return fieldDiffs(store, key, l, b)
+}
+
+func union[V any](ms ...map[string]V) map[string]bool {
+	keys := map[string]bool{}
+	for _, m := range ms {
+		for k := range m {
+			keys[k] = true
+		}
+	}
+	return keys
 }
 
 // compareSpend compares the live spend counters with the rebuilt ones.
-func compareSpend(ctx context.Context, live *trust.Spending, rebuilt map[[2]string]trust.DaySpend) ([]Difference, error) {
-	if live == nil {
-		return nil, nil
-	}
-	have, err := live.All(ctx)
-	if err != nil {
-		return nil, err
-	}
+func compareSpend(have, rebuilt map[[2]string]trust.DaySpend) []Difference {
 	keys := map[string][2]string{}
 	for k := range have {
 		keys[k[0]+"/"+k[1]] = k
@@ -548,93 +731,167 @@ func compareSpend(ctx context.Context, live *trust.Spending, rebuilt map[[2]stri
 	for _, name := range slices.Sorted(maps.Keys(keys)) {
 		h, b := have[keys[name]], rebuilt[keys[name]]
 		if h.Tokens != b.Tokens {
-			diffs = append(diffs, Difference{"spend", name, "tokens", fmt.Sprint(h.Tokens), fmt.Sprint(b.Tokens)})
+			diffs = append(diffs, Difference{StoreSpend, name, "tokens", fmt.Sprint(h.Tokens), fmt.Sprint(b.Tokens)})
 		}
 		if h.NanoUSD != b.NanoUSD {
-			diffs = append(diffs, Difference{"spend", name, "nanousd", fmt.Sprint(h.NanoUSD), fmt.Sprint(b.NanoUSD)})
+			diffs = append(diffs, Difference{StoreSpend, name, "nanousd", fmt.Sprint(h.NanoUSD), fmt.Sprint(b.NanoUSD)})
 		}
 	}
-	return diffs, nil
+	return diffs
 }
 
-func same[T any](v T) T { return v }
-
-// compareBucket compares every key of one live bucket with the rebuilt
-// values, both seen through norm.
-func compareBucket[T any](ctx context.Context, store string, kv jetstream.KeyValue, rebuilt map[string]*T, norm func(T) T) ([]Difference, error) {
-	keys, err := keysOf(ctx, kv)
-	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	for _, k := range keys {
-		seen[k] = true
-	}
-	for k := range rebuilt {
-		seen[k] = true
-	}
-	var diffs []Difference
-	for _, k := range slices.Sorted(maps.Keys(seen)) {
-		lv, _, found, err := kvcas.Get[T](ctx, kv, k)
-		if err != nil {
-			return nil, err
-		}
-		bv, ok := rebuilt[k]
-		switch {
-		case !found:
-			diffs = append(diffs, Difference{store, k, "(entry)", "missing", "present"})
-		case !ok:
-			diffs = append(diffs, Difference{store, k, "(entry)", "present", "missing"})
-		default:
-			diffs = append(diffs, fieldDiffs(store, k, norm(lv), norm(*bv))...)
-		}
-	}
-	return diffs, nil
-}
-
-// Apply overwrites the live stores with the rebuilt ones.
+// Apply overwrites the live stores with the rebuilt ones: every task
+// state; the gate facts of the types whose facts differ (their canary
+// places kept, compare-and-set against the gate); the history records
+// that differ (history.Store.Put; one no event implies is deleted); the
+// outcomes of each type that differ — their subject purged and the
+// rebuilt messages published again, oldest first; the spend counters
+// corrected to the rebuilt totals. Applied again, it finds nothing more
+// to rewrite in the history bucket or on the outcome stream.
+//
+// A service that follows the outcome stream (the gate's trust.View) does
+// not see a purge: run Apply with the mesh stopped, or restart it after.
 func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
-	put := func(kv jetstream.KeyValue, key string, v any) error {
-		data, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		_, err = kv.Put(ctx, key, data)
+	cur, err := readLive(ctx, Live{Trust: live.Trust, History: live.History, JS: live.JS, Spending: live.Spending})
+	if err != nil {
 		return err
 	}
-	for k, st := range rebuilt.Tasks {
-		if err := put(live.Tasks, k, st); err != nil {
+	if live.Tasks != nil {
+		for k, st := range rebuilt.Tasks {
+			data, err := json.Marshal(st)
+			if err != nil {
+				return err
+			}
+			if _, err := live.Tasks.Put(ctx, k, data); err != nil {
+				return err
+			}
+		}
+	}
+	if live.Trust != nil {
+		if err := applyGateFacts(ctx, live.Trust, cur.facts, rebuilt.Trust); err != nil {
 			return err
 		}
 	}
-	for k, s := range rebuilt.Trust {
-		if err := put(live.Trust, k, s); err != nil {
+	if live.History != nil {
+		if err := applyHistory(ctx, live.History, cur.history, rebuilt.History); err != nil {
 			return err
 		}
 	}
-	for k, rec := range rebuilt.History {
-		if err := put(live.History, k, rec); err != nil {
+	if live.JS != nil {
+		// Purged messages keep their Msg-Id in the stream's deduplication
+		// window: published again under it, they would be dropped as
+		// duplicates. The rebuilt ones carry it salted, once per Apply.
+		salt := "rebuilt-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		if err := applyOutcomes(ctx, live.JS, cur.outcomes, rebuilt.Trust, salt); err != nil {
 			return err
 		}
 	}
 	if live.Spending == nil {
 		return nil
 	}
-	have, err := live.Spending.All(ctx)
-	if err != nil {
-		return err
-	}
-	for k := range have {
+	for k := range cur.spend {
 		if _, ok := rebuilt.Spend[k]; !ok {
 			rebuilt.Spend[k] = trust.DaySpend{Type: k[0], Day: k[1]}
 		}
 	}
 	for k, want := range rebuilt.Spend {
-		if err := live.Spending.CorrectTo(ctx, have[k], want); err != nil {
+		if err := live.Spending.CorrectTo(ctx, cur.spend[k], want); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// applyGateFacts writes the rebuilt block streak and gate decisions of
+// each type whose facts differ, keeping the canary places the gate holds.
+func applyGateFacts(ctx context.Context, kv jetstream.KeyValue, have, rebuilt map[string]*trust.Stats) error {
+	for _, k := range slices.Sorted(maps.Keys(union(have, rebuilt))) {
+		if entryDiffs(events.BucketTrust, k, have[k], rebuilt[k], gateFacts, noGateFacts) == nil {
+			continue
+		}
+		var want trust.Stats
+		if b := rebuilt[k]; b != nil {
+			want = gateFacts(*b)
+		}
+		_, err := kvcas.Update(ctx, kv, k, func(st *trust.Stats, _ bool) error {
+			st.Type, st.BlockStreak, st.Gates, st.Outcomes = k, want.BlockStreak, want.Gates, nil
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", events.BucketTrust, k, err)
+		}
+	}
+	return nil
+}
+
+// applyOutcomes rewrites the outcome subject of each type whose outcomes differ.
+func applyOutcomes(ctx context.Context, js jetstream.JetStream, have, rebuilt map[string]*trust.Stats, salt string) error {
+	for _, typ := range slices.Sorted(maps.Keys(union(have, rebuilt))) {
+		if entryDiffs(StoreOutcomes, typ, have[typ], rebuilt[typ], newestOutcomes, noOutcomes) == nil {
+			continue
+		}
+		var msgs []*nats.Msg
+		if b := rebuilt[typ]; b != nil {
+			for _, o := range lastN(b.Outcomes, trust.Keep) {
+				m, err := trust.OutcomeMsg(typ, o)
+				if err != nil {
+					return err
+				}
+				msgs = append(msgs, m)
+			}
+		}
+		if err := rewrite(ctx, js, trust.OutcomeStream, trust.OutcomeSubject(typ), msgs, salt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyHistory writes the rebuilt record of each (type, subject) whose
+// record in the history bucket differs, and deletes the records no event
+// implies.
+func applyHistory(ctx context.Context, kv jetstream.KeyValue, have map[string]*json.RawMessage, rebuilt map[string]*history.Record) error {
+	store := history.NewStore(kv)
+	want := asStored(rebuilt)
+	for _, k := range slices.Sorted(maps.Keys(union(have, want))) {
+		if entryDiffs(events.BucketHistory, k, have[k], want[k], same[json.RawMessage], nil) == nil {
+			continue
+		}
+		var err error
+		if rec := rebuilt[k]; rec != nil {
+			err = store.Put(ctx, *rec)
+		} else if err = kv.Delete(ctx, k); errors.Is(err, jetstream.ErrKeyNotFound) {
+			err = nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", events.BucketHistory, k, err)
+		}
+	}
+	return nil
+}
+
+// rewrite purges subject from stream and publishes msgs on it in order,
+// each under its Msg-Id salted with salt.
+func rewrite(ctx context.Context, js jetstream.JetStream, stream, subject string, msgs []*nats.Msg, salt string) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", stream, err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		return fmt.Errorf("purge %s: %w", subject, err)
+	}
+	for _, m := range msgs {
+		m.Header.Set(nats.MsgIdHdr, m.Header.Get(nats.MsgIdHdr)+":"+salt)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			return fmt.Errorf("publish %s: %w", subject, err)
+		}
+	}
+	return nil
+}
+
+func marshal(v any) json.RawMessage {
+	data, _ := json.Marshal(v)
+	return data
 }
 
 // normTask leaves out what is not derived from events.
@@ -673,10 +930,88 @@ func fieldDiffs(store, key string, live, built any) []Difference {
 	}
 	for _, f := range slices.Sorted(maps.Keys(fields)) {
 		if !equalJSON(lm[f], bm[f]) {
-			diffs = append(diffs, Difference{store, key, f, clip(lm[f]), clip(bm[f])})
+			l, b := describe(lm[f], bm[f])
+			diffs = append(diffs, Difference{store, key, f, l, b})
 		}
 	}
 	return diffs
+}
+
+// describe shows two differing field values. Lists of keyed entries
+// (outcomes, history entries, gate decisions) can be long and differ at
+// their end: they are described by key — the entries only one side holds,
+// or else the first entry both hold that differs. Anything else is shown
+// clipped.
+func describe(live, built json.RawMessage) (string, string) {
+	lk, lok := keyed(live)
+	bk, bok := keyed(built)
+	if !lok || !bok {
+		return clip(live), clip(built)
+	}
+	only := func(a, b []keyedEntry) []string {
+		var keys []string
+		for _, e := range a {
+			if !slices.ContainsFunc(b, func(x keyedEntry) bool { return x.Key == e.Key }) {
+				keys = append(keys, e.Key)
+			}
+		}
+		return keys
+	}
+	side := func(entries []keyedEntry, only []string) string {
+		s := fmt.Sprintf("%d entries", len(entries))
+		if len(entries) == 1 {
+			s = "1 entry"
+		}
+		if len(only) > 0 {
+			s += ", only here: " + strings.Join(only, " ")
+		}
+		return s
+	}
+	if lo, bo := only(lk, bk), only(bk, lk); len(lo) > 0 || len(bo) > 0 {
+		return clipText(side(lk, lo)), clipText(side(bk, bo))
+	}
+	for _, l := range lk {
+		i := slices.IndexFunc(bk, func(x keyedEntry) bool { return x.Key == l.Key })
+		if !equalJSON(l.Raw, bk[i].Raw) {
+			return clip(l.Raw), clip(bk[i].Raw)
+		}
+	}
+	order := func(entries []keyedEntry) string {
+		keys := make([]string, len(entries))
+		for i, e := range entries {
+			keys[i] = e.Key
+		}
+		return clipText("in the order " + strings.Join(keys, " "))
+	}
+	return order(lk), order(bk)
+}
+
+// keyedEntry is one entry of a list of JSON objects that have a "key".
+type keyedEntry struct {
+	Key string
+	Raw json.RawMessage
+}
+
+// keyed reads raw as a list of keyed entries (null or left out: none); ok
+// is false when it is not one.
+func keyed(raw json.RawMessage) (entries []keyedEntry, ok bool) {
+	if len(raw) == 0 {
+		return nil, true
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, false
+	}
+	for _, r := range list {
+		var e struct {
+			Key *string `json:"key"`
+		}
+		if json.Unmarshal(r, &e) != nil || e.Key == nil {
+			return nil, false
+		}
+		entries = append(entries, keyedEntry{*e.Key, r})
+	}
+	return entries, true
 }
 
 func toMap(v any) map[string]json.RawMessage {
@@ -729,6 +1064,10 @@ func clip(b json.RawMessage) string {
 	if s == "" {
 		s = "(none)"
 	}
+	return clipText(s)
+}
+
+func clipText(s string) string {
 	if len(s) > 200 {
 		s = s[:200] + "…"
 	}

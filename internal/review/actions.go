@@ -156,7 +156,7 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 	if err := validateInput(note, by); err != nil {
 		return Decision{}, err
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Decision{}, err
 	}

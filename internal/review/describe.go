@@ -68,7 +68,7 @@ func (c *Client) Audit(ctx context.Context, id string) (Audit, error) {
 	if err != nil {
 		return Audit{}, err
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Audit{}, err
 	}

@@ -42,6 +42,7 @@ func explorerMesh(t *testing.T) (*natstest.Server, *review.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(rc.Close) // before the mesh and the server stop
 	return srv, rc
 }
 

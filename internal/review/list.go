@@ -151,7 +151,7 @@ func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 	if err := f.Validate(); err != nil {
 		return Queue{}, err
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Queue{}, err
 	}

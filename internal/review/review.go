@@ -78,7 +78,7 @@ type Client struct {
 
 	mu     sync.Mutex
 	tasks  *services.TaskStore
-	trust  *trust.Store
+	trust  *trust.View
 	opened bool
 }
 
@@ -115,8 +115,9 @@ func (c *Client) taskStore(ctx context.Context) (*services.TaskStore, error) {
 	return c.tasks, nil
 }
 
-// stores opens the task and trust buckets once.
-func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.Store, error) {
+// stores opens the task bucket and the trust view once: the view follows
+// the outcome stream and the gate facts until Close.
+func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.View, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.opened {
@@ -133,6 +134,20 @@ func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.Store,
 	if err != nil {
 		return nil, nil, fmt.Errorf("bucket %s (is the mesh provisioned? run `dispatch up`): %w", services.BucketTrust, err)
 	}
-	c.trust, c.opened = trust.NewStore(tr, c.cfg.Scoring), true
+	view, err := trust.NewView(ctx, c.cfg.JS, tr, c.cfg.Log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trust (is the mesh provisioned? run `dispatch up`): %w", err)
+	}
+	c.trust, c.opened = view, true
 	return c.tasks, c.trust, nil
+}
+
+// Close stops following the trust of every type (see Trust).
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.trust != nil {
+		c.trust.Stop()
+		c.trust, c.opened = nil, false
+	}
 }

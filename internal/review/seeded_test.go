@@ -41,6 +41,7 @@ func newSeeded(t *testing.T) *seeded {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.rc.Close) // before the server stops
 	return s
 }
 
@@ -176,13 +177,14 @@ func TestListFiltersCountsAndRetention(t *testing.T) {
 
 func TestShowTrustAndRecords(t *testing.T) {
 	s := newSeeded(t)
-	kv, err := s.srv.JS.KeyValue(bg, services.BucketTrust)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := trust.NewStore(kv, trust.Policy{})
+	// The type's outcomes, published to the outcome stream as the recorder
+	// publishes them.
 	for i := range 12 {
-		if _, err := store.Record(bg, "css_fix", trust.Outcome{Key: "k" + string(rune('a'+i)), Success: i == 5, At: s.now}, ""); err != nil {
+		msg, err := trust.OutcomeMsg("css_fix", trust.Outcome{Key: "k" + string(rune('a'+i)), Success: i == 5, At: s.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.srv.JS.PublishMsg(bg, msg); err != nil {
 			t.Fatal(err)
 		}
 	}

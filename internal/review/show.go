@@ -92,27 +92,23 @@ func (c *Client) view(st trust.Stats) TrustView {
 
 // TrustOf returns the trust view of one task type.
 func (c *Client) TrustOf(ctx context.Context, taskType string) (TrustView, error) {
-	_, store, err := c.stores(ctx)
+	if !events.ValidType(taskType) {
+		return TrustView{}, fmt.Errorf("%w: task type %q", trust.ErrInvalid, taskType)
+	}
+	_, view, err := c.stores(ctx)
 	if err != nil {
 		return TrustView{}, err
 	}
-	st, err := store.Get(ctx, taskType)
-	if err != nil {
-		return TrustView{}, err
-	}
-	return c.view(st), nil
+	return c.view(view.Stats(taskType)), nil
 }
 
 // Trust returns the trust view of every task type with outcomes, by type.
 func (c *Client) Trust(ctx context.Context) ([]TrustView, error) {
-	_, store, err := c.stores(ctx)
+	_, view, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	all, err := store.All(ctx)
-	if err != nil {
-		return nil, err
-	}
+	all := view.All()
 	out := make([]TrustView, 0, len(all))
 	for _, st := range all {
 		out = append(out, c.view(st))
@@ -140,7 +136,7 @@ func (c *Client) Show(ctx context.Context, id string) (Detail, error) {
 	if !events.ValidID(id) {
 		return Detail{}, fmt.Errorf("%w: task id %q", ErrInvalid, id)
 	}
-	tasks, _, err := c.stores(ctx)
+	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Detail{}, err
 	}

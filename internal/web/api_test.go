@@ -49,6 +49,7 @@ func newSeeded(t *testing.T, token string) *seeded {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(rc.Close) // before the server stops
 	h, err := web.New(web.Config{Review: rc, Token: token, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -57,9 +58,14 @@ func newSeeded(t *testing.T, token string) *seeded {
 	t.Cleanup(s.http.Close)
 
 	// blk-1: escalated after two attempts; gtd-1: gated; run-1: running.
-	ts := trust.NewStore(stores.Trust, trust.Policy{})
+	// Their type's outcomes, published to the outcome stream as the
+	// recorder publishes them.
 	for i, ok := range []bool{false, true, false} {
-		if _, err := ts.Record(bg, "css_fix", trust.Outcome{Key: "o" + string(rune('0'+i)), Success: ok, At: time.Now()}, ""); err != nil {
+		msg, err := trust.OutcomeMsg("css_fix", trust.Outcome{Key: "o" + string(rune('0'+i)), Success: ok, At: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.JS.PublishMsg(bg, msg); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -86,15 +86,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	scoring.Exempt = []string{} // the policy says which types are exempt
-	stats, err := s.cfg.Trust.Get(ctx, t.Type)
-	if err != nil {
-		return nil, err
-	}
+	stats := s.cfg.View.Stats(t.Type)
 	v := scoring.Evaluate(t.Type, stats)
 	s.metrics.score.WithLabelValues(t.Type).Set(v.Score)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
-	var spent trust.Spend
+	var (
+		spent trust.Spend
+		err   error
+	)
 	if pol.DailyBudget != nil {
 		if s.cfg.Spending == nil {
 			return nil, fmt.Errorf("gate: type %s has a daily budget but the gate has no spend counters", t.Type)
@@ -182,15 +182,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
 			return nil, err
 		}
-		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring)
+		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes)
 		if err != nil {
 			return nil, err
 		}
-		if !admit { // places held by tasks that ended without an outcome are free
+		if !admit { // places held by tasks that ended are free
 			if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil {
 				return nil, err
 			} else if freed {
-				if admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring); err != nil {
+				if admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes); err != nil {
 					return nil, err
 				}
 			}
@@ -232,9 +232,11 @@ func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error)
 }
 
 // releaseEnded gives up the canary places of taskType held by tasks that
-// have ended (a human cancelled or resolved them: no outcome will ever
-// release them), and reports whether it freed any. It reads the holders'
-// states only when a pass is refused a place, at most Policy.Canary reads.
+// have ended — with their outcomes recorded, or cancelled or resolved by a
+// human — and reports whether it freed any. A canary's place is given back
+// here, by the next pass that asks for one, not by whoever ended it: the
+// recorder writes no gate facts. It reads the holders' states only when a
+// pass is refused a place, at most Policy.Canary reads.
 func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool, error) {
 	if s.cfg.Tasks == nil {
 		return false, nil

@@ -13,9 +13,20 @@ import (
 	"dispatchmesh/trust"
 )
 
+// View is what the gate reads of a type's trust: its outcomes and its gate
+// facts, in memory (*trust.View implements it).
+type View interface {
+	Stats(taskType string) trust.Stats
+}
+
 // Config of the gate.
 type Config struct {
-	// Trust is the trust stats store (required).
+	// View gives each type's outcomes and gate facts (required): scoring a
+	// pass reads nothing from the server.
+	View View
+	// Trust keeps the gate facts (required): written, under compare-and-set,
+	// only by a decision that changes them — a block, a probe, a canary
+	// place taken or given up.
 	Trust *trust.Store
 	// Spending is what each type spent per day; required when a type has a
 	// daily_budget.
@@ -39,6 +50,9 @@ type Config struct {
 // Validate reports every problem of the configuration at once.
 func (c Config) Validate() error {
 	var errs []error
+	if c.View == nil {
+		errs = append(errs, errors.New("gate: View (the trust windows) is required"))
+	}
 	if c.Trust == nil {
 		errs = append(errs, errors.New("gate: Trust store is required"))
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/policy"
@@ -24,6 +26,8 @@ var now = time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
 type env struct {
 	t     *testing.T
 	gate  *gate.Service
+	js    jetstream.JetStream
+	view  *trust.View
 	trust *trust.Store
 	spend *trust.Spending
 	tasks *services.TaskStore
@@ -36,24 +40,51 @@ func newEnv(t *testing.T, pol *policy.File) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, trust: trust.NewStore(stores.Trust, trust.Policy{}), tasks: services.NewTaskStore(stores.Tasks),
+	e := &env{t: t, js: srv.JS, trust: trust.NewStore(stores.Trust, trust.Policy{}), tasks: services.NewTaskStore(stores.Tasks),
 		spend: trust.NewSpending(srv.JS, services.CounterStream)}
-	e.gate, err = gate.New(gate.Config{Trust: e.trust, Spending: e.spend, Tasks: e.tasks, Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now }})
+	if e.view, err = trust.NewView(t.Context(), srv.JS, stores.Trust, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.view.Stop)
+	e.gate, err = gate.New(gate.Config{View: e.view, Trust: e.trust, Spending: e.spend, Tasks: e.tasks, Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
 
-// outcomes records n outcomes of typ: the first successes succeed. Each is
-// a retry on rung when rung is set.
+// outcomes records n outcomes of typ, as the recorder publishes them: the
+// first successes succeed. Each is a retry on rung when rung is set. It
+// returns once the gate's view holds them.
 func (e *env) outcomes(typ string, n, successes int, rung events.Rung) {
 	e.t.Helper()
+	var all []trust.Outcome
 	for i := range n {
-		o := trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != ""}
-		if _, err := e.trust.Record(context.Background(), typ, o, ""); err != nil {
+		all = append(all, trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != ""})
+	}
+	e.publish(typ, all...)
+}
+
+// publish publishes outcomes of typ as the recorder does and returns once
+// the gate's view holds them.
+func (e *env) publish(typ string, outcomes ...trust.Outcome) {
+	e.t.Helper()
+	before, n := len(e.view.Stats(typ).Outcomes), len(outcomes)
+	for _, o := range outcomes {
+		m, err := trust.OutcomeMsg(typ, o)
+		if err != nil {
 			e.t.Fatal(err)
 		}
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.view.Stats(typ).Outcomes) < before+n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the view never saw the %d outcomes of %s", n, typ)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -174,8 +205,12 @@ func TestGateCanaries(t *testing.T) {
 	if to, _, err := e.pass("c1", "new_type", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, 0); err != nil || to != events.StageAdmitted {
 		t.Fatalf("a canary's retry: %s %v", to, err)
 	}
-	// c0 ends: its place is free.
-	if _, err := e.trust.Record(context.Background(), "new_type", trust.Outcome{Key: "c0:1:outcome", Success: true, At: now}, "c0"); err != nil {
+	// c0 ends: its place is free for the next pass that asks.
+	e.publish("new_type", trust.Outcome{Key: "c0:1:outcome", Success: true, At: now})
+	if _, err := e.tasks.Update(context.Background(), "c0", func(st *events.TaskState, _ bool) error {
+		st.Status = events.StatusSucceeded
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if to, _, err := e.pass("w1", "new_type", first(), 0); err != nil || to != events.StageAdmitted {

@@ -6,25 +6,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"dispatchmesh/events"
 	"dispatchmesh/history"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/services"
 )
 
-// TestHandleWithHistoryStore runs the builder on a real outcome history in
-// JetStream KV: the second attempt's prompt carries both earlier outcomes of
-// the same (type, subject), escaped, and nothing of another subject.
+// TestHandleWithHistoryStore runs the builder on a real outcome history, the
+// history bucket as the mesh provisions it: the second attempt's prompt
+// carries both earlier outcomes of the same (type, subject), escaped, and
+// nothing of another subject.
 func TestHandleWithHistoryStore(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx := context.Background()
-	kv, err := srv.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: services.BucketHistory})
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
 	if err != nil {
-		t.Fatalf("create bucket: %v", err)
+		t.Fatal(err)
 	}
-	store := history.NewStore(kv, 0)
+	store := history.NewStore(stores.History)
 	for _, e := range []struct {
 		subject string
 		entry   history.Entry

@@ -10,10 +10,11 @@ import (
 	"dispatchmesh/services"
 )
 
-// History is the outcome history the builder reads: the last n entries for
-// (taskType, subject), oldest first. *history.Store implements it.
+// History is the outcome history the builder reads: the last outcomes and
+// the last failures of (taskType, subject), oldest first. *history.Store
+// implements it.
 type History interface {
-	Recent(ctx context.Context, taskType, subject string, n int) ([]history.Entry, error)
+	Recent(ctx context.Context, taskType, subject string) (history.Record, error)
 }
 
 // DefaultHistoryN is how many previous outcomes a prompt carries by default.
@@ -53,22 +54,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
 	}
-	// All kept outcomes: the last HistoryN go into the prompt, the recent
-	// failures among them decide a new task's starting rung.
-	kept, err := s.cfg.History.Recent(ctx, t.Type, t.Subject, 0)
+	// The last HistoryN outcomes go into the prompt; the recent failures
+	// decide a new task's starting rung.
+	kept, err := s.cfg.History.Recent(ctx, t.Type, t.Subject)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		err = fmt.Errorf("prompt: history of %s %q: %w", t.Type, t.Subject, err)
-		if errors.Is(err, history.ErrInvalid) {
-			return nil, services.Dead(events.ReviewPoison, err) // the same task will never be valid
-		}
-		return nil, err
+		return nil, s.historyError(ctx, t, err)
 	}
-	previous := kept[max(0, len(kept)-s.cfg.HistoryN):]
+	previous := kept.Outcomes[max(0, len(kept.Outcomes)-s.cfg.HistoryN):]
 	if r := in.Run; r.Pass == 1 && r.Attempt == 1 && r.Rung == events.RungRefine && len(pol.Steps) == 0 {
-		n := history.Failures(kept, t.SubmittedAt.Add(-s.cfg.Ladder.Window()))
+		n := history.Failures(kept.Failures, t.SubmittedAt.Add(-s.cfg.Ladder.Window()))
 		if in.Run.Rung = s.cfg.Ladder.StartRung(n); in.Run.Rung == events.RungPivot {
 			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
 		}
@@ -93,4 +87,18 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	s.cfg.Log.Debug("prompt built", "task", t.ID, "type", t.Type, "pass", base.Run.Pass,
 		"attempt", base.Run.Attempt, "rung", base.Run.Rung, "previous", len(previous), "model", model)
 	return []services.Out{out}, nil
+}
+
+// historyError is what a history that cannot be read makes of the message:
+// ctx's error at shutdown, poison for a task the history refuses outright
+// (it will never be valid), else a plain error the router retries.
+func (s *Service) historyError(ctx context.Context, t events.Task, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	err = fmt.Errorf("prompt: history of %s %q: %w", t.Type, t.Subject, err)
+	if errors.Is(err, history.ErrInvalid) {
+		return services.Dead(events.ReviewPoison, err)
+	}
+	return err
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"dispatchmesh/history"
 	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 )
@@ -18,10 +19,11 @@ type Config struct {
 	// built-in defaults: DefaultTemplate and DefaultModel.
 	Policy *policy.Source
 	// HistoryN is how many previous outcomes for (type, subject) a prompt
-	// carries. Default 5 (DefaultHistoryN).
+	// carries. Default 5 (DefaultHistoryN), at most history.Keep.
 	HistoryN int
 	// Ladder holds the recurring-failure rule: a new task whose (type,
-	// subject) failed 3+ times in the last 7 days starts on PIVOT.
+	// subject) failed 3+ times in the last 7 days starts on PIVOT (at most
+	// history.Keep failures: the history keeps that many).
 	Ladder ladder.Config
 	// DefaultModel is the prompt's model when the type's policy names none.
 	// Default "": the executor then uses its own default model.
@@ -41,8 +43,11 @@ func (c Config) Validate() error {
 	if c.History == nil {
 		errs = append(errs, errors.New("prompt: config: History is required"))
 	}
-	if c.HistoryN < 0 {
-		errs = append(errs, fmt.Errorf("prompt: config: HistoryN %d must not be negative", c.HistoryN))
+	if c.HistoryN < 0 || c.HistoryN > history.Keep {
+		errs = append(errs, fmt.Errorf("prompt: config: HistoryN %d must be 0-%d (the history keeps %d outcomes per subject)", c.HistoryN, history.Keep, history.Keep))
+	}
+	if n := c.Ladder.RecurringFailures; n > history.Keep {
+		errs = append(errs, fmt.Errorf("prompt: config: Ladder.RecurringFailures %d must be at most %d (the history keeps %d failures per subject)", n, history.Keep, history.Keep))
 	}
 	return errors.Join(errs...)
 }

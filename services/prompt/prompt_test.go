@@ -13,6 +13,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
+	"dispatchmesh/internal/ladder"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 )
@@ -25,17 +26,20 @@ type fakeHistory struct {
 	asked   []string
 }
 
-func (f *fakeHistory) Recent(ctx context.Context, taskType, subject string, n int) ([]history.Entry, error) {
+// Recent keeps what the history keeps of entries: the last Keep outcomes,
+// and the last Keep failures.
+func (f *fakeHistory) Recent(ctx context.Context, taskType, subject string) (history.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.asked = append(f.asked, fmt.Sprintf("%s|%s|%d", taskType, subject, n))
+	f.asked = append(f.asked, fmt.Sprintf("%s|%s", taskType, subject))
+	rec := history.Record{Type: taskType, Subject: subject}
 	if f.err != nil {
-		return nil, f.err
+		return rec, f.err
 	}
-	if n > 0 && len(f.entries) > n {
-		return f.entries[len(f.entries)-n:], nil
+	for _, e := range f.entries {
+		rec, _ = rec.Add(e)
 	}
-	return f.entries, nil
+	return rec, nil
 }
 
 var now = time.Date(2026, 5, 20, 8, 0, 0, 0, time.UTC)
@@ -105,8 +109,8 @@ func TestHandle(t *testing.T) {
 	if p.Prompt.Model != "" {
 		t.Errorf("model = %q, want empty for the executor's default", p.Prompt.Model)
 	}
-	if len(h.asked) != 1 || h.asked[0] != "css_fix|src/app.css|0" {
-		t.Errorf("history asked %v, want css_fix|src/app.css|0 (every kept outcome, once)", h.asked)
+	if len(h.asked) != 1 || h.asked[0] != "css_fix|src/app.css" {
+		t.Errorf("history asked %v, want css_fix|src/app.css (once)", h.asked)
 	}
 	msgs := p.Prompt.Messages
 	if len(msgs) != 2 || msgs[0].Content != SystemPrompt {
@@ -201,6 +205,13 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(Config{History: &fakeHistory{}, HistoryN: -1}); err == nil {
 		t.Error("New accepted a negative HistoryN")
 	}
+	// The history keeps history.Keep outcomes and failures per subject.
+	if _, err := New(Config{History: &fakeHistory{}, HistoryN: history.Keep + 1}); err == nil {
+		t.Error("New accepted a HistoryN the history cannot serve")
+	}
+	if _, err := New(Config{History: &fakeHistory{}, Ladder: ladder.Config{RecurringFailures: history.Keep + 1}}); err == nil {
+		t.Error("New accepted a recurring-failure count the history cannot serve")
+	}
 }
 
 func TestHandleInvalidForHistory(t *testing.T) {
@@ -223,6 +234,13 @@ func TestRecurringFailureStartRung(t *testing.T) {
 		return es
 	}
 	day := 24 * time.Hour
+	oks := func(age time.Duration, n int) []history.Entry {
+		var es []history.Entry
+		for i := range n {
+			es = append(es, history.Entry{Key: fmt.Sprint("ok", i), Outcome: events.OutcomeSuccess, At: now.Add(-age + time.Duration(i)*time.Minute)})
+		}
+		return es
+	}
 	cases := []struct {
 		name string
 		kept []history.Entry
@@ -233,6 +251,12 @@ func TestRecurringFailureStartRung(t *testing.T) {
 		{"two recent failures", fails(day, 2*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
 		{"one of three is older than 7 days", fails(day, 2*day, 8*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
 		{"a retry keeps its rung", fails(day, 2*day, 3*day), events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, events.RungRefine},
+		// The last outcomes are all successes, but the failures before
+		// them are recent: the failures, kept apart, tell.
+		{"three recent failures behind five successes", append(fails(3*day, 3*day, 3*day), oks(day, 5)...),
+			events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungPivot},
+		{"three old failures behind five successes", append(fails(9*day, 9*day, 9*day), oks(day, 5)...),
+			events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

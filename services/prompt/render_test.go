@@ -2,6 +2,7 @@ package prompt
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -27,7 +28,7 @@ func testBase() events.Base {
 
 func entry(n int, outcome, approach, summary, errText string) history.Entry {
 	return history.Entry{
-		Key: "k", TaskID: "t1", Attempt: n, Rung: RungRefine, Step: "execute",
+		Key: fmt.Sprint("k", n), TaskID: "t1", Attempt: n, Rung: RungRefine, Step: "execute",
 		Outcome: outcome, Approach: approach, Summary: summary, Error: errText,
 		At: t0.Add(time.Duration(n) * time.Hour),
 	}

@@ -1,9 +1,23 @@
 package recorder_test
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"dispatchmesh/events"
+	"dispatchmesh/history"
+	"dispatchmesh/internal/natstest"
+	"dispatchmesh/internal/policy"
+	"dispatchmesh/services"
+	"dispatchmesh/services/recorder"
+	"dispatchmesh/trust"
 )
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
@@ -14,4 +28,70 @@ func failed(class events.ErrorClass, why string) events.Result {
 
 func ok() events.Result {
 	return events.Result{Outcome: events.OutcomeSuccess, Approach: "b", Summary: "fixed", TokensIn: 10, TokensOut: 5}
+}
+
+// harness is a recorder on a fresh embedded JetStream, with the mesh's
+// streams and buckets, that publishes what it returns as the router does.
+type harness struct {
+	t     *testing.T
+	rec   *recorder.Service
+	tasks *services.TaskStore
+	hist  *history.Store
+	view  *trust.View
+	js    jetstream.JetStream
+}
+
+// recorderOn starts a recorder, its metrics on reg.
+func recorderOn(t *testing.T, reg prometheus.Registerer) *harness {
+	t.Helper()
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, tasks: services.NewTaskStore(stores.Tasks), hist: history.NewStore(stores.History), js: srv.JS}
+	if h.view, err = trust.NewView(ctx, srv.JS, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.view.Stop)
+	h.rec, err = recorder.New(recorder.Config{
+		Tasks: h.tasks, History: h.hist, Trust: h.view, CountSpend: true,
+		Policy: policy.Static(nil), Registry: reg, Instance: "recorder@test",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// handle runs one message through the recorder and publishes its outputs
+// with their Msg-Ids, as the router does; it returns the outputs.
+func (h *harness) handle(m *services.Msg) []services.Out {
+	h.t.Helper()
+	outs, err := h.rec.Handle(context.Background(), m)
+	if err != nil {
+		h.t.Fatalf("Handle: %v", err)
+	}
+	for _, out := range outs {
+		if _, err := h.js.PublishMsg(context.Background(), services.NatsMsg(out), jetstream.WithMsgID(out.MsgID)); err != nil {
+			h.t.Fatalf("publish %s: %v", out.Subject, err)
+		}
+	}
+	return outs
+}
+
+// moves are the outputs that move the task on or file it for review (a
+// task event or a review record), leaving out what the attempt adds to
+// the history, trust and spend.
+func moves(outs []services.Out) []services.Out {
+	var m []services.Out
+	for _, o := range outs {
+		if strings.HasPrefix(o.Subject, events.TaskRoot+".") || strings.HasPrefix(o.Subject, "dispatch.review.") {
+			m = append(m, o)
+		}
+	}
+	return m
 }

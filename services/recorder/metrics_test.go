@@ -3,8 +3,6 @@ package recorder_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,36 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dispatchmesh/events"
-	"dispatchmesh/history"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
-	"dispatchmesh/services/recorder"
-	"dispatchmesh/trust"
 )
-
-// recorderOn starts a recorder on a fresh embedded JetStream, its metrics on reg.
-func recorderOn(t *testing.T, reg prometheus.Registerer) (*recorder.Service, *services.TaskStore) {
-	t.Helper()
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tasks := services.NewTaskStore(stores.Tasks)
-	rec, err := recorder.New(recorder.Config{
-		Tasks: tasks, Trust: trust.NewStore(stores.Trust, trust.Policy{}), History: history.NewStore(stores.History, 0),
-		Policy: policy.Static(nil), Registry: reg, Instance: "recorder@test",
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rec, tasks
-}
 
 // executed is the executor's outcome message of one attempt.
 func executed(t *testing.T, tk events.Task, pass, attempt int, rung events.Rung, res events.Result) *services.Msg {
@@ -65,14 +36,9 @@ func spent(r events.Result, in, out int, cost float64) events.Result {
 
 func TestSpendMetricsCountEachOutcomeOnce(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	rec, tasks := recorderOn(t, reg)
-	ctx := context.Background()
-	handle := func(m *services.Msg) {
-		t.Helper()
-		if _, err := rec.Handle(ctx, m); err != nil {
-			t.Fatalf("Handle: %v", err)
-		}
-	}
+	h := recorderOn(t, reg)
+	tasks, ctx := h.tasks, context.Background()
+	handle := func(m *services.Msg) { t.Helper(); h.handle(m) }
 	refine, pivot := events.RungRefine, events.RungPivot
 
 	// fix-a: the same failure twice, then a success on PIVOT.
@@ -163,10 +129,10 @@ dispatch_wasted_cost_usd_total{type="css_fix"} 0.004
 }
 
 func TestSpendMetricsWithoutRegistry(t *testing.T) {
-	rec, _ := recorderOn(t, nil)
+	h := recorderOn(t, nil)
 	tk := events.Task{ID: "fix-c", Type: "css_fix", Subject: "c.css"}
-	if _, err := rec.Handle(context.Background(), executed(t, tk, 1, 1, events.RungRefine, ok())); err != nil {
-		t.Fatalf("Handle without a registry: %v", err)
+	if got := moves(h.handle(executed(t, tk, 1, 1, events.RungRefine, ok()))); len(got) != 1 {
+		t.Fatalf("Handle without a registry: %+v", got)
 	}
 }
 

@@ -15,6 +15,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
@@ -81,6 +84,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		s.log.Warn("outcome of an earlier pass or an ended task ignored", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass, "status", st.Status)
 		return nil, nil
 	}
+	// What the attempt adds to the subject's history (a compare-and-set
+	// on its record), to its type's trust and to its spend of the day
+	// (messages published before the task moves on, each with the
+	// attempt's key in its Msg-Id): a redelivery stores nothing twice.
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
 	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
@@ -89,34 +96,16 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	// A task that ends gives up its canary place, if it held one.
-	release := ""
-	if st.Decision != events.DecisionRetry {
-		release = t.ID
-	}
-	var stats trust.Stats
-	switch {
-	case task.CountsForTrust(res):
-		stats, err = s.cfg.Trust.Record(ctx, t.Type, task.TrustOutcome(key, b.Run, res, now), release)
-	case release != "":
-		stats, err = s.cfg.Trust.Release(ctx, t.Type, release)
-	default:
-		stats, err = s.cfg.Trust.Get(ctx, t.Type)
-	}
+	outs, stats, err := s.recorded(t, b.Run, res, key, now)
 	if err != nil {
-		return nil, fmt.Errorf("trust: %w", err)
-	}
-	if s.cfg.Spending != nil {
-		if err := s.cfg.Spending.Add(ctx, t.Type, key, now, res.TokensIn+res.TokensOut, res.Cost); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	if !task.AsRecorded(st, b.Run.Pass) {
 		// A redelivery after the task moved on (the next pass started, the
 		// gate stopped it, a human acted): whatever this attempt led to was
 		// published when it was first recorded.
 		s.log.Warn("outcome of a pass the task has moved past: nothing to publish again", "task", t.ID, "pass", b.Run.Pass, "current", st.Pass, "status", st.Status)
-		return nil, nil
+		return outs, nil
 	}
 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
@@ -130,5 +119,34 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		s.log.Warn("task to review", "task", t.ID, "review", e.Review, "attempts", st.Attempts, "skips", st.Skips, "reason", st.Reason)
 		out, err = services.ToReview(e.Base, e.Review, e.Name, e.Reason, e.Event)
 	}
-	return []services.Out{out}, err
+	return append(outs, out), err
+}
+
+// recorded is what an attempt's outcome adds to its type's trust window and
+// its spend of the day, as messages to publish, and the type's stats with
+// the outcome counted.
+func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time) ([]services.Out, trust.Stats, error) {
+	var msgs []*nats.Msg
+	stats := s.cfg.Trust.Stats(t.Type)
+	if task.CountsForTrust(res) {
+		o := task.TrustOutcome(key, run, res, now)
+		m, err := trust.OutcomeMsg(t.Type, o)
+		if err != nil {
+			return nil, stats, services.Dead(events.ReviewPoison, err)
+		}
+		msgs = append(msgs, m)
+		stats, _ = s.cfg.Scoring.Record(stats, o)
+	}
+	if s.cfg.CountSpend {
+		spend, err := trust.SpendMsgs(t.Type, key, now, res.TokensIn+res.TokensOut, res.Cost)
+		if err != nil {
+			return nil, stats, services.Dead(events.ReviewPoison, err)
+		}
+		msgs = append(msgs, spend...)
+	}
+	outs := make([]services.Out, len(msgs))
+	for i, m := range msgs {
+		outs[i] = services.OutMsg(m)
+	}
+	return outs, stats, nil
 }

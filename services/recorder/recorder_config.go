@@ -14,14 +14,25 @@ import (
 	"dispatchmesh/trust"
 )
 
+// Trust is what the recorder reads of a type's trust: its window, for the
+// score an escalation record reports. *trust.View implements it.
+type Trust interface {
+	Stats(taskType string) trust.Stats
+}
+
 // Config of the recorder.
 type Config struct {
-	Tasks   *services.TaskStore // required
-	Trust   *trust.Store        // required
-	History *history.Store      // required
-	// Spending counts what each type spent per day (the gate's daily
-	// budget). Default: not counted.
-	Spending *trust.Spending
+	Tasks *services.TaskStore // required
+	// History keeps each (type, subject)'s last outcomes and failures
+	// (required).
+	History *history.Store
+	// Trust gives each type's outcomes (required): the recorder publishes
+	// an outcome, it never rewrites a window.
+	Trust Trust
+	// CountSpend publishes, with each outcome, the increments of its type's
+	// spend counters for the day (trust.SpendMsgs: the gate's daily
+	// budget). Default false: not counted.
+	CountSpend bool
 	// Policy supplies each type's max_retries (default 7) and pipeline.
 	Policy *policy.Source
 	// Scoring is used to report the trust score in escalation records.
@@ -40,11 +51,11 @@ func (c Config) Validate() error {
 	if c.Tasks == nil {
 		errs = append(errs, errors.New("recorder: Tasks store is required"))
 	}
-	if c.Trust == nil {
-		errs = append(errs, errors.New("recorder: Trust store is required"))
-	}
 	if c.History == nil {
 		errs = append(errs, errors.New("recorder: History store is required"))
+	}
+	if c.Trust == nil {
+		errs = append(errs, errors.New("recorder: Trust (the outcome windows) is required"))
 	}
 	if err := c.Scoring.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("recorder: Scoring: %w", err))

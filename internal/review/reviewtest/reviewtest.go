@@ -90,6 +90,7 @@ func Start(t testing.TB, script openaitest.Script, o Options) *Mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(rc.Close) // before the mesh and the server stop
 	m.Review = rc
 	return m
 }

@@ -1,0 +1,182 @@
+package trust
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// View is every task type's trust as the services that score types see it:
+// each type's window, read from the outcome stream (OutcomeStream), and its
+// gate facts — block streak, remembered gate decisions, canary places —
+// from the trust bucket, both followed as they change, in memory. Scoring a
+// type reads nothing from the server, and no outcome is a write of a shared
+// value: a recorder publishes it, every View receives it.
+//
+// A View lags the stream by the time the server takes to deliver a message
+// (well under a millisecond on a healthy server); decisions that change the
+// gate facts are compare-and-set on the bucket (Store), never on the View.
+type View struct {
+	log *slog.Logger
+
+	mu      sync.RWMutex
+	windows map[string][]Outcome // by type: (At, Key) order, at most Keep
+	facts   map[string]Stats     // by type: the bucket's value, Outcomes nil
+
+	stop func()
+}
+
+// NewView reads every type's outcomes and gate facts and follows them until
+// Stop is called. It returns once what the stream and the bucket held when
+// it started has been read, or when ctx ends first. facts may be nil: the
+// View then holds windows only.
+func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyValue, log *slog.Logger) (*View, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	v := &View{log: log.With("stream", OutcomeStream), windows: map[string][]Outcome{}, facts: map[string]Stats{}}
+	stream, err := js.Stream(ctx, OutcomeStream)
+	if err != nil {
+		return nil, fmt.Errorf("trust: outcome stream %s: %w", OutcomeStream, err)
+	}
+	state := stream.CachedInfo().State
+	last := state.LastSeq
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{OutcomeFilter}})
+	if err != nil {
+		return nil, fmt.Errorf("trust: follow %s: %w", OutcomeStream, err)
+	}
+	caught := make(chan struct{})
+	var once sync.Once
+	if state.Msgs == 0 {
+		once.Do(func() { close(caught) })
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		meta, err := m.Metadata()
+		if err != nil {
+			return
+		}
+		v.apply(m.Subject(), m.Data())
+		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
+			once.Do(func() { close(caught) })
+		}
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			v.log.Warn("following the outcome stream", "err", err)
+		}
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("trust: follow %s: %w", OutcomeStream, err)
+	}
+	v.stop = cc.Stop
+	if facts != nil {
+		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		w, err := facts.WatchAll(wctx)
+		if err != nil {
+			cancel()
+			cc.Stop()
+			return nil, fmt.Errorf("trust: watch %s: %w", facts.Bucket(), err)
+		}
+		v.stop = func() { cc.Stop(); _ = w.Stop(); cancel() }
+		initial := make(chan struct{})
+		go v.followFacts(w, initial)
+		select {
+		case <-initial:
+		case <-ctx.Done():
+			v.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	select {
+	case <-caught:
+	case <-ctx.Done():
+		v.Stop()
+		return nil, ctx.Err()
+	}
+	return v, nil
+}
+
+// Stop stops following the stream and the bucket.
+func (v *View) Stop() { v.stop() }
+
+func (v *View) followFacts(w jetstream.KeyWatcher, initial chan struct{}) {
+	closed := false
+	for e := range w.Updates() {
+		if e == nil {
+			if !closed {
+				close(initial)
+				closed = true
+			}
+			continue
+		}
+		v.mu.Lock()
+		if e.Operation() != jetstream.KeyValuePut {
+			delete(v.facts, e.Key())
+		} else if st, err := decode(e.Key(), e.Value()); err != nil {
+			v.log.Warn("gate facts that do not decode are ignored", "type", e.Key(), "err", err)
+		} else {
+			st.Outcomes = nil
+			v.facts[e.Key()] = st
+		}
+		v.mu.Unlock()
+	}
+	if !closed {
+		close(initial)
+	}
+}
+
+// apply adds one outcome message. A message that does not decode cannot
+// have been published by a recorder: it is logged and left out.
+func (v *View) apply(subject string, data []byte) {
+	taskType, ok := strings.CutPrefix(subject, OutcomeRoot+".")
+	if !ok {
+		return
+	}
+	o, err := DecodeOutcome(data)
+	if err != nil {
+		v.log.Warn("outcome message left out of the window", "subject", subject, "err", err)
+		return
+	}
+	v.mu.Lock()
+	if next, changed := Insert(v.windows[taskType], o, Keep); changed {
+		v.windows[taskType] = next // never changed in place: readers may hold the old one
+	}
+	v.mu.Unlock()
+}
+
+// Stats is taskType's trust: its outcomes, oldest first (the newest Keep;
+// Score and Evaluate take the policy's window of them), and its gate facts.
+// The slices are shared and must not be modified.
+func (v *View) Stats(taskType string) Stats {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	st := v.facts[taskType]
+	st.Type, st.Outcomes = taskType, v.windows[taskType]
+	return st
+}
+
+// All is every type's Stats (a type with outcomes or gate facts), sorted by type.
+func (v *View) All() []Stats {
+	v.mu.RLock()
+	types := make([]string, 0, len(v.windows)+len(v.facts))
+	for t := range v.windows {
+		types = append(types, t)
+	}
+	for t := range v.facts {
+		if _, ok := v.windows[t]; !ok {
+			types = append(types, t)
+		}
+	}
+	v.mu.RUnlock()
+	slices.Sort(types)
+	all := make([]Stats, len(types))
+	for i, t := range types {
+		all[i] = v.Stats(t)
+	}
+	return all
+}
