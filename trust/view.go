@@ -26,8 +26,8 @@ type View struct {
 	log *slog.Logger
 
 	mu      sync.RWMutex
-	windows map[string][]Outcome // by type: (At, Key) order, at most Keep
-	facts   map[string]Stats     // by type: the bucket's value, Outcomes nil
+	windows map[string]*window // by type
+	facts   map[string]Stats   // by type: the bucket's value, Outcomes nil
 
 	stop func()
 }
@@ -40,7 +40,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 	if log == nil {
 		log = slog.Default()
 	}
-	v := &View{log: log.With("stream", OutcomeStream), windows: map[string][]Outcome{}, facts: map[string]Stats{}}
+	v := &View{log: log.With("stream", OutcomeStream), windows: map[string]*window{}, facts: map[string]Stats{}}
 	stream, err := js.Stream(ctx, OutcomeStream)
 	if err != nil {
 		return nil, fmt.Errorf("trust: outcome stream %s: %w", OutcomeStream, err)
@@ -143,10 +143,44 @@ func (v *View) apply(subject string, data []byte) {
 		return
 	}
 	v.mu.Lock()
-	if next, changed := Insert(v.windows[taskType], o, Keep); changed {
-		v.windows[taskType] = next // never changed in place: readers may hold the old one
+	w := v.windows[taskType]
+	if w == nil {
+		w = &window{keys: map[string]struct{}{}}
+		v.windows[taskType] = w
 	}
+	w.insert(o, Keep)
 	v.mu.Unlock()
+}
+
+// window is one type's outcomes as a View keeps them: what Insert keeps,
+// with the keys indexed. Readers hold its slice without a lock, so the
+// elements a slice shows are never changed in place: the newest outcome —
+// the usual case — is appended (past every slice handed out) and the
+// oldest dropped by reslicing; one arriving out of order is inserted into
+// a copy.
+type window struct {
+	outcomes []Outcome
+	keys     map[string]struct{}
+}
+
+func (w *window) insert(o Outcome, limit int) {
+	if _, dup := w.keys[o.Key]; dup {
+		return
+	}
+	n := len(w.outcomes)
+	switch {
+	case n == 0 || !outcomeAfter(w.outcomes[n-1], o):
+		w.outcomes = append(w.outcomes, o)
+	case n >= limit && !outcomeAfter(o, w.outcomes[0]):
+		return // older than everything a full window keeps
+	default:
+		w.outcomes, _ = Insert(w.outcomes, o, n+1) // a copy: slices handed out stay as they were
+	}
+	w.keys[o.Key] = struct{}{}
+	for len(w.outcomes) > limit {
+		delete(w.keys, w.outcomes[0].Key)
+		w.outcomes = w.outcomes[1:]
+	}
 }
 
 // Stats is taskType's trust: its outcomes, oldest first (the newest Keep;
@@ -156,7 +190,10 @@ func (v *View) Stats(taskType string) Stats {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	st := v.facts[taskType]
-	st.Type, st.Outcomes = taskType, v.windows[taskType]
+	st.Type = taskType
+	if w := v.windows[taskType]; w != nil {
+		st.Outcomes = w.outcomes[:len(w.outcomes):len(w.outcomes)] // appends by the caller copy
+	}
 	return st
 }
 

@@ -623,12 +623,13 @@ func (c *checker) trust(ctx context.Context, windows map[string][]trust.Outcome,
 				implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
 				total[st.Type]++
 			}
-			if tokens := rec.TokensIn + rec.TokensOut; tokens != 0 || rec.Cost != 0 {
+			spent := events.Result{TokensIn: rec.TokensIn, TokensOut: rec.TokensOut, Cost: rec.Cost}
+			if tokens, cost := task.DailySpend(spent, c.in.Policy.For(st.Type).DailyBudget); tokens != 0 || cost != 0 {
 				k := [2]string{st.Type, trust.Day(rec.At)}
 				d := want[k]
 				d.Type, d.Day = k[0], k[1]
 				d.Tokens += int64(tokens)
-				d.NanoUSD += trust.NanoUSD(rec.Cost)
+				d.NanoUSD += trust.NanoUSD(cost)
 				want[k] = d
 			}
 		}

@@ -94,11 +94,17 @@ func (w *workload) plan(id string) (faults.Plan, bool) {
 }
 
 // writePolicy writes the policy file the mesh runs with: the attempt
-// limit, and a template that starts every prompt with the run mark.
+// limit, a template that starts every prompt with the run mark, and for
+// two types a daily budget no run reaches — the spend counters count only
+// what a budget caps: tokens and cost for triage_fix, tokens for docs_fix.
 func writePolicy(t *testing.T) (path string, src *policy.Source) {
 	t.Helper()
 	data, err := json.MarshalIndent(map[string]any{
 		"defaults": map[string]any{"max_retries": maxRetries, "template": runMark + prompt.DefaultTemplate},
+		"types": map[string]any{
+			"triage_fix": map[string]any{"daily_budget": map[string]any{"tokens": 1_000_000_000, "cost": 1_000_000}},
+			"docs_fix":   map[string]any{"daily_budget": map[string]any{"tokens": 1_000_000_000}},
+		},
 	}, "", "  ")
 	if err != nil {
 		t.Fatal(err)

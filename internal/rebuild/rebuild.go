@@ -467,12 +467,12 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
 		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
 	})
-	if tokens := res.TokensIn + res.TokensOut; tokens != 0 || res.Cost != 0 {
+	if tokens, cost := task.DailySpend(res, pol.DailyBudget); tokens != 0 || cost != 0 {
 		k := [2]string{t.Type, trust.Day(stored)}
 		d := r.out.Spend[k]
 		d.Type, d.Day = k[0], k[1]
 		d.Tokens += int64(tokens)
-		d.NanoUSD += trust.NanoUSD(res.Cost)
+		d.NanoUSD += trust.NanoUSD(cost)
 		r.out.Spend[k] = d
 	}
 	if task.CountsForTrust(res) {

@@ -299,3 +299,21 @@ func cloneState(st events.TaskState) events.TaskState {
 	st.DeadEnds = slices.Clone(st.DeadEnds)
 	return st
 }
+
+// DailySpend is what an attempt adds to its type's spend counters of the
+// day (trust.Spending): the units the type's daily budget caps — tokens,
+// cost or both — and nothing for a type without one. The counters exist
+// for the gate's daily budget alone, so a type nobody caps costs no
+// counter messages; a budget set during a day counts from then on.
+func DailySpend(res events.Result, budget *policy.Budget) (tokens int, cost float64) {
+	if budget == nil {
+		return 0, 0
+	}
+	if budget.Tokens > 0 {
+		tokens = res.TokensIn + res.TokensOut
+	}
+	if budget.Cost > 0 {
+		cost = res.Cost
+	}
+	return tokens, cost
+}

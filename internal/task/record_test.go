@@ -127,3 +127,22 @@ func TestJudgeRejectsRepeatedDeadEndOnPivot(t *testing.T) {
 		t.Fatal("a new approach was rejected")
 	}
 }
+
+func TestDailySpend(t *testing.T) {
+	res := events.Result{TokensIn: 100, TokensOut: 20, Cost: 0.5}
+	for _, tt := range []struct {
+		name   string
+		budget *policy.Budget
+		tokens int
+		cost   float64
+	}{
+		{"no budget: nothing counted", nil, 0, 0},
+		{"tokens capped", &policy.Budget{Tokens: 10}, 120, 0},
+		{"cost capped", &policy.Budget{Cost: 1}, 0, 0.5},
+		{"both capped", &policy.Budget{Tokens: 10, Cost: 1}, 120, 0.5},
+	} {
+		if tokens, cost := task.DailySpend(res, tt.budget); tokens != tt.tokens || cost != tt.cost {
+			t.Errorf("%s: %d tokens, $%g; want %d, $%g", tt.name, tokens, cost, tt.tokens, tt.cost)
+		}
+	}
+}

@@ -30,6 +30,10 @@ func ok() events.Result {
 	return events.Result{Outcome: events.OutcomeSuccess, Approach: "b", Summary: "fixed", TokensIn: 10, TokensOut: 5}
 }
 
+// budgeted gives css_fix a daily budget no test reaches: the spend
+// counters count what a budget caps, tokens and cost here.
+var budgeted = &policy.File{Types: map[string]policy.Type{"css_fix": {DailyBudget: &policy.Budget{Tokens: 1 << 40, Cost: 1e6}}}}
+
 // harness is a recorder on a fresh embedded JetStream, with the mesh's
 // streams and buckets, that publishes what it returns as the router does.
 type harness struct {
@@ -58,7 +62,7 @@ func recorderOn(t *testing.T, reg prometheus.Registerer) *harness {
 	t.Cleanup(h.view.Stop)
 	h.rec, err = recorder.New(recorder.Config{
 		Tasks: h.tasks, History: h.hist, Trust: h.view, CountSpend: true,
-		Policy: policy.Static(nil), Registry: reg, Instance: "recorder@test",
+		Policy: policy.Static(budgeted), Registry: reg, Instance: "recorder@test",
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now },
 	})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
+	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/trust"
@@ -96,7 +97,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	outs, stats, err := s.recorded(t, b.Run, res, key, now)
+	outs, stats, err := s.recorded(t, b.Run, res, key, now, pol.DailyBudget)
 	if err != nil {
 		return nil, err
 	}
@@ -123,9 +124,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 }
 
 // recorded is what an attempt's outcome adds to its type's trust window and
-// its spend of the day, as messages to publish, and the type's stats with
-// the outcome counted.
-func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time) ([]services.Out, trust.Stats, error) {
+// to its spend of the day (the units its daily budget caps: task.DailySpend),
+// as messages to publish, and the type's stats with the outcome counted.
+func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time, daily *policy.Budget) ([]services.Out, trust.Stats, error) {
 	var msgs []*nats.Msg
 	stats := s.cfg.Trust.Stats(t.Type)
 	if task.CountsForTrust(res) {
@@ -137,8 +138,8 @@ func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key
 		msgs = append(msgs, m)
 		stats, _ = s.cfg.Scoring.Record(stats, o)
 	}
-	if s.cfg.CountSpend {
-		spend, err := trust.SpendMsgs(t.Type, key, now, res.TokensIn+res.TokensOut, res.Cost)
+	if tokens, cost := task.DailySpend(res, daily); s.cfg.CountSpend && (tokens != 0 || cost != 0) {
+		spend, err := trust.SpendMsgs(t.Type, key, now, tokens, cost)
 		if err != nil {
 			return nil, stats, services.Dead(events.ReviewPoison, err)
 		}

@@ -15,7 +15,7 @@ import (
 // A recorder killed after its writes and before its ack gets the outcome
 // again later, behind more outcomes of the type than the trust window
 // holds: the type's daily spend, its trust outcomes and the subject's
-// history count it once (issue 9, defect 2) — the stream keeps one copy
+// history count it once (issue 9, defect 2) — the streams keep one copy
 // of each message its Msg-Id names.
 func TestOutcomeRedeliveredBehindAFullWindowCountsOnce(t *testing.T) {
 	h := recorderOn(t, nil)
@@ -116,5 +116,28 @@ func TestOutcomeRedeliveredAfterTheGateHandedOffTheRetry(t *testing.T) {
 	st, err := tasks.Get(ctx, tk.ID)
 	if err != nil || st.Status != events.StatusBlocked || st.Pass != 2 || st.Cause != events.CauseRungRate {
 		t.Fatalf("state %+v, %v: want the gate's handoff of pass 2 kept", st, err)
+	}
+}
+
+// The spend counters count what a type's daily budget caps, and nothing
+// of a type without one: they exist for the gate's budget alone.
+func TestSpendCountedOnlyWhereABudgetCaps(t *testing.T) {
+	h := recorderOn(t, nil)
+	ctx := context.Background()
+	spent := events.Result{Outcome: events.OutcomeSuccess, Approach: "fix", TokensIn: 100, TokensOut: 10, Cost: 0.001}
+	for _, typ := range []string{"css_fix", "free_fix"} {
+		h.handle(executed(t, events.Task{ID: "t-" + typ, Type: typ, Subject: "a"}, 1, 1, events.RungRefine, spent))
+	}
+	all, err := trust.NewSpending(h.js, services.CounterStream).All(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 {
+		t.Fatalf("counters %+v, want css_fix's only", all)
+	}
+	for k, d := range all {
+		if k[0] != "css_fix" || d.Tokens != 110 || d.NanoUSD != trust.NanoUSD(0.001) {
+			t.Errorf("counter %v = %+v, want 110 tokens and $0.001", k, d)
+		}
 	}
 }
