@@ -223,10 +223,16 @@ type Verification struct {
 	FailOpen bool `json:"fail_open,omitempty"`
 }
 
-// Verified is published by the verifier when the task should go on.
+// Verified is published by the verifier when the task should go on — and,
+// for a type without a verifier, by intake for a new task and by the
+// recorder for a retry (verdict skipped, verifier none): a pass with
+// nothing to verify goes to the gate at once.
 type Verified struct {
 	Base
 	Verification Verification `json:"verification"`
+	// Reason is why this pass runs, when the recorder sent a retry straight
+	// to the gate: the previous attempt's failure (a retry's Reason).
+	Reason string `json:"reason,omitempty"`
 }
 
 // Cancelled is published by the verifier for a stale task, or when a

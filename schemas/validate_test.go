@@ -64,7 +64,7 @@ var populated = []struct {
 	{events.EventQueued, events.Queued{Base: base}},
 	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
 	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute)}},
-	{events.EventVerified, events.Verified{Base: base, Verification: verification}},
+	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed"}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
 	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust}},
 	{events.EventPrompted, events.Prompted{Base: base, Prompt: events.Prompt{

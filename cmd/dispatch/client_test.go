@@ -37,7 +37,7 @@ func TestSubmitWaitAndStatus(t *testing.T) {
 
 	out, code := runDispatch(t, url, "submit", "-id", "cli-1", "-type", "css_fix", "-subject", "src/app.css",
 		"-payload", `{"issue":"button misaligned"}`, "-wait", "-timeout", "1m")
-	for _, want := range []string{"cli-1\n", "queued", "executed", "succeeded after 1 attempt(s)", "summary: SIMULATED"} {
+	for _, want := range []string{"cli-1\n", "verified", "executed", "succeeded after 1 attempt(s)", "summary: SIMULATED"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("submit -wait exited %d, want %q in:\n%s", code, want, out)
 		}

@@ -36,7 +36,7 @@ func runMesh(t *testing.T, srv *natstest.Server, names ...string) {
 // then prints the final answer once it has one.
 func TestWaitShowsTheStageThenTheAnswer(t *testing.T) {
 	srv := natstest.Start(t)
-	runMesh(t, srv, mesh.Intake) // nothing runs after intake: the task stays queued
+	runMesh(t, srv, mesh.Intake) // nothing runs after intake: the task waits at the gate (css_fix has no verifier: verified at once)
 	c, err := client.New(srv.NC)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestWaitShowsTheStageThenTheAnswer(t *testing.T) {
 	var out syncBuffer
 	waited := make(chan error, 1)
 	go func() { waited <- waitFor(ctx, &out, c, sub.ID, 20*time.Millisecond) }()
-	for !strings.Contains(out.String(), "still at stage queued for ") {
+	for !strings.Contains(out.String(), "still at stage verified for ") {
 		if ctx.Err() != nil {
 			t.Fatalf("no progress line:\n%s", out.String())
 		}
@@ -68,7 +68,7 @@ func TestWaitShowsTheStageThenTheAnswer(t *testing.T) {
 		t.Fatalf("wait: %v\n%s", err, out.String())
 	}
 	got := out.String()
-	for _, want := range []string{"queued", "succeeded after 1 attempt(s)", "summary: SIMULATED", "change: "} {
+	for _, want := range []string{"verified", "succeeded after 1 attempt(s)", "summary: SIMULATED", "change: "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("want %q in:\n%s", want, got)
 		}

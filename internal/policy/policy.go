@@ -490,6 +490,12 @@ func (t Type) Scoring(p trust.Policy) trust.Policy {
 	return p
 }
 
+// Verifies reports whether the type has a verifier: without one a pass has
+// nothing to verify and goes to the gate at once (task.Unverified).
+func (t Type) Verifies() bool {
+	return t.Verifier != nil && t.Verifier.Kind != "" && t.Verifier.Kind != VerifierNone
+}
+
 // IsExempt reports whether the gate lets every task of this type through.
 func (t Type) IsExempt() bool { return t.Exempt != nil && *t.Exempt }
 

@@ -314,7 +314,10 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 		return nil
 	}
 	switch stage {
-	case events.StageQueued:
+	case events.StageQueued, events.StageVerified:
+		// A task's first event: queued, or verified for a type without a
+		// verifier (intake sends it to the gate at once). Either created
+		// its state; a later one changes nothing rebuild keeps.
 		var ev events.Queued
 		if err := json.Unmarshal(data, &ev); err != nil {
 			return err

@@ -8,7 +8,8 @@ import (
 // Emission is the event a recorded attempt leads to: the task's next stage
 // (Stage set) or a review record for a human (Review set).
 type Emission struct {
-	// Stage is the next stage (events.StageSucceeded, events.StageRetry),
+	// Stage is the next stage (events.StageSucceeded, events.StageRetry,
+	// events.StageVerified),
 	// "" when the task goes to review.
 	Stage string
 	// Review is the review reason (events.ReviewStuck,
@@ -20,13 +21,23 @@ type Emission struct {
 	Reason string
 	// Base is the published event's base: b's, or the next run's for a retry.
 	Base events.Base
-	// Event is the body: events.Succeeded, events.Retry, events.Stuck or
-	// events.Escalated.
+	// Event is the body: events.Succeeded, events.Retry, events.Verified,
+	// events.Stuck or events.Escalated.
 	Event any
 }
 
+// Unverified is the event of a pass that has nothing to verify — its type
+// has no verifier — and so goes to the gate at once: verified with verdict
+// skipped, as the verifier would publish it, without the hop through it.
+// reason is why the pass runs ("" for a task's first).
+func Unverified(b events.Base, reason string) events.Verified {
+	return events.Verified{Base: b, Reason: reason,
+		Verification: events.Verification{Verdict: events.VerdictSkipped, Verifier: policy.VerifierNone}}
+}
+
 // Emit says what the attempt (b, res), recorded by Record into st, leads
-// to: success ends the task, a retry or a park starts the next run (NextRun),
+// to: success ends the task, a retry (through the verifier, or straight to
+// the gate for a type without one) or a park starts the next run (NextRun),
 // a task out of skips is stuck, and a handoff or a failure escalates to a
 // human with the type's trust score (score) and what the task spent.
 func Emit(st events.TaskState, b events.Base, res events.Result, pol policy.Type, score float64) Emission {
@@ -40,6 +51,9 @@ func Emit(st events.TaskState, b events.Base, res events.Result, pol policy.Type
 		retry := events.Retry{Base: next, Reason: oneLine(res.Error), WakeAt: st.WakeAt}
 		if st.Decision == events.DecisionPark {
 			retry.Reason = st.Reason
+		} else if !pol.Verifies() {
+			// Nothing to verify and nothing to wait for: straight to the gate.
+			return Emission{Stage: events.StageVerified, Name: events.EventVerified, Base: next, Event: Unverified(next, retry.Reason)}
 		}
 		return Emission{Stage: events.StageRetry, Name: events.EventRetry, Base: next, Event: retry}
 	case events.DecisionStuck:

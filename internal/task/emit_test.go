@@ -10,41 +10,51 @@ import (
 
 func TestEmit(t *testing.T) {
 	bugFix := events.Task{ID: "t", Type: "bug_fix", Subject: "a.go"}
+	verified := policy.Type{Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"true"}}}
+	unverified := policy.Type{}
 	cases := []struct {
 		name     string
+		pol      policy.Type
 		decision events.Decision
 		stage    string // or
 		review   string
 		check    func(t *testing.T, e task.Emission)
 	}{
-		{"success ends the task", events.DecisionSucceeded, events.StageSucceeded, "", func(t *testing.T, e task.Emission) {
+		{"success ends the task", verified, events.DecisionSucceeded, events.StageSucceeded, "", func(t *testing.T, e task.Emission) {
 			if ev := e.Event.(events.Succeeded); ev.Result.Summary != "fixed" || ev.Base.Run.Pass != 3 {
 				t.Fatalf("succeeded %+v", ev)
 			}
 		}},
-		{"a retry starts the next pass with the error as context", events.DecisionRetry, events.StageRetry, "", func(t *testing.T, e task.Emission) {
+		{"a retry starts the next pass with the error as context", verified, events.DecisionRetry, events.StageRetry, "", func(t *testing.T, e task.Emission) {
 			ev := e.Event.(events.Retry)
 			if e.Base.Run.Pass != 4 || ev.Base.Run.Pass != 4 || ev.Base.Run.Attempt != 4 || ev.Reason != "boom" ||
 				ev.Base.Run.Context != "boom" || ev.Base.Run.LastErrorClass != events.ErrorClassTask {
 				t.Fatalf("retry %+v", ev)
 			}
 		}},
-		{"a park retries with the park's reason", events.DecisionPark, events.StageRetry, "", func(t *testing.T, e task.Emission) {
+		{"a retry of a type without a verifier goes straight to the gate", unverified, events.DecisionRetry, events.StageVerified, "", func(t *testing.T, e task.Emission) {
+			ev := e.Event.(events.Verified)
+			if ev.Base.Run.Pass != 4 || ev.Reason != "boom" || ev.Base.Run.Context != "boom" ||
+				ev.Verification.Verdict != events.VerdictSkipped || ev.Verification.Verifier != policy.VerifierNone || e.Name != events.EventVerified {
+				t.Fatalf("verified %+v", ev)
+			}
+		}},
+		{"a park retries with the park's reason, through the verifier that holds it", unverified, events.DecisionPark, events.StageRetry, "", func(t *testing.T, e task.Emission) {
 			if ev := e.Event.(events.Retry); ev.Reason != "parked" || !ev.WakeAt.Equal(now) || ev.Base.Run.Rung != "" {
 				t.Fatalf("park %+v", ev)
 			}
 		}},
-		{"out of skips is stuck", events.DecisionStuck, "", events.ReviewStuck, func(t *testing.T, e task.Emission) {
+		{"out of skips is stuck", verified, events.DecisionStuck, "", events.ReviewStuck, func(t *testing.T, e task.Emission) {
 			if ev := e.Event.(events.Stuck); ev.Skips != 2 || e.Reason != "stuck" || len(ev.Attempts) != 3 {
 				t.Fatalf("stuck %+v", ev)
 			}
 		}},
-		{"a handoff escalates with the trust score and the spend", events.DecisionHandoff, "", events.ReviewEscalated, func(t *testing.T, e task.Emission) {
+		{"a handoff escalates with the trust score and the spend", verified, events.DecisionHandoff, "", events.ReviewEscalated, func(t *testing.T, e task.Emission) {
 			if ev := e.Event.(events.Escalated); ev.TrustScore != 0.4 || ev.Cost != 0.03 || ev.TokensIn != 30 || e.Reason != "handed off" {
 				t.Fatalf("escalated %+v", ev)
 			}
 		}},
-		{"a failure escalates", events.DecisionFail, "", events.ReviewEscalated, nil},
+		{"a failure escalates", verified, events.DecisionFail, "", events.ReviewEscalated, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -64,7 +74,7 @@ func TestEmit(t *testing.T) {
 			if c.decision == events.DecisionSucceeded {
 				res = ok()
 			}
-			e := task.Emit(st, b, res, policy.Type{}, 0.4)
+			e := task.Emit(st, b, res, c.pol, 0.4)
 			if e.Stage != c.stage || e.Review != c.review || e.Name == "" {
 				t.Fatalf("stage %q review %q name %q; want %q %q", e.Stage, e.Review, e.Name, c.stage, c.review)
 			}

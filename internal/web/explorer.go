@@ -156,7 +156,7 @@ func extras(entries []review.AuditEntry) taskExtras {
 		}
 		x.Steps = append(x.Steps, s)
 		switch e.Stage {
-		case events.StageQueued:
+		case events.StageQueued, events.StageVerified: // the task's first event (verified: a type without a verifier)
 			var q events.Queued
 			if x.Payload == "" && json.Unmarshal(e.Data, &q) == nil && len(q.Task.Payload) > 0 {
 				var buf bytes.Buffer
