@@ -291,10 +291,12 @@ var reviewAccess = map[string]mesh.Access{
 
 // followGrants are how each outcome stream is read (mesh.Access.Follows):
 // the trust outcomes with an ordered consumer (trust.View: stream info,
-// then consumers it names, pulls from, re-creates and deletes; no acks).
+// then consumers it names, pulls from, re-creates and deletes; no acks),
+// and a direct get of a type's newest outcome (View.Sync, before a retry).
 var followGrants = map[string][]string{
 	services.OutcomeStream: {
 		"$JS.API.STREAM.INFO." + services.OutcomeStream,
+		"$JS.API.DIRECT.GET." + services.OutcomeStream + ".>",
 		"$JS.API.CONSUMER.CREATE." + services.OutcomeStream + ".>",
 		"$JS.API.CONSUMER.MSG.NEXT." + services.OutcomeStream + ".*",
 		"$JS.API.CONSUMER.DELETE." + services.OutcomeStream + ".*",
@@ -750,9 +752,10 @@ var serviceSpecs = map[string]serviceSpec{
 	services.ConsumerIntake: {
 		outputs: []string{
 			events.TaskSubject("s1", events.StageQueued), events.ReviewSubject(events.ReviewRejected, "s1"),
-			events.SubmitSubject("smoke"), // the submit API queues what it accepts
+			events.SubmitSubject("smoke"),                  // the submit API queues what it accepts
+			events.TaskSubject("s1", events.StageVerified), // a type without a verifier: straight to the gate
 		},
-		foreign: events.TaskSubject("s1", events.StageVerified),
+		foreign: events.TaskSubject("s1", events.StageAdmitted),
 	},
 	services.ConsumerVerifier: {
 		outputs: []string{events.TaskSubject("s1", events.StageVerified), events.TaskSubject("s1", events.StageCancelled)},
@@ -776,6 +779,7 @@ var serviceSpecs = map[string]serviceSpec{
 	services.ConsumerRecorder: {
 		outputs: []string{
 			events.TaskSubject("s1", events.StageSucceeded), events.TaskSubject("s1", events.StageRetry),
+			events.TaskSubject("s1", events.StageVerified), // a retry of a type without a verifier
 			events.ReviewSubject(events.ReviewEscalated, "s1"), events.ReviewSubject(events.ReviewStuck, "s1"),
 		},
 		foreign: events.TaskSubject("s1", events.StageAdmitted),
@@ -804,21 +808,10 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 			if err != nil {
 				t.Fatalf("bind consumer %s: %v", name, err)
 			}
-			batch, err := cons.FetchNoWait(10)
-			if err != nil {
-				t.Fatalf("fetch from %s: %v", name, err)
-			}
-			for msg := range batch.Messages() { // earlier stages' smoke outputs
-				if err := msg.DoubleAck(ctx); err != nil {
-					t.Fatalf("ack on %s: %v", name, err)
-				}
-			}
-			if err := batch.Error(); err != nil {
-				t.Fatalf("fetch from %s: %v", name, err)
-			}
+			ackSmoke(ctx, t, cons, name) // earlier stages' smoke outputs
 
 			for _, subj := range append(slices.Clone(spec.outputs), events.ReviewSubject(events.ReviewPoison, "s1")) {
-				ack, err := c.js.Publish(ctx, subj, []byte(`{"smoke":true}`))
+				ack, err := c.js.Publish(ctx, subj, []byte(smokeBody))
 				if err != nil {
 					t.Fatalf("publish %s: %v", subj, err)
 				}
@@ -876,6 +869,54 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 			c.denySubscribe(t, "_INBOX.>")
 			c.noViolations(t)
 		})
+	}
+	// A later stage's smoke output may be an earlier stage's input (the
+	// recorder's retry is the verifier's, its verified — a retry of a type
+	// without a verifier — the gate's): each stage acks what is left on its
+	// durable, so the scenarios after this one start from empty consumers.
+	t.Run("leftovers", func(t *testing.T) {
+		ctx := testCtx(t)
+		for _, name := range dispatchDurables {
+			c := connect(t, serverURL, name, pw[name], "_INBOX."+name)
+			cons, err := c.js.Consumer(ctx, services.Stream, name)
+			if err != nil {
+				t.Fatalf("bind consumer %s: %v", name, err)
+			}
+			ackSmoke(ctx, t, cons, name)
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				t.Fatalf("consumer info %s: %v", name, err)
+			}
+			if ci.NumPending != 0 || ci.NumAckPending != 0 {
+				t.Fatalf("%s after the smoke: %d pending, %d unacked; want none", name, ci.NumPending, ci.NumAckPending)
+			}
+			c.noViolations(t)
+		}
+	})
+}
+
+// smokeBody is what testServices publishes as each stage's outputs.
+const smokeBody = `{"smoke":true}`
+
+// ackSmoke has stage name pull what is on its durable — the other stages'
+// smoke outputs, nothing else — and ack each.
+func ackSmoke(ctx context.Context, t *testing.T, cons jetstream.Consumer, name string) {
+	t.Helper()
+	batch, err := cons.FetchNoWait(20)
+	if err != nil {
+		t.Fatalf("fetch from %s: %v", name, err)
+	}
+	for msg := range batch.Messages() {
+		if string(msg.Data()) != smokeBody {
+			t.Fatalf("%s got %s %q, not a smoke output", name, msg.Subject(), msg.Data())
+		}
+		// DoubleAck waits for the server's confirmation: the ack was allowed.
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Fatalf("ack on %s: %v", name, err)
+		}
+	}
+	if err := batch.Error(); err != nil {
+		t.Fatalf("fetch from %s: %v", name, err)
 	}
 }
 

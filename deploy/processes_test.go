@@ -31,6 +31,10 @@ import (
 	"dispatchmesh/trust"
 )
 
+// verifiedType is the type with a verifier (a command that always answers
+// "the problem exists") in the policy TestServicesRunAsTheirUsers seeds.
+const verifiedType = "lint_fix"
+
 // patience bounds every wait on the processes. It is a deadlock guard, not a
 // timing assertion.
 const patience = 45 * time.Second
@@ -50,7 +54,14 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	as := func(user string) []string {
 		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
 	}
-	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
+	// The policy provision seeds: css_fix keeps the default, no verifier (a
+	// pass goes from intake straight to the gate); verifiedType has a
+	// command verifier, so the verifier too handles a task as its user.
+	seed := filepath.Join(t.TempDir(), "seed-policy.json")
+	if err := os.WriteFile(seed, []byte(`{"types": {"`+verifiedType+`": {"verifier": {"kind": "command", "command": ["true"]}}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := proctest.RunToEnd(t, patience, "provision", append(as("admin"), "DISPATCH_POLICY_FILE="+seed), dispatch, "provision"); !strings.Contains(out, "provisioned:") || !strings.Contains(out, "seeded from "+seed) {
 		t.Fatalf("dispatch provision said:\n%s", out)
 	}
 
@@ -83,14 +94,17 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		misfits = append(misfits, proctest.Start(t, w.name, as(w.user), dispatch, w.service))
 	}
 
-	// Tasks, submitted as the client user: three with the CLI, one through
-	// the micro API.
+	// Tasks, submitted as the client user: three of css_fix and one of
+	// verifiedType with the CLI, one of css_fix through the micro API.
 	var submits []*proctest.Process
 	for i := range 3 {
 		submits = append(submits, proctest.Start(t, fmt.Sprintf("submit-%d", i), as("client"), dispatch,
 			"submit", "-id", fmt.Sprintf("e2e-%d", i), "-type", "css_fix", "-subject", fmt.Sprintf("src/app%d.css", i),
 			"-payload", `{"issue":"button misaligned"}`, "-wait", "-timeout", patience.String()))
 	}
+	submits = append(submits, proctest.Start(t, "submit-verified", as("client"), dispatch,
+		"submit", "-id", "e2e-verified", "-type", verifiedType, "-subject", "src/lint.go",
+		"-payload", `{"issue":"unused variable"}`, "-wait", "-timeout", patience.String()))
 	client := connect(t, url, "client", pw["client"], "_INBOX.client")
 	var reply intake.SubmitReply
 	proctest.WaitFor(t, patience, "the submit API", func() error {
@@ -115,6 +129,15 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		out := p.Wait(t, patience, running)
 		if p.Err != nil || !strings.Contains(out, events.StageSucceeded) {
 			t.Fatalf("%s: %v\n%s", p.Name, p.Err, out)
+		}
+		// -wait prints each stage: css_fix skipped the verifier (intake
+		// published verified), verifiedType was queued and checked by it.
+		want, not := "verdict=skipped verifier=none", "verdict=exists"
+		if p.Name == "submit-verified" {
+			want, not = "verdict=exists verifier=command", "verdict=skipped"
+		}
+		if !strings.Contains(out, want) || strings.Contains(out, not) {
+			t.Fatalf("%s: no %q (or a %q) among its stages:\n%s", p.Name, want, not, out)
 		}
 	}
 	proctest.WaitFor(t, patience, "e2e-api to succeed (status API)", func() error {

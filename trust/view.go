@@ -23,11 +23,13 @@ import (
 // (well under a millisecond on a healthy server); decisions that change the
 // gate facts are compare-and-set on the bucket (Store), never on the View.
 type View struct {
-	log *slog.Logger
+	log    *slog.Logger
+	stream jetstream.Stream
 
 	mu      sync.RWMutex
 	windows map[string]*window // by type
 	facts   map[string]Stats   // by type: the bucket's value, Outcomes nil
+	applied chan struct{}      // closed (and replaced) whenever an outcome is applied
 
 	stop func()
 }
@@ -40,11 +42,12 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 	if log == nil {
 		log = slog.Default()
 	}
-	v := &View{log: log.With("stream", OutcomeStream), windows: map[string]*window{}, facts: map[string]Stats{}}
+	v := &View{log: log.With("stream", OutcomeStream), windows: map[string]*window{}, facts: map[string]Stats{}, applied: make(chan struct{})}
 	stream, err := js.Stream(ctx, OutcomeStream)
 	if err != nil {
 		return nil, fmt.Errorf("trust: outcome stream %s: %w", OutcomeStream, err)
 	}
+	v.stream = stream
 	state := stream.CachedInfo().State
 	last := state.LastSeq
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{OutcomeFilter}})
@@ -61,7 +64,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 		if err != nil {
 			return
 		}
-		v.apply(m.Subject(), m.Data())
+		v.apply(m.Subject(), m.Data(), meta.Sequence.Stream)
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
 			once.Do(func() { close(caught) })
 		}
@@ -130,26 +133,60 @@ func (v *View) followFacts(w jetstream.KeyWatcher, initial chan struct{}) {
 	}
 }
 
-// apply adds one outcome message. A message that does not decode cannot
-// have been published by a recorder: it is logged and left out.
-func (v *View) apply(subject string, data []byte) {
+// apply adds one outcome message, stored at seq. A message that does not
+// decode cannot have been published by a recorder: it is logged and left
+// out.
+func (v *View) apply(subject string, data []byte, seq uint64) {
 	taskType, ok := strings.CutPrefix(subject, OutcomeRoot+".")
 	if !ok {
 		return
 	}
 	o, err := DecodeOutcome(data)
-	if err != nil {
-		v.log.Warn("outcome message left out of the window", "subject", subject, "err", err)
-		return
-	}
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	w := v.windows[taskType]
 	if w == nil {
 		w = &window{keys: map[string]struct{}{}}
 		v.windows[taskType] = w
 	}
+	w.seq = max(w.seq, seq)
+	close(v.applied)
+	v.applied = make(chan struct{})
+	if err != nil {
+		v.log.Warn("outcome message left out of the window", "subject", subject, "err", err)
+		return
+	}
 	w.insert(o, Keep)
-	v.mu.Unlock()
+}
+
+// Sync returns once the View holds every outcome of taskType the stream
+// held when Sync was called — one direct get of the type's newest outcome,
+// then a wait for the View to apply it (usually none). A pass whose task's
+// own previous outcome must count — a retry — syncs first: that outcome
+// was stored before the retry was published, and the View may not have
+// received it yet.
+func (v *View) Sync(ctx context.Context, taskType string) error {
+	raw, err := v.stream.GetLastMsgForSubject(ctx, OutcomeSubject(taskType))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("trust: newest outcome of %s: %w", taskType, err)
+	}
+	for {
+		v.mu.RLock()
+		w, applied := v.windows[taskType], v.applied
+		done := w != nil && w.seq >= raw.Sequence
+		v.mu.RUnlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-applied:
+		case <-ctx.Done():
+			return fmt.Errorf("trust: outcomes of %s up to %d: %w", taskType, raw.Sequence, ctx.Err())
+		}
+	}
 }
 
 // window is one type's outcomes as a View keeps them: what Insert keeps,
@@ -161,6 +198,7 @@ func (v *View) apply(subject string, data []byte) {
 type window struct {
 	outcomes []Outcome
 	keys     map[string]struct{}
+	seq      uint64 // the stream sequence of the newest message applied
 }
 
 func (w *window) insert(o Outcome, limit int) {

@@ -188,6 +188,7 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 	if rep.Kills < kills {
 		t.Errorf("%d kills, want %d", rep.Kills, kills)
 	}
+	r.checkVerified(cctx, tasks)
 	if !rep.OK() {
 		byKind := map[string][]string{}
 		var kinds []string
@@ -200,6 +201,29 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 		for _, kind := range kinds {
 			t.Errorf("%d %s problems:\n%s", len(byKind[kind]), kind, summary(byKind[kind], 10))
 		}
+	}
+}
+
+// checkVerified proves the verifier had real work under the faults: its
+// durable delivered at least one message (the queued event) for every task
+// of verifiedType — a type without a verifier never reaches it.
+func (r *run) checkVerified(ctx context.Context, tasks map[string]faults.Plan) {
+	t := r.t
+	want := 0
+	for _, tk := range r.work.tasks {
+		if _, ok := tasks[tk.id]; ok && tk.typ == verifiedType {
+			want++
+		}
+	}
+	cons, err := r.admin.Consumer(ctx, services.Stream, services.ConsumerVerifier)
+	if err != nil {
+		t.Errorf("consumer %s: %v", services.ConsumerVerifier, err)
+		return
+	}
+	got := cons.CachedInfo().Delivered.Consumer
+	t.Logf("the verifier delivered %d messages for the %d tasks of %s", got, want, verifiedType)
+	if got < uint64(want) {
+		t.Errorf("the verifier delivered %d messages, want at least %d (one per task of %s)", got, want, verifiedType)
 	}
 }
 

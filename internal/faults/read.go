@@ -98,6 +98,7 @@ func readStream(ctx context.Context, js jetstream.JetStream) (*streamView, error
 func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.MsgMetadata) error {
 	var base struct {
 		Run events.Run `json:"run"`
+		By  string     `json:"by"`
 	}
 	if id, stage, ok := events.ParseTaskSubject(subject); ok {
 		v.stages[stage]++
@@ -109,8 +110,12 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		case events.StageQueued:
 			te.queued++
 		case events.StageVerified:
-			if base.Run.Pass == 1 && te.queued == 0 && len(te.trail) == 1 {
-				te.queued++ // a type without a verifier: intake's first event
+			// A type without a verifier: intake's first event is verified
+			// (pass 1, published by intake), in place of queued. The
+			// verifier's verified of a pass, or the recorder's of a retry,
+			// is no such event.
+			if base.Run.Pass == 1 && strings.HasPrefix(base.By, services.ConsumerIntake+"@") {
+				te.queued++
 			}
 		case events.StageExecuted:
 			var ev events.Executed

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -20,7 +21,8 @@ import (
 )
 
 // The task types of the workload: four gated ones, each new (their first
-// tasks are canaries, the others wait), and one exempt.
+// tasks are canaries, the others wait), and one exempt; one of them
+// (verifiedType) has a verifier.
 var taskTypes = []string{"css_fix", "docs_fix", "test_fix", "lint_fix", "triage_fix"}
 
 // maxRetries is the policy's attempt limit: a hopeless task makes 4 attempts.
@@ -93,17 +95,29 @@ func (w *workload) plan(id string) (faults.Plan, bool) {
 	return p, ok
 }
 
+// verifiedType is the workload's one type with a verifier: a command that
+// always answers "the problem exists" (true), so every pass of it goes
+// through the verifier — killed and restarted with the others — while the
+// other types' passes go straight to the gate.
+const verifiedType = "lint_fix"
+
 // writePolicy writes the policy file the mesh runs with: the attempt
-// limit, a template that starts every prompt with the run mark, and for
-// two types a daily budget no run reaches — the spend counters count only
-// what a budget caps: tokens and cost for triage_fix, tokens for docs_fix.
+// limit, a template that starts every prompt with the run mark, for two
+// types a daily budget no run reaches — the spend counters count only what
+// a budget caps: tokens and cost for triage_fix, tokens for docs_fix — and
+// verifiedType's verifier.
 func writePolicy(t *testing.T) (path string, src *policy.Source) {
 	t.Helper()
+	exists, err := exec.LookPath("true")
+	if err != nil {
+		t.Fatalf("the verifier's command: %v", err)
+	}
 	data, err := json.MarshalIndent(map[string]any{
 		"defaults": map[string]any{"max_retries": maxRetries, "template": runMark + prompt.DefaultTemplate},
 		"types": map[string]any{
 			"triage_fix": map[string]any{"daily_budget": map[string]any{"tokens": 1_000_000_000, "cost": 1_000_000}},
 			"docs_fix":   map[string]any{"daily_budget": map[string]any{"tokens": 1_000_000_000}},
+			verifiedType: map[string]any{"verifier": map[string]any{"kind": policy.VerifierCommand, "command": []string{exists}}},
 		},
 	}, "", "  ")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,19 +19,30 @@ import (
 )
 
 func TestHappyPathThroughAllServices(t *testing.T) {
-	e := newEnv(t, succeed, nil)
+	e := newEnv(t, succeed, &policy.File{Types: map[string]policy.Type{
+		"lint_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"true"}}},
+	}})
 	e.start()
+	// A type with a verifier goes through it; one without (css_fix) has
+	// nothing to verify and goes from intake to the gate.
+	checked := e.submit(events.Submit{ID: "happy-0", Type: "lint_fix", Subject: "src/app.go"})
+	if got, want := stages(e.waitEnd(checked)), []string{"queued", "verified", "admitted", "prompted", "executed", "succeeded"}; !slices.Equal(got, want) {
+		t.Fatalf("stages with a verifier = %v, want %v", got, want)
+	}
 	id := e.submit(events.Submit{ID: "happy-1", Type: "css_fix", Subject: "src/app.css", Payload: []byte(`{"issue":"button misaligned"}`)})
 
 	all := e.waitEnd(id)
-	want := []string{"queued", "verified", "admitted", "prompted", "executed", "succeeded"}
+	want := []string{"verified", "admitted", "prompted", "executed", "succeeded"}
 	if got := stages(all); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("stages = %v, want %v", got, want)
 	}
-	if n := e.model.Calls(); n != 1 {
-		t.Fatalf("model called %d times, want 1", n)
+	if v := all[0]; !strings.Contains(string(v.Data), `"verdict":"skipped"`) || !strings.HasPrefix(v.By, "intake@") {
+		t.Errorf("first event %s by %q: %s, want intake's, verdict skipped", v.Subject, v.By, v.Data)
 	}
-	req := e.model.Requests()[0]
+	if n := e.model.Calls(); n != 2 {
+		t.Fatalf("model called %d times, want 2 (one per task)", n)
+	}
+	req := e.model.Requests()[1]
 	if !strings.Contains(req.Messages[1].Content, `{"issue":"button misaligned"}`) || !strings.Contains(req.Messages[1].Content, "src/app.css") {
 		t.Errorf("prompt does not carry the task verbatim:\n%s", req.Messages[1].Content)
 	}
@@ -167,7 +179,7 @@ func TestSameIDTwiceMakesOneTask(t *testing.T) {
 	e.submit(events.Submit{ID: "marker", Type: "css_fix", Subject: "a.css"})
 	e.waitEnd("marker")
 	all := e.events("once")
-	if count(all, events.StageQueued) != 1 || count(all, events.StageSucceeded) != 1 {
+	if count(all, events.StageVerified) != 1 || count(all, events.StageSucceeded) != 1 {
 		t.Fatalf("events of a task submitted twice: %v", stages(all))
 	}
 	if e.model.Calls() != 2 {

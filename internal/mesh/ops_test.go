@@ -21,6 +21,7 @@ import (
 	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/natstest"
 	"dispatchmesh/internal/openaitest"
+	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 )
 
@@ -135,7 +136,9 @@ func discover[T any](t *testing.T, nc *nats.Conn, subject string, want int) []T 
 func TestEveryServiceAnswersMicroDiscovery(t *testing.T) {
 	e := newEnv(t, func(int, openaitest.Request) openaitest.Reply {
 		return openaitest.Reply{Content: openaitest.Success("the fix")}
-	}, nil)
+	}, &policy.File{Types: map[string]policy.Type{ // a verifier, so every stage has work
+		"ok_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"true"}}},
+	}})
 	e.start()
 	for i := range 3 {
 		e.waitEnd(e.submit(events.Submit{ID: fmt.Sprintf("ops%d", i), Type: "ok_fix", Subject: fmt.Sprintf("ops%d.go", i)}))

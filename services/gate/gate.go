@@ -86,6 +86,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	scoring.Exempt = []string{} // the policy says which types are exempt
+	if b.Run.Pass > 1 {
+		// The task's own previous outcome was stored before this pass was
+		// sent: the view must hold it (usually it does already).
+		if err := s.cfg.View.Sync(ctx, t.Type); err != nil {
+			return nil, err
+		}
+	}
 	stats := s.cfg.View.Stats(t.Type)
 	v := scoring.Evaluate(t.Type, stats)
 	s.metrics.score.WithLabelValues(t.Type).Set(v.Score)

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,9 +15,11 @@ import (
 )
 
 // View is what the gate reads of a type's trust: its outcomes and its gate
-// facts, in memory (*trust.View implements it).
+// facts, in memory (*trust.View implements it). Sync waits until it holds
+// every outcome of the type stored so far.
 type View interface {
 	Stats(taskType string) trust.Stats
+	Sync(ctx context.Context, taskType string) error
 }
 
 // Config of the gate.
