@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -86,15 +87,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	scoring.Exempt = []string{} // the policy says which types are exempt
-	if b.Run.Pass > 1 {
-		// The task's own previous outcome was stored before this pass was
-		// sent: the view must hold it (usually it does already).
+	stats := s.cfg.View.Stats(t.Type)
+	v := scoring.Evaluate(t.Type, stats)
+	if mayHinge(b.Run, v, scoring, pol.IsExempt()) {
+		// Every outcome of the type stored before this pass reached the
+		// gate must count — a retry's own previous one, those a client saw
+		// end before it submitted this task — and the view may not have
+		// received the newest yet: one small read makes sure.
 		if err := s.cfg.View.Sync(ctx, t.Type); err != nil {
 			return nil, err
 		}
+		stats = s.cfg.View.Stats(t.Type)
+		v = scoring.Evaluate(t.Type, stats)
 	}
-	stats := s.cfg.View.Stats(t.Type)
-	v := scoring.Evaluate(t.Type, stats)
 	s.metrics.score.WithLabelValues(t.Type).Set(v.Score)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
@@ -214,6 +219,30 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 	return s.admit(b, d)
+}
+
+// SyncMargin is how close to its threshold a type's score must be for the
+// gate to make sure its view holds the type's newest outcomes before it
+// decides (see mayHinge). One outcome moves a 50-outcome window's score by
+// at most about 0.05; the view lags the stream by far fewer outcomes than
+// that margin allows, even in a burst.
+const SyncMargin = 0.1
+
+// mayHinge reports whether the decision on a pass could depend on an
+// outcome the gate's view has not received yet, so the view is synced
+// first: a retry (its own previous outcome counts for its rung's rate and
+// its type's trust), a type still unproven (its outcomes decide canaries
+// and the moment it is scored), or one whose score is near its threshold.
+// Elsewhere an outcome or two more cannot change what the gate decides,
+// and a pass costs no read.
+func mayHinge(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
+	switch {
+	case run.Pass > 1, v.Outcomes < p.MinOutcomes:
+		return true
+	case exempt || p.Threshold < 0:
+		return false
+	}
+	return math.Abs(v.Score-p.Threshold) < SyncMargin
 }
 
 // endedByHuman reports whether a human ended the task (cancelled it) before

@@ -1,0 +1,37 @@
+package gate
+
+import (
+	"testing"
+
+	"dispatchmesh/events"
+	"dispatchmesh/trust"
+)
+
+func TestMayHinge(t *testing.T) {
+	p := trust.Policy{}.WithDefaults()
+	first, retry := events.Run{Pass: 1, Attempt: 1}, events.Run{Pass: 2, Attempt: 2}
+	scored := func(score float64) trust.Verdict { return trust.Verdict{Score: score, Outcomes: 50} }
+	tests := []struct {
+		name   string
+		run    events.Run
+		v      trust.Verdict
+		p      trust.Policy
+		exempt bool
+		want   bool
+	}{
+		{"a retry", retry, scored(1), p, false, true},
+		{"an unproven type", first, trust.Verdict{Score: 0, Outcomes: 9}, p, false, true},
+		{"an exempt unproven type (canaries)", first, trust.Verdict{Outcomes: 3}, p, true, true},
+		{"far above the threshold", first, scored(0.9), p, false, false},
+		{"far below", first, scored(0.01), trust.Policy{Threshold: 0.5}.WithDefaults(), false, false},
+		{"near the threshold", first, scored(0.2), p, false, true},
+		{"just below it", first, scored(0.1), p, false, true},
+		{"exempt, near the threshold", first, scored(0.2), p, true, false},
+		{"never gated (negative threshold)", first, scored(0.05), trust.Policy{Threshold: -1}.WithDefaults(), false, false},
+	}
+	for _, tt := range tests {
+		if got := mayHinge(tt.run, tt.v, tt.p, tt.exempt); got != tt.want {
+			t.Errorf("%s: mayHinge = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
