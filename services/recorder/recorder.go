@@ -97,7 +97,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	outs, stats, err := s.recorded(t, b.Run, res, key, now, pol.DailyBudget)
+	outs, counted, err := s.recorded(t, b.Run, res, key, now, pol.DailyBudget)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
-	score, _, _ := trust.Score(stats.Outcomes, s.cfg.Scoring)
+	score := 0.0 // reported by an escalation record only
+	if st.Decision == events.DecisionHandoff || st.Decision == events.DecisionFail {
+		stats := s.cfg.Trust.Stats(t.Type)
+		if counted != nil { // the type's window with this outcome in it
+			stats, _ = s.cfg.Scoring.Record(stats, *counted)
+		}
+		score, _, _ = trust.Score(stats.Outcomes, s.cfg.Scoring)
+	}
 	e := task.Emit(st, b, res, pol, score)
 	var out services.Out
 	switch {
@@ -125,23 +132,24 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 // recorded is what an attempt's outcome adds to its type's trust window and
 // to its spend of the day (the units its daily budget caps: task.DailySpend),
-// as messages to publish, and the type's stats with the outcome counted.
-func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time, daily *policy.Budget) ([]services.Out, trust.Stats, error) {
-	var msgs []*nats.Msg
-	stats := s.cfg.Trust.Stats(t.Type)
+// as messages to publish, and the trust outcome it counts (nil: none).
+func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time, daily *policy.Budget) ([]services.Out, *trust.Outcome, error) {
+	var (
+		msgs    []*nats.Msg
+		counted *trust.Outcome
+	)
 	if task.CountsForTrust(res) {
 		o := task.TrustOutcome(key, run, res, now)
 		m, err := trust.OutcomeMsg(t.Type, o)
 		if err != nil {
-			return nil, stats, services.Dead(events.ReviewPoison, err)
+			return nil, nil, services.Dead(events.ReviewPoison, err)
 		}
-		msgs = append(msgs, m)
-		stats, _ = s.cfg.Scoring.Record(stats, o)
+		msgs, counted = append(msgs, m), &o
 	}
 	if tokens, cost := task.DailySpend(res, daily); s.cfg.CountSpend && (tokens != 0 || cost != 0) {
 		spend, err := trust.SpendMsgs(t.Type, key, now, tokens, cost)
 		if err != nil {
-			return nil, stats, services.Dead(events.ReviewPoison, err)
+			return nil, nil, services.Dead(events.ReviewPoison, err)
 		}
 		msgs = append(msgs, spend...)
 	}
@@ -149,5 +157,5 @@ func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key
 	for i, m := range msgs {
 		outs[i] = services.OutMsg(m)
 	}
-	return outs, stats, nil
+	return outs, counted, nil
 }
