@@ -35,6 +35,7 @@ import (
 	"dispatchmesh/internal/proctest"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/services"
+	"dispatchmesh/services/recorder"
 	"dispatchmesh/services/intake"
 	"dispatchmesh/trust"
 )
@@ -601,7 +602,7 @@ func consumerConfigs() map[string]jetstream.ConsumerConfig {
 		services.ConsumerPrompt:   cfg(services.ConsumerPrompt, 5, events.StageFilter(events.StageAdmitted)),
 		// MaxDeliver 1: the reaper scenario below exhausts it with one Nak.
 		services.ConsumerExecutor: cfg(services.ConsumerExecutor, 1, events.StageFilter(events.StagePrompted)),
-		services.ConsumerRecorder: cfg(services.ConsumerRecorder, 5, events.StageFilter(events.StageExecuted)),
+		services.ConsumerRecorder: cfg(services.ConsumerRecorder, 5, events.StageFilter(events.StageExecuted), recorder.ActionFilter),
 		services.ConsumerReaper:   cfg(services.ConsumerReaper, 5),
 	}
 }

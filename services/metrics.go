@@ -3,11 +3,17 @@ package services
 import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the router's Prometheus metrics, per service: throughput by
-// result and handler latency. A nil *Metrics records nothing.
+// result, handler latency, publications and redeliveries. A nil *Metrics
+// records nothing.
 type Metrics struct {
 	Messages  *prometheus.CounterVec
 	Latency   *prometheus.HistogramVec
 	Published *prometheus.CounterVec
+	// Redeliveries counts the messages a service received again
+	// (Delivered > 1): after a snooze (a nak with a delay: canary waits,
+	// transient errors, parked tasks), a failure (a nak) or a worker that
+	// died or did not settle in time (AckWait).
+	Redeliveries *prometheus.CounterVec
 }
 
 // NewMetrics registers the router metrics on reg.
@@ -26,8 +32,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dispatch_published_total",
 			Help: "Messages published per service; duplicate=true when the stream deduplicated a republish.",
 		}, []string{"service", "duplicate"}),
+		Redeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_redeliveries_total",
+			Help: "Messages a service received again (delivered more than once: after a snooze, a failure, or a worker that died or ran past AckWait), per service.",
+		}, []string{"service"}),
 	}
-	reg.MustRegister(m.Messages, m.Latency, m.Published)
+	reg.MustRegister(m.Messages, m.Latency, m.Published, m.Redeliveries)
 	return m
 }
 
@@ -50,5 +60,12 @@ func (m *Metrics) published(service string, dup bool) {
 			d = "true"
 		}
 		m.Published.WithLabelValues(service, d).Inc()
+	}
+}
+
+// received counts a delivery of a message: a redelivery when delivered > 1.
+func (m *Metrics) received(service string, delivered int) {
+	if m != nil && delivered > 1 {
+		m.Redeliveries.WithLabelValues(service).Inc()
 	}
 }

@@ -192,7 +192,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			r.handle(hctx, log, h, msg)
+			r.handle(hctx, log, spec.Name, h, msg)
 		}()
 	}
 	wg.Wait()
@@ -271,7 +271,9 @@ func (r *Router) logger() *slog.Logger {
 //	Logging      one line per message: debug when handled, else by its fate
 //	DeadLetters  turns a failure into a *Fate: nak with a delay, or copy
 //	             to dispatch.review.<reason> and terminate
-//	publishing   publishes the outputs; a failure is retried like the handler's
+//	publishing   publishes the outputs; a failure is retried like the handler's;
+//	             once the last is stored as new, runs what the handler left
+//	             to OnStored
 //	Latency      the handler's time (dispatch_handler_seconds)
 //	Recoverer    a panic becomes a *PanicError carrying the stack
 //	Heartbeat    InProgress every AckWait/3 while the handler runs
@@ -297,7 +299,7 @@ func (r *Router) chain(log *slog.Logger, spec Spec) Handler {
 }
 
 // handle runs the chain for one message and settles it as its fate says.
-func (r *Router) handle(ctx context.Context, log *slog.Logger, h Handler, msg jetstream.Msg) {
+func (r *Router) handle(ctx context.Context, log *slog.Logger, service string, h Handler, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil { // not a JetStream message: nothing to settle
 		log.Error("message without metadata", "subject", msg.Subject(), "err", err)
@@ -308,6 +310,7 @@ func (r *Router) handle(ctx context.Context, log *slog.Logger, h Handler, msg je
 		Seq: md.Sequence.Stream, Delivered: int(md.NumDelivered), Time: md.Timestamp,
 		InProgress: msg.InProgress,
 	}
+	r.Metrics.received(service, m.Delivered)
 	r.Stats.begin()
 	defer r.Stats.end()
 
@@ -344,6 +347,7 @@ const publishTimeout = 10 * time.Second
 func (r *Router) publishing(service string) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, m *Msg) ([]Out, error) {
+			ctx, stored := withStoredHooks(ctx)
 			outs, err := next(ctx, m)
 			if err != nil || len(outs) == 0 {
 				return outs, err
@@ -354,8 +358,12 @@ func (r *Router) publishing(service string) Middleware {
 				return nil, err
 			}
 			last := outs[len(outs)-1]
-			if err := r.publish(pctx, service, last); err != nil {
+			dup, err := r.publishAck(pctx, service, last)
+			if err != nil {
 				return nil, &publishError{subject: last.Subject, err: err}
+			}
+			if !dup { // what the handler decided is stored now, and only now (OnStored)
+				stored.run()
 			}
 			return outs, nil
 		}
@@ -403,12 +411,19 @@ func (e *publishError) Error() string { return fmt.Sprintf("publish to %s: %v", 
 func (e *publishError) Unwrap() error { return e.err }
 
 func (r *Router) publish(ctx context.Context, service string, out Out) error {
+	_, err := r.publishAck(ctx, service, out)
+	return err
+}
+
+// publishAck publishes out and reports whether the stream deduplicated it
+// (a republish of a message it already stores under out's Msg-Id).
+func (r *Router) publishAck(ctx context.Context, service string, out Out) (duplicate bool, err error) {
 	ack, err := r.JS.PublishMsg(ctx, r.msg(out), jetstream.WithMsgID(out.MsgID))
 	if err != nil {
-		return err
+		return false, err
 	}
 	r.Metrics.published(service, ack.Duplicate)
-	return nil
+	return ack.Duplicate, nil
 }
 
 // msg is out as a NATS message, naming this instance.

@@ -250,7 +250,7 @@ var consumerStage = map[string][]string{
 	services.ConsumerGate:     {events.StageVerified},
 	services.ConsumerPrompt:   {events.StageAdmitted},
 	services.ConsumerExecutor: {events.StagePrompted},
-	services.ConsumerRecorder: {events.StageExecuted},
+	services.ConsumerRecorder: {events.StageExecuted, "review." + events.ReviewAction}, // and the human actions it counts
 }
 
 // Durables are the stage consumers of DISPATCH, in pipeline order.

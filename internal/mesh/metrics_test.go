@@ -1,21 +1,26 @@
 package mesh_test
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/mesh"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/review"
+	"dispatchmesh/services"
+	"dispatchmesh/services/executor"
+	"dispatchmesh/trust"
 )
 
 // recordingRegistry registers on a real registry and remembers every
@@ -62,151 +67,359 @@ func (r *recordingRegistry) names() []string {
 	return names
 }
 
-// A scripted run: three tasks that succeed, two that fail until their
-// attempt limit, one whose problem is already gone. Every counter holds
-// exactly what happened.
+// routedModel answers each task type from its own model: sim_fix from the
+// built-in simulated model; slow_fix never — its call waits until the
+// task is cancelled (started says it began); every other type from the
+// fake OpenAI endpoint.
+type routedModel struct {
+	openai  executor.Model
+	started chan string
+}
+
+func (m routedModel) Complete(ctx context.Context, req executor.Request) (executor.Response, error) {
+	switch req.TaskType {
+	case "sim_fix":
+		return executor.Simulated{}.Complete(ctx, req)
+	case "slow_fix":
+		m.started <- req.TaskID
+		<-ctx.Done()
+		return executor.Response{}, ctx.Err()
+	}
+	return m.openai.Complete(ctx, req)
+}
+
+// A price that makes one call of the fake endpoint (100 tokens in, 50 out)
+// cost exactly $2.
+var pricedModel = executor.Price{InputPerMTok: 10_000, OutputPerMTok: 20_000}
+
+// A scripted run, one task at a time, in which every counter holds exactly
+// what happened:
+//
+//	ok_fix      10 successes seeded: trusted; 3 tasks succeed on a priced model ($2 a call)
+//	sim_fix     the simulated model (model="simulated", cost 0): succeeds
+//	triage_fix  exempt: succeeds
+//	bad_fix     fails twice: blocked by the recorder (max_retries 2)
+//	stale_fix   its verifier says the problem is gone: cancelled by the verifier
+//	slow_fix    cancelled by a human while its model call runs
+//	flaky_fix   a 503 first (a snooze: one redelivery at the executor), then succeeds
+//	doomed_fix  10 failures seeded: the first task is gated (trust), the
+//	            second goes as a probe (probe after 1 block) and succeeds;
+//	            a human resolves the first
+//	budget_fix  daily budget 100 tokens: the first task (150) succeeds, the
+//	            next two are gated (budget); a human rejects one and
+//	            requeues the other (reviewed), which succeeds
 func TestMetricsOfAScriptedRun(t *testing.T) {
+	var flaky atomic.Int32
 	e := newEnv(t, func(_ int, req openaitest.Request) openaitest.Reply {
-		if strings.Contains(req.Messages[1].Content, `type="bad_fix"`) {
+		user := req.Messages[1].Content
+		switch {
+		case strings.Contains(user, `type="bad_fix"`):
 			return openaitest.Reply{Content: openaitest.Failure("an idea", "no")}
+		case strings.Contains(user, `type="flaky_fix"`) && flaky.Add(1) == 1:
+			return openaitest.Reply{Status: 503, Body: `{"error":{"message":"overloaded","type":"server_error"}}`}
 		}
 		return openaitest.Reply{Content: openaitest.Success("the fix")}
 	}, &policy.File{Types: map[string]policy.Type{
-		"bad_fix":   {MaxRetries: 2},
-		"stale_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
+		"ok_fix":     {Model: "priced-model"},
+		"bad_fix":    {MaxRetries: 2},
+		"stale_fix":  {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
+		"budget_fix": {DailyBudget: &policy.Budget{Tokens: 100}},
 	}})
+	ctx := context.Background()
+	if _, err := services.Provision(ctx, e.srv.JS, services.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	seed := func(typ string, n int, success bool) {
+		for i := range n {
+			m, err := trust.OutcomeMsg(typ, trust.Outcome{Key: fmt.Sprintf("seed-%s-%d", typ, i), Success: success, At: time.Now().Add(-time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.srv.JS.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seed("ok_fix", 10, true)
+	seed("doomed_fix", 10, false)
+
 	reg := &recordingRegistry{Registry: prometheus.NewPedanticRegistry()}
-	e.registry = reg
-	e.start()
+	started := make(chan string, 1)
+	e.run(mesh.Options{
+		Model:        routedModel{openai: executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}), started: started},
+		DefaultModel: "unpriced-model", Prices: map[string]executor.Price{"priced-model": pricedModel},
+		Scoring:  trust.Policy{ProbeAfter: 1},
+		Registry: reg,
+	})
 	// The review queue, as the process serving the review page reports it.
-	rc, err := review.New(review.Config{JS: e.srv.JS})
+	rc, err := review.New(review.Config{JS: e.srv.JS, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg.MustRegister(review.NewQueueGauge(rc))
-	var ids []string
-	for i := range 3 {
-		ids = append(ids, e.submit(events.Submit{ID: fmt.Sprintf("ok%d", i), Type: "ok_fix", Subject: fmt.Sprintf("ok%d.go", i)}))
-	}
-	for i := range 2 {
-		ids = append(ids, e.submit(events.Submit{ID: fmt.Sprintf("bad%d", i), Type: "bad_fix", Subject: fmt.Sprintf("bad%d.go", i)}))
-	}
-	ids = append(ids, e.submit(events.Submit{ID: "stale", Type: "stale_fix", Subject: "stale.go"}))
-	for _, id := range ids {
+
+	run := func(id, typ string) {
+		t.Helper()
+		e.submit(events.Submit{ID: id, Type: typ, Subject: id + ".go"})
 		e.waitEnd(id)
 	}
-
-	for _, c := range []struct {
-		metric prometheus.Collector
-		name   string
-		labels []string
-		want   float64
-	}{
-		{nil, "dispatch_tasks_finished_total", []string{"ok_fix", string(events.StatusSucceeded)}, 3},
-		{nil, "dispatch_tasks_finished_total", []string{"bad_fix", string(events.StatusBlocked)}, 2},
-		{nil, "dispatch_tasks_finished_total", []string{"stale_fix", string(events.StatusCancelled)}, 1},
-		{nil, "dispatch_gate_decisions_total", []string{"ok_fix", string(events.CauseUnproven)}, 3},
-		{nil, "dispatch_gate_decisions_total", []string{"bad_fix", string(events.CauseUnproven)}, 4},
-		{nil, "dispatch_attempts_total", []string{"ok_fix", string(events.RungRefine), events.OutcomeSuccess}, 3},
-		{nil, "dispatch_attempts_total", []string{"bad_fix", string(events.RungRefine), events.OutcomeFailure}, 4},
-		{nil, "dispatch_retries_total", []string{"bad_fix", string(events.RungRefine), events.OutcomeFailure}, 2},
-		{nil, "dispatch_wasted_tokens_total", []string{"bad_fix"}, 4 * 150},
-		{nil, "dispatch_resolved_tokens_total", []string{"ok_fix"}, 3 * 150},
-		{nil, "dispatch_review_queue", []string{events.ReviewEscalated}, 2},
-		{nil, "dispatch_review_queue", []string{events.ReviewGated}, 0},
-		{nil, "dispatch_review_queue_up", nil, 1},
-	} {
-		if got := sample(t, reg, c.name, c.labels...); got != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+	act := func(what func(context.Context, string, string, string) (review.Decision, error), id string) {
+		t.Helper()
+		if _, err := what(ctx, id, "a reviewer's note", "ann@test"); err != nil {
+			t.Fatalf("%s: %v", id, err)
 		}
 	}
-	if n := testutil.CollectAndCount(reg, "dispatch_task_seconds"); n != 3 {
-		t.Errorf("dispatch_task_seconds has %d series, want 3 (one per type and status)", n)
+	for i := range 3 {
+		run(fmt.Sprintf("ok%d", i), "ok_fix")
 	}
-	if n := testutil.CollectAndCount(reg, "dispatch_consumer_pending"); n < 6 {
-		t.Errorf("dispatch_consumer_pending has %d series, want one per stage", n)
+	run("sim0", "sim_fix")
+	run("triage0", "triage_fix")
+	run("bad0", "bad_fix")
+	run("stale0", "stale_fix")
+	e.submit(events.Submit{ID: "slow0", Type: "slow_fix", Subject: "slow0.go"})
+	select {
+	case <-started:
+	case <-time.After(patience):
+		t.Fatal("slow0's model call never started")
 	}
-	if n := testutil.CollectAndCount(reg, "dispatch_trust_score"); n != 2 {
-		t.Errorf("dispatch_trust_score has %d series, want one per type the gate saw", n)
+	act(rc.Cancel, "slow0")
+	run("flaky0", "flaky_fix")
+	run("doomed0", "doomed_fix") // gated: trust
+	run("doomed1", "doomed_fix") // the probe
+	act(rc.Resolve, "doomed0")
+	run("budget0", "budget_fix")
+	run("budget1", "budget_fix") // gated: budget
+	run("budget2", "budget_fix") // gated: budget
+	act(rc.Reject, "budget1")
+	act(rc.Requeue, "budget2")
+	e.waitStatus("budget2", events.StatusSucceeded)
+	e.waitIdle()
+
+	// Human ends are counted by the recorder, once; the requeue ends nothing.
+	finished := map[string]float64{
+		"by=recorder,status=succeeded,type=ok_fix":          3,
+		"by=recorder,status=succeeded,type=sim_fix":         1,
+		"by=recorder,status=succeeded,type=triage_fix":      1,
+		"by=recorder,status=blocked,type=bad_fix":           1,
+		"by=verifier,status=cancelled,type=stale_fix":       1,
+		"by=human,status=cancelled,type=slow_fix":           1,
+		"by=recorder,status=succeeded,type=flaky_fix":       1,
+		"by=gate,status=needs_human_review,type=doomed_fix": 1,
+		"by=recorder,status=succeeded,type=doomed_fix":      1,
+		"by=human,status=succeeded,type=doomed_fix":         1,
+		"by=recorder,status=succeeded,type=budget_fix":      2,
+		"by=gate,status=needs_human_review,type=budget_fix": 2,
+		"by=human,status=failed,type=budget_fix":            1,
+	}
+	sim := e.state("sim0")
+	checks := []struct {
+		name string
+		want map[string]float64
+	}{
+		{"dispatch_tasks_finished_total", finished},
+		{"dispatch_task_seconds", finished}, // its count
+		{"dispatch_gate_decisions_total", map[string]float64{
+			"cause=trusted,type=ok_fix":      3,
+			"cause=unproven,type=sim_fix":    1,
+			"cause=exempt,type=triage_fix":   1,
+			"cause=unproven,type=bad_fix":    2,
+			"cause=unproven,type=slow_fix":   1,
+			"cause=unproven,type=flaky_fix":  1,
+			"cause=trust,type=doomed_fix":    1,
+			"cause=probe,type=doomed_fix":    1,
+			"cause=unproven,type=budget_fix": 1,
+			"cause=budget,type=budget_fix":   2,
+			"cause=reviewed,type=budget_fix": 1,
+		}},
+		{"dispatch_executor_tokens_total", map[string]float64{
+			"direction=in,model=priced-model,type=ok_fix":        300,
+			"direction=out,model=priced-model,type=ok_fix":       150,
+			"direction=in,model=simulated,type=sim_fix":          float64(sim.TokensIn),
+			"direction=out,model=simulated,type=sim_fix":         float64(sim.TokensOut),
+			"direction=in,model=unpriced-model,type=triage_fix":  100,
+			"direction=out,model=unpriced-model,type=triage_fix": 50,
+			"direction=in,model=unpriced-model,type=bad_fix":     200,
+			"direction=out,model=unpriced-model,type=bad_fix":    100,
+			"direction=in,model=unpriced-model,type=flaky_fix":   100, // the 503 reported no usage
+			"direction=out,model=unpriced-model,type=flaky_fix":  50,
+			"direction=in,model=unpriced-model,type=doomed_fix":  100,
+			"direction=out,model=unpriced-model,type=doomed_fix": 50,
+			"direction=in,model=unpriced-model,type=budget_fix":  200,
+			"direction=out,model=unpriced-model,type=budget_fix": 100,
+		}},
+		{"dispatch_executor_cost_usd_total", map[string]float64{
+			"model=priced-model,type=ok_fix":       3 * 2,
+			"model=simulated,type=sim_fix":         0,
+			"model=unpriced-model,type=triage_fix": 0,
+			"model=unpriced-model,type=bad_fix":    0,
+			"model=unpriced-model,type=flaky_fix":  0,
+			"model=unpriced-model,type=doomed_fix": 0,
+			"model=unpriced-model,type=budget_fix": 0,
+		}},
+		// Every delivery each stage's handler saw (its count).
+		{"dispatch_handler_seconds", map[string]float64{
+			"service=intake":   14, // one per task
+			"service=verifier": 2,  // stale0's queued, budget2's requeue
+			"service=gate":     15, // bad0 twice, budget2 twice, one pass for each other task
+			"service=prompt":   12, // the admitted passes
+			"service=executor": 13, // the same, and flaky0's second delivery
+			"service=recorder": 15, // 11 attempts, 4 review actions (cancel, resolve, reject, requeue)
+		}},
+		{"dispatch_redeliveries_total", map[string]float64{"service=executor": 1}},
+		{"dispatch_review_queue_up", map[string]float64{"": 1}},
+	}
+	for _, c := range checks {
+		if got := family(t, reg, c.name); !sameSeries(got, c.want) {
+			t.Errorf("%s:\n got %v\nwant %v", c.name, sorted(got), sorted(c.want))
+		}
+	}
+	if sim.TokensIn == 0 || sim.TokensOut == 0 {
+		t.Errorf("sim0 spent %d tokens in and %d out: the simulated model reports tokens", sim.TokensIn, sim.TokensOut)
+	}
+	if got := family(t, reg, "dispatch_review_queue"); got["reason=escalated"] != 1 || got["reason=gated"] != 0 {
+		t.Errorf("dispatch_review_queue %v: want escalated 1 (bad0), gated 0 (every gated task was acted on)", sorted(got))
 	}
 
-	if n := testutil.CollectAndCount(reg, "dispatch_review_queue"); n != len(review.Reasons) {
-		t.Errorf("dispatch_review_queue has %d series, want one per reason %v", n, review.Reasons)
+	// Trust, read from the gate's view at the scrape: the view follows
+	// the outcome stream, so wait until it holds the last outcome.
+	doomed := slices.Repeat([]trust.Outcome{{Success: false}}, 10)
+	doomedScore, _, _ := trust.Score(append(doomed, trust.Outcome{Success: true}), trust.Policy{})
+	outcomes := map[string]float64{
+		"type=ok_fix": 13, "type=sim_fix": 1, "type=triage_fix": 1, "type=bad_fix": 2, "type=flaky_fix": 1,
+		"type=doomed_fix": 11, "type=budget_fix": 2,
+		"type=slow_fix": 0, // a canary place, no outcome
+	}
+	deadline := time.Now().Add(patience) // a deadlock guard
+	for !sameSeries(family(t, reg, "dispatch_trust_outcomes"), outcomes) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := family(t, reg, "dispatch_trust_outcomes"); !sameSeries(got, outcomes) {
+		t.Errorf("dispatch_trust_outcomes: got %v, want %v", sorted(got), sorted(outcomes))
+	}
+	if got, want := family(t, reg, "dispatch_trust_score"), map[string]float64{"type=ok_fix": 1, "type=doomed_fix": doomedScore}; !sameSeries(got, want) {
+		t.Errorf("dispatch_trust_score: got %v, want %v (only the types with 10 outcomes are scored)", sorted(got), sorted(want))
 	}
 
 	// The Grafana dashboard in deploy/ is built on exactly these metrics.
-	data, err := os.ReadFile("../../deploy/grafana/dispatchmesh.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	exported := reg.names()
-	for _, m := range dashboardMetrics(t, data) {
-		if !slices.Contains(exported, m) && !slices.Contains(exported, strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")) {
-			t.Errorf("the dashboard's expressions name %s, which no service exports", m)
-		}
+	if unknown := unexportedDashboardMetrics(t, readDashboard(t), reg.names()); len(unknown) > 0 {
+		t.Errorf("the dashboard's queries name %v, which no service exports", unknown)
 	}
 }
 
-// sample is the value of one labelled series of a counter or gauge family.
-func sample(t *testing.T, g prometheus.Gatherer, name string, labels ...string) float64 {
+// run runs the mesh with o, completed with the env's connection, policy and
+// a quiet log; it stops at the end of the test.
+func (e *env) run(o mesh.Options) {
+	e.t.Helper()
+	nc, _ := e.srv.Connect(e.t)
+	o.NC, o.Policy, o.Provision, o.Log = nc, e.pol, true, quiet
+	o.Grace = 5 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mesh.Run(ctx, o) }()
+	e.waitProvisioned(done)
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("mesh stopped with %v", err)
+		}
+	})
+}
+
+// waitStatus waits until the task has status.
+func (e *env) waitStatus(id string, status events.Status) {
+	e.t.Helper()
+	waitFor(e.t, id+" "+string(status), func() bool {
+		st, err := e.tasks.Get(context.Background(), id)
+		return err == nil && st.Status == status
+	})
+}
+
+// waitIdle waits until no stage consumer has anything pending or unacked.
+func (e *env) waitIdle() {
+	e.t.Helper()
+	durables := []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
+		services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+	waitFor(e.t, "every stage idle", func() bool {
+		for _, name := range durables {
+			c, err := e.srv.JS.Consumer(context.Background(), services.Stream, name)
+			if err != nil {
+				return false
+			}
+			ci, err := c.Info(context.Background())
+			if err != nil || ci.NumPending > 0 || ci.NumAckPending > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// waitFor waits until ok, up to patience (a deadlock guard, not a timing
+// assertion).
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", patience, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// family is every series of a metric family: "label=value,…" (labels in
+// name order) → the value of a counter or gauge, the count of a histogram.
+func family(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
 	t.Helper()
 	fams, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	out := map[string]float64{}
 	for _, f := range fams {
 		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			var vals []string
+			var labels []string
 			for _, l := range m.GetLabel() {
-				vals = append(vals, l.GetValue())
+				labels = append(labels, l.GetName()+"="+l.GetValue())
 			}
-			slices.Sort(vals)
-			want := slices.Clone(labels)
-			slices.Sort(want)
-			if slices.Equal(vals, want) {
-				if c := m.GetCounter(); c != nil {
-					return c.GetValue()
-				}
-				return m.GetGauge().GetValue()
+			key := strings.Join(labels, ",")
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[key] = float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
-	return 0
+	return out
 }
 
-var metricName = regexp.MustCompile(`\bdispatch_[a-z0-9_]+`)
-
-// dashboardMetrics is every metric a panel's expression names.
-func dashboardMetrics(t *testing.T, data []byte) []string {
-	t.Helper()
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
+func sameSeries(a, b map[string]float64) bool {
+	if len(a) != len(b) {
+		return false
 	}
-	if err := json.Unmarshal(data, &d); err != nil {
-		t.Fatalf("dashboard: %v", err)
-	}
-	var names []string
-	exprs := 0
-	for _, p := range d.Panels {
-		for _, tg := range p.Targets {
-			exprs++
-			for _, m := range metricName.FindAllString(tg.Expr, -1) {
-				if !slices.Contains(names, m) {
-					names = append(names, m)
-				}
-			}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
 		}
 	}
-	if exprs == 0 {
-		t.Fatal("the dashboard has no expressions")
+	return true
+}
+
+func sorted(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	return names
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\n  {%s} %v", k, m[k])
+	}
+	return b.String()
 }

@@ -65,7 +65,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate"), metrics: newMetrics(cfg.Registry)}, nil
+	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate"), metrics: newMetrics(cfg)}, nil
 }
 
 // Spec is the gate's consumer: verified tasks.
@@ -100,7 +100,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		stats = s.cfg.View.Stats(t.Type)
 		v = scoring.Evaluate(t.Type, stats)
 	}
-	s.metrics.score.WithLabelValues(t.Type).Set(v.Score)
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
 	var (
@@ -130,7 +129,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	switch {
 	case b.Run.Reviewed:
 		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
-		return s.admit(b, d)
+		return s.admit(ctx, b, d)
 	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
 		d.Blocked, d.Cause = true, events.CauseBudget
 		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
@@ -218,7 +217,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
 		}
 	}
-	return s.admit(b, d)
+	return s.admit(ctx, b, d)
 }
 
 // SyncMargin is how close to its threshold a type's score must be for the
@@ -317,8 +316,8 @@ func canaryDelay(delivered int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-func (s *Service) admit(b events.Base, d events.TrustDecision) ([]services.Out, error) {
-	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
+func (s *Service) admit(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+	s.decided(ctx, b, d)
 	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d})
 	return []services.Out{out}, err
 }
@@ -329,7 +328,7 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
-	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
+	s.decided(ctx, b, d)
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
 		st, cause, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
@@ -339,7 +338,7 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 			return nil, err
 		}
 		if cause.Changed() {
-			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
+			s.metrics.tasks.Finish(b.Task.Type, st.Status, services.EndedByGate, b.At.Sub(b.Task.SubmittedAt))
 		} else if st.Pass >= b.Run.Pass && task.EndedByHuman(st) {
 			return nil, nil // a human ended it: no review record for it
 		}
@@ -356,7 +355,7 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
-	s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc()
+	s.decided(ctx, b, d)
 	var st events.TaskState
 	if s.cfg.Tasks != nil {
 		var cause task.Cause
@@ -369,7 +368,7 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 			return nil, err
 		}
 		if cause.Changed() {
-			s.metrics.tasks.Finish(b.Task.Type, st.Status, b.At.Sub(b.Task.SubmittedAt))
+			s.metrics.tasks.Finish(b.Task.Type, st.Status, services.EndedByGate, b.At.Sub(b.Task.SubmittedAt))
 		} else if st.Pass >= b.Run.Pass && task.EndedByHuman(st) {
 			return nil, nil // a human ended it: no review record for it
 		}
@@ -380,6 +379,14 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 		TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
 	})
 	return []services.Out{out}, err
+}
+
+// decided counts the gate's decision on the pass once the event carrying it
+// is stored: a redelivered pass republishes the same event, deduplicated,
+// and counts nothing (services.OnStored); a pass stopped with no record (a
+// human ended the task) counts nothing.
+func (s *Service) decided(ctx context.Context, b events.Base, d events.TrustDecision) {
+	services.OnStored(ctx, func() { s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc() })
 }
 
 // release gives up the canary place of a task the gate stops.

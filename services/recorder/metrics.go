@@ -26,7 +26,9 @@ const outcomeRefused = "refused"
 // earlier spend is never counted twice. Unlike `dispatch stats`, which reads
 // every task's current status, they do not see what happens outside the
 // recorder: a human resolving a blocked task (its spend stays wasted here), a
-// task the gate blocks or the verifier cancels after earlier attempts.
+// task the gate blocks or the verifier cancels after earlier attempts. (The
+// recorder does count, in dispatch_tasks_finished_total{by="human"}, the
+// tasks a human's review action ended — action.go — but moves no spend.)
 //
 // The figures, per type (sum by (type) (…), over a range such as [1d]):
 //
@@ -114,7 +116,7 @@ func (m *metrics) recorded(st *events.TaskState) {
 	if !events.Terminal(st.Status) {
 		return
 	}
-	m.tasks.Finish(st.Type, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
+	m.tasks.Finish(st.Type, st.Status, services.EndedByRecorder, st.UpdatedAt.Sub(st.CreatedAt))
 	n, spent := spend.Round(st)
 	tokens, cost := float64(max(spent.TokensIn+spent.TokensOut, 0)), max(spent.Cost, 0)
 	if spend.Resolved(st.Status) {

@@ -75,10 +75,10 @@ dispatch_retries_total{outcome="success",rung="PIVOT",type="css_fix"} 1
 # HELP dispatch_same_error_retries_total Failed attempts whose reason equals the task's previous failure's, of any error class, by type.
 # TYPE dispatch_same_error_retries_total counter
 dispatch_same_error_retries_total{type="css_fix"} 1
-# HELP dispatch_tasks_finished_total Tasks that ended, by type and status (succeeded, blocked, failed, needs_human_review, cancelled).
+# HELP dispatch_tasks_finished_total Tasks that ended, by type, status (succeeded, blocked, failed, needs_human_review, cancelled) and who ended them (by: recorder, gate, verifier, human).
 # TYPE dispatch_tasks_finished_total counter
-dispatch_tasks_finished_total{status="blocked",type="css_fix"} 1
-dispatch_tasks_finished_total{status="succeeded",type="css_fix"} 1
+dispatch_tasks_finished_total{by="recorder",status="blocked",type="css_fix"} 1
+dispatch_tasks_finished_total{by="recorder",status="succeeded",type="css_fix"} 1
 # HELP dispatch_resolved_tokens_total Tokens (prompt and completion) spent by tasks that succeeded, by type.
 # TYPE dispatch_resolved_tokens_total counter
 dispatch_resolved_tokens_total{type="css_fix"} 660

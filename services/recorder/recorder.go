@@ -9,6 +9,10 @@
 // Every write is idempotent (keyed by the task's pass), and the decision is
 // derived from the stored state, so a redelivered outcome republishes the
 // same event with the same Msg-Id and changes nothing else.
+//
+// Its consumer also takes the human review actions
+// (dispatch.review.action.<id>): it writes nothing for them, and counts a
+// task that a human's resolve, reject or cancel ended (action.go).
 package recorder
 
 import (
@@ -44,13 +48,24 @@ func New(cfg Config) (*Service, error) {
 	return &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry)}, nil
 }
 
-// Spec is the recorder's consumer: executed attempts.
+// Spec is the recorder's consumer: executed attempts, and the human review
+// actions (ActionFilter: counted when they end a task).
 func (s *Service) Spec() services.Spec {
-	return services.Spec{Name: services.ConsumerRecorder, Filters: []string{events.StageFilter(events.StageExecuted)}, Handler: s.Handle, Concurrency: 8}
+	return services.Spec{Name: services.ConsumerRecorder, Filters: []string{events.StageFilter(events.StageExecuted), ActionFilter},
+		Handler: s.Handle, Concurrency: 8}
 }
 
-// Handle records one attempt.
+// Handle records one attempt, or counts a task a human's review action
+// ended (by subject).
 func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+	if isAction(m.Subject) {
+		return s.action(ctx, m)
+	}
+	return s.record(ctx, m)
+}
+
+// record records one attempt.
+func (s *Service) record(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 	var ev events.Executed
 	if err := services.Decode(m, &ev); err != nil {
 		return nil, err

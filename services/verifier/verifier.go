@@ -146,7 +146,7 @@ func (s *Service) cancel(ctx context.Context, b events.Base, v events.Verificati
 			return nil, s.fail(ctx, fmt.Errorf("set status cancelled: %w", err))
 		}
 		if cause.Changed() {
-			s.metrics.Finish(b.Task.Type, events.StatusCancelled, b.At.Sub(b.Task.SubmittedAt))
+			s.metrics.Finish(b.Task.Type, events.StatusCancelled, services.EndedByVerifier, b.At.Sub(b.Task.SubmittedAt))
 		}
 	}
 	return outs(services.Next(b, events.StageCancelled, events.EventCancelled, events.Cancelled{Base: b, Verification: v}))

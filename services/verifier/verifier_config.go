@@ -29,8 +29,9 @@ type Config struct {
 	// Tasks, when set, gets status verifying before a check and cancelled
 	// for a cancelled task. Default nil: task state is left alone.
 	Tasks *services.TaskStore
-	// Registry receives the task metrics (a cancelled task is counted as
-	// dispatch_tasks_finished_total{status="cancelled"}). Default: none.
+	// Registry receives the task metrics (a task the verifier cancels is
+	// counted as dispatch_tasks_finished_total{status="cancelled",
+	// by="verifier"}). Default: none.
 	Registry prometheus.Registerer
 	// Instance names this instance in the events' by field.
 	// Default "verifier@<hostname>:<pid>".
