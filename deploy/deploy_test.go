@@ -35,8 +35,8 @@ import (
 	"dispatchmesh/internal/proctest"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/services"
-	"dispatchmesh/services/recorder"
 	"dispatchmesh/services/intake"
+	"dispatchmesh/services/recorder"
 	"dispatchmesh/trust"
 )
 

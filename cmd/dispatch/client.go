@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
@@ -26,8 +27,17 @@ var stdout io.Writer = os.Stdout
 // stderr is where commands write what is not their output (tests replace it).
 var stderr io.Writer = os.Stderr
 
+// cliConn names the connection of the one-shot commands (submit, status,
+// tasks, review, audit, policy, stats, rebuild): NATS user "client" by
+// default. Long-running processes connect under other names (the review
+// page as "web", a service as itself).
+const cliConn = "client"
+
+// oneShot reports whether nc is a one-shot command's connection.
+func oneShot(nc *nats.Conn) bool { return nc != nil && nc.Opts.Name == cliConn }
+
 func clientJS(cfg Config) (jetstream.JetStream, func(), error) {
-	nc, err := cfg.connect("", "client")
+	nc, err := cfg.connect("", cliConn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -41,7 +51,7 @@ func clientJS(cfg Config) (jetstream.JetStream, func(), error) {
 
 // meshClient connects as the "client" NATS user and returns the Go client.
 func meshClient(cfg Config) (*client.Client, func(), error) {
-	nc, err := cfg.connect("", "client")
+	nc, err := cfg.connect("", cliConn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -238,24 +248,35 @@ func orUnknown(s string) string {
 	return s
 }
 
+const statusUsage = `usage: dispatch status [-v] ID [-o json]
+  a task's current state; -v adds its payload and every attempt's answer (approach, summary, changes,
+  error, model, tokens, cost, how long it took), as the task page (/tasks/ID) shows them`
+
 func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	output := outputFlag(fs)
-	if err := fs.Parse(reorder(args)); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("usage: dispatch status ID [-o json]")
-	}
-	if !events.ValidID(fs.Arg(0)) {
-		return fmt.Errorf("invalid task id %q: 1-%d characters of A-Z, a-z, 0-9, _ or -", fs.Arg(0), events.MaxIDLen)
-	}
-	c, closeFn, err := meshClient(cfg)
+	verbose := fs.Bool("v", false, "also the payload and every attempt's answer, read from the task's events on the stream")
+	pos, err := parseArgs(fs, args) // flags before or after ID
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	st, err := c.Status(ctx, fs.Arg(0))
+	if len(pos) != 1 {
+		return errors.New(statusUsage)
+	}
+	id := pos[0]
+	if !events.ValidID(id) {
+		return fmt.Errorf("invalid task id %q: 1-%d characters of A-Z, a-z, 0-9, _ or -", id, events.MaxIDLen)
+	}
+	nc, err := cfg.connect("", cliConn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		return err
+	}
+	st, err := c.Status(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -270,13 +291,18 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 		}
 		result = out.Result
 	}
+	var story *taskStory
+	if *verbose {
+		if story, err = readStory(ctx, cfg, nc, st.ID); err != nil {
+			return err
+		}
+	}
 	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			client.State
-			Result *client.Result `json:"result,omitempty"`
-		}{st, result})
+		v := statusJSON{State: st, Result: result}
+		if story != nil {
+			return writeJSON(stdout, statusVerboseJSON{statusJSON: v, Payload: story.Payload, Answers: story.Answers})
+		}
+		return writeJSON(stdout, v)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "id\t%s\ntype\t%s\nsubject\t%s\nstatus\t%s\nattempts\t%d\n", st.ID, st.Type, st.Subject, st.Status, st.Attempts)
@@ -295,25 +321,10 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	printResult(stdout, result)
-	return nil
-}
-
-// reorder moves flags after positional arguments in front of them, so
-// `status ID -o json` parses like `status -o json ID`.
-func reorder(args []string) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		if strings.HasPrefix(args[i], "-") {
-			flags = append(flags, args[i])
-			if !strings.Contains(args[i], "=") && i+1 < len(args) {
-				flags = append(flags, args[i+1])
-				i++
-			}
-			continue
-		}
-		pos = append(pos, args[i])
+	if story != nil {
+		printStory(stdout, *story)
 	}
-	return append(flags, pos...)
+	return nil
 }
 
 func oneLine(s string, n int) string {

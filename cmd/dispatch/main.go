@@ -4,7 +4,7 @@
 //	dispatch intake|verifier|gate|prompt|executor|recorder
 //	                                     one service against DISPATCH_NATS_URL
 //	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait [-progress 5s]]
-//	dispatch status ID [-o json]
+//	dispatch status [-v] ID [-o json]
 //	dispatch tasks|ls [-type T] [-status S] [-subject S] [-id ID] [-since T] [-until T] [-cursor C] [-o json]
 //	dispatch cancel ID [-note TEXT]
 //	dispatch review list|show|resolve|reject|requeue …
@@ -35,7 +35,7 @@ Usage:
   dispatch intake|verifier|gate|prompt|executor|recorder|reaper
                                       run one service against DISPATCH_NATS_URL
   dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait [-progress 5s] [-timeout 10m]]
-  dispatch status ID [-o json]        a task's current state
+  dispatch status [-v] ID [-o json]   a task's current state; -v: its payload and every attempt's answer
   dispatch tasks [-type T] [-status S] [-subject TEXT] [-id ID] [-since T] [-until T] [-limit N] [-cursor C] [-o json]
                                       every task, newest first, a page at a time (alias: ls)
   dispatch cancel ID [-note TEXT] [-by WHO]

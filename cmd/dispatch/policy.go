@@ -131,12 +131,41 @@ func cmdPolicySet(ctx context.Context, cfg Config, args []string) error {
 		// out: say which permission is missing.
 		return fmt.Errorf("%s: %w", path, natsperm.Explain(nc, err))
 	}
-	was := fmt.Sprintf("replacing revision %d", replaced)
-	if replaced == 0 {
-		was = "the bucket held no policy"
-	}
+	was := replacedText(ctx, kv, replaced)
 	fmt.Fprintf(stdout, "policy revision %d in force (%s from %s; %s); every service applies it now\n", rev, describePolicy(f), path, was)
 	return nil
+}
+
+// replacedText says what a set replaced: the revision in force when
+// revision replaced was the newest in the bucket. They differ when newer
+// puts did not decode (nats kv put behind set's back): every service
+// refused them and kept the one before.
+func replacedText(ctx context.Context, kv jetstream.KeyValue, replaced uint64) string {
+	if replaced == 0 {
+		return "the bucket held no policy"
+	}
+	st, err := policy.InForce(ctx, kv, replaced)
+	if err != nil {
+		return fmt.Sprintf("replacing revision %d, the newest in the bucket (which revision was in force could not be read: %v)", replaced, err)
+	}
+	if st.Rev == replaced {
+		return fmt.Sprintf("replacing revision %d", replaced)
+	}
+	refused := make([]string, len(st.Refused))
+	for i, r := range st.Refused {
+		refused[i] = strconv.FormatUint(r, 10)
+	}
+	why := fmt.Sprintf("revision %s, newer in the bucket, did not decode and every service refused it", strings.Join(refused, ", "))
+	if len(refused) > 1 {
+		why = fmt.Sprintf("revisions %s, newer in the bucket, did not decode and every service refused them", strings.Join(refused, ", "))
+	}
+	switch {
+	case st.Rev == 0:
+		return "replacing the built-in defaults, in force because no revision in the bucket decodes (" + why + ")"
+	case st.Deleted:
+		return fmt.Sprintf("replacing the built-in defaults, in force since revision %d deleted the policy (%s)", st.Rev, why)
+	}
+	return fmt.Sprintf("replacing revision %d, the one in force (%s)", st.Rev, why)
 }
 
 // describeConflict says which revision -rev expected and which is in force.
@@ -223,13 +252,17 @@ func policyBucket(ctx context.Context, cfg Config) (jetstream.KeyValue, *nats.Co
 }
 
 // watchPolicy serves the policy in the bucket on js, following its changes
-// until ctx ends.
+// until ctx ends. On a one-shot command's connection (clientJS: dispatch
+// review, audit, …) which policy is in force is logged at debug level —
+// the command's output is not a log; the review page of dispatch web and
+// dispatch up, which runs for long on its own connection, logs it as the
+// services do.
 func watchPolicy(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*policy.Source, error) {
 	kv, err := js.KeyValue(ctx, services.BucketPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
 	}
-	return policy.Watch(ctx, kv, log)
+	return policy.WatchWith(ctx, kv, policy.WatchOptions{Log: log, Quiet: oneShot(js.Conn())})
 }
 
 // seedPolicy stores DISPATCH_POLICY_FILE (else the built-in defaults, {})

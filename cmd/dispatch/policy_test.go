@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -356,4 +357,102 @@ func policyValue(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return string(e.Value())
+}
+
+// dispatch policy set names the revision it replaced as the one in force:
+// not the newest in the bucket when newer puts were refused by every
+// service (nats kv put of something that does not decode).
+func TestPolicySetNamesTheRevisionInForce(t *testing.T) {
+	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Success("fixed")}
+	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
+	c := newCLI(t, m)
+	ctx := context.Background()
+	kv, err := m.Srv.JS.KeyValue(ctx, services.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inForce, err := policy.Current(ctx, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused []string
+	for _, bad := range []string{`{"types": {"css_fix": {"max_retries": -1}}}`, `{"types": {"css_fix": {"modle": "x"}}}`} {
+		rev, err := kv.Put(ctx, policy.Key, []byte(bad))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused = append(refused, strconv.FormatUint(rev, 10))
+	}
+	newest, _ := strconv.ParseUint(refused[1], 10, 64)
+	seenCtx, cancel := context.WithTimeout(ctx, reviewtest.Patience)
+	defer cancel()
+	if err := m.Policy.Seen(seenCtx, newest); err != nil || m.Policy.Rev() != inForce {
+		t.Fatalf("the services run revision %d (%v), want %d", m.Policy.Rev(), err, inForce)
+	}
+	dir := t.TempDir()
+	want := "replacing revision " + strconv.FormatUint(inForce, 10) + ", the one in force (revisions " + strings.Join(refused, ", ") +
+		", newer in the bucket, did not decode and every service refused them)"
+	out := c.ok("policy", "set", writeFile(t, dir, "second.json", `{"types": {"css_fix": {"model": "second"}}}`))
+	if !strings.Contains(out, want) {
+		t.Fatalf("set over refused revisions:\n%s\nwant %q", out, want)
+	}
+	// Once the set is in force, the next one replaces it plainly.
+	second, err := policy.Current(ctx, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = c.ok("policy", "set", "-rev", strconv.FormatUint(second, 10), writeFile(t, dir, "third.json", `{"types": {"css_fix": {"model": "third"}}}`))
+	if want := "replacing revision " + strconv.FormatUint(second, 10) + ")"; !strings.Contains(out, want) {
+		t.Fatalf("set -rev %d:\n%s\nwant %q", second, out, want)
+	}
+}
+
+// One-shot commands log which policy is in force at debug level only; the
+// review page, long-running on its own connection, logs it at info, as the
+// services do.
+func TestOneShotCommandsDoNotLogThePolicyInForce(t *testing.T) {
+	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Success("fixed")}
+	}, reviewtest.Options{})
+	url := m.Srv.ClientURL()
+	m.Submit(events.Submit{ID: "q-1", Type: "css_fix", Subject: "a.css"})
+	m.WaitStage("q-1", events.StageSucceeded, 1)
+	for _, args := range [][]string{
+		{"review", "list", "-all"}, {"review", "show", "q-1"}, {"audit", "q-1"}, {"tasks"}, {"status", "-v", "q-1"}, {"policy", "get"},
+	} {
+		out, code := runDispatch(t, url, args...)
+		if code != 0 || strings.Contains(out, "policy in force") || strings.Contains(out, "level=INFO") {
+			t.Errorf("dispatch %s exited %d and logged:\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+	t.Setenv("DISPATCH_LOG_LEVEL", "debug")
+	if out, code := runDispatch(t, url, "review", "show", "q-1"); code != 0 || !strings.Contains(out, `level=DEBUG msg="policy in force"`) {
+		t.Errorf("review show at debug level exited %d:\n%s", code, out)
+	}
+
+	// The review page's watcher, on a connection of its own, logs at info.
+	for _, c := range []struct {
+		name string
+		want string
+	}{{cliConn, ""}, {"web", `level=INFO msg="policy in force"`}} {
+		nc, err := nats.Connect(url, nats.Name(c.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		ctx, cancel := context.WithCancel(context.Background())
+		if _, err := watchPolicy(ctx, js, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		nc.Close()
+		if got := logs.String(); (c.want == "" && got != "") || !strings.Contains(got, c.want) {
+			t.Errorf("watchPolicy on a connection named %q logged %q, want %q", c.name, got, c.want)
+		}
+	}
 }

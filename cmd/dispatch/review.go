@@ -16,7 +16,8 @@ import (
 )
 
 const reviewUsage = `usage:
-  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-answered] [-o json]
+  dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-answered] [-limit N] [-cursor C] [-o json]
+      newest first, a page at a time: a page ends with the command that prints the next (older) one
   dispatch review show ID [-o json]
   dispatch review resolve ID -note TEXT [-by WHO]
   dispatch review reject ID -note TEXT [-by WHO]
@@ -101,11 +102,16 @@ func reviewList(ctx context.Context, cfg Config, args []string) error {
 	fs.DurationVar(&f.Age, "age", 0, "only records from the last AGE (e.g. 24h)")
 	fs.BoolVar(&f.All, "all", false, "also list items a human already handled")
 	fs.BoolVar(&f.Answered, "answered", false, "also list rejections the submit API already answered to its caller")
+	fs.IntVar(&f.Limit, "limit", review.DefaultPageSize, fmt.Sprintf("items per page (at most %d)", review.MaxPageSize))
+	fs.StringVar(&f.Cursor, "cursor", "", "continue after the previous page (its cursor)")
 	output := outputFlag(fs)
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
 		return fmt.Errorf("review list takes no arguments, got %q\n%s", pos, reviewUsage)
+	}
+	if err := f.Validate(); err != nil {
+		return err
 	}
 	rc, closeFn, err := reviewClient(cfg)
 	if err != nil {
@@ -119,11 +125,13 @@ func reviewList(ctx context.Context, cfg Config, args []string) error {
 	if *output == "json" {
 		return writeJSON(stdout, q)
 	}
-	printQueue(stdout, q, f)
+	printQueue(stdout, q, f, args)
 	return nil
 }
 
-func printQueue(out io.Writer, q review.Queue, f review.Filter) {
+// printQueue prints one page of the queue, what it read, and the command
+// that prints the next page.
+func printQueue(out io.Writer, q review.Queue, f review.Filter, args []string) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "TIME\tREASON\tTASK\tTYPE\tSTATUS\tWHY")
 	for _, it := range q.Items {
@@ -134,23 +142,54 @@ func printQueue(out io.Writer, q review.Queue, f review.Filter) {
 		}
 	}
 	_ = w.Flush()
-	var open, handled []string
-	for _, r := range review.Reasons {
-		c := q.Counts[r]
-		open = append(open, fmt.Sprintf("%s=%d", r, c.Open))
-		handled = append(handled, fmt.Sprintf("%s=%d", r, c.Handled))
-	}
-	for r, c := range q.Counts { // a reason a newer service writes
-		if !contains(review.Reasons, r) {
-			open = append(open, fmt.Sprintf("%s=%d", r, c.Open))
-			handled = append(handled, fmt.Sprintf("%s=%d", r, c.Handled))
+	if len(q.Items) == 0 {
+		if q.Next != "" {
+			fmt.Fprintln(out, "(no item matches on this page)")
+		} else {
+			fmt.Fprintln(out, "(no item matches)")
 		}
 	}
-	fmt.Fprintf(out, "\nopen: %s\nhandled by a human: %s", strings.Join(open, " "), strings.Join(handled, " "))
-	if !f.All {
-		fmt.Fprint(out, " (hidden; -all lists them)")
+	what := "open item"
+	if f.All {
+		what = "item"
 	}
-	fmt.Fprintf(out, "\n%s.\n", q.Retention)
+	if len(q.Items) != 1 {
+		what += "s"
+	}
+	read := "review records"
+	if f.Reason == "" {
+		read = "review records and human decisions"
+	}
+	fmt.Fprintf(out, "\n%d %s, newest first; this page read %d %s", len(q.Items), what, q.Scanned, read)
+	if f.Filtered() {
+		fmt.Fprintf(out, " (open, answered and type are read per record: a page reads at most %d per item and may stop early)", review.QueueScanFactor)
+	}
+	fmt.Fprintln(out, ".")
+	if !f.All {
+		fmt.Fprintln(out, "Items a human already handled are hidden; -all lists them.")
+	}
+	fmt.Fprintf(out, "%s.\n", q.Retention)
+	if q.Next != "" {
+		fmt.Fprintf(out, "\nolder: %s\n", nextCommand("dispatch review list", args, q.Next))
+	}
+}
+
+// nextCommand is the command line that prints the page after cursor: the
+// same arguments, their -cursor replaced.
+func nextCommand(command string, args []string, cursor string) string {
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "-cursor" || a == "--cursor" {
+			i++
+			continue
+		}
+		if strings.HasPrefix(a, "-cursor=") || strings.HasPrefix(a, "--cursor=") {
+			continue
+		}
+		rest = append(rest, shellQuote(a))
+	}
+	return strings.TrimSpace(command + " " + strings.Join(append(rest, "-cursor", cursor), " "))
 }
 
 func dash(s string) string {
@@ -300,19 +339,24 @@ func reviewAct(ctx context.Context, cfg Config, action string, args []string) er
 	}
 	defer closeFn()
 	if bulk {
-		res, err := rc.RequeueWhere(ctx, typ, reason, *note, *by)
+		// Each task is printed as it is done: the queue is read a page at
+		// a time, however many items match.
+		requeued, skipped := 0, 0
+		err := rc.RequeueEach(ctx, typ, reason, *note, *by, func(id string, why error) {
+			if why != nil {
+				skipped++
+				fmt.Fprintf(stdout, "skipped  %s: %s\n", id, why)
+				return
+			}
+			requeued++
+			fmt.Fprintf(stdout, "requeued %s\n", id)
+		})
+		fmt.Fprintf(stdout, "%d requeued, %d skipped\n", requeued, skipped)
 		if err != nil {
 			return err
 		}
-		for _, id := range res.Requeued {
-			fmt.Fprintf(stdout, "requeued %s\n", id)
-		}
-		for _, s := range res.Skipped {
-			fmt.Fprintf(stdout, "skipped  %s: %s\n", s.ID, s.Why)
-		}
-		fmt.Fprintf(stdout, "%d requeued, %d skipped\n", len(res.Requeued), len(res.Skipped))
-		if len(res.Skipped) > 0 {
-			return &exitError{1, fmt.Errorf("%d of %d tasks were not requeued", len(res.Skipped), len(res.Skipped)+len(res.Requeued))}
+		if skipped > 0 {
+			return &exitError{1, fmt.Errorf("%d of %d tasks were not requeued", skipped, skipped+requeued)}
 		}
 		return nil
 	}

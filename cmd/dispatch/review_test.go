@@ -148,10 +148,23 @@ func TestReviewCommands(t *testing.T) {
 	}
 
 	out := c.ok("review", "list")
-	for _, s := range []string{"cli-1", "cli-4", "escalated", "blocked", "open: rejected=0 gated=0 escalated=4 poison=0 stuck=0", "keeps records for 30d"} {
+	for _, s := range []string{"cli-1", "cli-4", "escalated", "blocked", "4 open items, newest first; this page read 4 review records and human decisions", "keeps records for 30d"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("review list lacks %q:\n%s", s, out)
 		}
+	}
+	if strings.Index(out, "cli-4") > strings.Index(out, "cli-1") || strings.Contains(out, "older:") {
+		t.Errorf("review list is not newest first on one page:\n%s", out)
+	}
+	// A page at a time: each page prints the command for the next.
+	out = c.ok("review", "list", "-limit", "2", "-type", "api_fix")
+	next := regexp.MustCompile(`(?m)^older: dispatch review list -limit 2 -type api_fix -cursor (\w+)$`).FindStringSubmatch(out)
+	if next == nil || !strings.Contains(out, "cli-3") || !strings.Contains(out, "cli-2") || strings.Contains(out, "cli-1") {
+		t.Fatalf("first page of 2:\n%s", out)
+	}
+	out = c.ok("review", "list", "-limit", "2", "-type", "api_fix", "-cursor", next[1])
+	if !strings.Contains(out, "cli-1") || strings.Contains(out, "cli-2") || strings.Contains(out, "older:") {
+		t.Fatalf("second page:\n%s", out)
 	}
 	out = c.ok("review", "show", "cli-1")
 	for _, s := range []string{"status   blocked", "ATTEMPTS", "still broken", "DEAD ENDS", "REVIEW RECORDS", "recorder@test", "actions  resolve, reject, requeue"} {
@@ -183,15 +196,22 @@ func TestReviewCommands(t *testing.T) {
 	m.WaitStage("cli-3", events.StageSucceeded, 1)
 
 	out = c.ok("review", "list")
-	if !strings.Contains(out, "cli-4") || strings.Contains(out, "cli-1") || !strings.Contains(out, "(hidden; -all lists them)") {
+	if !strings.Contains(out, "cli-4") || strings.Contains(out, "cli-1") || !strings.Contains(out, "handled are hidden; -all lists them") ||
+		!strings.Contains(out, "1 open item, newest first; this page read 7 review records and human decisions") {
 		t.Errorf("list after the actions:\n%s", out)
 	}
 	var q review.Queue
 	if err := json.Unmarshal([]byte(c.ok("review", "list", "-all", "-o", "json")), &q); err != nil {
 		t.Fatal(err)
 	}
-	if len(q.Items) != 4 || q.Counts["escalated"] != (review.Count{Open: 1, Handled: 3}) {
-		t.Fatalf("list -all: %+v", q.Counts)
+	open := 0
+	for _, it := range q.Items {
+		if it.Open() {
+			open++
+		}
+	}
+	if len(q.Items) != 4 || open != 1 || q.Scanned != 7 || q.Next != "" { // 4 records, 3 decisions
+		t.Fatalf("list -all: %d items, %d open, read %d", len(q.Items), open, q.Scanned)
 	}
 	out = c.ok("review", "list", "-all", "-type", "api_fix")
 	if !strings.Contains(out, "handled: resolve by tester@") || !strings.Contains(out, "handled: requeue by tester@") {

@@ -89,6 +89,14 @@ func printTasks(out io.Writer, p review.TaskPage, args []string) {
 	if len(p.Tasks) == 0 {
 		fmt.Fprintln(out, "(no task matches)")
 	}
+	if p.Partial {
+		read := "index entries"
+		if p.Via == review.ViaRecords {
+			read = "records"
+		}
+		fmt.Fprintf(out, "\n(this page stopped early, after reading %d %s: filtered by status, a page reads at most %d per task it can show; older tasks of that status may remain)\n",
+			p.Scanned, read, review.StatusScanFactor)
+	}
 	if p.Next == "" {
 		return
 	}

@@ -71,3 +71,27 @@ func TestTasksAndCancelCommands(t *testing.T) {
 		t.Error("an unknown status was accepted")
 	}
 }
+
+// A page filtered by status that stopped at its read bound says so, with
+// the command for the next page.
+func TestPrintTasksSaysWhenAPageStoppedEarly(t *testing.T) {
+	var b strings.Builder
+	printTasks(&b, review.TaskPage{Tasks: []review.TaskRow{}, Next: "2s", Scanned: 200, Via: review.ViaIndex, Partial: true},
+		[]string{"-status", "pending", "-limit", "10"})
+	for _, want := range []string{"(no task matches)", "stopped early, after reading 200 index entries", "at most 20 per task", "older: dispatch tasks -status pending -limit 10 -cursor 2s"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	printTasks(&b, review.TaskPage{Tasks: []review.TaskRow{{ID: "x", Status: events.StatusBlocked}}, Next: "9", Scanned: 40, Via: review.ViaRecords, Partial: true},
+		[]string{"-status", "blocked", "-limit", "2"})
+	if !strings.Contains(b.String(), "after reading 40 records") {
+		t.Errorf("records page:\n%s", b.String())
+	}
+	b.Reset()
+	printTasks(&b, review.TaskPage{Tasks: []review.TaskRow{{ID: "x"}}, Next: "9", Scanned: 1, Via: review.ViaIndex}, nil)
+	if strings.Contains(b.String(), "stopped early") {
+		t.Errorf("a full page says it stopped early:\n%s", b.String())
+	}
+}

@@ -33,21 +33,19 @@ var ErrTemplateFile = errors.New("template_file is not allowed in the bucket: in
 // this is outside input: whatever it refuses leaves the policy in force
 // unchanged.
 func Decode(data []byte) (*File, error) {
-	f, err := Parse(data)
-	if err != nil {
-		return nil, err
-	}
-	var errs []error
-	if f.Defaults.TemplateFile != "" {
-		errs = append(errs, fmt.Errorf("defaults: %w", ErrTemplateFile))
-	}
-	for name, t := range f.Types {
-		if t.TemplateFile != "" {
-			errs = append(errs, fmt.Errorf("types.%s: %w", name, ErrTemplateFile))
+	f, errs := parse(data)
+	if f != nil { // what decoded: its template files are problems too
+		if f.Defaults.TemplateFile != "" {
+			errs = append(errs, fmt.Errorf("defaults: %w", ErrTemplateFile))
+		}
+		for _, name := range sortedKeys(f.Types) {
+			if f.Types[name].TemplateFile != "" {
+				errs = append(errs, fmt.Errorf("types.%s: %w", name, ErrTemplateFile))
+			}
 		}
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("policy: %w", errors.Join(errs...))
+		return nil, errors.Join(errs...)
 	}
 	return f, nil
 }
@@ -186,6 +184,60 @@ func Replace(ctx context.Context, kv jetstream.KeyValue, f *File) (replaced, rev
 	}
 }
 
+// Standing is which revision of the policy was in force at some revision
+// of the bucket — what the services ran then.
+type Standing struct {
+	// Rev is the revision in force: the newest one at or below the
+	// revision asked about that decodes, as Watch takes it (a service that
+	// was running kept it; one that started ran it). 0 when none decodes:
+	// the built-in defaults.
+	Rev uint64
+	// Deleted: revision Rev deleted the policy, so the built-in defaults
+	// were in force.
+	Deleted bool
+	// Refused are the newer revisions, up to the one asked about, that do
+	// not decode: every service refused them (put behind dispatch policy
+	// set's back, with nats kv put). Oldest first.
+	Refused []uint64
+}
+
+// InForce says which revision was in force when rev was the newest in the
+// bucket. When rev itself decodes that is one get; otherwise the bucket's
+// history is read, as Watch does at start.
+func InForce(ctx context.Context, kv jetstream.KeyValue, rev uint64) (Standing, error) {
+	if rev == 0 {
+		return Standing{}, nil
+	}
+	e, err := kv.GetRevision(ctx, Key, rev)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound): // a delete, or purged: the history says which
+	case err != nil:
+		return Standing{}, fmt.Errorf("policy: %s %s revision %d: %w", kv.Bucket(), Key, rev, err)
+	default:
+		if _, err := entryFile(e); err == nil {
+			return Standing{Rev: rev}, nil
+		}
+	}
+	all, err := kv.History(ctx, Key)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Standing{}, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
+	}
+	var st Standing
+	for i := len(all) - 1; i >= 0; i-- {
+		r := all[i].Revision()
+		if r > rev {
+			continue
+		}
+		if _, err := entryFile(all[i]); err != nil {
+			st.Refused = append([]uint64{r}, st.Refused...)
+			continue
+		}
+		st.Rev, st.Deleted = r, all[i].Operation() != jetstream.KeyValuePut
+		break
+	}
+	return st, nil
+}
+
 // Seed stores f when the bucket holds no policy yet and returns the
 // revision in force: f's when it was stored (seeded true), else the one
 // already there, which Seed leaves alone — it may hold changes made while
@@ -269,10 +321,28 @@ func At(ctx context.Context, kv jetstream.KeyValue, rev uint64) (*File, error) {
 // the one the running instances kept. An empty bucket serves the built-in
 // defaults (revision 0) until a policy is put.
 func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*Source, error) {
+	return WatchWith(ctx, kv, WatchOptions{Log: log})
+}
+
+// WatchOptions are Watch's options.
+type WatchOptions struct {
+	// Log receives what the watcher says. Default slog.Default().
+	Log *slog.Logger
+	// Quiet logs which policy is in force ("policy in force", "policy
+	// deleted: built-in defaults in force") at debug level: for a one-shot
+	// command, whose output is not a log. A service leaves it unset and
+	// logs every change. Refusals (a revision that does not decode) are
+	// logged as errors and warnings either way.
+	Quiet bool
+}
+
+// WatchWith is Watch with options.
+func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Source, error) {
+	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Source{log: log.With("bucket", kv.Bucket(), "key", Key)}
+	s := &Source{log: log.With("bucket", kv.Bucket(), "key", Key), quiet: o.Quiet}
 	s.current.Store(&Snapshot{})
 	w, err := kv.Watch(ctx, Key)
 	if err != nil {
@@ -336,10 +406,14 @@ func (s *Source) apply(e jetstream.KeyValueEntry) bool {
 		return false
 	}
 	s.store(&Snapshot{File: f, Rev: e.Revision()}, e.Revision())
+	deleted, applied := slog.LevelWarn, slog.LevelInfo
+	if s.quiet {
+		deleted, applied = slog.LevelDebug, slog.LevelDebug
+	}
 	if f == nil {
-		s.log.Warn("policy deleted: built-in defaults in force", "rev", e.Revision())
+		s.log.Log(context.Background(), deleted, "policy deleted: built-in defaults in force", "rev", e.Revision())
 	} else {
-		s.log.Info("policy in force", "rev", e.Revision())
+		s.log.Log(context.Background(), applied, "policy in force", "rev", e.Revision())
 	}
 	return true
 }

@@ -340,3 +340,88 @@ func TestPutAtAndReplace(t *testing.T) {
 		t.Fatalf("PutAt of an invalid policy: %v", err)
 	}
 }
+
+// InForce names the revision the services ran when a revision was the
+// newest in the bucket: itself when it decodes, else the newest one before
+// it that does (a delete: the built-in defaults), with those refused.
+func TestInForceSkipsRefusedRevisions(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx := context.Background()
+	put := func(v string) uint64 {
+		t.Helper()
+		rev, err := kv.Put(ctx, policy.Key, []byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	check := func(rev uint64, want policy.Standing) {
+		t.Helper()
+		got, err := policy.InForce(ctx, kv, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("in force at revision %d: %+v, want %+v", rev, got, want)
+		}
+	}
+	check(0, policy.Standing{})
+	bad1 := put(`{"types": {"css_fix": {"modle": "x"}}}`) // nothing decodes yet
+	check(bad1, policy.Standing{Refused: []uint64{bad1}})
+	good := put(`{"types": {"css_fix": {"model": "m"}}}`)
+	check(good, policy.Standing{Rev: good})
+	bad2, bad3 := put(`{"types": {"css_fix": {"max_retries": -1}}}`), put(`not json`)
+	check(bad3, policy.Standing{Rev: good, Refused: []uint64{bad2, bad3}})
+	check(bad2, policy.Standing{Rev: good, Refused: []uint64{bad2}})
+	if err := kv.Delete(ctx, policy.Key); err != nil {
+		t.Fatal(err)
+	}
+	bad4 := put(`{"types": {"Bad Type": {}}}`)
+	check(bad4, policy.Standing{Rev: bad4 - 1, Deleted: true, Refused: []uint64{bad4}})
+	check(bad4-1, policy.Standing{Rev: bad4 - 1, Deleted: true})
+}
+
+// A quiet watcher (a one-shot command's) logs which policy is in force at
+// debug level; a service's at info; refusals are errors either way.
+func TestWatchQuietLogsInForceAtDebug(t *testing.T) {
+	_, kv := policyBucket(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	good, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch := func(quiet bool, level slog.Level) (*policy.Source, *logBuffer) {
+		var logs logBuffer
+		src, err := policy.WatchWith(ctx, kv, policy.WatchOptions{
+			Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level})), Quiet: quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src, &logs
+	}
+	quiet, quietLogs := watch(true, slog.LevelInfo)
+	debug, debugLogs := watch(true, slog.LevelDebug)
+	loud, loudLogs := watch(false, slog.LevelInfo)
+	bad, err := kv.Put(ctx, policy.Key, []byte(`{"types": {"a": {"modle": "x"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []*policy.Source{quiet, debug, loud} {
+		seen(t, src, bad)
+		if src.Rev() != good {
+			t.Fatalf("in force: revision %d, want %d", src.Rev(), good)
+		}
+	}
+	inForce := fmt.Sprintf(`msg="policy in force" bucket=dispatch_policy key=current rev=%d`, good)
+	if s := quietLogs.String(); strings.Contains(s, "policy in force") || !strings.Contains(s, "level=ERROR msg=\"policy change refused") {
+		t.Errorf("quiet watcher at info logged:\n%s", s)
+	}
+	if s := debugLogs.String(); !strings.Contains(s, "level=DEBUG "+inForce) {
+		t.Errorf("quiet watcher at debug logged:\n%s", s)
+	}
+	if s := loudLogs.String(); !strings.Contains(s, "level=INFO "+inForce) || !strings.Contains(s, "policy change refused") {
+		t.Errorf("service watcher logged:\n%s", s)
+	}
+}

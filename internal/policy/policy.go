@@ -22,8 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
+	"slices"
+	"strings"
 	"time"
 
+	"dispatchmesh/events"
 	"dispatchmesh/trust"
 )
 
@@ -235,18 +239,222 @@ const DefaultMaxRetries = 7
 // DefaultExempt are the self-repair types the gate never blocks.
 var DefaultExempt = []string{"triage_fix", "security_fix", "service_restart"}
 
-// Parse reads a policy file's bytes and validates them.
+// Parse reads a policy file's bytes and validates them. It reports every
+// problem at once: unknown fields (anywhere), values of the wrong type,
+// type names that are not task types, and what Validate finds.
 func Parse(data []byte) (*File, error) {
-	var f File
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("policy: %w", err)
+	f, errs := parse(data)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
-	if err := f.Validate(); err != nil {
-		return nil, err
+	return f, nil
+}
+
+// parse decodes and validates a policy file, collecting every problem. The
+// file it returns holds what decoded — every field but those with a value
+// of the wrong type, which Validate then checks too — even when there are
+// problems; nil when the bytes are not a JSON object.
+func parse(data []byte) (*File, []error) {
+	// The first JSON value, as a decoder reads it (trailing bytes are not
+	// read, as before).
+	var doc json.RawMessage
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
+		return nil, []error{fmt.Errorf("policy: %w", err)}
 	}
-	return &f, nil
+	var top struct {
+		Defaults json.RawMessage            `json:"defaults"`
+		Types    map[string]json.RawMessage `json:"types"`
+	}
+	if err := json.Unmarshal(doc, &top); err != nil {
+		return nil, []error{fmt.Errorf("policy: %w", err)}
+	}
+	var generic any
+	_ = json.Unmarshal(doc, &generic) // it decoded above
+	errs := unknownFields(reflect.TypeFor[File](), generic, "")
+
+	f := &File{}
+	if top.Types != nil {
+		f.Types = make(map[string]Type, len(top.Types))
+	}
+	if len(top.Defaults) > 0 && string(top.Defaults) != "null" {
+		errs = append(errs, located("defaults", decodeType(top.Defaults, &f.Defaults))...)
+	}
+	for _, name := range sortedKeys(top.Types) {
+		var t Type
+		if raw := top.Types[name]; string(raw) != "null" {
+			errs = append(errs, located("types."+name, decodeType(raw, &t))...)
+		}
+		f.Types[name] = t
+	}
+	return f, append(errs, f.problems()...)
+}
+
+// decodeType decodes one type's policy. A value of the wrong type stops
+// the decoder at the first, so on failure every field is decoded on its
+// own to report each problem, and t holds the fields that decode (for
+// Validate to check them too).
+func decodeType(raw json.RawMessage, t *Type) []error {
+	err := json.Unmarshal(raw, t)
+	if err == nil {
+		return nil
+	}
+	*t = Type{}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil {
+		return []error{describeDecode(err)}
+	}
+	var errs []error
+	good := map[string]json.RawMessage{}
+	for _, k := range sortedKeys(fields) {
+		one, _ := json.Marshal(map[string]json.RawMessage{k: fields[k]})
+		var scratch Type
+		if err := json.Unmarshal(one, &scratch); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k, describeDecode(err)))
+			continue
+		}
+		good[k] = fields[k]
+	}
+	if len(errs) == 0 {
+		return []error{describeDecode(err)}
+	}
+	rest, _ := json.Marshal(good)
+	_ = json.Unmarshal(rest, t) // each decoded on its own
+	return errs
+}
+
+// describeDecode drops what a decode error says about Go (struct and field
+// names) where it can say it in the file's terms.
+func describeDecode(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Errorf("a JSON %s where %s is expected", te.Value, jsonKind(te.Type))
+	}
+	return err
+}
+
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return t.String()
+}
+
+func located(where string, errs []error) []error {
+	out := make([]error, len(errs))
+	for i, err := range errs {
+		out[i] = fmt.Errorf("%s: %w", where, err)
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+var (
+	rawMessageType  = reflect.TypeFor[json.RawMessage]()
+	unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+)
+
+// unknownFields lists every key of v (a decoded JSON value) that the Go
+// type t has no field for, at any depth, as the decoder matches keys
+// (exactly, else case-insensitively). path locates v ("": the top).
+func unknownFields(t reflect.Type, v any, path string) []error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == rawMessageType || reflect.PointerTo(t).Implements(unmarshalerType) {
+		return nil // any JSON (parameters), or decoded by its own rules (durations)
+	}
+	at := func(sub string) string {
+		if path == "" {
+			return sub
+		}
+		return path + "." + sub
+	}
+	var errs []error
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil // a value of the wrong type: the decoder reports it
+		}
+		for _, k := range sortedKeys(obj) {
+			f, ok := jsonField(t, k)
+			if !ok {
+				where := "policy"
+				if path != "" {
+					where = path
+				}
+				errs = append(errs, fmt.Errorf("%s: unknown field %q", where, k))
+				continue
+			}
+			errs = append(errs, unknownFields(f.Type, obj[k], at(jsonName(f)))...)
+		}
+	case reflect.Map:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		for _, k := range sortedKeys(obj) {
+			errs = append(errs, unknownFields(t.Elem(), obj[k], at(k))...)
+		}
+	case reflect.Slice, reflect.Array:
+		arr, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for i, e := range arr {
+			errs = append(errs, unknownFields(t.Elem(), e, fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	}
+	return errs
+}
+
+// jsonField finds the field of struct t that the decoder fills from key k.
+func jsonField(t reflect.Type, k string) (reflect.StructField, bool) {
+	var fold *reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() || f.Tag.Get("json") == "-" {
+			continue
+		}
+		name := jsonName(f)
+		if name == k {
+			return f, true
+		}
+		if fold == nil && strings.EqualFold(name, k) {
+			fold = &f
+		}
+	}
+	if fold != nil {
+		return *fold, true
+	}
+	return reflect.StructField{}, false
+}
+
+func jsonName(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+		return name
+	}
+	return f.Name
 }
 
 // Load reads and parses a policy file; template files are read relative to
@@ -292,6 +500,10 @@ func (f *File) readTemplates() error {
 
 // Validate reports every problem in the file at once.
 func (f *File) Validate() error {
+	return errors.Join(f.problems()...)
+}
+
+func (f *File) problems() []error {
 	var errs []error
 	check := func(where string, t Type) {
 		if t.MaxRetries < 0 {
@@ -357,10 +569,13 @@ func (f *File) Validate() error {
 		}
 	}
 	check("defaults", f.Defaults)
-	for name, t := range f.Types {
-		check("types."+name, t)
+	for _, name := range sortedKeys(f.Types) {
+		if !events.ValidType(name) {
+			errs = append(errs, fmt.Errorf("types: %q is not a task type name (1-%d characters of a-z, 0-9, _ or -: what a task's \"type\" may be)", name, events.MaxTypeLen))
+		}
+		check("types."+name, f.Types[name])
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // For returns the merged policy of a task type.

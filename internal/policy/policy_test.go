@@ -127,3 +127,68 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// Unknown fields, at any depth, values of the wrong type and type names
+// that are no task type are reported together with what Validate finds:
+// one error, every problem.
+func TestParseReportsUnknownFieldsWithEveryOtherProblem(t *testing.T) {
+	bad := `{
+	  "defualts": {},
+	  "defaults": {"modle": "gpt-4o", "max_retries": -2},
+	  "types": {
+	    "css_fix": {"threshold": 3, "verifier": {"kind": "command", "comand": ["x"]},
+	                "steps": [{"name": "a", "on_fail": {"retries": 2}}], "tools": [{"name": "t", "subject": "s", "parameters": {"anything": 1}}]},
+	    "py_fix": {"max_retries": "five", "canary": "three", "model": "m", "prompt_budget": -1},
+	    "Bad Type": {"model": "m"},
+	    "fine": {"Model": "case-insensitive, as the decoder matches it"}
+	  }
+	}`
+	_, err := policy.Parse([]byte(bad))
+	if err == nil {
+		t.Fatal("accepted a bad policy")
+	}
+	for _, want := range []string{
+		`policy: unknown field "defualts"`,
+		`defaults: unknown field "modle"`,
+		"defaults: max_retries must not be negative",
+		`types.css_fix.verifier: unknown field "comand"`,
+		`types.css_fix.steps[0].on_fail: unknown field "retries"`,
+		"types.css_fix: threshold must be within [0, 1]",
+		"types.css_fix: command verifier needs a command",
+		"types.py_fix: canary: a JSON string where an integer is expected",
+		"types.py_fix: max_retries: a JSON string where an integer is expected",
+		"types.py_fix: prompt_budget must not be negative", // checked though other fields did not decode
+		`types: "Bad Type" is not a task type name`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	for _, unwanted := range []string{"anything", "fine", "Go struct"} {
+		if strings.Contains(err.Error(), unwanted) {
+			t.Errorf("error mentions %q:\n%v", unwanted, err)
+		}
+	}
+	// The same order every time: sorted by where.
+	_, again := policy.Parse([]byte(bad))
+	if again.Error() != err.Error() {
+		t.Errorf("problems in another order:\n%v\n---\n%v", err, again)
+	}
+
+	if _, err := policy.Parse([]byte(`{"types": {"Bad Type": {}}}`)); err == nil || !strings.Contains(err.Error(), `"Bad Type" is not a task type name`) {
+		t.Errorf("a type name with a space: %v", err)
+	}
+	for _, name := range []string{"css.fix", "CSS_fix", "", strings.Repeat("a", 65)} {
+		if _, err := policy.Parse([]byte(`{"types": {"` + name + `": {}}}`)); err == nil {
+			t.Errorf("type name %q accepted", name)
+		}
+	}
+	if _, err := policy.Parse([]byte(`{"types": {"a-b_9": {}}}`)); err != nil {
+		t.Errorf("a valid type name refused: %v", err)
+	}
+	// What the bucket refuses is reported with the rest too.
+	_, err = policy.Decode([]byte(`{"types": {"a": {"template_file": "x.tmpl", "modle": "m"}}}`))
+	if err == nil || !errors.Is(err, policy.ErrTemplateFile) || !strings.Contains(err.Error(), `unknown field "modle"`) {
+		t.Errorf("Decode: %v", err)
+	}
+}

@@ -28,6 +28,7 @@ func (p *Snapshot) For(taskType string) Type {
 type Source struct {
 	current atomic.Pointer[Snapshot]
 	log     *slog.Logger
+	quiet   bool // which policy is in force is logged at debug level (WatchOptions.Quiet)
 
 	mu sync.Mutex
 	// seen is the newest revision handled, applied or refused; changed is

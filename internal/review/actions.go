@@ -68,39 +68,18 @@ type Skipped struct {
 }
 
 // RequeueWhere requeues the task of every open review item of the type and
-// reason (at least one of them is required), once per task.
+// reason (at least one of them is required), once per task: RequeueEach,
+// with what it did collected.
 func (c *Client) RequeueWhere(ctx context.Context, taskType, reason, note, by string) (BulkResult, error) {
 	res := BulkResult{Requeued: []string{}, Skipped: []Skipped{}}
-	if taskType == "" && reason == "" {
-		return res, fmt.Errorf("%w: a bulk requeue needs a type or a reason (or both)", ErrInvalid)
-	}
-	if err := validateInput(note, by); err != nil {
-		return res, err
-	}
-	q, err := c.List(ctx, Filter{Type: taskType, Reason: reason})
-	if err != nil {
-		return res, err
-	}
-	seen := map[string]bool{}
-	for _, it := range q.Items {
-		if seen[it.Key] {
-			continue
+	err := c.RequeueEach(ctx, taskType, reason, note, by, func(id string, skipped error) {
+		if skipped != nil {
+			res.Skipped = append(res.Skipped, Skipped{ID: id, Why: skipped.Error()})
+		} else {
+			res.Requeued = append(res.Requeued, id)
 		}
-		seen[it.Key] = true
-		if it.TaskID == "" {
-			res.Skipped = append(res.Skipped, Skipped{ID: it.Key, Why: "no task state: the input never became a task"})
-			continue
-		}
-		if _, err := c.Requeue(ctx, it.TaskID, note, by); err != nil {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			res.Skipped = append(res.Skipped, Skipped{ID: it.TaskID, Why: err.Error()})
-			continue
-		}
-		res.Requeued = append(res.Requeued, it.TaskID)
-	}
-	return res, nil
+	})
+	return res, err
 }
 
 // DefaultBy names the human at this terminal: $USER@host.

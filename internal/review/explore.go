@@ -6,10 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
 	"dispatchmesh/services"
@@ -23,9 +20,19 @@ const (
 	MaxPageSize = 500
 	// StatusScanFactor bounds a page filtered by status: it reads at most
 	// Limit × StatusScanFactor index entries (status is the task's current
-	// state, not a token of the index), and ends early with a cursor when
-	// fewer tasks of that status were among them.
+	// state, not a token of the index) — or, for a status in
+	// RecordStatuses, records — and ends early with a cursor, Partial set,
+	// when fewer tasks of that status were among them.
 	StatusScanFactor = 20
+)
+
+// How a page found its tasks (TaskPage.Via).
+const (
+	// ViaIndex: the task index, newest queued first.
+	ViaIndex = "index"
+	// ViaRecords: the records on the stream that put a task in a status of
+	// RecordStatuses, newest record first (see Tasks).
+	ViaRecords = "records"
 )
 
 // Statuses are the task statuses a query may filter by.
@@ -87,7 +94,8 @@ type TaskRow struct {
 	Reason      string        `json:"reason,omitempty"`
 	SubmittedAt time.Time     `json:"submitted_at"`
 	UpdatedAt   time.Time     `json:"updated_at,omitzero"`
-	// Seq is the stream sequence of the task's index entry.
+	// Seq is the stream sequence of the task's index entry — on a page
+	// Via records, of the record that put the task in its status.
 	Seq uint64 `json:"seq,omitempty"`
 }
 
@@ -96,8 +104,15 @@ type TaskPage struct {
 	Tasks []TaskRow `json:"tasks"`
 	// Next is the cursor of the next (older) page; "" when there is none.
 	Next string `json:"next,omitempty"`
-	// Scanned is how many index entries the page read.
+	// Scanned is how many index entries (Via index) or records (Via
+	// records) the page read.
 	Scanned int `json:"scanned"`
+	// Via says where the page found its tasks: ViaIndex or ViaRecords.
+	Via string `json:"via"`
+	// Partial is true when a page filtered by status stopped at its read
+	// bound (Limit × StatusScanFactor) with fewer than Limit tasks: older
+	// tasks of that status may remain, and Next continues the search.
+	Partial bool `json:"partial,omitempty"`
 }
 
 // Tasks lists tasks newest first, one page at a time.
@@ -117,9 +132,37 @@ type TaskPage struct {
 // NumPending the server computes from its per-subject index, no message
 // read or sent: O(log2(d/n)) of them, d the distance in sequences the page
 // spans (about 2 to 40); one consumer that delivers exactly the n entries;
-// n task-state gets. Filtered by status, a page reads at most
-// n × StatusScanFactor entries (and their states), and ends with a cursor
-// where it stopped when fewer matched. Search by id is one get.
+// n task-state gets. Filtered by a common status (pending, verifying,
+// running, parked, succeeded), a page reads at most n × StatusScanFactor
+// entries (and their states), and ends with a cursor where it stopped, and
+// Partial, when fewer matched. Search by id is one get.
+//
+// The statuses a task ends in when a human is needed or it was cancelled
+// (RecordStatuses) are rare, so the index would be read far and wide to
+// find them; instead such a page reads the records that put a task there,
+// which the stream holds anyway (nothing more is published for it):
+// needs_human_review ← dispatch.review.gated.<id>; blocked ←
+// dispatch.review.escalated.<id> and dispatch.review.stuck.<id>; failed ←
+// dispatch.review.escalated.<id> (a pipeline's final fail) and
+// dispatch.review.action.<id> (a human's reject); cancelled ←
+// dispatch.task.<id>.cancelled (stale) and dispatch.review.action.<id> (a
+// human's cancel). The same machinery pages over those subjects newest
+// first — one window per subject, merged by sequence (one consumer with
+// both filters would make the server test every subject of the stream
+// against them for each count: dispatch.task.*.cancelled has no prefix to
+// look up) — and the cursor is a sequence, as above (Via is ViaRecords, a
+// row's Seq its record's). When what is left of a window fits in the
+// batch, as it usually does for such rare records, it is read with one
+// consumer, without the search. Each candidate's status is confirmed with
+// one task-state get, which also applies the type, subject and time
+// filters (a task's queued time, CreatedAt). A task appears once, at its
+// newest record on those subjects: an id already met on the page is
+// skipped, and on a page after the first (below a cursor) one direct get
+// per subject (one or two) asks whether the task has a record above the
+// cursor, where an earlier page listed it. Such a page reads at most n ×
+// StatusScanFactor records. Since bounds the records read (a task's
+// records follow its queueing); Until does not (a task queued before it
+// may end after it).
 //
 // The index lives as long as the stream keeps events (MaxAge): an older
 // task is still found by its id.
@@ -134,7 +177,7 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	if err != nil {
 		return TaskPage{}, err
 	}
-	page := TaskPage{Tasks: []TaskRow{}}
+	page := TaskPage{Tasks: []TaskRow{}, Via: ViaIndex}
 	if q.ID != "" {
 		st, err := tasks.Get(ctx, q.ID)
 		switch {
@@ -151,65 +194,36 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	if err != nil {
 		return page, fmt.Errorf("stream %s (is the mesh provisioned?): %w", c.cfg.Stream, err)
 	}
-	info := stream.CachedInfo()
-	ix := index{stream: stream, filter: events.IndexFilterFor(q.Type, q.Subject)}
-	// Entries are read from [lo, hi), newest first.
-	lo, hi := max(info.State.FirstSeq, 1), info.State.LastSeq+1
-	if cur, _ := parseCursor(q.Cursor); cur > 0 && cur < hi {
-		hi = cur
+	if slices.Contains(RecordStatuses, q.Status) {
+		return c.tasksByRecords(ctx, q, tasks, stream)
 	}
-	if !q.Until.IsZero() {
-		s, err := ix.seqAt(ctx, q.Until)
-		if err != nil {
-			return page, err
-		}
-		hi = min(hi, s)
-	}
-	if !q.Since.IsZero() {
-		s, err := ix.seqAt(ctx, q.Since)
-		if err != nil {
-			return page, err
-		}
-		lo = max(lo, s)
-	}
-	if hi <= lo {
-		return page, nil
-	}
-	above, err := ix.pending(ctx, hi) // entries at or after hi
+	cursor, _ := parseCursor(q.Cursor)
+	w, err := openWindow(ctx, stream, span{stream: stream, filters: []string{events.IndexFilterFor(q.Type, q.Subject)}, what: "task index"}, cursor, q.Since, q.Until)
 	if err != nil {
 		return page, err
 	}
-	total, err := ix.pending(ctx, lo)
-	if err != nil {
-		return page, err
-	}
-	left := total - above // entries in [lo, hi)
 	budget := q.Limit
 	if q.Status != "" {
 		budget = q.Limit * StatusScanFactor
 	}
-	for left > 0 && len(page.Tasks) < q.Limit && page.Scanned < budget {
-		want := min(uint64(budget-page.Scanned), uint64(q.Limit-len(page.Tasks))*4, left)
+	for w.left > 0 && len(page.Tasks) < q.Limit && page.Scanned < budget {
+		want := min(uint64(budget-page.Scanned), uint64(q.Limit-len(page.Tasks))*4)
 		if q.Status == "" {
-			want = min(uint64(q.Limit-len(page.Tasks)), left)
+			want = uint64(q.Limit - len(page.Tasks))
 		}
-		start, err := ix.start(ctx, lo, hi, above, want)
+		msgs, seqs, err := w.batch(ctx, want)
 		if err != nil {
 			return page, err
 		}
-		entries, err := ix.read(ctx, start, hi, want)
-		if err != nil {
-			return page, err
-		}
-		if len(entries) == 0 {
+		if len(msgs) == 0 {
 			break // the entries aged out meanwhile
 		}
-		for i := len(entries) - 1; i >= 0 && len(page.Tasks) < q.Limit && page.Scanned < budget; i-- {
-			e := entries[i]
+		for i := len(msgs) - 1; i >= 0 && len(page.Tasks) < q.Limit && page.Scanned < budget; i-- {
 			page.Scanned++
-			hi, above, left = e.seq, above+1, left-1
-			if e.ID == "" || (q.Subject != "" && e.Subject != q.Subject) {
-				continue // undecodable, or another subject with the same key
+			w.visit(seqs[i])
+			var e events.IndexEntry
+			if json.Unmarshal(msgs[i].Data(), &e) != nil || !events.ValidID(e.ID) || (q.Subject != "" && e.Subject != q.Subject) {
+				continue // not an entry intake wrote (read, then skipped), or another subject with the same key
 			}
 			st, err := tasks.Get(ctx, e.ID)
 			switch {
@@ -221,12 +235,11 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 			if q.Status != "" && st.Status != q.Status {
 				continue
 			}
-			page.Tasks = append(page.Tasks, rowOf(st, e.seq))
+			page.Tasks = append(page.Tasks, rowOf(st, seqs[i]))
 		}
 	}
-	if left > 0 {
-		page.Next = formatCursor(hi)
-	}
+	page.Next = w.next()
+	page.Partial = page.Next != "" && q.Status != "" && len(page.Tasks) < q.Limit
 	return page, nil
 }
 
@@ -236,151 +249,4 @@ func rowOf(st events.TaskState, seq uint64) TaskRow {
 		TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost, Reason: st.Reason,
 		SubmittedAt: st.CreatedAt, UpdatedAt: st.UpdatedAt, Seq: seq,
 	}
-}
-
-// The cursor is the stream sequence below which the next page starts, in
-// base 36: opaque to callers, stable across pages (new tasks do not shift it).
-func formatCursor(seq uint64) string { return strconv.FormatUint(seq, 36) }
-
-func parseCursor(s string) (uint64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	n, err := strconv.ParseUint(s, 36, 64)
-	if err != nil || n == 0 {
-		return 0, fmt.Errorf("%w: cursor %q", ErrInvalid, s)
-	}
-	return n, nil
-}
-
-// index reads the task index entries of one filter.
-type index struct {
-	stream jetstream.Stream
-	filter string
-}
-
-type indexEntry struct {
-	events.IndexEntry
-	seq uint64
-}
-
-// probe creates a consumer of the filter at a start position, returns what
-// the server says about it, and deletes it: the server computes NumPending
-// (entries from the start on) from its per-subject index, no message moves.
-func (ix index) probe(ctx context.Context, cfg jetstream.ConsumerConfig) (*jetstream.ConsumerInfo, error) {
-	cfg.FilterSubject = ix.filter
-	cfg.AckPolicy = jetstream.AckNonePolicy
-	cfg.MemoryStorage = true
-	cfg.InactiveThreshold = 30 * time.Second // cleans up after a failed delete
-	cons, err := ix.stream.CreateConsumer(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("task index: %w", err)
-	}
-	info := cons.CachedInfo()
-	_ = ix.stream.DeleteConsumer(context.WithoutCancel(ctx), info.Name)
-	return info, nil
-}
-
-// pending is how many entries have a sequence at or after seq.
-func (ix index) pending(ctx context.Context, seq uint64) (uint64, error) {
-	info, err := ix.probe(ctx, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq})
-	if err != nil {
-		return 0, err
-	}
-	return info.NumPending, nil
-}
-
-// seqAt is the first sequence stored at or after t (after the last one
-// when none is).
-func (ix index) seqAt(ctx context.Context, t time.Time) (uint64, error) {
-	info, err := ix.probe(ctx, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t})
-	if err != nil {
-		return 0, err
-	}
-	return info.Delivered.Stream + 1, nil
-}
-
-// start finds the sequence in [lo, hi) where the newest want entries
-// before hi begin, above being the entries at or after hi: a galloping
-// search down from hi, then a binary search, each step one pending count.
-// When fewer than want entries lie in [lo, hi), it returns lo.
-func (ix index) start(ctx context.Context, lo, hi, above, want uint64) (uint64, error) {
-	count := func(s uint64) (uint64, error) {
-		n, err := ix.pending(ctx, s)
-		if n < above {
-			return 0, err // entries aged out meanwhile
-		}
-		return n - above, err
-	}
-	// Galloping: [low, high) holds the answer; count(high) < want.
-	high, step := hi, want
-	low := lo
-	for {
-		if hi-lo <= step {
-			break
-		}
-		s := hi - step
-		n, err := count(s)
-		if err != nil {
-			return 0, err
-		}
-		if n >= want {
-			low = s
-			break
-		}
-		high, step = s, step*2
-	}
-	if low == lo {
-		n, err := count(lo)
-		if err != nil || n <= want {
-			return lo, err
-		}
-	}
-	// Binary search: the largest s in [low, high) with count(s) >= want.
-	for high-low > 1 {
-		mid := low + (high-low)/2
-		n, err := count(mid)
-		if err != nil {
-			return 0, err
-		}
-		if n >= want {
-			low = mid
-		} else {
-			high = mid
-		}
-	}
-	return low, nil
-}
-
-// read returns up to want entries from start, below hi, oldest first.
-func (ix index) read(ctx context.Context, start, hi, want uint64) ([]indexEntry, error) {
-	cons, err := ix.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		FilterSubject: ix.filter, AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
-		InactiveThreshold: 30 * time.Second,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("task index: %w", err)
-	}
-	defer func() { _ = ix.stream.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name) }()
-	batch, err := cons.FetchNoWait(int(want))
-	if err != nil {
-		return nil, fmt.Errorf("task index: %w", err)
-	}
-	var out []indexEntry
-	for msg := range batch.Messages() {
-		meta, err := msg.Metadata()
-		if err != nil || meta.Sequence.Stream >= hi {
-			continue
-		}
-		e := indexEntry{seq: meta.Sequence.Stream}
-		if json.Unmarshal(msg.Data(), &e.IndexEntry) != nil || !events.ValidID(e.ID) {
-			e.IndexEntry = events.IndexEntry{} // not an entry intake wrote: read, then skipped
-		}
-		out = append(out, e)
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-		return nil, fmt.Errorf("task index: %w", err)
-	}
-	return out, nil
 }

@@ -2,9 +2,12 @@ package review
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
 	"dispatchmesh/services"
@@ -14,7 +17,18 @@ import (
 // other reason a newer service may write.
 var Reasons = []string{events.ReviewRejected, events.ReviewGated, events.ReviewEscalated, events.ReviewPoison, events.ReviewStuck}
 
-// Filter selects review items. The zero value lists every open item.
+// QueueScanFactor bounds a page of the review queue that may read more
+// than it lists (Filter.Filtered: open, not answered, a type, or every
+// reason with the decisions among them): it reads at most
+// Limit × QueueScanFactor messages, and ends early with a cursor when
+// fewer of them matched.
+const QueueScanFactor = 20
+
+// maxDecisions bounds the human decisions read per task on a page.
+const maxDecisions = 1000
+
+// Filter selects review items, one page at a time, newest first. The zero
+// value is the newest DefaultPageSize open items of every reason.
 type Filter struct {
 	// Reason keeps one review reason ("" keeps all).
 	Reason string
@@ -29,6 +43,10 @@ type Filter struct {
 	// with the problems and kept the rejection. Nobody else needs to act on
 	// them, so by default they are left out of the queue and its counts.
 	Answered bool
+	// Cursor continues a listing: the Next of the previous page.
+	Cursor string
+	// Limit is the page size (default DefaultPageSize, at most MaxPageSize).
+	Limit int
 }
 
 // AnsweredRejection reports whether a review record is a rejection the
@@ -49,7 +67,21 @@ func (f Filter) Validate() error {
 	if f.Age < 0 {
 		errs = append(errs, fmt.Errorf("%w: age %s is negative", ErrInvalid, f.Age))
 	}
+	if f.Limit < 0 || f.Limit > MaxPageSize {
+		errs = append(errs, fmt.Errorf("%w: limit %d (1-%d)", ErrInvalid, f.Limit, MaxPageSize))
+	}
+	if _, err := parseCursor(f.Cursor); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// Filtered reports whether a page may read more than it lists (at most
+// Limit × QueueScanFactor): the filter keeps records by what their subject
+// does not say (open, not answered, a type), or it names no reason, so the
+// page reads the human decisions on the review subjects too.
+func (f Filter) Filtered() bool {
+	return f.Type != "" || !f.All || f.Reason == "" || (!f.Answered && f.Reason == events.ReviewRejected)
 }
 
 // Item is one record waiting for (or handled by) a human.
@@ -68,19 +100,23 @@ type Item struct {
 // Open reports whether the item still waits for a human.
 func (it Item) Open() bool { return it.Handled == nil }
 
-// Count is how many items of one reason are open and handled.
-type Count struct {
-	Open    int `json:"open"`
-	Handled int `json:"handled"`
-}
-
-// Queue is the result of List.
+// Queue is one page of the review queue: the result of List.
 type Queue struct {
-	// Items match the filter, oldest first; handled ones only with Filter.All.
+	// Items match the filter, newest first; handled ones only with
+	// Filter.All.
 	Items []Item `json:"items"`
-	// Counts per reason of every item matching the filter's reason, type and
-	// age, open and handled (whether listed or not).
-	Counts map[string]Count `json:"counts"`
+	// Next is the cursor of the next (older) page; "" when there is none.
+	Next string `json:"next,omitempty"`
+	// Scanned is how many messages on the review subjects the page read:
+	// as many as it lists unless the filter is Filtered. Without a reason
+	// they include the human decisions (dispatch.review.action.<id>),
+	// read and skipped.
+	Scanned int `json:"scanned"`
+	// Open is how many items wait for a human per reason in the whole
+	// queue — every type and age, answered rejections left out: what
+	// dispatch_review_queue reports (OpenCounts). List leaves it empty;
+	// the review page and /api/review fill it.
+	Open map[string]int `json:"open,omitempty"`
 	// Retention is how long the stream keeps records: older ones are gone.
 	Retention Retention `json:"retention"`
 }
@@ -131,10 +167,11 @@ func (c *Client) Retention(ctx context.Context) (Retention, error) {
 	if err != nil {
 		return Retention{}, fmt.Errorf("stream %s (is the mesh provisioned?): %w", c.cfg.Stream, err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return Retention{}, fmt.Errorf("stream %s: %w", c.cfg.Stream, err)
-	}
+	return c.retentionOf(s.CachedInfo()), nil
+}
+
+// retentionOf reads the limits from a stream's info.
+func (c *Client) retentionOf(info *jetstream.StreamInfo) Retention {
 	r := Retention{
 		Stream: c.cfg.Stream, MaxAge: info.Config.MaxAge, MaxMsgs: info.Config.MaxMsgs, MaxBytes: info.Config.MaxBytes,
 		Msgs: info.State.Msgs,
@@ -142,94 +179,201 @@ func (c *Client) Retention(ctx context.Context) (Retention, error) {
 	if info.State.Msgs > 0 {
 		r.Oldest = info.State.FirstTime
 	}
-	return r, nil
+	return r
 }
 
-// List reads the review subjects and returns the items matching f, each
-// with its task's current status and the human decision that handled it.
+// List returns one page of the review queue, newest first: the records on
+// dispatch.review.<reason>.<key> (every reason, or f.Reason) that match f,
+// each with its task's current status and the human decision that
+// handled it. Nothing reads the review subjects or the task bucket as a
+// whole.
+//
+// It pages the review subjects as Tasks pages the task index, with the
+// same machinery (window.go): the reason is a subject token, so the server
+// filters by it; the age is a range of sequences (the server maps a time
+// to a sequence); the cursor is the sequence the page stopped at, so pages
+// stay put while records arrive. A page of n items costs one stream info;
+// one consumer creation for an age; consumer creations whose pending
+// count the server computes from its per-subject index, no message sent —
+// one for the cursor and one or two to find where the page's newest
+// records begin (it settles for up to 2n of them, and does not count the
+// records below, so a page that ends just above the oldest record leaves a
+// cursor to an empty one); one consumer that delivers the page's records;
+// and, per task on the page, one task-state get and, when the task has
+// human decisions (or no state), one direct get per decision on
+// dispatch.review.action.<id> and one more. Whether a record is open (no
+// decision on its task after it), an answered rejection, or of the type is
+// decided per record from those reads, as it always was, but only for the
+// records of the page: a Filtered page (the default open queue is) reads
+// at most n × QueueScanFactor messages and ends early, with a cursor, when
+// fewer matched; Scanned says how many it read.
+//
+// A pending count from a sequence in the older half of the stream makes
+// the server walk every subject of the filter in its index (one subject
+// per task): a page deep in a stream of a million records costs about a
+// second, one near its newest end some tens of milliseconds.
 func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 	if err := f.Validate(); err != nil {
 		return Queue{}, err
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultPageSize
 	}
 	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return Queue{}, err
 	}
-	ret, err := c.Retention(ctx)
+	stream, err := c.cfg.JS.Stream(ctx, c.cfg.Stream)
 	if err != nil {
-		return Queue{}, err
+		return Queue{}, fmt.Errorf("stream %s (is the mesh provisioned?): %w", c.cfg.Stream, err)
 	}
-	filters := []string{events.ReviewFilter}
-	if f.Reason != "" {
-		filters = []string{events.ReviewRoot + "." + f.Reason + ".>", events.ReviewRoot + "." + ReasonAction + ".>"}
+	q := Queue{Items: []Item{}, Retention: c.retentionOf(stream.CachedInfo())}
+	// One filter: the server counts a wildcard from its per-subject index
+	// far faster than a list of filters. Without a reason it takes the
+	// human decisions (dispatch.review.action.<id>) too, read and skipped.
+	reason := f.Reason
+	if reason == "" {
+		reason = "*"
 	}
-	recs, err := c.records(ctx, filters...)
-	if err != nil {
-		return Queue{}, err
-	}
-
-	decisions := map[string][]decision{}
-	var items []Item
-	for _, r := range recs {
-		if r.Reason == ReasonAction {
-			if r.Action != nil {
-				decisions[r.Key] = append(decisions[r.Key], decision{seq: r.Seq, a: *r.Action})
-			}
-			continue
-		}
-		items = append(items, Item{Record: r})
-	}
-
-	// One state read per task.
-	states := map[string]*events.TaskState{}
-	for _, it := range items {
-		if _, seen := states[it.Key]; seen || !events.ValidID(it.Key) {
-			continue
-		}
-		st, err := tasks.Get(ctx, it.Key)
-		switch {
-		case errors.Is(err, services.ErrTaskNotFound):
-			states[it.Key] = nil
-		case err != nil:
-			return Queue{}, fmt.Errorf("task %s: %w", it.Key, err)
-		default:
-			states[it.Key] = &st
-		}
-	}
-
-	since := time.Time{}
+	sp := span{stream: stream, filters: []string{events.ReviewSubject(reason, "*")}, what: "review records"}
+	var since time.Time
 	if f.Age > 0 {
 		since = c.cfg.Now().Add(-f.Age)
 	}
-	q := Queue{Items: []Item{}, Counts: map[string]Count{}, Retention: ret}
-	for _, it := range items {
-		if st := states[it.Key]; st != nil {
-			it.TaskID, it.Status = st.ID, st.Status
-			if it.Type == "" {
-				it.Type = st.Type
+	cursor, _ := parseCursor(f.Cursor)
+	w, err := openNewest(ctx, stream, sp, cursor, since)
+	if err != nil {
+		return q, err
+	}
+	budget := f.Limit
+	if f.Filtered() {
+		budget = f.Limit * QueueScanFactor
+	}
+	judge := judge{tasks: tasks, stream: stream, keys: map[string]*keyDecisions{}}
+	for w.left > 0 && len(q.Items) < f.Limit && q.Scanned < budget {
+		want := uint64(f.Limit - len(q.Items))
+		if f.Filtered() {
+			want = min(uint64(budget-q.Scanned), want*4, MaxPageSize)
+		}
+		// Up to twice as many as wanted: the search for where they begin
+		// then stops about log2(want) pending counts sooner; records carry
+		// their bodies, so at most 2 × MaxPageSize are in memory.
+		msgs, seqs, err := w.batchUpTo(ctx, want, 2*want)
+		if err != nil {
+			return q, err
+		}
+		if len(msgs) == 0 {
+			break // the records aged out meanwhile
+		}
+		for i := len(msgs) - 1; i >= 0 && len(q.Items) < f.Limit && q.Scanned < budget; i-- {
+			q.Scanned++
+			w.visit(seqs[i])
+			it := Item{Record: record(msgs[i])}
+			if it.Reason == ReasonAction || (!f.Answered && AnsweredRejection(it.Record)) || (f.Type != "" && it.Type != "" && it.Type != f.Type) {
+				continue // a decision, not an item; or decided without a read
 			}
-			if it.TaskSubject == "" {
-				it.TaskSubject = st.Subject
+			if it, err = judge.item(ctx, it); err != nil {
+				return q, err
 			}
-			it.Handled = handledBy(it.Record, merge(decisions[it.Key], st.Actions))
-		} else {
-			it.Handled = handledBy(it.Record, decisions[it.Key])
-		}
-		if (f.Type != "" && it.Type != f.Type) || it.Time.Before(since) || (!f.Answered && AnsweredRejection(it.Record)) {
-			continue
-		}
-		cnt := q.Counts[it.Reason]
-		if it.Open() {
-			cnt.Open++
-		} else {
-			cnt.Handled++
-		}
-		q.Counts[it.Reason] = cnt
-		if it.Open() || f.All {
+			if (f.Type != "" && it.Type != f.Type) || (!f.All && !it.Open()) {
+				continue
+			}
 			q.Items = append(q.Items, it)
 		}
 	}
+	q.Next = w.next()
 	return q, nil
+}
+
+// judge reads, once per task of a page, its state and its human decisions
+// on the stream, and judges the task's records with them.
+type judge struct {
+	tasks  *services.TaskStore
+	stream jetstream.Stream
+	keys   map[string]*keyDecisions
+}
+
+type keyDecisions struct {
+	state     *events.TaskState // nil: the key has none
+	decisions []decision        // the decisions that count
+}
+
+// item completes a record with its task's status and the decision that
+// handled it. A task's decisions are those its state holds, each placed on
+// the stream by its action record (by its time when that record is gone:
+// aged out or lost); an action record the state does not hold was undone
+// (its requeue could not be published) and does not count. A record
+// without a task state (rejected input) is handled by any decision on the
+// stream after it.
+func (j *judge) item(ctx context.Context, it Item) (Item, error) {
+	k, err := j.of(ctx, it.Key)
+	if err != nil {
+		return it, err
+	}
+	if st := k.state; st != nil {
+		it.TaskID, it.Status = st.ID, st.Status
+		if it.Type == "" {
+			it.Type = st.Type
+		}
+		if it.TaskSubject == "" {
+			it.TaskSubject = st.Subject
+		}
+	}
+	it.Handled = handledBy(it.Record, k.decisions)
+	return it, nil
+}
+
+func (j *judge) of(ctx context.Context, key string) (*keyDecisions, error) {
+	if k, ok := j.keys[key]; ok {
+		return k, nil
+	}
+	k := &keyDecisions{}
+	if events.ValidID(key) {
+		st, err := j.tasks.Get(ctx, key)
+		switch {
+		case errors.Is(err, services.ErrTaskNotFound):
+		case err != nil:
+			return nil, fmt.Errorf("task %s: %w", key, err)
+		default:
+			k.state = &st
+		}
+	}
+	if k.state == nil || len(k.state.Actions) > 0 { // a state without actions has no decision
+		fromStream, err := j.streamDecisions(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		k.decisions = fromStream
+		if k.state != nil {
+			k.decisions = merge(fromStream, k.state.Actions)
+		}
+	}
+	j.keys[key] = k
+	return k, nil
+}
+
+// streamDecisions reads the decisions on dispatch.review.action.<key>,
+// oldest first: one direct get each (the server's next message on a
+// literal subject, found from its per-subject index), and one that finds
+// none.
+func (j *judge) streamDecisions(ctx context.Context, key string) ([]decision, error) {
+	subject := events.ReviewSubject(ReasonAction, key)
+	var out []decision
+	for seq := uint64(1); len(out) < maxDecisions; {
+		raw, err := j.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decisions on %s: %w", key, err)
+		}
+		var a events.Action
+		if json.Unmarshal(raw.Data, &a) == nil {
+			out = append(out, decision{seq: raw.Sequence, a: a})
+		}
+		seq = raw.Sequence + 1
+	}
+	return out, nil
 }
 
 // decision is a human action and, when read from the stream, its sequence.

@@ -22,24 +22,28 @@ type QueueGaugeConfig struct {
 	Now func() time.Time
 }
 
-// QueueGauge is a Prometheus collector of the review queue: it lists the
-// queue (List with the zero Filter) and reports the open items per reason
-// as dispatch_review_queue{reason}. Every reason of Reasons is reported, 0
-// when none is open, and any other reason a newer service wrote. A listing
-// reads every review record, so it is done at most once per MinInterval:
-// scrapes in between report the last reading. A reading that could not
-// list the queue reports nothing, and dispatch_review_queue_up 0.
+// QueueGauge is a Prometheus collector of the review queue: it reports the
+// open items per reason (Client.OpenCounts) as
+// dispatch_review_queue{reason}. Every reason of Reasons is reported, 0
+// when none is open, and any other reason a newer service wrote. A reading
+// reads only the review records and decisions stored since the previous
+// one (a few requests however long the queue; the first reading of a
+// process reads the headers of every record once), and is taken at most
+// once per MinInterval: scrapes in between report the last reading. A
+// reading that could not read the stream (or not all of what was new
+// within its 5 s) reports nothing, and dispatch_review_queue_up 0; the
+// next reading goes on from where it stopped.
 type QueueGauge struct {
-	list     func(context.Context, Filter) (Queue, error)
+	readOpen func(context.Context) (map[string]int, error)
 	timeout  time.Duration
 	interval time.Duration
 	now      func() time.Time
 	queue    *prometheus.Desc
 	up       *prometheus.Desc
 
-	mu   sync.Mutex // held while reading: concurrent scrapes share one listing
+	mu   sync.Mutex // held while reading: concurrent scrapes share one reading
 	read time.Time  // when the last reading was taken; zero: never
-	ok   bool       // the last reading listed the queue
+	ok   bool       // the last reading read the queue
 	open map[string]int
 }
 
@@ -57,7 +61,7 @@ func NewQueueGaugeConfig(c *Client, cfg QueueGaugeConfig) *QueueGauge {
 		cfg.Now = time.Now
 	}
 	return &QueueGauge{
-		list: c.List, timeout: 5 * time.Second, interval: cfg.MinInterval, now: cfg.Now,
+		readOpen: c.OpenCounts, timeout: 5 * time.Second, interval: cfg.MinInterval, now: cfg.Now,
 		queue: prometheus.NewDesc("dispatch_review_queue",
 			"Review items waiting for a human, per reason (escalated, gated, stuck, poison, rejected).", []string{"reason"}, nil),
 		up: prometheus.NewDesc("dispatch_review_queue_up",
@@ -84,33 +88,17 @@ func (g *QueueGauge) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// reading returns the last reading of the queue, listing it again when
+// reading returns the last reading of the queue, reading it again when
 // that reading is MinInterval old (or there is none). The returned map is
 // never written again: a new reading replaces it.
 func (g *QueueGauge) reading() (bool, map[string]int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if now := g.now(); g.read.IsZero() || g.interval < 0 || now.Sub(g.read) >= g.interval || now.Before(g.read) {
-		g.ok, g.open = g.listOpen()
-		g.read = now
+		ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+		open, err := g.readOpen(ctx)
+		cancel()
+		g.ok, g.open, g.read = err == nil, open, now
 	}
 	return g.ok, g.open
-}
-
-// listOpen lists the queue and counts its open items per reason.
-func (g *QueueGauge) listOpen() (bool, map[string]int) {
-	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
-	defer cancel()
-	q, err := g.list(ctx, Filter{})
-	if err != nil {
-		return false, nil
-	}
-	open := map[string]int{}
-	for _, r := range Reasons {
-		open[r] = 0
-	}
-	for r, n := range q.Counts {
-		open[r] = n.Open
-	}
-	return true, open
 }

@@ -68,11 +68,11 @@ func TestQueueGaugeReadsAtMostOncePerInterval(t *testing.T) {
 	want("the scrape after it", 2, 2)
 }
 
-// A reading that cannot list the queue reports only dispatch_review_queue_up
+// A reading that cannot read the queue reports only dispatch_review_queue_up
 // 0, until a reading after the interval can.
 func TestQueueGaugeUp(t *testing.T) {
 	s := newSeeded(t)
-	if err := s.srv.JS.DeleteKeyValue(bg, services.BucketTasks); err != nil {
+	if err := s.srv.JS.DeleteStream(bg, services.Stream); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Unix(1_700_000_000, 0)
@@ -81,7 +81,7 @@ func TestQueueGaugeUp(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(g)
 	if m := gauges(t, reg); len(m) != 1 || m["dispatch_review_queue_up"] != 0 {
-		t.Fatalf("without the task bucket: scraped %v, want only up 0", m)
+		t.Fatalf("without the stream: scraped %v, want only up 0", m)
 	}
 	if _, err := services.Provision(bg, s.srv.JS, services.StreamConfig{}); err != nil {
 		t.Fatal(err)

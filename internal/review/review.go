@@ -80,6 +80,7 @@ type Client struct {
 	tasks  *services.TaskStore
 	trust  *trust.View
 	opened bool
+	open   *openQueue // OpenCounts' reading, kept between calls
 }
 
 // New returns a client; it does not talk to the server yet.

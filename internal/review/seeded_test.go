@@ -148,13 +148,16 @@ func TestListFiltersCountsAndRetention(t *testing.T) {
 		return q
 	}
 	q := list(review.Filter{})
-	if len(q.Items) != 4 || q.Counts[events.ReviewEscalated].Open != 2 || q.Counts[events.ReviewRejected].Open != 1 {
-		t.Fatalf("all: %d items, counts %+v", len(q.Items), q.Counts)
+	if len(q.Items) != 4 || q.Scanned != 4 || q.Next != "" {
+		t.Fatalf("all: %d items, read %d, next %q", len(q.Items), q.Scanned, q.Next)
+	}
+	if open, err := s.rc.OpenCounts(bg); err != nil || open[events.ReviewEscalated] != 2 || open[events.ReviewRejected] != 1 || open[events.ReviewGated] != 1 {
+		t.Fatalf("open counts %v, %v", open, err)
 	}
 	if q.Retention.MaxAge != 30*24*time.Hour || q.Retention.Msgs != 4 || !strings.Contains(q.Retention.String(), "for 30d") {
 		t.Fatalf("retention = %+v", q.Retention)
 	}
-	if rej := q.Items[3]; rej.Key != "seq-9" || rej.TaskID != "" || rej.Raw != `{"subject": "x",` || rej.Error != "malformed JSON" {
+	if rej := q.Items[0]; rej.Key != "seq-9" || rej.TaskID != "" || rej.Raw != `{"subject": "x",` || rej.Error != "malformed JSON" {
 		t.Fatalf("rejected item = %+v", rej)
 	}
 	if q := list(review.Filter{Type: "css_fix"}); len(q.Items) != 2 {
@@ -253,7 +256,7 @@ func TestUndecodablePoisonedTaskIsActionable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(q.Items) != 2 || q.Items[0].TaskID != "deep-1" || q.Items[0].Type != "css_fix" {
+	if len(q.Items) != 2 || q.Items[1].TaskID != "deep-1" || q.Items[1].Type != "css_fix" { // newest first
 		t.Fatalf("poison queue: %+v", q.Items)
 	}
 

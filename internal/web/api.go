@@ -7,6 +7,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"dispatchmesh/events"
@@ -47,10 +48,18 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	h.writeJSON(w, code, apiError{Error: err.Error()})
 }
 
-// filter reads a review filter from the query: reason, type, age, all, answered.
+// filter reads a review filter from the query: reason, type, age, all,
+// answered, cursor, limit.
 func filter(r *http.Request) (review.Filter, error) {
 	q := r.URL.Query()
-	f := review.Filter{Reason: q.Get("reason"), Type: q.Get("type")}
+	f := review.Filter{Reason: q.Get("reason"), Type: strings.TrimSpace(q.Get("type")), Cursor: q.Get("cursor")}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil {
+			return f, fmt.Errorf("%w: limit %q is not a number", review.ErrInvalid, l)
+		}
+		f.Limit = n
+	}
 	if a := q.Get("age"); a != "" {
 		d, err := time.ParseDuration(a)
 		if err != nil {
@@ -86,7 +95,20 @@ func (h *Handler) apiReview(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
+	q.Open = h.openCounts(r)
 	h.writeJSON(w, http.StatusOK, q)
+}
+
+// openCounts reads the open items per reason of the whole queue
+// (review.Client.OpenCounts: what is new since the last reading); nil,
+// logged, when it cannot: the page of items does not depend on it.
+func (h *Handler) openCounts(r *http.Request) map[string]int {
+	open, err := h.cfg.Review.OpenCounts(r.Context())
+	if err != nil {
+		h.cfg.Log.Warn("web: review queue counts", "err", err)
+		return nil
+	}
+	return open
 }
 
 func (h *Handler) apiTask(w http.ResponseWriter, r *http.Request) {

@@ -154,14 +154,15 @@ func TestAPIReview(t *testing.T) {
 		t.Fatalf("%d %s", code, body)
 	}
 	q := decode[review.Queue](t, body)
-	if len(q.Items) != 2 || q.Counts["escalated"].Open != 1 || q.Counts["gated"].Open != 1 || q.Retention.MaxAge != 30*24*time.Hour {
+	if len(q.Items) != 2 || q.Open["escalated"] != 1 || q.Open["gated"] != 1 || q.Open["poison"] != 0 || q.Retention.MaxAge != 30*24*time.Hour ||
+		q.Items[0].Key != "gtd-1" || q.Scanned != 2 || q.Next != "" {
 		t.Fatalf("queue = %+v", q)
 	}
 	code, body = s.do("GET", "/api/review?reason=gated&type=css_fix&age=1h", "", "")
 	if q := decode[review.Queue](t, body); code != 200 || len(q.Items) != 1 || q.Items[0].Key != "gtd-1" || q.Items[0].Status != events.StatusNeedsHumanReview {
 		t.Fatalf("%d %+v", code, q.Items)
 	}
-	for _, bad := range []string{"?age=yesterday", "?all=maybe", "?reason=Not+A+Reason"} {
+	for _, bad := range []string{"?age=yesterday", "?all=maybe", "?reason=Not+A+Reason", "?limit=x", "?limit=501", "?cursor=!!"} {
 		if code, body := s.do("GET", "/api/review"+bad, "", ""); code != 400 || !strings.Contains(body, `"error"`) {
 			t.Errorf("%s: %d %s", bad, code, body)
 		}

@@ -1,8 +1,6 @@
 package web
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -56,8 +54,11 @@ type tasksData struct {
 	Until    string
 	Page     review.TaskPage
 	Statuses []events.Status
-	Next     string // link to the next (older) page
-	First    string // link to the newest page of the same filter
+	// ScanFactor is how many entries a page filtered by status reads per
+	// task it can show (review.StatusScanFactor).
+	ScanFactor int
+	Next       string // link to the next (older) page
+	First      string // link to the newest page of the same filter
 }
 
 func (h *Handler) pageTasks(w http.ResponseWriter, r *http.Request) {
@@ -71,7 +72,7 @@ func (h *Handler) pageTasks(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, err)
 		return
 	}
-	d := tasksData{Q: q, Page: p, Statuses: review.Statuses, Since: formTime(q.Since), Until: formTime(q.Until)}
+	d := tasksData{Q: q, Page: p, Statuses: review.Statuses, ScanFactor: review.StatusScanFactor, Since: formTime(q.Since), Until: formTime(q.Until)}
 	link := func(cursor string) string {
 		v := r.URL.Query()
 		v.Del("cursor")
@@ -119,16 +120,6 @@ func (h *Handler) apiTasks(w http.ResponseWriter, r *http.Request) {
 	h.writeJSON(w, http.StatusOK, p)
 }
 
-// answer is what the model answered in one attempt, read from its
-// task.executed event.
-type answer struct {
-	events.Result
-	Pass, Attempt int
-	Rung          events.Rung
-	Step          string
-	At            time.Time
-}
-
 // step is one timeline entry with the time since the one before and since
 // the first.
 type step struct {
@@ -138,10 +129,11 @@ type step struct {
 }
 
 // taskExtras is what the task page shows beyond review.Detail: the
-// payload, every model answer and the timeline with durations.
+// payload, every model answer (as `dispatch status -v` prints them) and
+// the timeline with durations.
 type taskExtras struct {
 	Payload string
-	Answers []answer
+	Answers []review.Answer
 	Steps   []step
 	Total   time.Duration
 }
@@ -155,23 +147,11 @@ func extras(entries []review.AuditEntry) taskExtras {
 			x.Total = s.Total
 		}
 		x.Steps = append(x.Steps, s)
-		switch e.Stage {
-		case events.StageQueued, events.StageVerified: // the task's first event (verified: a type without a verifier)
-			var q events.Queued
-			if x.Payload == "" && json.Unmarshal(e.Data, &q) == nil && len(q.Task.Payload) > 0 {
-				var buf bytes.Buffer
-				if json.Indent(&buf, q.Task.Payload, "", "  ") == nil {
-					x.Payload = buf.String()
-				} else {
-					x.Payload = string(q.Task.Payload)
-				}
-			}
-		case events.StageExecuted:
-			var ex events.Executed
-			if json.Unmarshal(e.Data, &ex) == nil {
-				x.Answers = append(x.Answers, answer{Result: ex.Result, Pass: ex.Run.Pass, Attempt: ex.Run.Attempt,
-					Rung: ex.Run.Rung, Step: ex.Run.Step, At: e.Time})
-			}
+		if p, ok := review.PayloadOf(e.Entry); ok && x.Payload == "" {
+			x.Payload = review.IndentPayload(p)
+		}
+		if a, ok := review.AnswerOf(e.Entry); ok {
+			x.Answers = append(x.Answers, a)
 		}
 	}
 	return x

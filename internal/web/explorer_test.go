@@ -25,6 +25,19 @@ func TestAPITasksExplorer(t *testing.T) {
 	if p := decode[review.TaskPage](t, body); code != 200 || ids(p) != "run-1" || p.Tasks[0].Status != events.StatusRunning {
 		t.Fatalf("%d %s", code, body)
 	}
+	// A status a task reaches with a record is found through the records.
+	code, body = s.do("GET", "/api/tasks?status=blocked", "", "")
+	if p := decode[review.TaskPage](t, body); code != 200 || ids(p) != "blk-1" || p.Via != review.ViaRecords || p.Next != "" || p.Partial {
+		t.Fatalf("status blocked: %d %s", code, body)
+	}
+	code, body = s.do("GET", "/api/tasks?status=needs_human_review&type=css_fix", "", "")
+	if p := decode[review.TaskPage](t, body); code != 200 || ids(p) != "gtd-1" || p.Via != review.ViaRecords {
+		t.Fatalf("status needs_human_review: %d %s", code, body)
+	}
+	code, body = s.do("GET", "/tasks?status=blocked", "", "")
+	if code != 200 || !strings.Contains(body, `data-task="blk-1"`) || !strings.Contains(body, "by the record that made the task blocked") || strings.Contains(body, `id="partial"`) {
+		t.Fatalf("the explorer page filtered by blocked: %d\n%s", code, body)
+	}
 	code, body = s.do("GET", "/api/tasks?limit=2", "", "")
 	p := decode[review.TaskPage](t, body)
 	if code != 200 || ids(p) != "run-1 gtd-1" || p.Next == "" {

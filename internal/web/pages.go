@@ -111,19 +111,25 @@ func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, err error)
 	h.render(w, r, code, "error", http.StatusText(code), err.Error())
 }
 
-// queueData is the review queue page.
+// queueData is the review queue page: one page of items, newest first.
 type queueData struct {
-	Filter  review.Filter
-	Queue   review.Queue
-	Tabs    []tab
-	Trust   []review.TrustView
-	AllLink string
+	Filter review.Filter
+	Queue  review.Queue
+	Tabs   []tab
+	Trust  []review.TrustView
+	// ScanFactor is how many records a filtered page reads per item it can
+	// show (review.QueueScanFactor).
+	ScanFactor int
+	AllLink    string
 	// AnsweredLink shows or hides rejections the submit API already
 	// answered to their caller (Filter.Answered).
 	AnsweredLink string
+	Next         string // link to the next (older) page
+	First        string // link to the newest page of the same filter
 }
 
-// tab is one reason filter link.
+// tab is one reason filter link with the open items of that reason (-1:
+// unknown, the counts could not be read).
 type tab struct {
 	Label  string
 	Link   string
@@ -142,59 +148,68 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, err)
 		return
 	}
+	q.Open = h.openCounts(r)
 	tr, err := h.cfg.Review.Trust(r.Context())
 	if err != nil {
 		h.renderError(w, r, err)
 		return
 	}
-	link := func(reason string, all bool) string {
-		v := url.Values{}
-		if reason != "" {
-			v.Set("reason", reason)
+	// link is this page's query with some parameters changed ("" drops
+	// one); a link to another filter starts at the newest page.
+	link := func(change map[string]string) string {
+		v := r.URL.Query()
+		for _, k := range []string{"ok", "err", "token"} {
+			v.Del(k)
 		}
-		if f.Type != "" {
-			v.Set("type", f.Type)
+		for k, val := range change {
+			v.Del(k)
+			if val != "" {
+				v.Set(k, val)
+			}
 		}
-		if all {
-			v.Set("all", "1")
-		}
-		if f.Answered {
-			v.Set("answered", "1")
+		for k, vals := range v {
+			if len(vals) == 0 || vals[0] == "" {
+				v.Del(k)
+			}
 		}
 		if len(v) == 0 {
 			return "/"
 		}
 		return "/?" + v.Encode()
 	}
-	d := queueData{Filter: f, Queue: q, Trust: tr, AllLink: link(f.Reason, !f.All)}
-	answered := f
-	answered.Answered = !f.Answered
-	d.AnsweredLink = func() string {
-		v := url.Values{}
-		if f.Reason != "" {
-			v.Set("reason", f.Reason)
+	flag := func(b bool) string {
+		if b {
+			return "1"
 		}
-		if f.Type != "" {
-			v.Set("type", f.Type)
+		return ""
+	}
+	d := queueData{
+		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor,
+		AllLink:      link(map[string]string{"all": flag(!f.All), "cursor": ""}),
+		AnsweredLink: link(map[string]string{"answered": flag(!f.Answered), "cursor": ""}),
+	}
+	if q.Next != "" {
+		d.Next = link(map[string]string{"cursor": q.Next})
+	}
+	if f.Cursor != "" {
+		d.First = link(map[string]string{"cursor": ""})
+	}
+	count := func(reason string) int {
+		if q.Open == nil {
+			return -1
 		}
-		if f.All {
-			v.Set("all", "1")
-		}
-		if answered.Answered {
-			v.Set("answered", "1")
-		}
-		if len(v) == 0 {
-			return "/"
-		}
-		return "/?" + v.Encode()
-	}()
+		return q.Open[reason]
+	}
 	total := 0
 	for _, reason := range review.Reasons {
-		total += q.Counts[reason].Open
+		total += count(reason)
 	}
-	d.Tabs = append(d.Tabs, tab{Label: "all", Link: link("", f.All), Open: total, Active: f.Reason == ""})
+	if q.Open == nil {
+		total = -1
+	}
+	d.Tabs = append(d.Tabs, tab{Label: "all", Link: link(map[string]string{"reason": "", "cursor": ""}), Open: total, Active: f.Reason == ""})
 	for _, reason := range review.Reasons {
-		d.Tabs = append(d.Tabs, tab{Label: reason, Link: link(reason, f.All), Open: q.Counts[reason].Open, Active: f.Reason == reason})
+		d.Tabs = append(d.Tabs, tab{Label: reason, Link: link(map[string]string{"reason": reason, "cursor": ""}), Open: count(reason), Active: f.Reason == reason})
 	}
 	h.render(w, r, http.StatusOK, "queue", "Review queue", d)
 }
