@@ -79,6 +79,16 @@ func Terminal(status Status) bool {
 	return false
 }
 
+// StateAt is a task's state as the service that wrote it last stored it,
+// with the revision of that write (in dispatch_tasks). An event carries it
+// to the next service that writes the task's state, which tries its
+// compare-and-set against that revision instead of reading the state again;
+// a write in between makes the revision stale, and the service reads.
+type StateAt struct {
+	Rev   uint64    `json:"rev"`
+	State TaskState `json:"state"`
+}
+
 // TaskState is the current state of one task, kept in KV and derived from the
 // task's events (dispatch rebuild recomputes it from the stream).
 type TaskState struct {

@@ -49,40 +49,7 @@ var (
 		TaskID: "t-42", Action: events.ActionRequeue, Note: "try the theme file", By: "alice", At: at,
 	}
 	toolCall = events.ToolCall{ID: "call_0", Name: "search_docs", Arguments: `{"query":"theme colours"}`}
-)
-
-// populated holds one fully populated value per schema; TestPopulatedValuesAreComplete
-// keeps it so when a field is added.
-var populated = []struct {
-	name  string
-	value any
-}{
-	{events.EventSubmit, events.Submit{
-		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Payload: json.RawMessage(`[1, "two", null]`),
-		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
-	}},
-	{events.EventQueued, events.Queued{Base: base}},
-	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
-	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute)}},
-	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed"}},
-	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
-	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust}},
-	{events.EventPrompted, events.Prompted{Base: base, Prompt: events.Prompt{
-		Model: "gpt-4o", Messages: []events.Message{{Role: "system", Content: "You fix CSS."}},
-	}}},
-	{events.EventExecuted, events.Executed{Base: base, Result: result}},
-	{events.EventSucceeded, events.Succeeded{Base: base, Result: result}},
-	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15",
-		Attempts: []events.AttemptRecord{attempt}}},
-	{events.EventEscalated, events.Escalated{
-		Base: base, Reason: "attempts exhausted", Cause: events.CauseRungRate, TrustScore: 0.3,
-		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
-	}},
-	{events.EventStuck, events.Stuck{
-		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt},
-	}},
-	{events.EventAction, action},
-	{"task_state.v1", events.TaskState{
+	state    = events.TaskState{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Status: events.StatusBlocked,
 		Attempts: 7, Pass: 2, LastError: "tests failed", Reason: "attempts exhausted",
 		History: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
@@ -97,7 +64,42 @@ var populated = []struct {
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
 		Skips: 1, Decision: events.DecisionHandoff, Cause: events.CauseRungRate, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
+	}
+	stateAt = &events.StateAt{Rev: 9, State: state}
+)
+
+// populated holds one fully populated value per schema; TestPopulatedValuesAreComplete
+// keeps it so when a field is added.
+var populated = []struct {
+	name  string
+	value any
+}{
+	{events.EventSubmit, events.Submit{
+		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Payload: json.RawMessage(`[1, "two", null]`),
+		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
 	}},
+	{events.EventQueued, events.Queued{Base: base, State: stateAt}},
+	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
+	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), State: stateAt}},
+	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", State: stateAt}},
+	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
+	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust, State: stateAt}},
+	{events.EventPrompted, events.Prompted{Base: base, Prompt: events.Prompt{
+		Model: "gpt-4o", Messages: []events.Message{{Role: "system", Content: "You fix CSS."}},
+	}, State: stateAt}},
+	{events.EventExecuted, events.Executed{Base: base, Result: result, State: stateAt}},
+	{events.EventSucceeded, events.Succeeded{Base: base, Result: result}},
+	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15",
+		Attempts: []events.AttemptRecord{attempt}}},
+	{events.EventEscalated, events.Escalated{
+		Base: base, Reason: "attempts exhausted", Cause: events.CauseRungRate, TrustScore: 0.3,
+		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
+	}},
+	{events.EventStuck, events.Stuck{
+		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt},
+	}},
+	{events.EventAction, action},
+	{"task_state.v1", state},
 	{"model_result.v1", modelResult{
 		Status: "success", Approach: "move the rule", Summary: "done", Changes: []string{"src/app.css"},
 	}},

@@ -51,27 +51,48 @@ func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *event
 	return kvcas.Update(ctx, s.kv, id, mutate)
 }
 
-// Create stores the state of a new task. If the task exists it returns
-// false and the stored state instead.
-func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.TaskState, error) {
+// Create stores the state of a new task, and returns it with the revision
+// of the write (for the task's next event: events.StateAt). If the task
+// exists it returns false and the stored state instead.
+func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.StateAt, error) {
 	data, err := json.Marshal(st)
 	if err != nil {
-		return false, st, err
+		return false, events.StateAt{State: st}, err
 	}
-	_, err = s.kv.Create(ctx, st.ID, data)
+	rev, err := s.kv.Create(ctx, st.ID, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		existing, err := s.Get(ctx, st.ID)
-		return false, existing, err
+		existing, rev, found, err := kvcas.Get[events.TaskState](ctx, s.kv, st.ID)
+		if err == nil && !found {
+			err = ErrTaskNotFound
+		}
+		return false, events.StateAt{Rev: rev, State: existing}, err
 	}
-	return err == nil, st, err
+	return err == nil, events.StateAt{Rev: rev, State: st}, err
 }
 
 // Apply runs the transition tr (a function of package task) on a task's
 // state with one compare-and-set: the state is written only when tr
 // changed it. It returns the state after the call and tr's cause.
 func (s *TaskStore) Apply(ctx context.Context, id string, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.TaskState, task.Cause, error) {
-	var cause task.Cause
-	st, err := s.Update(ctx, id, func(st *events.TaskState, found bool) error {
+	at, cause, err := s.ApplyAt(ctx, id, nil, tr)
+	return at.State, cause, err
+}
+
+// ApplyAt is Apply starting from the state an event carried (known, nil:
+// none; see events.StateAt): the compare-and-set is tried against its
+// revision without reading the state, and reads it when another write came
+// in between. It returns the state after the call with its revision, for
+// the event this service publishes next.
+func (s *TaskStore) ApplyAt(ctx context.Context, id string, known *events.StateAt, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.StateAt, task.Cause, error) {
+	var (
+		cause task.Cause
+		from  *events.TaskState
+		rev   uint64
+	)
+	if known != nil && known.State.ID == id {
+		from, rev = &known.State, known.Rev
+	}
+	st, rev, err := kvcas.UpdateFrom(ctx, s.kv, id, from, rev, func(st *events.TaskState, found bool) error {
 		next, c := tr(*st, found)
 		cause = c
 		if !c.Changed() {
@@ -80,7 +101,7 @@ func (s *TaskStore) Apply(ctx context.Context, id string, tr func(st events.Task
 		*st = next
 		return nil
 	})
-	return st, cause, err
+	return events.StateAt{Rev: rev, State: st}, cause, err
 }
 
 // SetStatus moves a task to status for the given pass (task.SetStatus),

@@ -35,36 +35,65 @@ func Get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (v T, re
 // value it is given. Returning ErrNoChange skips the write; any other error
 // aborts. Update returns the value as stored.
 func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, mutate func(v *T, found bool) error) (T, error) {
+	v, _, err := UpdateFrom(ctx, kv, key, nil, 0, mutate)
+	return v, err
+}
+
+// UpdateFrom is Update starting from a value the caller already knows as
+// stored at revision rev (known nil: none): the first compare-and-set is
+// tried against it without reading the key, and a conflict reads the key
+// as Update does. A known value is trusted only as far as its revision: a
+// write that followed it makes the compare-and-set fail. It returns the
+// value as stored and its revision (0: the key does not exist).
+//
+// A mutate that changes nothing on the known value reads the key and runs
+// again: "no change" is only trusted of the value as stored. known is
+// copied before mutate sees it (a shallow copy: mutate must not change
+// what the value's slices and maps hold in place).
+func UpdateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, known *T, rev uint64, mutate func(v *T, found bool) error) (T, uint64, error) {
 	for {
-		v, rev, found, err := Get[T](ctx, kv, key)
-		if err != nil {
-			return v, err
+		var (
+			v       T
+			found   bool
+			err     error
+			trusted = known == nil || rev == 0
+		)
+		if !trusted {
+			v, found, known = *known, true, nil
+		} else if v, rev, found, err = Get[T](ctx, kv, key); err != nil {
+			return v, 0, err
 		}
 		if err := mutate(&v, found); err != nil {
-			if errors.Is(err, ErrNoChange) {
-				return v, nil
+			if errors.Is(err, ErrNoChange) && !trusted {
+				rev = 0 // "nothing to do" is only true of the value as stored
+				continue
 			}
-			return v, err
+			if errors.Is(err, ErrNoChange) {
+				return v, rev, nil
+			}
+			return v, 0, err
 		}
 		data, err := json.Marshal(v)
 		if err != nil {
-			return v, fmt.Errorf("kv %s: encode %s: %w", kv.Bucket(), key, err)
+			return v, 0, fmt.Errorf("kv %s: encode %s: %w", kv.Bucket(), key, err)
 		}
+		var next uint64
 		if found {
-			_, err = kv.Update(ctx, key, data, rev)
+			next, err = kv.Update(ctx, key, data, rev)
 		} else {
-			_, err = kv.Create(ctx, key, data)
+			next, err = kv.Create(ctx, key, data)
 		}
 		switch {
 		case err == nil:
-			return v, nil
+			return v, next, nil
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
 			if ctx.Err() != nil {
-				return v, ctx.Err()
+				return v, 0, ctx.Err()
 			}
+			rev = 0
 			continue // someone wrote first: read again and reapply
 		default:
-			return v, err
+			return v, 0, err
 		}
 	}
 }

@@ -19,6 +19,8 @@ type attempt struct {
 	base events.Base
 	pol  policy.Type
 	f    facts
+	// known is the task's state as the attempt last read or wrote it.
+	known *known
 	// model names what runs the attempt in its Result (the model, or
 	// "command:<program>").
 	model string
@@ -200,7 +202,7 @@ func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc
 		return "", false, err
 	}
 	content = toolErrorMessage(te, c.Class)
-	if err := s.ledger.addFailed(ctx, a.base, hash, ""); err != nil {
+	if err := s.ledger.addFailed(ctx, a.base, a.known, hash, ""); err != nil {
 		return "", false, err
 	}
 	a.banned[hash] = content

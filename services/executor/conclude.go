@@ -62,7 +62,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		}
 		if task.Bans(c.Class) {
 			// banned before the Executed goes out, so the next attempt sees it
-			if err := s.ledger.addFailed(ctx, a.base, o.hash, r.Error); err != nil {
+			if err := s.ledger.addFailed(ctx, a.base, a.known, o.hash, r.Error); err != nil {
 				return events.Result{}, err
 			}
 			if r.Error == a.f.lastError {
@@ -87,7 +87,7 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 		endpoint = a.endpoint
 	}
 	s.metrics.transient.WithLabelValues(endpoint).Inc()
-	n, err := s.ledger.cutShort(ctx, a.base, o.usage(), a.resumeOf(o), true)
+	n, err := s.ledger.cutShort(ctx, a.base, a.known, o.usage(), a.resumeOf(o), true)
 	if err != nil {
 		return events.Result{}, err
 	}
@@ -96,7 +96,7 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 		budget = DefaultTransientBudget
 	}
 	if n > budget {
-		if err := s.ledger.settle(ctx, a.base); err != nil {
+		if err := s.ledger.settle(ctx, a.base, a.known); err != nil {
 			return events.Result{}, err
 		}
 		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(events.ErrorClassTransient)).Inc()

@@ -90,7 +90,8 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// context ends, and the attempt is neither recorded nor retried.
 	ctx, ended, done := s.flights.track(ctx, in.Task.ID)
 	defer done()
-	f, skip, err := s.ledger.begin(ctx, base)
+	k := &known{at: in.State}
+	f, skip, err := s.ledger.begin(ctx, base, k)
 	if err != nil || skip {
 		return nil, err
 	}
@@ -98,7 +99,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil // a redelivery: this pass's outcome is already on the stream
 	}
 
-	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, banned: map[string]string{}}
+	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, known: k, banned: map[string]string{}}
 	start := s.cfg.Now()
 	var result events.Result
 	switch {
@@ -133,7 +134,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	s.logCall(in, result)
 
 	base.At = end
-	out, err := services.Next(base, events.StageExecuted, events.EventExecuted, events.Executed{Base: base, Result: result})
+	out, err := services.Next(base, events.StageExecuted, events.EventExecuted, events.Executed{Base: base, Result: result, State: k.state()})
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +231,7 @@ func (s *Service) endpoint() string {
 // the attempt's calls spent before it (its earlier tries' unbilled spend and
 // this try's answered turns): the ledger settles the unbilled part here.
 func (s *Service) refuse(ctx context.Context, a *attempt, hash string, spent events.Usage) (events.Result, error) {
-	if err := s.ledger.addRefused(ctx, a.base); err != nil {
+	if err := s.ledger.addRefused(ctx, a.base, a.known); err != nil {
 		return events.Result{}, err
 	}
 	if err := s.settle(ctx, a); err != nil {
@@ -251,7 +252,7 @@ func (s *Service) settle(ctx context.Context, a *attempt) error {
 	if a.f.transient == 0 && a.f.unbilled == (events.Usage{}) && a.f.resume == nil {
 		return nil
 	}
-	return s.ledger.settle(ctx, a.base)
+	return s.ledger.settle(ctx, a.base, a.known)
 }
 
 // cost prices an answer by the requested model, else the answering one; the

@@ -42,19 +42,36 @@ type facts struct {
 type ledger interface {
 	// begin reads the facts and marks the task running for this pass; skip
 	// is true when the task has moved on (a later pass, or ended).
-	begin(ctx context.Context, b events.Base) (f facts, skip bool, err error)
+	begin(ctx context.Context, b events.Base, k *known) (f facts, skip bool, err error)
 	// cutShort keeps what a try cut short leaves for the attempt's next
 	// try: what its calls spent (unbilled until the attempt's Result) and
 	// its tool loop to resume (nil: none). transient counts the failure
 	// against the attempt's transient budget; the attempt's count is returned.
-	cutShort(ctx context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error)
+	cutShort(ctx context.Context, b events.Base, k *known, spent events.Usage, resume *events.Resume, transient bool) (int, error)
 	// settle resets the attempt's transient count, unbilled spend and tool
 	// loop once the attempt is over.
-	settle(ctx context.Context, b events.Base) error
+	settle(ctx context.Context, b events.Base, k *known) error
 	// addFailed records a hash that failed deterministically (idempotent).
-	addFailed(ctx context.Context, b events.Base, hash, errText string) error
+	addFailed(ctx context.Context, b events.Base, k *known, hash, errText string) error
 	// addRefused counts a refused request.
-	addRefused(ctx context.Context, b events.Base) error
+	addRefused(ctx context.Context, b events.Base, k *known) error
+}
+
+// known is the task's state as an attempt last read or wrote it, with its
+// revision (events.StateAt; nil: not known): each of the attempt's writes
+// tries its compare-and-set from it instead of reading the state first, and
+// the Executed event carries it to the recorder. Writes of one attempt may
+// come from concurrent tool calls: mu orders them.
+type known struct {
+	mu sync.Mutex
+	at *events.StateAt
+}
+
+// state is the attempt's last known state, for its Executed event.
+func (k *known) state() *events.StateAt {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.at
 }
 
 // kvLedger keeps the facts in the task's state.
@@ -63,10 +80,10 @@ type kvLedger struct {
 	log   *slog.Logger
 }
 
-func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error) {
+func (l kvLedger) begin(ctx context.Context, b events.Base, k *known) (facts, bool, error) {
 	var f facts
 	// One compare-and-set reads the facts and marks the task running.
-	_, cause, err := l.tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+	_, cause, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		next, c := task.Begin(st, found, b)
 		f = facts{}
 		if c == task.CauseApplied || c == task.CauseRedelivered {
@@ -77,7 +94,7 @@ func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error)
 		return next, c
 	})
 	if err != nil {
-		return facts{}, false, storeErr(ctx, err)
+		return facts{}, false, err
 	}
 	skip := cause == task.CauseMovedOn || cause == task.CauseEnded
 	if skip {
@@ -86,35 +103,47 @@ func (l kvLedger) begin(ctx context.Context, b events.Base) (facts, bool, error)
 	return f, skip, nil
 }
 
-// apply runs one of the task's attempt transitions on its stored state.
-func (l kvLedger) apply(ctx context.Context, b events.Base, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.TaskState, error) {
-	st, _, err := l.tasks.Apply(ctx, b.Task.ID, tr)
-	return st, storeErr(ctx, err)
+// apply runs one of the task's attempt transitions on its stored state,
+// from the state as the attempt last knew it (k, nil: read it).
+func (l kvLedger) apply(ctx context.Context, b events.Base, k *known, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.TaskState, task.Cause, error) {
+	if k == nil {
+		st, c, err := l.tasks.Apply(ctx, b.Task.ID, tr)
+		return st, c, storeErr(ctx, err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	at, c, err := l.tasks.ApplyAt(ctx, b.Task.ID, k.at, tr)
+	if err != nil {
+		k.at = nil
+		return at.State, c, storeErr(ctx, err)
+	}
+	k.at = &at
+	return at.State, c, nil
 }
 
-func (l kvLedger) cutShort(ctx context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
-	st, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+func (l kvLedger) cutShort(ctx context.Context, b events.Base, k *known, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
+	st, _, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		return task.CutShort(st, found, b, spent, resume, transient)
 	})
 	return st.TransientRetries, err
 }
 
-func (l kvLedger) settle(ctx context.Context, b events.Base) error {
-	_, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+func (l kvLedger) settle(ctx context.Context, b events.Base, k *known) error {
+	_, _, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		return task.Settle(st, found, b)
 	})
 	return err
 }
 
-func (l kvLedger) addFailed(ctx context.Context, b events.Base, hash, _ string) error {
-	_, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+func (l kvLedger) addFailed(ctx context.Context, b events.Base, k *known, hash, _ string) error {
+	_, _, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		return task.AddFailed(st, found, b, hash)
 	})
 	return err
 }
 
-func (l kvLedger) addRefused(ctx context.Context, b events.Base) error {
-	_, err := l.apply(ctx, b, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+func (l kvLedger) addRefused(ctx context.Context, b events.Base, k *known) error {
+	_, _, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		return task.AddRefused(st, found, b)
 	})
 	return err
@@ -193,7 +222,7 @@ func (l *memLedger) task(id string) *memTask {
 	return t
 }
 
-func (l *memLedger) begin(_ context.Context, b events.Base) (facts, bool, error) {
+func (l *memLedger) begin(_ context.Context, b events.Base, _ *known) (facts, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
@@ -205,7 +234,7 @@ func (l *memLedger) begin(_ context.Context, b events.Base) (facts, bool, error)
 	return f, false, nil
 }
 
-func (l *memLedger) cutShort(_ context.Context, b events.Base, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
+func (l *memLedger) cutShort(_ context.Context, b events.Base, _ *known, spent events.Usage, resume *events.Resume, transient bool) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
@@ -217,7 +246,7 @@ func (l *memLedger) cutShort(_ context.Context, b events.Base, spent events.Usag
 	return t.transient, nil
 }
 
-func (l *memLedger) settle(_ context.Context, b events.Base) error {
+func (l *memLedger) settle(_ context.Context, b events.Base, _ *known) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
@@ -225,7 +254,7 @@ func (l *memLedger) settle(_ context.Context, b events.Base) error {
 	return nil
 }
 
-func (l *memLedger) addFailed(_ context.Context, b events.Base, hash, errText string) error {
+func (l *memLedger) addFailed(_ context.Context, b events.Base, _ *known, hash, errText string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
@@ -238,7 +267,7 @@ func (l *memLedger) addFailed(_ context.Context, b events.Base, hash, errText st
 	return nil
 }
 
-func (l *memLedger) addRefused(_ context.Context, b events.Base) error {
+func (l *memLedger) addRefused(_ context.Context, b events.Base, _ *known) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.task(b.Task.ID).refused++

@@ -59,7 +59,7 @@ func (s *Service) toolWait(ctx context.Context, a *attempt, r events.Result, c C
 	}
 	waited := now.Sub(resume.ToolWaitSince)
 	if waited >= bound {
-		if err := s.ledger.settle(ctx, a.base); err != nil {
+		if err := s.ledger.settle(ctx, a.base, a.known); err != nil {
 			return events.Result{}, err
 		}
 		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(events.ErrorClassToolUnavailable)).Inc()
@@ -76,7 +76,7 @@ func (s *Service) toolWait(ctx context.Context, a *attempt, r events.Result, c C
 	backoff := s.cfg.ToolBackoff
 	backoff.Max = max(backoff.Max, bound/toolWaitSnoozes)
 	delay := min(backoff.HalfJitter(resume.ToolWaits, s.cfg.Rand()), bound-waited)
-	if _, err := s.ledger.cutShort(ctx, a.base, o.usage(), resume, false); err != nil {
+	if _, err := s.ledger.cutShort(ctx, a.base, a.known, o.usage(), resume, false); err != nil {
 		return events.Result{}, err
 	}
 	s.metrics.snooze.WithLabelValues(snoozeToolWait).Observe(delay.Seconds())
@@ -98,7 +98,7 @@ func (s *Service) keep(ctx context.Context, a *attempt, o outcome) {
 	}
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
 	defer cancel()
-	if _, err := s.ledger.cutShort(kctx, a.base, o.usage(), resume, false); err != nil {
+	if _, err := s.ledger.cutShort(kctx, a.base, a.known, o.usage(), resume, false); err != nil {
 		s.cfg.Log.Warn("tool loop cut short by shutdown not kept", "task", a.in.Task.ID, "err", err)
 	}
 }

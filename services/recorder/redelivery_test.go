@@ -2,6 +2,7 @@ package recorder_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -140,5 +141,79 @@ func TestSpendCountedOnlyWhereABudgetCaps(t *testing.T) {
 		if k[0] != "css_fix" || d.Tokens != 110 || d.NanoUSD != trust.NanoUSD(0.001) {
 			t.Errorf("counter %v = %+v, want 110 tokens and $0.001", k, d)
 		}
+	}
+}
+
+// withState is m's executed event carrying at as the state the executor
+// left (events.StateAt).
+func withState(t *testing.T, m *services.Msg, at events.StateAt) *services.Msg {
+	t.Helper()
+	var ev events.Executed
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	ev.State = &at
+	data, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := *m
+	c.Data = data
+	return &c
+}
+
+// The state an executed event carries is where the recorder's write
+// starts, never what it decides on unchecked: a human's cancel written
+// after it makes it stale, and the recorder records nothing; a current one
+// is recorded from, and the retry carries the recorder's own write on.
+func TestCarriedStateIsCheckedByItsRevision(t *testing.T) {
+	ctx := context.Background()
+	h := recorderOn(t, nil)
+	start := func(id string) (events.Task, events.StateAt) {
+		t.Helper()
+		tk := events.Task{ID: id, Type: "bug_fix", Subject: "a.go"}
+		b := events.Base{Task: tk, Run: events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, At: now, By: "executor@test"}
+		if _, _, err := h.tasks.Create(ctx, task.New(tk)); err != nil {
+			t.Fatal(err)
+		}
+		at, _, err := h.tasks.ApplyAt(ctx, id, nil, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Begin(st, found, b)
+		})
+		if err != nil || at.Rev == 0 || at.State.Status != events.StatusRunning {
+			t.Fatalf("begin: %+v, %v", at, err)
+		}
+		return tk, at
+	}
+
+	tk, at := start("stale")
+	if _, _, err := h.tasks.Apply(ctx, tk.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.Act(st, events.Action{TaskID: tk.ID, Action: events.ActionCancel, By: "alice", At: now}), task.CauseApplied
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := withState(t, executed(t, tk, 1, 1, events.RungRefine, failed(events.ErrorClassTask, "still broken")), at)
+	if outs := h.handle(m); len(outs) != 0 {
+		t.Fatalf("outcome carrying a state older than a cancel: %d outputs, want none", len(outs))
+	}
+	if st, err := h.tasks.Get(ctx, tk.ID); err != nil || st.Status != events.StatusCancelled || st.Attempts != 0 {
+		t.Fatalf("state %+v, %v: want the cancel kept, no attempt recorded", st, err)
+	}
+
+	tk, at = start("current")
+	m = withState(t, executed(t, tk, 1, 1, events.RungRefine, failed(events.ErrorClassTask, "still broken")), at)
+	outs := moves(h.handle(m))
+	if len(outs) != 1 || outs[0].Subject != events.TaskSubject(tk.ID, events.StageVerified) {
+		t.Fatalf("outputs %+v, want the retry (verified)", outs)
+	}
+	var retry events.Verified
+	if err := json.Unmarshal(outs[0].Data, &retry); err != nil {
+		t.Fatal(err)
+	}
+	e, err := h.tasks.Get(ctx, tk.ID)
+	if err != nil || e.Attempts != 1 {
+		t.Fatalf("state %+v, %v: want the attempt recorded", e, err)
+	}
+	if retry.State == nil || retry.State.Rev <= at.Rev || retry.State.State.Attempts != 1 || retry.State.State.Status != e.Status {
+		t.Fatalf("retry carries %+v, want the recorder's write (revision after %d, 1 attempt, status %s)", retry.State, at.Rev, e.Status)
 	}
 }
