@@ -1,7 +1,6 @@
 package kvcas_test
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -9,18 +8,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/internal/kvcas"
+	"dispatchmesh/internal/natstest"
 )
-
-// countingKV counts the reads of a bucket.
-type countingKV struct {
-	jetstream.KeyValue
-	gets int
-}
-
-func (c *countingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	c.gets++
-	return c.KeyValue.Get(ctx, key)
-}
 
 // TestUpdateFrom: a value known at its revision is written without a read;
 // a known value that a later write made stale, or that mutate finds nothing
@@ -53,7 +42,7 @@ func TestUpdateFrom(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := bucket(t)
-			kv := &countingKV{KeyValue: base}
+			kv := &natstest.CountReads{KeyValue: base}
 			var known tally
 			var knownRev uint64
 			for i, keys := range tc.stored {
@@ -69,8 +58,8 @@ func TestUpdateFrom(t *testing.T) {
 			if !slices.Equal(v.Keys, tc.want) {
 				t.Errorf("value = %v, want %v", v.Keys, tc.want)
 			}
-			if kv.gets != tc.gets {
-				t.Errorf("%d reads, want %d", kv.gets, tc.gets)
+			if kv.Reads() != tc.gets {
+				t.Errorf("%d reads, want %d", kv.Reads(), tc.gets)
 			}
 			e, err := base.Get(t.Context(), "k")
 			if err != nil {
@@ -87,10 +76,10 @@ func TestUpdateFrom(t *testing.T) {
 	}
 
 	t.Run("nothing known: reads like Update, creates a missing key", func(t *testing.T) {
-		kv := &countingKV{KeyValue: bucket(t)}
+		kv := &natstest.CountReads{KeyValue: bucket(t)}
 		v, rev, err := kvcas.UpdateFrom(t.Context(), kv, "k", nil, 0, add("a"))
-		if err != nil || rev == 0 || !slices.Equal(v.Keys, []string{"a"}) || kv.gets != 1 {
-			t.Fatalf("UpdateFrom = %v, %d, %v with %d reads; want [a], a revision, one read", v.Keys, rev, err, kv.gets)
+		if err != nil || rev == 0 || !slices.Equal(v.Keys, []string{"a"}) || kv.Reads() != 1 {
+			t.Fatalf("UpdateFrom = %v, %d, %v with %d reads; want [a], a revision, one read", v.Keys, rev, err, kv.Reads())
 		}
 	})
 }

@@ -148,17 +148,6 @@ func TestKVLedgerState(t *testing.T) {
 	}
 }
 
-// readsKV counts the reads of a bucket.
-type readsKV struct {
-	jetstream.KeyValue
-	gets int
-}
-
-func (r *readsKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	r.gets++
-	return r.KeyValue.Get(ctx, key)
-}
-
 // An attempt that starts from the state its prompted event carried writes
 // without reading: each write starts from the one before, and what it
 // knows last is what the task's bucket holds. A carried state that another
@@ -170,7 +159,7 @@ func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv := &readsKV{KeyValue: bucket}
+	kv := &natstest.CountReads{KeyValue: bucket}
 	tasks := services.NewTaskStore(kv)
 	l := kvLedger{tasks: tasks, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, stale := range []bool{false, true} {
@@ -188,7 +177,7 @@ func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		kv.gets = 0
+		kv.Reset()
 		b := events.Base{Task: tk, Run: events.Run{Pass: 1, Attempt: 1}}
 		k := &known{at: &created}
 		if _, skip, err := l.begin(ctx, b, k); err != nil || skip {
@@ -197,8 +186,8 @@ func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
 		if err := l.addFailed(ctx, b, k, "h1", "boom"); err != nil {
 			t.Fatal(err)
 		}
-		if want := map[bool]int{false: 0, true: 1}[stale]; kv.gets != want {
-			t.Errorf("%s: %d reads, want %d", id, kv.gets, want)
+		if want := map[bool]int{false: 0, true: 1}[stale]; kv.Reads() != want {
+			t.Errorf("%s: %d reads, want %d", id, kv.Reads(), want)
 		}
 		e, err := bucket.Get(ctx, id)
 		if err != nil {
