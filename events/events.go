@@ -193,9 +193,6 @@ type Base struct {
 // Queued is published by intake once a submission is accepted.
 type Queued struct {
 	Base
-	// State is the task's state as intake created it, carried on to the
-	// executor's first write (optional; see StateAt).
-	State *StateAt `json:"state,omitempty"`
 }
 
 // Retry is published by the recorder to send a task through the pipeline
@@ -207,9 +204,6 @@ type Retry struct {
 	// WakeAt, when set, parks the task until then (a skipped pipeline task
 	// comes back later): the verifier holds it with a delayed nak.
 	WakeAt time.Time `json:"wake_at,omitzero"`
-	// State is the task's state as the recorder left it, carried on to
-	// the executor's first write (optional; see StateAt).
-	State *StateAt `json:"state,omitempty"`
 }
 
 // Verdicts of a staleness check.
@@ -239,9 +233,6 @@ type Verified struct {
 	// Reason is why this pass runs, when the recorder sent a retry straight
 	// to the gate: the previous attempt's failure (a retry's Reason).
 	Reason string `json:"reason,omitempty"`
-	// State is the task's state as it was last written, carried on to the
-	// executor's first write (optional; see StateAt).
-	State *StateAt `json:"state,omitempty"`
 }
 
 // Cancelled is published by the verifier for a stale task, or when a
@@ -300,9 +291,6 @@ type TrustDecision struct {
 type Admitted struct {
 	Base
 	Trust TrustDecision `json:"trust"`
-	// State is the task's state as it was last written, carried on to the
-	// executor's first write (optional; see StateAt).
-	State *StateAt `json:"state,omitempty"`
 }
 
 // Gated is the review record of a task the gate blocked (status needs_human_review).
@@ -331,9 +319,6 @@ type Prompt struct {
 type Prompted struct {
 	Base
 	Prompt Prompt `json:"prompt"`
-	// State is the task's state as it was last written, for the executor's
-	// first write (optional; see StateAt).
-	State *StateAt `json:"state,omitempty"`
 }
 
 // Outcomes of one attempt.

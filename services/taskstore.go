@@ -51,23 +51,19 @@ func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *event
 	return kvcas.Update(ctx, s.kv, id, mutate)
 }
 
-// Create stores the state of a new task, and returns it with the revision
-// of the write (for the task's next event: events.StateAt). If the task
-// exists it returns false and the stored state instead.
-func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.StateAt, error) {
+// Create stores the state of a new task. If the task exists it returns
+// false and the stored state instead.
+func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.TaskState, error) {
 	data, err := json.Marshal(st)
 	if err != nil {
-		return false, events.StateAt{State: st}, err
+		return false, st, err
 	}
-	rev, err := s.kv.Create(ctx, st.ID, data)
+	_, err = s.kv.Create(ctx, st.ID, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		existing, rev, found, err := kvcas.Get[events.TaskState](ctx, s.kv, st.ID)
-		if err == nil && !found {
-			err = ErrTaskNotFound
-		}
-		return false, events.StateAt{Rev: rev, State: existing}, err
+		existing, err := s.Get(ctx, st.ID)
+		return false, existing, err
 	}
-	return err == nil, events.StateAt{Rev: rev, State: st}, err
+	return err == nil, st, err
 }
 
 // Apply runs the transition tr (a function of package task) on a task's

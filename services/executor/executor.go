@@ -90,7 +90,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// context ends, and the attempt is neither recorded nor retried.
 	ctx, ended, done := s.flights.track(ctx, in.Task.ID)
 	defer done()
-	k := &known{at: in.State}
+	k := &known{}
 	f, skip, err := s.ledger.begin(ctx, base, k)
 	if err != nil || skip {
 		return nil, err
@@ -134,12 +134,24 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	s.logCall(in, result)
 
 	base.At = end
-	out, err := services.Next(base, events.StageExecuted, events.EventExecuted, events.Executed{Base: base, Result: result, State: k.state()})
+	ev := events.Executed{Base: base, Result: result, State: k.state()}
+	out, err := services.Next(base, events.StageExecuted, events.EventExecuted, ev)
+	if err == nil && ev.State != nil && len(out.Data) > MaxCarried {
+		// A large task (its payload, a long history) goes without its
+		// state: the recorder reads it.
+		ev.State = nil
+		out, err = services.Next(base, events.StageExecuted, events.EventExecuted, ev)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return []services.Out{out}, nil
 }
+
+// MaxCarried bounds an Executed event that carries the task's state
+// (events.StateAt): a larger one goes without it, far from the servers'
+// max_payload (1 MB).
+const MaxCarried = 256 << 10
 
 // executed reports whether the stream already holds this pass's Executed
 // event. It is asked only after a lost ack, never on the hot path.

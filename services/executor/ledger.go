@@ -118,6 +118,9 @@ func (l kvLedger) apply(ctx context.Context, b events.Base, k *known, tr func(st
 		return at.State, c, storeErr(ctx, err)
 	}
 	k.at = &at
+	if at.Rev == 0 { // no state stored (the key is gone): nothing to carry
+		k.at = nil
+	}
 	return at.State, c, nil
 }
 

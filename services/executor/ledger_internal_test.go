@@ -148,11 +148,11 @@ func TestKVLedgerState(t *testing.T) {
 	}
 }
 
-// An attempt that starts from the state its prompted event carried writes
-// without reading: each write starts from the one before, and what it
-// knows last is what the task's bucket holds. A carried state that another
-// write made stale is read again.
-func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
+// An attempt reads the task's state once, in begin: each later write
+// starts from the one before, and what it knows last — what its Executed
+// event carries to the recorder — is what the bucket holds. A write of
+// someone else in between (a human's cancel) makes it read again.
+func TestKVLedgerWritesFromWhatItKnows(t *testing.T) {
 	ctx := context.Background()
 	ns := natstest.Start(t)
 	bucket, err := ns.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: services.BucketTasks})
@@ -165,11 +165,15 @@ func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
 	for _, stale := range []bool{false, true} {
 		id := map[bool]string{false: "current", true: "stale"}[stale]
 		tk := events.Task{ID: id, Type: "css_fix", Subject: "a.css"}
-		_, created, err := tasks.Create(ctx, task.New(tk))
-		if err != nil || created.Rev == 0 {
-			t.Fatalf("create: %+v, %v", created, err)
+		if _, _, err := tasks.Create(ctx, task.New(tk)); err != nil {
+			t.Fatal(err)
 		}
-		if stale { // a write the carried state does not know of
+		b := events.Base{Task: tk, Run: events.Run{Pass: 1, Attempt: 1}}
+		k := &known{}
+		if _, skip, err := l.begin(ctx, b, k); err != nil || skip {
+			t.Fatalf("%s: begin: skip %v, %v", id, skip, err)
+		}
+		if stale { // a write the attempt does not know of
 			if _, _, err := tasks.Apply(ctx, id, func(st events.TaskState, _ bool) (events.TaskState, task.Cause) {
 				st.Reason = "touched"
 				return st, task.CauseApplied
@@ -178,12 +182,10 @@ func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
 			}
 		}
 		kv.Reset()
-		b := events.Base{Task: tk, Run: events.Run{Pass: 1, Attempt: 1}}
-		k := &known{at: &created}
-		if _, skip, err := l.begin(ctx, b, k); err != nil || skip {
-			t.Fatalf("%s: begin: skip %v, %v", id, skip, err)
-		}
 		if err := l.addFailed(ctx, b, k, "h1", "boom"); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.addRefused(ctx, b, k); err != nil {
 			t.Fatal(err)
 		}
 		if want := map[bool]int{false: 0, true: 1}[stale]; kv.Reads() != want {
@@ -194,7 +196,7 @@ func TestKVLedgerStartsFromTheCarriedState(t *testing.T) {
 			t.Fatal(err)
 		}
 		last := k.state()
-		if last == nil || last.Rev != e.Revision() || last.State.Status != events.StatusRunning || len(last.State.FailedRequests) != 1 {
+		if last == nil || last.Rev != e.Revision() || last.State.Status != events.StatusRunning || len(last.State.FailedRequests) != 1 || last.State.Refused != 1 {
 			t.Fatalf("%s: the attempt knows %+v, the bucket holds revision %d", id, last, e.Revision())
 		}
 		if stale && last.State.Reason != "touched" {

@@ -2,12 +2,15 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
+	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
 )
@@ -93,5 +96,50 @@ func TestHandleSkipsATaskThatMovedOn(t *testing.T) {
 	}
 	if st, _ := tasks.Get(ctx, "t1"); st.Status != events.StatusVerifying || st.Pass != 3 {
 		t.Errorf("t1 state rewound to %+v", st)
+	}
+}
+
+// The Executed event carries the task's state as the executor left it,
+// with the revision of that write, for the recorder's compare-and-set; a
+// task too large to carry it (MaxCarried) goes without.
+func TestExecutedCarriesTheState(t *testing.T) {
+	ctx := context.Background()
+	tasks := taskStore(t)
+	s, _ := newService(t, executor.Config{Model: executor.Simulated{}, Tasks: tasks})
+
+	outs, err := s.Handle(ctx, prompted(t, "small", "css_fix", "", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := executed(t, "small", 1, outs)
+	st, err := tasks.Get(ctx, "small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.State == nil || ev.State.Rev == 0 || ev.State.State.Status != st.Status || ev.State.State.Pass != st.Pass {
+		t.Fatalf("executed carries %+v, want the stored state %+v with its revision", ev.State, st)
+	}
+	// The revision is the stored one: a compare-and-set from it succeeds.
+	if _, _, err := tasks.ApplyAt(ctx, "small", ev.State, func(st events.TaskState, _ bool) (events.TaskState, task.Cause) {
+		st.Reason = "next"
+		return st, task.CauseApplied
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	m := prompted(t, "large", "css_fix", "", 1)
+	var in events.Prompted
+	if err := json.Unmarshal(m.Data, &in); err != nil {
+		t.Fatal(err)
+	}
+	in.Task.Payload, _ = json.Marshal(strings.Repeat("x", executor.MaxCarried))
+	if m.Data, err = json.Marshal(in); err != nil {
+		t.Fatal(err)
+	}
+	if outs, err = s.Handle(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if ev := executed(t, "large", 1, outs); ev.State != nil {
+		t.Fatalf("a task over MaxCarried carries its state (%d bytes)", len(outs[0].Data))
 	}
 }

@@ -50,7 +50,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pol := s.cfg.Policy.Snapshot()
 	run := firstRun(t, pol)
 	st := task.Queued(t, run, m.Seq)
-	created, at, err := s.cfg.Tasks.Create(ctx, st)
+	created, existing, err := s.cfg.Tasks.Create(ctx, st)
 	if err != nil {
 		return nil, err
 	}
@@ -58,9 +58,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// message (publish again, as it was decided then: the Msg-Id
 	// deduplicates), or by another submission of the same id (one task:
 	// nothing to do).
-	publish := created || at.State.SubmitSeq == m.Seq
+	publish := created || existing.SubmitSeq == m.Seq
 	if !created {
-		run.Rung, run.Step = at.State.Rung, at.State.Step
+		run.Rung, run.Step = existing.Rung, existing.Step
 	}
 	if !publish {
 		s.log.Info("duplicate submission ignored", "task", t.ID, "seq", m.Seq)
@@ -76,13 +76,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	// A type without a verifier has nothing to verify: its task goes to the
 	// gate at once, verified (verdict skipped) instead of queued.
-	// The event carries the state as created: the executor's write starts
-	// from it.
-	out, err := services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b, State: &at})
+	out, err := services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
 	if !pol.For(t.Type).Verifies() {
-		v := task.Unverified(b, "")
-		v.State = &at
-		out, err = services.Next(b, events.StageVerified, events.EventVerified, v)
+		out, err = services.Next(b, events.StageVerified, events.EventVerified, task.Unverified(b, ""))
 	}
 	if err != nil {
 		return nil, err

@@ -80,7 +80,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	out, err := services.Next(base, events.StagePrompted, events.EventPrompted, events.Prompted{
 		Base:   base,
 		Prompt: events.Prompt{Model: model, Messages: msgs},
-		State:  in.State,
 	})
 	if err != nil {
 		return nil, err

@@ -85,8 +85,13 @@ func (s *Service) record(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// State first: the PIVOT rule needs the dead ends, and the stored
 	// record makes a redelivery see the same judgement.
 	// The executor's event carries the state as it left it: the
-	// compare-and-set starts from there (and reads on a conflict).
-	at, cause, err := s.cfg.Tasks.ApplyAt(ctx, t.ID, ev.State, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+	// compare-and-set starts from there (and reads on a conflict). A
+	// redelivery's was most likely replaced by its first delivery: read.
+	known := ev.State
+	if m.Delivered > 1 {
+		known = nil
+	}
+	at, cause, err := s.cfg.Tasks.ApplyAt(ctx, t.ID, known, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		next, judged, c := task.Record(st, found, b, ev.Result, pol, now)
 		res = judged
 		return next, c
@@ -137,16 +142,6 @@ func (s *Service) record(ctx context.Context, m *services.Msg) ([]services.Out, 
 		score, _, _ = trust.Score(stats.Outcomes, s.cfg.Scoring)
 	}
 	e := task.Emit(st, b, res, pol, score)
-	// A retry carries the state as recorded: the next executor's write
-	// starts from it.
-	switch ev := e.Event.(type) {
-	case events.Retry:
-		ev.State = &at
-		e.Event = ev
-	case events.Verified:
-		ev.State = &at
-		e.Event = ev
-	}
 	var out services.Out
 	switch {
 	case e.Review == "":

@@ -48,8 +48,6 @@ type input struct {
 	events.Base
 	Reason string    `json:"reason"`
 	WakeAt time.Time `json:"wake_at,omitzero"`
-	// State is the task's state as last written (events.StateAt).
-	State *events.StateAt `json:"state,omitempty"`
 }
 
 // Handle checks the task of a queued or retry event and publishes its verdict.
@@ -89,15 +87,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
-	known := in.State // the state as last written, for the executor
 	if kind(pv) != policy.VerifierNone && s.cfg.Tasks != nil {
-		at, _, err := s.cfg.Tasks.ApplyAt(ctx, b.Task.ID, in.State, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		if _, _, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Verifying(st, found, b)
-		})
-		if err != nil {
+		}); err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status verifying: %w", err))
 		}
-		known = &at
 	}
 	v, err := s.check(ctx, b.Task, pv)
 	if err != nil {
@@ -113,7 +108,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	switch {
 	case v.Verdict == events.VerdictExists, v.Verdict == events.VerdictSkipped, v.FailOpen:
-		return outs(services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b, Verification: v, State: known}))
+		return outs(services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b, Verification: v}))
 	case v.Verdict == events.VerdictStale:
 		log.Info("task is stale; cancelled", "detail", v.Detail)
 		return s.cancel(ctx, b, v)
