@@ -1,6 +1,7 @@
 package task_test
 
 import (
+	"maps"
 	"reflect"
 	"slices"
 	"testing"
@@ -72,11 +73,23 @@ func run(t *testing.T, tests []transition) {
 	}
 }
 
+// clone is a deep copy of st: run compares the input with it after the
+// transition, so a write through a shared slice, map or Resume shows.
+// (A service may start a transition from a state it already knows —
+// kvcas.UpdateFrom — and keeps the input if the transition changes
+// nothing: a transition must never write through what it is given.)
 func clone(st events.TaskState) events.TaskState {
 	st.History = slices.Clone(st.History)
 	st.DeadEnds = slices.Clone(st.DeadEnds)
 	st.FailedRequests = slices.Clone(st.FailedRequests)
 	st.Actions = slices.Clone(st.Actions)
+	st.StepRetries = maps.Clone(st.StepRetries)
+	st.Loops = maps.Clone(st.Loops)
+	if st.Resume != nil {
+		r := *st.Resume
+		r.Turns, r.Pending = slices.Clone(r.Turns), slices.Clone(r.Pending)
+		st.Resume = &r
+	}
 	return st
 }
 
@@ -309,6 +322,29 @@ func TestRecordTransitions(t *testing.T) {
 	}
 	var judged events.Result
 	keep := func(_ *testing.T, r events.Result) { judged = r }
+	pipeline := policy.Type{Steps: []policy.Step{
+		{Name: "implement"},
+		{Name: "validate", Run: "command", OnFail: policy.OnFail{Goto: []policy.Goto{{Step: "implement", Max: 2}}}},
+	}}
+	// inPipeline puts the task on step with retries and loops already
+	// counted (maps a transition must not write through).
+	inPipeline := func(st events.TaskState, step string) events.TaskState {
+		st.Step = step
+		st.StepRetries = map[string]int{"implement": 1}
+		st.Loops = map[string]int{"other>implement": 1}
+		return st
+	}
+	stepBase := func(pass int, step string) events.Base {
+		b := base(pass)
+		b.Run.Rung, b.Run.Step = "", step
+		return b
+	}
+	recordIn := func(pol policy.Type, b events.Base, res events.Result) func(events.TaskState, bool) (events.TaskState, task.Cause) {
+		return func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			next, _, c := task.Record(st, found, b, res, pol, t1)
+			return next, c
+		}
+	}
 	run(t, []transition{
 		{"a success", at(events.StatusRunning, 2), true, record(base(2), ok(), nil), task.CauseApplied, func(t *testing.T, st events.TaskState) {
 			if st.Status != events.StatusSucceeded || st.Decision != events.DecisionSucceeded || len(st.History) != 1 || !st.History[0].At.Equal(t1) {
@@ -332,6 +368,27 @@ func TestRecordTransitions(t *testing.T) {
 		}},
 		{"an old pass", at(events.StatusRunning, 4), true, record(base(2), ok(), nil), task.CauseMovedOn, nil},
 		{"a task cancelled meanwhile", at(events.StatusCancelled, 2), true, record(base(2), ok(), nil), task.CauseEnded, nil},
+		{"a pipeline step fails: its retries counted", inPipeline(at(events.StatusRunning, 2), "implement"), true,
+			recordIn(pipeline, stepBase(2, "implement"), failed(events.ErrorClassTask, "red")), task.CauseApplied,
+			func(t *testing.T, st events.TaskState) {
+				if st.Decision != events.DecisionRetry || st.StepRetries["implement"] != 2 {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{"a pipeline check fails: back to an earlier step", inPipeline(at(events.StatusRunning, 2), "validate"), true,
+			recordIn(pipeline, stepBase(2, "validate"), failed(events.ErrorClassStep, "vet: unused")), task.CauseApplied,
+			func(t *testing.T, st events.TaskState) {
+				if st.Step != "implement" || st.Loops["validate>implement"] != 1 {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{"a pipeline step passes", inPipeline(at(events.StatusRunning, 2), "implement"), true,
+			recordIn(pipeline, stepBase(2, "implement"), ok()), task.CauseApplied,
+			func(t *testing.T, st events.TaskState) {
+				if st.Step != "validate" {
+					t.Errorf("state %+v", st)
+				}
+			}},
 		{"PIVOT rejects a dead end", withEnds(at(events.StatusRunning, 3)), true,
 			record(pivot, events.Result{Outcome: events.OutcomeSuccess, Approach: "Add a null check"}, keep), task.CauseApplied,
 			func(t *testing.T, st events.TaskState) {
