@@ -100,19 +100,7 @@ func printTasks(out io.Writer, p review.TaskPage, args []string) {
 	if p.Next == "" {
 		return
 	}
-	var rest []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "-cursor" || a == "--cursor" {
-			i++
-			continue
-		}
-		if strings.HasPrefix(a, "-cursor=") || strings.HasPrefix(a, "--cursor=") {
-			continue
-		}
-		rest = append(rest, shellQuote(a))
-	}
-	fmt.Fprintf(out, "\nolder: dispatch tasks %s\n", strings.TrimSpace(strings.Join(append(rest, "-cursor", p.Next), " ")))
+	fmt.Fprintf(out, "\nolder: %s\n", nextCommand("dispatch tasks", args, p.Next))
 }
 
 func shellQuote(s string) string {
