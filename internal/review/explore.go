@@ -198,7 +198,7 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 		return c.tasksByRecords(ctx, q, tasks, stream)
 	}
 	cursor, _ := parseCursor(q.Cursor)
-	w, err := openWindow(ctx, stream, span{stream: stream, filters: []string{events.IndexFilterFor(q.Type, q.Subject)}, what: "task index"}, cursor, q.Since, q.Until)
+	w, err := openWindow(ctx, stream, span{stream: stream, filter: events.IndexFilterFor(q.Type, q.Subject), what: "task index"}, cursor, q.Since, q.Until)
 	if err != nil {
 		return page, err
 	}

@@ -71,7 +71,7 @@ func (c *Client) tasksByRecords(ctx context.Context, q TaskQuery, tasks *service
 	// Until does not (a task queued before it may have ended after it).
 	var recs merged
 	for _, subj := range statusSubjects(q.Status, "*") {
-		w, err := openWindow(ctx, stream, span{stream: stream, filters: []string{subj}, what: "records " + subj}, cursor, q.Since, time.Time{})
+		w, err := openWindow(ctx, stream, span{stream: stream, filter: subj, what: "records " + subj}, cursor, q.Since, time.Time{})
 		if err != nil {
 			return page, err
 		}
@@ -153,16 +153,7 @@ func (m *merged) next(ctx context.Context, want uint64) (taskRecord, bool, error
 	best := -1
 	for i, w := range m.ws {
 		if len(m.bufs[i]) == 0 && w.left > 0 {
-			var msgs []jetstream.Msg
-			var seqs []uint64
-			var err error
-			if w.left <= want {
-				// What is left fits: one consumer from lo, no search for
-				// where the batch begins (records are rare: the usual case).
-				msgs, seqs, err = w.read(ctx, w.lo, w.hi, w.left)
-			} else {
-				msgs, seqs, err = w.batch(ctx, want)
-			}
+			msgs, seqs, err := w.batch(ctx, want) // records are rare: usually one read of what is left
 			if err != nil {
 				return taskRecord{}, false, err
 			}

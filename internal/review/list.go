@@ -235,7 +235,7 @@ func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 	if reason == "" {
 		reason = "*"
 	}
-	sp := span{stream: stream, filters: []string{events.ReviewSubject(reason, "*")}, what: "review records"}
+	sp := span{stream: stream, filter: events.ReviewSubject(reason, "*"), what: "review records"}
 	var since time.Time
 	if f.Age > 0 {
 		since = c.cfg.Now().Add(-f.Age)

@@ -39,26 +39,20 @@ func parseCursor(s string) (uint64, error) {
 	return n, nil
 }
 
-// span is the messages of a stream on some subjects.
+// span is the messages of a stream on one subject filter. (One filter:
+// with several, the server tests every subject of the stream against them
+// to count what is pending, where one is looked up in its index.)
 type span struct {
-	stream  jetstream.Stream
-	filters []string
-	what    string // names the messages in errors: "task index", "review records"
-}
-
-func (s span) filter(cfg *jetstream.ConsumerConfig) {
-	if len(s.filters) == 1 {
-		cfg.FilterSubject = s.filters[0]
-	} else {
-		cfg.FilterSubjects = s.filters
-	}
+	stream jetstream.Stream
+	filter string
+	what   string // names the messages in errors: "task index", "review records"
 }
 
 // probe creates a consumer of the span at a start position, returns what
 // the server says about it, and deletes it: the server computes NumPending
 // (messages from the start on) from its per-subject index, no message moves.
 func (s span) probe(ctx context.Context, cfg jetstream.ConsumerConfig) (*jetstream.ConsumerInfo, error) {
-	s.filter(&cfg)
+	cfg.FilterSubject = s.filter
 	cfg.AckPolicy = jetstream.AckNonePolicy
 	cfg.MemoryStorage = true
 	cfg.InactiveThreshold = 30 * time.Second // cleans up after a failed delete
@@ -157,9 +151,8 @@ func (s span) read(ctx context.Context, start, hi, want uint64) ([]jetstream.Msg
 	cfg := jetstream.ConsumerConfig{
 		AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true,
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
-		InactiveThreshold: 30 * time.Second,
+		InactiveThreshold: 30 * time.Second, FilterSubject: s.filter,
 	}
-	s.filter(&cfg)
 	cons, err := s.stream.CreateConsumer(ctx, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", s.what, err)
@@ -203,31 +196,9 @@ const uncounted = math.MaxUint64
 // until (zero: open). Its cost: one consumer creation per time bound and
 // two pending counts.
 func openWindow(ctx context.Context, stream jetstream.Stream, sp span, cursor uint64, since, until time.Time) (*window, error) {
-	info := stream.CachedInfo()
-	w := &window{span: sp, lo: max(info.State.FirstSeq, 1), hi: info.State.LastSeq + 1}
-	if cursor > 0 && cursor < w.hi {
-		w.hi = cursor
-	}
-	if !until.IsZero() {
-		seq, err := sp.seqAt(ctx, until)
-		if err != nil {
-			return nil, err
-		}
-		w.hi = min(w.hi, seq)
-	}
-	if !since.IsZero() {
-		seq, err := sp.seqAt(ctx, since)
-		if err != nil {
-			return nil, err
-		}
-		w.lo = max(w.lo, seq)
-	}
-	if w.hi <= w.lo {
-		return w, nil
-	}
-	var err error
-	if w.above, err = sp.pending(ctx, w.hi); err != nil {
-		return nil, err
+	w, err := bound(ctx, stream, sp, cursor, since, until)
+	if err != nil || w.left == 0 {
+		return w, err
 	}
 	total, err := sp.pending(ctx, w.lo)
 	if err != nil {
@@ -246,10 +217,23 @@ func openWindow(ctx context.Context, stream jetstream.Stream, sp span, cursor ui
 // is left then); a page that ends just above the oldest message leaves a
 // cursor to an empty page.
 func openNewest(ctx context.Context, stream jetstream.Stream, sp span, cursor uint64, since time.Time) (*window, error) {
+	return bound(ctx, stream, sp, cursor, since, time.Time{})
+}
+
+// bound is the window of openWindow with its messages uncounted (0 when
+// the bounds leave none).
+func bound(ctx context.Context, stream jetstream.Stream, sp span, cursor uint64, since, until time.Time) (*window, error) {
 	info := stream.CachedInfo()
 	w := &window{span: sp, lo: max(info.State.FirstSeq, 1), hi: info.State.LastSeq + 1, left: uncounted}
 	if cursor > 0 && cursor < w.hi {
 		w.hi = cursor
+	}
+	if !until.IsZero() {
+		seq, err := sp.seqAt(ctx, until)
+		if err != nil {
+			return nil, err
+		}
+		w.hi = min(w.hi, seq)
 	}
 	if !since.IsZero() {
 		seq, err := sp.seqAt(ctx, since)
@@ -286,6 +270,15 @@ func (w *window) batchUpTo(ctx context.Context, want, most uint64) ([]jetstream.
 	want = min(want, w.left)
 	if want == 0 {
 		return nil, nil, nil
+	}
+	if w.left <= max(most, want) {
+		// What is left fits: one consumer from lo, no search for where
+		// the batch begins. Fewer read than counted: the rest aged out.
+		msgs, seqs, err := w.read(ctx, w.lo, w.hi, w.left)
+		if err == nil {
+			w.left = uint64(len(msgs))
+		}
+		return msgs, seqs, err
 	}
 	start, n, err := w.start(ctx, w.lo, w.hi, w.above, want, max(most, want))
 	if err != nil {
