@@ -51,12 +51,15 @@ func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, mutat
 // copied before mutate sees it (a shallow copy: mutate must not change
 // what the value's slices and maps hold in place).
 func UpdateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, known *T, rev uint64, mutate func(v *T, found bool) error) (T, uint64, error) {
+	if rev == 0 {
+		known = nil
+	}
 	for {
 		var (
 			v       T
 			found   bool
 			err     error
-			trusted = known == nil || rev == 0
+			trusted = known == nil // the value as stored, not as known
 		)
 		if !trusted {
 			v, found, known = *known, true, nil
@@ -65,8 +68,7 @@ func UpdateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, k
 		}
 		if err := mutate(&v, found); err != nil {
 			if errors.Is(err, ErrNoChange) && !trusted {
-				rev = 0 // "nothing to do" is only true of the value as stored
-				continue
+				continue // "nothing to do" is only true of the value as stored
 			}
 			if errors.Is(err, ErrNoChange) {
 				return v, rev, nil
@@ -90,7 +92,6 @@ func UpdateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, k
 			if ctx.Err() != nil {
 				return v, 0, ctx.Err()
 			}
-			rev = 0
 			continue // someone wrote first: read again and reapply
 		default:
 			return v, 0, err

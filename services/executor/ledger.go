@@ -104,12 +104,8 @@ func (l kvLedger) begin(ctx context.Context, b events.Base, k *known) (facts, bo
 }
 
 // apply runs one of the task's attempt transitions on its stored state,
-// from the state as the attempt last knew it (k, nil: read it).
+// from the state as the attempt last knew it (k.at; nil: read it).
 func (l kvLedger) apply(ctx context.Context, b events.Base, k *known, tr func(st events.TaskState, found bool) (events.TaskState, task.Cause)) (events.TaskState, task.Cause, error) {
-	if k == nil {
-		st, c, err := l.tasks.Apply(ctx, b.Task.ID, tr)
-		return st, c, storeErr(ctx, err)
-	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	at, c, err := l.tasks.ApplyAt(ctx, b.Task.ID, k.at, tr)

@@ -35,80 +35,80 @@ func TestLedgers(t *testing.T) {
 			b := events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 1, Attempt: 1}}
 			other := events.Base{Task: events.Task{ID: "t2", Type: "css_fix"}, Run: events.Run{Pass: 1, Attempt: 1}}
 
-			f, skip, err := l.begin(ctx, b, nil)
+			f, skip, err := l.begin(ctx, b, &known{})
 			if err != nil || skip || len(f.failed) != 0 || f.transient != 0 {
 				t.Fatalf("begin on a new task = %+v, %v, %v", f, skip, err)
 			}
 			for want := 1; want <= 3; want++ {
-				if n, err := l.cutShort(ctx, b, nil, events.Usage{}, nil, true); err != nil || n != want {
+				if n, err := l.cutShort(ctx, b, &known{}, events.Usage{}, nil, true); err != nil || n != want {
 					t.Fatalf("cutShort = %d, %v; want %d", n, err, want)
 				}
 			}
-			if f, _, _ := l.begin(ctx, b, nil); f.transient != 3 {
+			if f, _, _ := l.begin(ctx, b, &known{}); f.transient != 3 {
 				t.Errorf("transient count %d after 3, want 3 (it survives redeliveries)", f.transient)
 			}
 			// What cut-short tries spent, and the tool loop to resume, are
 			// kept until the attempt ends; a tool wait is not a transient.
 			resume := &events.Resume{Pass: 1, Turns: []events.Turn{{Role: "assistant", ToolCalls: []events.ToolCall{{ID: "c1", Name: "x", Arguments: "{}"}}}},
 				Pending: []events.ToolCall{{ID: "c1", Name: "x", Arguments: "{}"}}, ToolWaits: 1}
-			if n, err := l.cutShort(ctx, b, nil, events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}, resume, false); err != nil || n != 3 {
+			if n, err := l.cutShort(ctx, b, &known{}, events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}, resume, false); err != nil || n != 3 {
 				t.Fatalf("cutShort of a tool wait = %d, %v; want the count unchanged, 3", n, err)
 			}
-			f, _, _ = l.begin(ctx, b, nil)
+			f, _, _ = l.begin(ctx, b, &known{})
 			if f.unbilled != (events.Usage{TokensIn: 100, TokensOut: 20, Cost: 0.5}) || f.resume == nil || len(f.resume.Pending) != 1 || f.resume.ToolWaits != 1 {
 				t.Errorf("unbilled %+v resume %+v, want what the cut-short try spent and its loop", f.unbilled, f.resume)
 			}
-			if f, _, _ := l.begin(ctx, other, nil); f.resume != nil {
+			if f, _, _ := l.begin(ctx, other, &known{}); f.resume != nil {
 				t.Errorf("another task resumes %+v", f.resume)
 			}
-			if err := l.settle(ctx, b, nil); err != nil {
+			if err := l.settle(ctx, b, &known{}); err != nil {
 				t.Fatal(err)
 			}
-			if f, _, _ := l.begin(ctx, b, nil); f.unbilled != (events.Usage{}) || f.transient != 0 || f.resume != nil {
+			if f, _, _ := l.begin(ctx, b, &known{}); f.unbilled != (events.Usage{}) || f.transient != 0 || f.resume != nil {
 				t.Errorf("after settle: %+v", f)
 			}
-			if n, _ := l.cutShort(ctx, b, nil, events.Usage{}, nil, true); n != 1 {
+			if n, _ := l.cutShort(ctx, b, &known{}, events.Usage{}, nil, true); n != 1 {
 				t.Errorf("count after settle then a failure: %d, want 1", n)
 			}
 
 			for range 2 { // idempotent
-				if err := l.addFailed(ctx, b, nil, "h1", "boom"); err != nil {
+				if err := l.addFailed(ctx, b, &known{}, "h1", "boom"); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := l.addFailed(ctx, b, nil, "tool:h2", ""); err != nil {
+			if err := l.addFailed(ctx, b, &known{}, "tool:h2", ""); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.addRefused(ctx, b, nil); err != nil {
+			if err := l.addRefused(ctx, b, &known{}); err != nil {
 				t.Fatal(err)
 			}
-			f, _, _ = l.begin(ctx, b, nil)
+			f, _, _ = l.begin(ctx, b, &known{})
 			if len(f.failed) != 0 || !f.failedNow || len(f.toolsFailedNow) != 1 || !f.toolsFailedNow["tool:h2"] {
 				t.Errorf("the same pass sees failed %v, failedNow %v, tools %v; want its own bans only flagged, its tool call listed",
 					f.failed, f.failedNow, f.toolsFailedNow)
 			}
 			later := b
 			later.Run.Pass++
-			f, _, _ = l.begin(ctx, later, nil)
+			f, _, _ = l.begin(ctx, later, &known{})
 			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] || f.failedNow || len(f.toolsFailedNow) != 0 {
 				t.Errorf("failed %v, want h1 and tool:h2 once each", f.failed)
 			}
-			if f, _, _ := l.begin(ctx, other, nil); len(f.failed) != 0 || f.transient != 0 {
+			if f, _, _ := l.begin(ctx, other, &known{}); len(f.failed) != 0 || f.transient != 0 {
 				t.Errorf("another task sees %+v, want nothing", f)
 			}
 
 			// a loop kept for one pass is never resumed by another
 			kept := *resume
 			kept.Pass = later.Run.Pass
-			if _, err := l.cutShort(ctx, later, nil, events.Usage{}, &kept, false); err != nil {
+			if _, err := l.cutShort(ctx, later, &known{}, events.Usage{}, &kept, false); err != nil {
 				t.Fatal(err)
 			}
-			if f, _, _ := l.begin(ctx, later, nil); f.resume == nil {
+			if f, _, _ := l.begin(ctx, later, &known{}); f.resume == nil {
 				t.Error("the redelivered pass 2 does not resume its loop")
 			}
 			third := later
 			third.Run.Pass++
-			if f, _, _ := l.begin(ctx, third, nil); f.resume != nil {
+			if f, _, _ := l.begin(ctx, third, &known{}); f.resume != nil {
 				t.Errorf("pass 3 resumes the loop of pass 2: %+v", f.resume)
 			}
 		})
@@ -125,13 +125,13 @@ func TestKVLedgerState(t *testing.T) {
 	tasks := services.NewTaskStore(kv)
 	l := kvLedger{tasks: tasks, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	b := events.Base{Task: events.Task{ID: "t1", Type: "css_fix"}, Run: events.Run{Pass: 2, Attempt: 2}}
-	if _, _, err := l.begin(ctx, b, nil); err != nil {
+	if _, _, err := l.begin(ctx, b, &known{}); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = l.cutShort(ctx, b, nil, events.Usage{}, nil, true)
-	_ = l.addFailed(ctx, b, nil, "h1", "boom")
-	_ = l.addRefused(ctx, b, nil)
-	_ = l.addRefused(ctx, b, nil)
+	_, _ = l.cutShort(ctx, b, &known{}, events.Usage{}, nil, true)
+	_ = l.addFailed(ctx, b, &known{}, "h1", "boom")
+	_ = l.addRefused(ctx, b, &known{})
+	_ = l.addRefused(ctx, b, &known{})
 	st, err := tasks.Get(ctx, "t1")
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func TestKVLedgerState(t *testing.T) {
 	// a later pass or an ended task is skipped
 	later := b
 	later.Run.Pass = 1
-	if _, skip, _ := l.begin(ctx, later, nil); !skip {
+	if _, skip, _ := l.begin(ctx, later, &known{}); !skip {
 		t.Error("an older pass was not skipped")
 	}
 }

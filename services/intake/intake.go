@@ -76,8 +76,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	// A type without a verifier has nothing to verify: its task goes to the
 	// gate at once, verified (verdict skipped) instead of queued.
-	out, err := services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
-	if !pol.For(t.Type).Verifies() {
+	var out services.Out
+	if pol.For(t.Type).Verifies() {
+		out, err = services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
+	} else {
 		out, err = services.Next(b, events.StageVerified, events.EventVerified, task.Unverified(b, ""))
 	}
 	if err != nil {

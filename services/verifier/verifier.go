@@ -67,10 +67,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	pol := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, pol.Rev
-	pv := *pol.For(b.Task.Type).Verifier
+	typ := pol.For(b.Task.Type)
+	pv := *typ.Verifier
 	log := s.cfg.Log.With("task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "verifier", kind(pv))
 	log.Debug("verifying", "reason", in.Reason)
-	if s.cfg.Tasks != nil && (kind(pv) != policy.VerifierNone || m.Delivered > 1) {
+	if s.cfg.Tasks != nil && (typ.Verifies() || m.Delivered > 1) {
 		// A task that ended is not verified again — unless this verifier
 		// ended it (stale) and this is a redelivery: then its cancelled
 		// event is published again below (the Msg-Id deduplicates). With
@@ -87,7 +88,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
-	if kind(pv) != policy.VerifierNone && s.cfg.Tasks != nil {
+	if typ.Verifies() && s.cfg.Tasks != nil {
 		if _, _, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Verifying(st, found, b)
 		}); err != nil {
