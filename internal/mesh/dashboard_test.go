@@ -90,10 +90,7 @@ func unexportedDashboardMetrics(t *testing.T, data []byte, exported []string) []
 // object as newer Grafana writes it) or in an annotation is reported.
 func TestDashboardCheckReadsEveryQuery(t *testing.T) {
 	data := readDashboard(t)
-	exported := dashboardMetrics(t, data) // the real dashboard passes by construction
-	if unknown := unexportedDashboardMetrics(t, data, exported); len(unknown) > 0 {
-		t.Fatalf("the real dashboard against its own names: %v", unknown)
-	}
+	exported := dashboardMetrics(t, data) // the names the real dashboard uses: only made-up ones are unknown
 	var doc map[string]any
 	if err := json.Unmarshal(data, &doc); err != nil {
 		t.Fatal(err)

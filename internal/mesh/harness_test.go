@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/mesh"
@@ -34,8 +33,6 @@ type env struct {
 	model *openaitest.Server
 	pol   *policy.Source
 	tasks *services.TaskStore
-	// registry, when set before start, receives every service's metrics.
-	registry prometheus.Registerer
 }
 
 func newEnv(t *testing.T, script openaitest.Script, pol *policy.File) *env {
@@ -62,7 +59,7 @@ func (e *env) startOn(nc *nats.Conn, names ...string) (stop func()) {
 			NC: nc, Services: names, Policy: e.pol, Provision: true,
 			Model:   executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}),
 			Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-			AckWait: 2 * time.Second, Grace: 5 * time.Second, Registry: e.registry,
+			AckWait: 2 * time.Second, Grace: 5 * time.Second,
 		})
 	}()
 	e.waitProvisioned(done)

@@ -2,7 +2,9 @@ package mesh_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -15,8 +17,10 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/mesh"
+	"dispatchmesh/internal/metricstest"
 	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/proctest"
 	"dispatchmesh/internal/review"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
@@ -212,6 +216,10 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		"by=human,status=failed,type=budget_fix":            1,
 	}
 	sim := e.state("sim0")
+	idle := map[string]float64{}
+	for _, name := range stageDurables {
+		idle["service="+name] = 0
+	}
 	checks := []struct {
 		name string
 		want map[string]float64
@@ -266,17 +274,20 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 			"service=recorder": 15, // 11 attempts, 4 review actions (cancel, resolve, reject, requeue)
 		}},
 		{"dispatch_redeliveries_total", map[string]float64{"service=executor": 1}},
+		// Every stage idle (waitIdle): nothing queued, nothing in flight.
+		{"dispatch_consumer_pending", idle},
+		{"dispatch_consumer_ack_pending", idle},
 		{"dispatch_review_queue_up", map[string]float64{"": 1}},
 	}
 	for _, c := range checks {
-		if got := family(t, reg, c.name); !sameSeries(got, c.want) {
+		if got := metricstest.Family(t, reg, c.name); !maps.Equal(got, c.want) {
 			t.Errorf("%s:\n got %v\nwant %v", c.name, sorted(got), sorted(c.want))
 		}
 	}
 	if sim.TokensIn == 0 || sim.TokensOut == 0 {
 		t.Errorf("sim0 spent %d tokens in and %d out: the simulated model reports tokens", sim.TokensIn, sim.TokensOut)
 	}
-	if got := family(t, reg, "dispatch_review_queue"); got["reason=escalated"] != 1 || got["reason=gated"] != 0 {
+	if got := metricstest.Family(t, reg, "dispatch_review_queue"); len(got) == 0 || got["reason=escalated"] != 1 || got["reason=gated"] != 0 {
 		t.Errorf("dispatch_review_queue %v: want escalated 1 (bad0), gated 0 (every gated task was acted on)", sorted(got))
 	}
 
@@ -289,14 +300,13 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		"type=doomed_fix": 11, "type=budget_fix": 2,
 		"type=slow_fix": 0, // a canary place, no outcome
 	}
-	deadline := time.Now().Add(patience) // a deadlock guard
-	for !sameSeries(family(t, reg, "dispatch_trust_outcomes"), outcomes) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if got := family(t, reg, "dispatch_trust_outcomes"); !sameSeries(got, outcomes) {
-		t.Errorf("dispatch_trust_outcomes: got %v, want %v", sorted(got), sorted(outcomes))
-	}
-	if got, want := family(t, reg, "dispatch_trust_score"), map[string]float64{"type=ok_fix": 1, "type=doomed_fix": doomedScore}; !sameSeries(got, want) {
+	proctest.WaitFor(t, patience, "the trust view to hold every outcome", func() error {
+		if got := metricstest.Family(t, reg, "dispatch_trust_outcomes"); !maps.Equal(got, outcomes) {
+			return fmt.Errorf("dispatch_trust_outcomes: got %v, want %v", sorted(got), sorted(outcomes))
+		}
+		return nil
+	})
+	if got, want := metricstest.Family(t, reg, "dispatch_trust_score"), map[string]float64{"type=ok_fix": 1, "type=doomed_fix": doomedScore}; !maps.Equal(got, want) {
 		t.Errorf("dispatch_trust_score: got %v, want %v (only the types with 10 outcomes are scored)", sorted(got), sorted(want))
 	}
 
@@ -334,13 +344,15 @@ func (e *env) waitStatus(id string, status events.Status) {
 	})
 }
 
+// stageDurables are the six stages' consumers.
+var stageDurables = []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
+	services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+
 // waitIdle waits until no stage consumer has anything pending or unacked.
 func (e *env) waitIdle() {
 	e.t.Helper()
-	durables := []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
-		services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
 	waitFor(e.t, "every stage idle", func() bool {
-		for _, name := range durables {
+		for _, name := range stageDurables {
 			c, err := e.srv.JS.Consumer(context.Background(), services.Stream, name)
 			if err != nil {
 				return false
@@ -358,57 +370,12 @@ func (e *env) waitIdle() {
 // assertion).
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(patience)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s", patience, what)
+	proctest.WaitFor(t, patience, what, func() error {
+		if ok() {
+			return nil
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// family is every series of a metric family: "label=value,…" (labels in
-// name order) → the value of a counter or gauge, the count of a histogram.
-func family(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
-	t.Helper()
-	fams, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			key := strings.Join(labels, ",")
-			switch {
-			case m.GetCounter() != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				out[key] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
-}
-
-func sameSeries(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+		return errors.New("not yet")
+	})
 }
 
 func sorted(m map[string]float64) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/metricstest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services"
@@ -20,55 +22,6 @@ import (
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// gauges is every series of a gauge family by its type label.
-func gauges(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
-	t.Helper()
-	fams, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "type" {
-					out[l.GetValue()] = m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return out
-}
-
-// counters is every series of a counter family, by its label values joined with "/".
-func counters(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
-	t.Helper()
-	fams, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			key := ""
-			for i, l := range m.GetLabel() {
-				if i > 0 {
-					key += "/"
-				}
-				key += l.GetValue()
-			}
-			out[key] = m.GetCounter().GetValue()
-		}
-	}
-	return out
-}
 
 // The trust score and the outcomes in the window are read from the gate's
 // view at each scrape, each type under its own policy: a type too new to
@@ -92,22 +45,22 @@ func TestTrustGaugesAreReadAtEachScrape(t *testing.T) {
 		if _, err := gate.New(gate.Config{View: e.view, Trust: e.trust, Policy: policy.Static(pol), Registry: reg, Log: quiet}); err != nil {
 			t.Fatal(err)
 		}
-		return gauges(t, reg, "dispatch_trust_score"), gauges(t, reg, "dispatch_trust_outcomes")
+		return metricstest.Family(t, reg, "dispatch_trust_score"), metricstest.Family(t, reg, "dispatch_trust_outcomes")
 	}
 	score, outcomes := scrape()
 	cssScore, _, _ := trust.Score(e.view.Stats("css_fix").Outcomes, trust.Policy{})
-	if want := map[string]float64{"css_fix": cssScore, "triage_fix": 0}; !equal(score, want) {
+	if want := map[string]float64{"type=css_fix": cssScore, "type=triage_fix": 0}; !maps.Equal(score, want) {
 		t.Errorf("dispatch_trust_score = %v, want %v", score, want)
 	}
-	if want := map[string]float64{"css_fix": 12, "new_fix": 9, "triage_fix": 10, "idle_fix": 0}; !equal(outcomes, want) {
+	if want := map[string]float64{"type=css_fix": 12, "type=new_fix": 9, "type=triage_fix": 10, "type=idle_fix": 0}; !maps.Equal(outcomes, want) {
 		t.Errorf("dispatch_trust_outcomes = %v, want %v", outcomes, want)
 	}
 
 	// One more outcome of new_fix: scored at the next scrape, no decision needed.
 	e.outcomes("new_fix", 1, 1, "late")
 	score, outcomes = scrape()
-	if score["new_fix"] != 1 || outcomes["new_fix"] != 10 {
-		t.Errorf("new_fix after its tenth outcome: score %v, outcomes %v; want 1 and 10", score["new_fix"], outcomes["new_fix"])
+	if score["type=new_fix"] != 1 || outcomes["type=new_fix"] != 10 {
+		t.Errorf("new_fix after its tenth outcome: score %v, outcomes %v; want 1 and 10", score["type=new_fix"], outcomes["type=new_fix"])
 	}
 }
 
@@ -121,10 +74,10 @@ func TestTrustGaugesFollowTheGatesScoring(t *testing.T) {
 	if _, err := gate.New(gate.Config{View: e.view, Trust: e.trust, Scoring: trust.Policy{Window: 5, MinOutcomes: 3}, Registry: reg, Log: quiet}); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := gauges(t, reg, "dispatch_trust_outcomes"), map[string]float64{"css_fix": 5, "new_fix": 2}; !equal(got, want) {
+	if got, want := metricstest.Family(t, reg, "dispatch_trust_outcomes"), map[string]float64{"type=css_fix": 5, "type=new_fix": 2}; !maps.Equal(got, want) {
 		t.Errorf("dispatch_trust_outcomes = %v, want %v", got, want)
 	}
-	if got, want := gauges(t, reg, "dispatch_trust_score"), map[string]float64{"css_fix": 1}; !equal(got, want) {
+	if got, want := metricstest.Family(t, reg, "dispatch_trust_score"), map[string]float64{"type=css_fix": 1}; !maps.Equal(got, want) {
 		t.Errorf("dispatch_trust_score = %v, want %v", got, want)
 	}
 }
@@ -138,18 +91,6 @@ func waitFacts(t *testing.T, v *trust.View, taskType string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func equal(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Under the router, a decision is counted once per pass: a pass that
@@ -208,7 +149,7 @@ func TestGateCountsEachDecisionOnce(t *testing.T) {
 	verified("c0") // the one canary
 	admitted("c0")
 	verified("w1") // waits for c0
-	waitCount(t, func() float64 { return counters(t, reg, "dispatch_gate_waits_total")["careful"] }, 1)
+	waitCount(t, func() float64 { return metricstest.Family(t, reg, "dispatch_gate_waits_total")["type=careful"] }, 1)
 	if _, err := e.tasks.Update(context.Background(), "c0", func(st *events.TaskState, _ bool) error {
 		st.Status = events.StatusSucceeded // c0 ended: its place is free
 		return nil
@@ -230,14 +171,14 @@ func TestGateCountsEachDecisionOnce(t *testing.T) {
 		t.Fatal(err) // w1's place is free too
 	}
 	verified("d2")
-	waitCount(t, func() float64 { return counters(t, reg, "dispatch_published_total")["true/"+services.ConsumerGate] }, 1)
+	waitCount(t, func() float64 { return metricstest.Family(t, reg, "dispatch_published_total")["duplicate=true,service="+services.ConsumerGate] }, 1)
 	waitConsumerIdle(t, e.js, services.ConsumerGate)
 
 	// Labels in name order: cause, type.
-	if got, want := counters(t, reg, "dispatch_gate_decisions_total"), map[string]float64{"unproven/careful": 2}; !equal(got, want) {
+	if got, want := metricstest.Family(t, reg, "dispatch_gate_decisions_total"), map[string]float64{"cause=unproven,type=careful": 2}; !maps.Equal(got, want) {
 		t.Errorf("dispatch_gate_decisions_total = %v, want %v (c0 and w1 once each; d2 was counted when its decision was first stored)", got, want)
 	}
-	if got := counters(t, reg, "dispatch_redeliveries_total")[services.ConsumerGate]; got < 1 {
+	if got := metricstest.Family(t, reg, "dispatch_redeliveries_total")["service="+services.ConsumerGate]; got < 1 {
 		t.Errorf("dispatch_redeliveries_total{service=gate} = %v, want w1's looks", got)
 	}
 }
