@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -38,7 +40,7 @@ func Decode(data []byte) (*File, error) {
 		if f.Defaults.TemplateFile != "" {
 			errs = append(errs, fmt.Errorf("defaults: %w", ErrTemplateFile))
 		}
-		for _, name := range sortedKeys(f.Types) {
+		for _, name := range slices.Sorted(maps.Keys(f.Types)) {
 			if f.Types[name].TemplateFile != "" {
 				errs = append(errs, fmt.Errorf("types.%s: %w", name, ErrTemplateFile))
 			}

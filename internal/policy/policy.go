@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -266,7 +267,7 @@ func parse(data []byte) (*File, []error) {
 		Types    map[string]json.RawMessage `json:"types"`
 	}
 	if err := json.Unmarshal(doc, &top); err != nil {
-		return nil, []error{fmt.Errorf("policy: %w", err)}
+		return nil, located("policy", []error{describeDecode(err)})
 	}
 	var generic any
 	_ = json.Unmarshal(doc, &generic) // it decoded above
@@ -279,7 +280,7 @@ func parse(data []byte) (*File, []error) {
 	if len(top.Defaults) > 0 && string(top.Defaults) != "null" {
 		errs = append(errs, located("defaults", decodeType(top.Defaults, &f.Defaults))...)
 	}
-	for _, name := range sortedKeys(top.Types) {
+	for _, name := range slices.Sorted(maps.Keys(top.Types)) {
 		var t Type
 		if raw := top.Types[name]; string(raw) != "null" {
 			errs = append(errs, located("types."+name, decodeType(raw, &t))...)
@@ -305,11 +306,11 @@ func decodeType(raw json.RawMessage, t *Type) []error {
 	}
 	var errs []error
 	good := map[string]json.RawMessage{}
-	for _, k := range sortedKeys(fields) {
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
 		one, _ := json.Marshal(map[string]json.RawMessage{k: fields[k]})
 		var scratch Type
 		if err := json.Unmarshal(one, &scratch); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", k, describeDecode(err)))
+			errs = append(errs, describeDecode(err)) // names its field
 			continue
 		}
 		good[k] = fields[k]
@@ -323,13 +324,18 @@ func decodeType(raw json.RawMessage, t *Type) []error {
 }
 
 // describeDecode drops what a decode error says about Go (struct and field
-// names) where it can say it in the file's terms.
+// names) where it can say it in the file's terms: the path of the field
+// (JSON names, dotted), then what was found where what was expected.
 func describeDecode(err error) error {
 	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return fmt.Errorf("a JSON %s where %s is expected", te.Value, jsonKind(te.Type))
+	if !errors.As(err, &te) {
+		return err
 	}
-	return err
+	what := fmt.Errorf("a JSON %s where %s is expected", te.Value, jsonKind(te.Type))
+	if te.Field != "" {
+		return fmt.Errorf("%s: %w", te.Field, what)
+	}
+	return what
 }
 
 func jsonKind(t reflect.Type) string {
@@ -357,15 +363,6 @@ func located(where string, errs []error) []error {
 		out[i] = fmt.Errorf("%s: %w", where, err)
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 var (
@@ -396,7 +393,7 @@ func unknownFields(t reflect.Type, v any, path string) []error {
 		if !ok {
 			return nil // a value of the wrong type: the decoder reports it
 		}
-		for _, k := range sortedKeys(obj) {
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			f, ok := jsonField(t, k)
 			if !ok {
 				where := "policy"
@@ -413,7 +410,7 @@ func unknownFields(t reflect.Type, v any, path string) []error {
 		if !ok {
 			return nil
 		}
-		for _, k := range sortedKeys(obj) {
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			errs = append(errs, unknownFields(t.Elem(), obj[k], at(k))...)
 		}
 	case reflect.Slice, reflect.Array:
@@ -569,7 +566,7 @@ func (f *File) problems() []error {
 		}
 	}
 	check("defaults", f.Defaults)
-	for _, name := range sortedKeys(f.Types) {
+	for _, name := range slices.Sorted(maps.Keys(f.Types)) {
 		if !events.ValidType(name) {
 			errs = append(errs, fmt.Errorf("types: %q is not a task type name (1-%d characters of a-z, 0-9, _ or -: what a task's \"type\" may be)", name, events.MaxTypeLen))
 		}

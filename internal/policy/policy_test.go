@@ -138,6 +138,7 @@ func TestParseReportsUnknownFieldsWithEveryOtherProblem(t *testing.T) {
 	  "types": {
 	    "css_fix": {"threshold": 3, "verifier": {"kind": "command", "comand": ["x"]},
 	                "steps": [{"name": "a", "on_fail": {"retries": 2}}], "tools": [{"name": "t", "subject": "s", "parameters": {"anything": 1}}]},
+	    "go_fix": {"model": "m", "steps": [{"name": "a", "on_fail": {"retry": "x"}}]},
 	    "py_fix": {"max_retries": "five", "canary": "three", "model": "m", "prompt_budget": -1},
 	    "Bad Type": {"model": "m"},
 	    "fine": {"Model": "case-insensitive, as the decoder matches it"}
@@ -157,7 +158,8 @@ func TestParseReportsUnknownFieldsWithEveryOtherProblem(t *testing.T) {
 		"types.css_fix: command verifier needs a command",
 		"types.py_fix: canary: a JSON string where an integer is expected",
 		"types.py_fix: max_retries: a JSON string where an integer is expected",
-		"types.py_fix: prompt_budget must not be negative", // checked though other fields did not decode
+		"types.py_fix: prompt_budget must not be negative",                              // checked though other fields did not decode
+		"types.go_fix: steps.on_fail.retry: a JSON string where an integer is expected", // the whole path
 		`types: "Bad Type" is not a task type name`,
 	} {
 		if !strings.Contains(err.Error(), want) {
@@ -190,5 +192,20 @@ func TestParseReportsUnknownFieldsWithEveryOtherProblem(t *testing.T) {
 	_, err = policy.Decode([]byte(`{"types": {"a": {"template_file": "x.tmpl", "modle": "m"}}}`))
 	if err == nil || !errors.Is(err, policy.ErrTemplateFile) || !strings.Contains(err.Error(), `unknown field "modle"`) {
 		t.Errorf("Decode: %v", err)
+	}
+}
+
+// A file whose top level has a value of the wrong type is refused in the
+// file's terms: where, what was found, what was expected — not Go's names.
+func TestParseTopLevelTypeErrors(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{`{"types": []}`, "policy: types: a JSON array where an object is expected"},
+		{`{"defaults": 3}`, "defaults: a JSON number where an object is expected"},
+		{`["a"]`, "policy: a JSON array where an object is expected"},
+	} {
+		_, err := policy.Parse([]byte(tc.doc))
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("Parse(%s) = %v, want %q", tc.doc, err, tc.want)
+		}
 	}
 }
