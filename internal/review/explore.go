@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"dispatchmesh/events"
 	"dispatchmesh/services"
 )
@@ -206,37 +208,33 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	if q.Status != "" {
 		budget = q.Limit * StatusScanFactor
 	}
-	for w.left > 0 && len(page.Tasks) < q.Limit && page.Scanned < budget {
-		want := min(uint64(budget-page.Scanned), uint64(q.Limit-len(page.Tasks))*4)
+	more := func() bool { return len(page.Tasks) < q.Limit && page.Scanned < budget }
+	size := func() (uint64, uint64) {
 		if q.Status == "" {
-			want = uint64(q.Limit - len(page.Tasks))
+			return uint64(q.Limit - len(page.Tasks)), 0
 		}
-		msgs, seqs, err := w.batch(ctx, want)
-		if err != nil {
-			return page, err
+		return min(uint64(budget-page.Scanned), uint64(q.Limit-len(page.Tasks))*4), 0
+	}
+	err = w.walk(ctx, more, size, func(msg jetstream.Msg, seq uint64) error {
+		page.Scanned++
+		var e events.IndexEntry
+		if json.Unmarshal(msg.Data(), &e) != nil || !events.ValidID(e.ID) || (q.Subject != "" && e.Subject != q.Subject) {
+			return nil // not an entry intake wrote (read, then skipped), or another subject with the same key
 		}
-		if len(msgs) == 0 {
-			break // the entries aged out meanwhile
+		st, err := tasks.Get(ctx, e.ID)
+		switch {
+		case errors.Is(err, services.ErrTaskNotFound):
+			st = events.TaskState{ID: e.ID, Type: e.Type, Subject: e.Subject, CreatedAt: e.SubmittedAt}
+		case err != nil:
+			return fmt.Errorf("task %s: %w", e.ID, err)
 		}
-		for i := len(msgs) - 1; i >= 0 && len(page.Tasks) < q.Limit && page.Scanned < budget; i-- {
-			page.Scanned++
-			w.visit(seqs[i])
-			var e events.IndexEntry
-			if json.Unmarshal(msgs[i].Data(), &e) != nil || !events.ValidID(e.ID) || (q.Subject != "" && e.Subject != q.Subject) {
-				continue // not an entry intake wrote (read, then skipped), or another subject with the same key
-			}
-			st, err := tasks.Get(ctx, e.ID)
-			switch {
-			case errors.Is(err, services.ErrTaskNotFound):
-				st = events.TaskState{ID: e.ID, Type: e.Type, Subject: e.Subject, CreatedAt: e.SubmittedAt}
-			case err != nil:
-				return page, fmt.Errorf("task %s: %w", e.ID, err)
-			}
-			if q.Status != "" && st.Status != q.Status {
-				continue
-			}
-			page.Tasks = append(page.Tasks, rowOf(st, seqs[i]))
+		if q.Status == "" || st.Status == q.Status {
+			page.Tasks = append(page.Tasks, rowOf(st, seq))
 		}
+		return nil
+	})
+	if err != nil {
+		return page, err
 	}
 	page.Next = w.next()
 	page.Partial = page.Next != "" && q.Status != "" && len(page.Tasks) < q.Limit

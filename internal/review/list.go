@@ -249,8 +249,9 @@ func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 	if f.Filtered() {
 		budget = f.Limit * QueueScanFactor
 	}
-	judge := judge{tasks: tasks, stream: stream, keys: map[string]*keyDecisions{}}
-	for w.left > 0 && len(q.Items) < f.Limit && q.Scanned < budget {
+	jd := &judge{tasks: tasks, stream: stream, keys: map[string]*keyDecisions{}}
+	more := func() bool { return len(q.Items) < f.Limit && q.Scanned < budget }
+	size := func() (uint64, uint64) {
 		want := uint64(f.Limit - len(q.Items))
 		if f.Filtered() {
 			want = min(uint64(budget-q.Scanned), want*4, MaxPageSize)
@@ -258,28 +259,25 @@ func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 		// Up to twice as many as wanted: the search for where they begin
 		// then stops about log2(want) pending counts sooner; records carry
 		// their bodies, so at most 2 × MaxPageSize are in memory.
-		msgs, seqs, err := w.batchUpTo(ctx, want, 2*want)
+		return want, 2 * want
+	}
+	err = w.walk(ctx, more, size, func(msg jetstream.Msg, _ uint64) error {
+		q.Scanned++
+		it := Item{Record: record(msg)}
+		if it.Reason == ReasonAction || (!f.Answered && AnsweredRejection(it.Record)) || (f.Type != "" && it.Type != "" && it.Type != f.Type) {
+			return nil // a decision, not an item; or decided without a read
+		}
+		it, err := jd.item(ctx, it)
 		if err != nil {
-			return q, err
+			return err
 		}
-		if len(msgs) == 0 {
-			break // the records aged out meanwhile
-		}
-		for i := len(msgs) - 1; i >= 0 && len(q.Items) < f.Limit && q.Scanned < budget; i-- {
-			q.Scanned++
-			w.visit(seqs[i])
-			it := Item{Record: record(msgs[i])}
-			if it.Reason == ReasonAction || (!f.Answered && AnsweredRejection(it.Record)) || (f.Type != "" && it.Type != "" && it.Type != f.Type) {
-				continue // a decision, not an item; or decided without a read
-			}
-			if it, err = judge.item(ctx, it); err != nil {
-				return q, err
-			}
-			if (f.Type != "" && it.Type != f.Type) || (!f.All && !it.Open()) {
-				continue
-			}
+		if (f.Type == "" || it.Type == f.Type) && (f.All || it.Open()) {
 			q.Items = append(q.Items, it)
 		}
+		return nil
+	})
+	if err != nil {
+		return q, err
 	}
 	q.Next = w.next()
 	return q, nil

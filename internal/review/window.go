@@ -293,6 +293,31 @@ func (w *window) batchUpTo(ctx context.Context, want, most uint64) ([]jetstream.
 	return w.read(ctx, start, w.hi, n)
 }
 
+// walk visits the window's messages newest first while more holds, a
+// batch at a time: size says how many the next batch reads — at least
+// want (unless fewer are left), at most most (0: want) — and fn sees each
+// message visited, with its sequence. It stops early when the messages
+// aged out meanwhile.
+func (w *window) walk(ctx context.Context, more func() bool, size func() (want, most uint64), fn func(msg jetstream.Msg, seq uint64) error) error {
+	for w.left > 0 && more() {
+		want, most := size()
+		msgs, seqs, err := w.batchUpTo(ctx, want, most)
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			return nil // aged out meanwhile
+		}
+		for i := len(msgs) - 1; i >= 0 && more(); i-- {
+			w.visit(seqs[i])
+			if err := fn(msgs[i], seqs[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // visit marks the message at seq visited: the window now ends below it.
 func (w *window) visit(seq uint64) {
 	w.hi, w.above = seq, w.above+1
