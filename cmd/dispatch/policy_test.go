@@ -32,21 +32,28 @@ func writeFile(t *testing.T, dir, name, content string) string {
 	return path
 }
 
+// policyMesh is a mesh whose css_fix runs on model "first", a CLI on it
+// and its policy bucket.
+func policyMesh(t *testing.T) (*reviewtest.Mesh, *cli, jetstream.KeyValue) {
+	t.Helper()
+	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Success("fixed")}
+	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
+	kv, err := m.Srv.JS.KeyValue(context.Background(), services.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, newCLI(t, m), kv
+}
+
 // dispatch policy validate, set and get against a running mesh: an invalid
 // file is refused and nothing changes; a valid one (its template file
 // inlined) is in force in the services at once; get prints what the bucket
 // holds and says when its newest revision is one no service runs; rebuild
 // recomputes from the bucket's revisions without any file.
 func TestPolicyCommands(t *testing.T) {
-	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
-		return openaitest.Reply{Content: openaitest.Success("fixed")}
-	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
-	c := newCLI(t, m)
+	m, c, kv := policyMesh(t)
 	ctx := context.Background()
-	kv, err := m.Srv.JS.KeyValue(ctx, services.BucketPolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
 	newest := func() uint64 {
 		t.Helper()
 		e, err := kv.Get(ctx, policy.Key)
@@ -164,15 +171,8 @@ func TestPolicyCommands(t *testing.T) {
 // Without -rev, set says which revision it replaced; get prints the
 // revision on stderr, the document alone on stdout.
 func TestPolicySetCompareAndSet(t *testing.T) {
-	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
-		return openaitest.Reply{Content: openaitest.Success("fixed")}
-	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
-	c := newCLI(t, m)
+	_, c, kv := policyMesh(t)
 	ctx := context.Background()
-	kv, err := m.Srv.JS.KeyValue(ctx, services.BucketPolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
 	current := func() uint64 {
 		t.Helper()
 		rev, err := policy.Current(ctx, kv)
@@ -192,7 +192,7 @@ func TestPolicySetCompareAndSet(t *testing.T) {
 	var doc, errOut bytes.Buffer
 	oldOut, oldErr := stdout, stderr
 	stdout, stderr = &doc, &errOut
-	err = run(ctx, []string{"policy", "get"})
+	err := run(ctx, []string{"policy", "get"})
 	stdout, stderr = oldOut, oldErr
 	if err != nil {
 		t.Fatal(err)
@@ -363,15 +363,8 @@ func policyValue(t *testing.T, url string) string {
 // not the newest in the bucket when newer puts were refused by every
 // service (nats kv put of something that does not decode).
 func TestPolicySetNamesTheRevisionInForce(t *testing.T) {
-	m := reviewtest.Start(t, func(_ int, r openaitest.Request) openaitest.Reply {
-		return openaitest.Reply{Content: openaitest.Success("fixed")}
-	}, reviewtest.Options{Policy: &policy.File{Types: map[string]policy.Type{"css_fix": {Model: "first"}}}})
-	c := newCLI(t, m)
+	m, c, kv := policyMesh(t)
 	ctx := context.Background()
-	kv, err := m.Srv.JS.KeyValue(ctx, services.BucketPolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
 	inForce, err := policy.Current(ctx, kv)
 	if err != nil {
 		t.Fatal(err)
