@@ -224,20 +224,33 @@ func InForce(ctx context.Context, kv jetstream.KeyValue, rev uint64) (Standing, 
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Standing{}, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
 	}
-	var st Standing
-	for i := len(all) - 1; i >= 0; i-- {
-		r := all[i].Revision()
-		if r > rev {
-			continue
-		}
-		if _, err := entryFile(all[i]); err != nil {
-			st.Refused = append([]uint64{r}, st.Refused...)
-			continue
-		}
-		st.Rev, st.Deleted = r, all[i].Operation() != jetstream.KeyValuePut
-		break
+	e, _, refused := newestDecoding(all, rev)
+	st := Standing{Refused: refused}
+	if e != nil {
+		st.Rev, st.Deleted = e.Revision(), e.Operation() != jetstream.KeyValuePut
 	}
 	return st, nil
+}
+
+// newestDecoding is the newest entry of the policy's history (oldest
+// first, as kv.History returns it) at or below revision upTo that
+// decodes, with its file, and the revisions above it that do not (oldest
+// first): the revision in force when upTo was the newest. nil: none
+// decodes.
+func newestDecoding(all []jetstream.KeyValueEntry, upTo uint64) (jetstream.KeyValueEntry, *File, []uint64) {
+	var refused []uint64
+	for i := len(all) - 1; i >= 0; i-- {
+		if all[i].Revision() > upTo {
+			continue
+		}
+		f, err := entryFile(all[i])
+		if err != nil {
+			refused = append([]uint64{all[i].Revision()}, refused...)
+			continue
+		}
+		return all[i], f, refused
+	}
+	return nil, nil, refused
 }
 
 // Seed stores f when the bucket holds no policy yet and returns the
@@ -384,15 +397,10 @@ func (s *Source) start(ctx context.Context, kv jetstream.KeyValue, first jetstre
 	if err != nil {
 		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
 	}
-	for i := len(all) - 1; i >= 0; i-- {
-		if all[i].Revision() >= first.Revision() {
-			continue
-		}
-		if f, err := entryFile(all[i]); err == nil {
-			s.store(&Snapshot{File: f, Rev: all[i].Revision()}, first.Revision())
-			s.log.Warn("policy in force is an older revision: the newest does not decode", "rev", all[i].Revision(), "refused", first.Revision())
-			return nil
-		}
+	if e, f, _ := newestDecoding(all, first.Revision()-1); e != nil {
+		s.store(&Snapshot{File: f, Rev: e.Revision()}, first.Revision())
+		s.log.Warn("policy in force is an older revision: the newest does not decode", "rev", e.Revision(), "refused", first.Revision())
+		return nil
 	}
 	s.log.Error("no revision of the policy decodes: built-in defaults in force", "refused", first.Revision())
 	return nil
