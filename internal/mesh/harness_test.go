@@ -52,16 +52,22 @@ func (e *env) start(names ...string) (stop func()) {
 
 func (e *env) startOn(nc *nats.Conn, names ...string) (stop func()) {
 	e.t.Helper()
+	return e.startWith(nc, mesh.Options{
+		Services: names,
+		Model:    executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}),
+		AckWait:  2 * time.Second,
+	})
+}
+
+// startWith runs the mesh with o on nc, completed with the env's policy, a
+// quiet log and a 5 s grace; stop drains it (at the end of the test at the
+// latest).
+func (e *env) startWith(nc *nats.Conn, o mesh.Options) (stop func()) {
+	e.t.Helper()
+	o.NC, o.Policy, o.Provision, o.Log, o.Grace = nc, e.pol, true, quiet, 5*time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- mesh.Run(ctx, mesh.Options{
-			NC: nc, Services: names, Policy: e.pol, Provision: true,
-			Model:   executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}),
-			Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-			AckWait: 2 * time.Second, Grace: 5 * time.Second,
-		})
-	}()
+	go func() { done <- mesh.Run(ctx, o) }()
 	e.waitProvisioned(done)
 	stopped := false
 	stop = func() {

@@ -149,7 +149,8 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 
 	reg := &recordingRegistry{Registry: prometheus.NewPedanticRegistry()}
 	started := make(chan string, 1)
-	e.run(mesh.Options{
+	nc, _ := e.srv.Connect(t)
+	e.startWith(nc, mesh.Options{
 		Model:        routedModel{openai: executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}), started: started},
 		DefaultModel: "unpriced-model", Prices: map[string]executor.Price{"priced-model": pricedModel},
 		Scoring:  trust.Policy{ProbeAfter: 1},
@@ -314,25 +315,6 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 	if unknown := unexportedDashboardMetrics(t, readDashboard(t), reg.names()); len(unknown) > 0 {
 		t.Errorf("the dashboard's queries name %v, which no service exports", unknown)
 	}
-}
-
-// run runs the mesh with o, completed with the env's connection, policy and
-// a quiet log; it stops at the end of the test.
-func (e *env) run(o mesh.Options) {
-	e.t.Helper()
-	nc, _ := e.srv.Connect(e.t)
-	o.NC, o.Policy, o.Provision, o.Log = nc, e.pol, true, quiet
-	o.Grace = 5 * time.Second
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mesh.Run(ctx, o) }()
-	e.waitProvisioned(done)
-	e.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			e.t.Errorf("mesh stopped with %v", err)
-		}
-	})
 }
 
 // waitStatus waits until the task has status.
