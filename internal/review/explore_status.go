@@ -77,12 +77,9 @@ func (c *Client) tasksByRecords(ctx context.Context, q TaskQuery, tasks *service
 		}
 		recs.add(w)
 	}
-	// A record at or above top was an earlier page's (none is on the first).
-	top := stream.CachedInfo().State.LastSeq + 1
-	if cursor > 0 && cursor < top {
-		top = cursor
-	}
-	earlier := top <= stream.CachedInfo().State.LastSeq
+	// A record at or above the cursor was an earlier page's (none is on
+	// the first).
+	earlier := cursor > 0 && cursor <= stream.CachedInfo().State.LastSeq
 	budget := q.Limit * StatusScanFactor
 	seen := map[string]bool{}
 	for len(page.Tasks) < q.Limit && page.Scanned < budget {
@@ -109,7 +106,7 @@ func (c *Client) tasksByRecords(ctx context.Context, q TaskQuery, tasks *service
 			continue
 		}
 		if earlier {
-			newer, err := newerRecord(ctx, stream, statusSubjects(q.Status, r.id), top)
+			newer, err := newerRecord(ctx, stream, statusSubjects(q.Status, r.id), cursor)
 			if err != nil {
 				return page, err
 			}

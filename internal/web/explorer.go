@@ -147,8 +147,10 @@ func extras(entries []review.AuditEntry) taskExtras {
 			x.Total = s.Total
 		}
 		x.Steps = append(x.Steps, s)
-		if p, ok := review.PayloadOf(e.Entry); ok && x.Payload == "" {
-			x.Payload = review.IndentPayload(p)
+		if x.Payload == "" {
+			if p, ok := review.PayloadOf(e.Entry); ok {
+				x.Payload = review.IndentPayload(p)
+			}
 		}
 		if a, ok := review.AnswerOf(e.Entry); ok {
 			x.Answers = append(x.Answers, a)

@@ -200,12 +200,12 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		}
 		return q.Open[reason]
 	}
-	total := 0
-	for _, reason := range review.Reasons {
-		total += count(reason)
-	}
-	if q.Open == nil {
-		total = -1
+	total := -1 // not known
+	if q.Open != nil {
+		total = 0
+		for _, reason := range review.Reasons {
+			total += q.Open[reason]
+		}
 	}
 	d.Tabs = append(d.Tabs, tab{Label: "all", Link: link(map[string]string{"reason": "", "cursor": ""}), Open: total, Active: f.Reason == ""})
 	for _, reason := range review.Reasons {
