@@ -171,7 +171,9 @@ func TestGateCountsEachDecisionOnce(t *testing.T) {
 		t.Fatal(err) // w1's place is free too
 	}
 	verified("d2")
-	waitCount(t, func() float64 { return metricstest.Family(t, reg, "dispatch_published_total")["duplicate=true,service="+services.ConsumerGate] }, 1)
+	waitCount(t, func() float64 {
+		return metricstest.Family(t, reg, "dispatch_published_total")["duplicate=true,service="+services.ConsumerGate]
+	}, 1)
 	waitConsumerIdle(t, e.js, services.ConsumerGate)
 
 	// Labels in name order: cause, type.
