@@ -18,6 +18,11 @@ import (
 // error that decides the message's fate (see the package doc).
 type Handler func(ctx context.Context, m *Msg) ([]Out, error)
 
+// FastPrefetch is the Prefetch of a service whose handler makes only NATS
+// round trips (intake, gate, prompt builder, recorder): at about a
+// millisecond a message, 64 wait well under a second for a worker.
+const FastPrefetch = 64
+
 // Spec describes one service: its durable consumer and its handler.
 type Spec struct {
 	// Name is the durable consumer's name; every instance of the service shares it.
@@ -30,6 +35,13 @@ type Spec struct {
 	Handler Handler
 	// Concurrency is how many messages one instance handles at once. Default 4.
 	Concurrency int
+	// Prefetch is how many messages one instance keeps pulled ahead of its
+	// workers (never fewer than Concurrency). For a handler that takes
+	// about a millisecond, a deeper buffer spares a pull request every few
+	// messages; each message waiting in it has its AckWait running, so a
+	// slow handler keeps the default. Ignored with OnDemand. Default
+	// Concurrency.
+	Prefetch int
 	// MaxDeliver bounds deliveries of one message (naks included); on the last
 	// one a failing message goes to dispatch.review.poison. Default 10.
 	MaxDeliver int
@@ -212,7 +224,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 // returns what was already delivered, then ErrMsgIteratorClosed.
 func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (jetstream.Msg, error), drain func(), err error) {
 	if !spec.OnDemand {
-		it, err := cons.Messages(jetstream.PullMaxMessages(spec.Concurrency))
+		it, err := cons.Messages(jetstream.PullMaxMessages(max(spec.Prefetch, spec.Concurrency)))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -456,3 +456,35 @@ func TestRouterGraceExpiryHandsMessageBack(t *testing.T) {
 		t.Fatalf("the handed-back message came as delivery %d, want 2", n)
 	}
 }
+
+// Prefetch keeps that many messages pulled ahead of one busy worker, and
+// every one of them is still handled, once each.
+func TestRouterPrefetch(t *testing.T) {
+	s := setup(t)
+	out := subscribe(t, s.NC, events.StageFilter("out"))
+	release := make(chan struct{})
+	free := sync.OnceFunc(func() { close(release) })
+	sp := spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+		<-release
+		id, _, _ := events.ParseTaskSubject(m.Subject)
+		o, err := services.Emit(events.TaskSubject(id, "out"), id+":1:out", "test.v1", id, "done")
+		return []services.Out{o}, err
+	})
+	sp.Concurrency, sp.Prefetch = 1, 10
+	run(t, s.JS, sp)
+	t.Cleanup(free) // before the router stops, should the test fail
+	for i := range 15 {
+		publish(t, s.JS, events.TaskSubject(fmt.Sprintf("t%d", i), "in"), "x")
+	}
+	// One message in the handler, the rest of the ten delivered and waiting.
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 10 && ci.NumPending == 5 })
+	free()
+	seen := map[string]bool{}
+	for range 15 {
+		seen[out().Subject] = true
+	}
+	if len(seen) != 15 {
+		t.Fatalf("outputs %v", seen)
+	}
+	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+}

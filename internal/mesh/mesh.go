@@ -365,7 +365,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		}
 		return services.Spec{
 			Name: services.ConsumerPrompt, Filters: []string{events.StageFilter(events.StageAdmitted)},
-			Handler: s.Handle, Concurrency: 8,
+			Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch,
 		}, nil
 	case Executor:
 		s, err := executor.New(executor.Config{

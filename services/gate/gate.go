@@ -71,7 +71,7 @@ func New(cfg Config) (*Service, error) {
 // Spec is the gate's consumer: verified tasks.
 func (s *Service) Spec() services.Spec {
 	return services.Spec{Name: services.ConsumerGate, Filters: []string{events.StageFilter(events.StageVerified)},
-		Handler: s.Handle, Concurrency: 8, MaxDeliver: MaxDeliver}
+		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxDeliver}
 }
 
 // Handle decides whether one verified pass may go on to the model.
@@ -233,13 +233,19 @@ const SyncMargin = 0.1
 // its type's trust), a type still unproven (its outcomes decide canaries
 // and the moment it is scored), or one whose score is near its threshold.
 // Elsewhere an outcome or two more cannot change what the gate decides,
-// and a pass costs no read.
+// and a pass costs no read: a human's requeue (admitted whatever the
+// score), and the first pass of a type never gated (exempt, or a negative
+// threshold: no canaries either).
 func mayHinge(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
 	switch {
-	case run.Pass > 1, v.Outcomes < p.MinOutcomes:
+	case run.Reviewed:
+		return false
+	case run.Pass > 1:
 		return true
 	case exempt || p.Threshold < 0:
 		return false
+	case v.Outcomes < p.MinOutcomes:
+		return true
 	}
 	return math.Abs(v.Score-p.Threshold) < SyncMargin
 }

@@ -21,7 +21,10 @@ func TestMayHinge(t *testing.T) {
 	}{
 		{"a retry", retry, scored(1), p, false, true},
 		{"an unproven type", first, trust.Verdict{Score: 0, Outcomes: 9}, p, false, true},
-		{"an exempt unproven type (canaries)", first, trust.Verdict{Outcomes: 3}, p, true, true},
+		{"an exempt unproven type (no canaries)", first, trust.Verdict{Outcomes: 3}, p, true, false},
+		{"an unproven type never gated (no canaries)", first, trust.Verdict{Outcomes: 3}, trust.Policy{Threshold: -1}.WithDefaults(), false, false},
+		{"a retry of an exempt type (its rung's rate)", retry, scored(1), p, true, true},
+		{"a human's requeue", events.Run{Pass: 3, Attempt: 2, Reviewed: true}, scored(0.15), p, false, false},
 		{"far above the threshold", first, scored(0.9), p, false, false},
 		{"far below", first, scored(0.01), trust.Policy{Threshold: 0.5}.WithDefaults(), false, false},
 		{"near the threshold", first, scored(0.2), p, false, true},

@@ -37,7 +37,7 @@ func New(cfg Config) (*Service, error) {
 // Spec is the service's consumer: every submission, bare dispatch.submit
 // included (it names no type: it is rejected, not lost).
 func (s *Service) Spec() services.Spec {
-	return services.Spec{Name: services.ConsumerIntake, Filters: events.SubmitFilters, Handler: s.Handle, Concurrency: 8}
+	return services.Spec{Name: services.ConsumerIntake, Filters: events.SubmitFilters, Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch}
 }
 
 // Handle accepts one submission.

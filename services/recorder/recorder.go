@@ -52,7 +52,7 @@ func New(cfg Config) (*Service, error) {
 // actions (ActionFilter: counted when they end a task).
 func (s *Service) Spec() services.Spec {
 	return services.Spec{Name: services.ConsumerRecorder, Filters: []string{events.StageFilter(events.StageExecuted), ActionFilter},
-		Handler: s.Handle, Concurrency: 8}
+		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch}
 }
 
 // Handle records one attempt, or counts a task a human's review action
