@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -23,6 +24,11 @@ import (
 // (well under a millisecond on a healthy server); decisions that change the
 // gate facts are compare-and-set on the bucket (Store), never on the View.
 type View struct {
+	// SyncWait bounds how long Sync waits for the View to receive an
+	// outcome the stream holds. Default DefaultSyncWait; set it before the
+	// View is used.
+	SyncWait time.Duration
+
 	log    *slog.Logger
 	stream jetstream.Stream
 
@@ -34,6 +40,12 @@ type View struct {
 	stop func()
 }
 
+// DefaultSyncWait is how long Sync waits, by default, for an outcome the
+// stream holds to reach the View: far longer than a healthy server takes,
+// short enough that a View that stopped following is an error the caller
+// retries, not a handler waiting for ever.
+const DefaultSyncWait = 10 * time.Second
+
 // NewView reads every type's outcomes and gate facts and follows them until
 // Stop is called. It returns once what the stream and the bucket held when
 // it started has been read, or when ctx ends first. facts may be nil: the
@@ -42,7 +54,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 	if log == nil {
 		log = slog.Default()
 	}
-	v := &View{log: log.With("stream", OutcomeStream), windows: map[string]*window{}, facts: map[string]Stats{}, applied: make(chan struct{})}
+	v := &View{SyncWait: DefaultSyncWait, log: log.With("stream", OutcomeStream), windows: map[string]*window{}, facts: map[string]Stats{}, applied: make(chan struct{})}
 	stream, err := js.Stream(ctx, OutcomeStream)
 	if err != nil {
 		return nil, fmt.Errorf("trust: outcome stream %s: %w", OutcomeStream, err)
@@ -164,7 +176,8 @@ func (v *View) apply(subject string, data []byte, seq uint64) {
 // then a wait for the View to apply it (usually none). A pass whose task's
 // own previous outcome must count — a retry — syncs first: that outcome
 // was stored before the retry was published, and the View may not have
-// received it yet.
+// received it yet. A View that does not receive it within SyncWait (it
+// stopped following the stream) makes Sync return an error.
 func (v *View) Sync(ctx context.Context, taskType string) error {
 	raw, err := v.stream.GetLastMsgForSubject(ctx, OutcomeSubject(taskType))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -173,6 +186,7 @@ func (v *View) Sync(ctx context.Context, taskType string) error {
 	if err != nil {
 		return fmt.Errorf("trust: newest outcome of %s: %w", taskType, err)
 	}
+	var timeout <-chan time.Time
 	for {
 		v.mu.RLock()
 		w, applied := v.windows[taskType], v.applied
@@ -181,8 +195,15 @@ func (v *View) Sync(ctx context.Context, taskType string) error {
 		if done {
 			return nil
 		}
+		if timeout == nil {
+			t := time.NewTimer(v.SyncWait)
+			defer t.Stop()
+			timeout = t.C
+		}
 		select {
 		case <-applied:
+		case <-timeout:
+			return fmt.Errorf("trust: outcome %d of %s not received in %s: the View is not following %s", raw.Sequence, taskType, v.SyncWait, OutcomeStream)
 		case <-ctx.Done():
 			return fmt.Errorf("trust: outcomes of %s up to %d: %w", taskType, raw.Sequence, ctx.Err())
 		}

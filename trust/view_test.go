@@ -116,6 +116,33 @@ func TestViewFollows(t *testing.T) {
 	eventually(t, "three outcomes in the view", func() bool { return len(v.Stats("css_fix").Outcomes) == 3 })
 }
 
+// Sync returns once the view holds every outcome the stream held when it
+// was called, with no polling by the caller; a view that stopped following
+// the stream makes it fail (in SyncWait), not wait for ever.
+func TestViewSync(t *testing.T) {
+	srv := natstest.Start(t)
+	newOutcomeStream(t, srv.JS)
+	v := newView(t, srv.JS, nil)
+	if err := v.Sync(t.Context(), "css_fix"); err != nil {
+		t.Fatalf("sync of a type with no outcome: %v", err)
+	}
+	for _, o := range seq("SSF") {
+		publish(t, srv.JS, "css_fix", o)
+	}
+	if err := v.Sync(t.Context(), "css_fix"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(v.Stats("css_fix").Outcomes); n != 3 {
+		t.Fatalf("after Sync the view holds %d outcomes, want 3", n)
+	}
+	v.Stop()
+	v.SyncWait = 50 * time.Millisecond
+	publish(t, srv.JS, "css_fix", trust.Outcome{Key: "late", Success: true, At: time.Now()})
+	if err := v.Sync(t.Context(), "css_fix"); err == nil {
+		t.Fatal("Sync of a view that stopped following returned no error")
+	}
+}
+
 // Eight recorders publishing at once lose nothing: there is no shared
 // value to compare-and-set, and every view sees every outcome once.
 func TestViewConcurrentRecorders(t *testing.T) {
