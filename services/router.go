@@ -184,6 +184,20 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 
 	h := r.chain(log, spec)
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
+	// Workers live as long as Run: a goroutine per message would grow a
+	// fresh stack through the handler's calls every time (copying it as
+	// it grows is a few per cent of the mesh's CPU).
+	work := make(chan jetstream.Msg)
+	for range spec.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for msg := range work {
+				r.handle(hctx, log, spec.Name, h, msg)
+				<-slots
+			}
+		}()
+	}
 	for {
 		slots <- struct{}{} // take a message only when a worker is free
 		msg, err := next()
@@ -201,12 +215,9 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 			}
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			r.handle(hctx, log, spec.Name, h, msg)
-		}()
+		work <- msg // a worker is free: this message took its slot
 	}
+	close(work)
 	wg.Wait()
 	close(stopped)
 	if ctx.Err() == nil {
