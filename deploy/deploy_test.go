@@ -1808,3 +1808,40 @@ func TestDockerfile(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// The key that seals a task's state goes to the services that seal it
+// (intake, verifier, recorder) and to the executor that opens it, and to
+// nobody else: the prompt builder, which may not write dispatch_tasks,
+// could otherwise rewrite the state it relays; the gate needs none.
+func TestStateKeyOnlyForStateWriters(t *testing.T) {
+	holders := []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerExecutor, services.ConsumerRecorder}
+	compose := readFile(t, filepath.Join("docker", "compose.yaml"))
+	blocks := map[string]string{}
+	name := ""
+	for _, line := range strings.Split(compose, "\n") {
+		if m := regexp.MustCompile(`^  ([a-z][a-z0-9-]*):$`).FindStringSubmatch(line); m != nil {
+			name = m[1]
+		} else if regexp.MustCompile(`^[a-z]`).MatchString(line) {
+			name = ""
+		}
+		if name != "" {
+			blocks[name] += line + "\n"
+		}
+	}
+	for _, svc := range append(stageServices, "web", "provision") {
+		want := slices.Contains(holders, svc)
+		if got := strings.Contains(blocks[svc], "DISPATCH_STATE_KEY:"); got != want {
+			t.Errorf("compose.yaml: service %s gets DISPATCH_STATE_KEY: %v, want %v", svc, got, want)
+		}
+		path := filepath.Join("k8s", svc+".yaml")
+		if _, err := os.Stat(path); err != nil {
+			continue
+		}
+		if got := strings.Contains(readFile(t, path), "name: DISPATCH_STATE_KEY"); got != want {
+			t.Errorf("%s gets DISPATCH_STATE_KEY: %v, want %v", path, got, want)
+		}
+	}
+	if strings.Contains(compose[:strings.Index(compose, "services:")], "DISPATCH_STATE_KEY") {
+		t.Error("compose.yaml gives DISPATCH_STATE_KEY to every service (x-dispatch-env)")
+	}
+}

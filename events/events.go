@@ -193,6 +193,9 @@ type Base struct {
 // Queued is published by intake once a submission is accepted.
 type Queued struct {
 	Base
+	// Sealed is the task's state as intake created it, for the executor
+	// (optional; see Sealed).
+	Sealed *Sealed `json:"sealed,omitempty"`
 }
 
 // Retry is published by the recorder to send a task through the pipeline
@@ -204,6 +207,9 @@ type Retry struct {
 	// WakeAt, when set, parks the task until then (a skipped pipeline task
 	// comes back later): the verifier holds it with a delayed nak.
 	WakeAt time.Time `json:"wake_at,omitzero"`
+	// Sealed is the task's state as the recorder left it, for the
+	// executor (optional; see Sealed).
+	Sealed *Sealed `json:"sealed,omitempty"`
 }
 
 // Verdicts of a staleness check.
@@ -233,6 +239,9 @@ type Verified struct {
 	// Reason is why this pass runs, when the recorder sent a retry straight
 	// to the gate: the previous attempt's failure (a retry's Reason).
 	Reason string `json:"reason,omitempty"`
+	// Sealed is the task's state as it was last written, for the executor
+	// (optional; see Sealed).
+	Sealed *Sealed `json:"sealed,omitempty"`
 }
 
 // Cancelled is published by the verifier for a stale task, or when a
@@ -291,6 +300,8 @@ type TrustDecision struct {
 type Admitted struct {
 	Base
 	Trust TrustDecision `json:"trust"`
+	// Sealed is relayed from the Verified event (optional; see Sealed).
+	Sealed *Sealed `json:"sealed,omitempty"`
 }
 
 // Gated is the review record of a task the gate blocked (status needs_human_review).
@@ -319,6 +330,8 @@ type Prompt struct {
 type Prompted struct {
 	Base
 	Prompt Prompt `json:"prompt"`
+	// Sealed is relayed from the Admitted event (optional; see Sealed).
+	Sealed *Sealed `json:"sealed,omitempty"`
 }
 
 // Outcomes of one attempt.

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -87,6 +88,21 @@ func Terminal(status Status) bool {
 type StateAt struct {
 	Rev   uint64    `json:"rev"`
 	State TaskState `json:"state"`
+}
+
+// Sealed is a task's state as a service that writes it stored it (a
+// StateAt), sealed for the executor, which starts its first write of the
+// attempt from it instead of reading the state. The gate and the prompt
+// builder relay it without being able to change it: the MAC is keyed by a
+// secret only the services that write the state hold (services.Sealer). As
+// for StateAt, the revision is the check against a later write: a stale one
+// fails the compare-and-set and the executor reads.
+type Sealed struct {
+	Rev uint64 `json:"rev"`
+	// State is the TaskState as the sealing service encoded it: the MAC
+	// covers these bytes.
+	State json.RawMessage `json:"state"`
+	MAC   string          `json:"mac"`
 }
 
 // TaskState is the current state of one task, kept in KV and derived from the

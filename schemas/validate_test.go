@@ -66,6 +66,7 @@ var (
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}
 	stateAt = &events.StateAt{Rev: 9, State: state}
+	sealed  = &events.Sealed{Rev: 9, State: json.RawMessage(`{"id":"t-42","type":"css_fix"}`), MAC: "bWFj"}
 )
 
 // populated holds one fully populated value per schema; TestPopulatedValuesAreComplete
@@ -78,15 +79,15 @@ var populated = []struct {
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Payload: json.RawMessage(`[1, "two", null]`),
 		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
 	}},
-	{events.EventQueued, events.Queued{Base: base}},
+	{events.EventQueued, events.Queued{Base: base, Sealed: sealed}},
 	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
-	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute)}},
-	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed"}},
+	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed}},
+	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
-	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust}},
+	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust, Sealed: sealed}},
 	{events.EventPrompted, events.Prompted{Base: base, Prompt: events.Prompt{
 		Model: "gpt-4o", Messages: []events.Message{{Role: "system", Content: "You fix CSS."}},
-	}}},
+	}, Sealed: sealed}},
 	{events.EventExecuted, events.Executed{Base: base, Result: result, State: stateAt}},
 	{events.EventSucceeded, events.Succeeded{Base: base, Result: result}},
 	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15",

@@ -17,11 +17,32 @@ var ErrTaskNotFound = errors.New("task not found")
 
 // TaskStore keeps each task's current state in the dispatch_tasks bucket.
 type TaskStore struct {
-	kv jetstream.KeyValue
+	kv     jetstream.KeyValue
+	sealer *Sealer
 }
 
 // NewTaskStore wraps the task bucket.
 func NewTaskStore(kv jetstream.KeyValue) *TaskStore { return &TaskStore{kv: kv} }
+
+// Sealing returns the store with a Sealer: the state it writes can be
+// sealed for the executor (Seal), and a sealed state opened (Open). Only a
+// service that may write the state gets one (see Sealer).
+func (s *TaskStore) Sealing(sl *Sealer) *TaskStore {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.sealer = sl
+	return &c
+}
+
+// Seal seals a state this store wrote (at, as Create or ApplyAt returned
+// it) for the executor; nil without a Sealer (see Sealer.Seal).
+func (s *TaskStore) Seal(at events.StateAt) *events.Sealed { return s.sealer.Seal(at) }
+
+// Open returns the state sealed in sd for task id, or nil (see
+// Sealer.Open): ApplyAt then reads.
+func (s *TaskStore) Open(id string, sd *events.Sealed) *events.StateAt { return s.sealer.Open(id, sd) }
 
 // Get returns a task's state.
 func (s *TaskStore) Get(ctx context.Context, id string) (events.TaskState, error) {
@@ -51,19 +72,22 @@ func (s *TaskStore) Update(ctx context.Context, id string, mutate func(st *event
 	return kvcas.Update(ctx, s.kv, id, mutate)
 }
 
-// Create stores the state of a new task. If the task exists it returns
-// false and the stored state instead.
-func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.TaskState, error) {
+// Create stores the state of a new task and returns it with its revision.
+// If the task exists it returns false and the stored state instead.
+func (s *TaskStore) Create(ctx context.Context, st events.TaskState) (bool, events.StateAt, error) {
 	data, err := json.Marshal(st)
 	if err != nil {
-		return false, st, err
+		return false, events.StateAt{State: st}, err
 	}
-	_, err = s.kv.Create(ctx, st.ID, data)
+	rev, err := s.kv.Create(ctx, st.ID, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		existing, err := s.Get(ctx, st.ID)
-		return false, existing, err
+		existing, rev, found, err := kvcas.Get[events.TaskState](ctx, s.kv, st.ID)
+		if err == nil && !found {
+			err = ErrTaskNotFound
+		}
+		return false, events.StateAt{Rev: rev, State: existing}, err
 	}
-	return err == nil, st, err
+	return err == nil, events.StateAt{Rev: rev, State: st}, err
 }
 
 // Apply runs the transition tr (a function of package task) on a task's

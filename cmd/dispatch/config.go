@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,6 +90,13 @@ type Config struct {
 	PromptConcurrency   int `envconfig:"PROMPT_CONCURRENCY"`
 	ExecutorConcurrency int `envconfig:"EXECUTOR_CONCURRENCY"`
 	RecorderConcurrency int `envconfig:"RECORDER_CONCURRENCY"`
+	// StateKey (base64, at least 32 bytes decoded) seals a task's state for
+	// the executor: give the same key to every intake, verifier, recorder
+	// and executor process, and the executor starts each attempt from the
+	// state the last writer sealed instead of reading it. Unset: a process
+	// running the executor with one of the others makes its own; the
+	// others seal nothing.
+	StateKey string `envconfig:"STATE_KEY"`
 	// Grace is how long in-flight work may finish after SIGTERM.
 	Grace time.Duration `envconfig:"GRACE" default:"25s"`
 	// LogLevel is debug, info, warn or error; LogFormat text or json.
@@ -102,6 +110,21 @@ func (c Config) serviceConcurrency() map[string]int {
 		"intake": c.IntakeConcurrency, "verifier": c.VerifierConcurrency, "gate": c.GateConcurrency,
 		"prompt": c.PromptConcurrency, "executor": c.ExecutorConcurrency, "recorder": c.RecorderConcurrency,
 	}
+}
+
+// stateKey is DISPATCH_STATE_KEY decoded (nil when unset).
+func (c Config) stateKey() ([]byte, error) {
+	if c.StateKey == "" {
+		return nil, nil
+	}
+	key, err := base64.StdEncoding.DecodeString(c.StateKey)
+	if err != nil {
+		return nil, fmt.Errorf("DISPATCH_STATE_KEY must be base64 (e.g. openssl rand -base64 32): %w", err)
+	}
+	if len(key) < services.MinStateKey {
+		return nil, fmt.Errorf("DISPATCH_STATE_KEY must decode to at least %d bytes, got %d", services.MinStateKey, len(key))
+	}
+	return key, nil
 }
 
 func loadConfig() (Config, error) {
@@ -131,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 0 {
 		errs = append(errs, fmt.Errorf("DISPATCH_CONCURRENCY must not be negative, got %d", c.Concurrency))
+	}
+	if _, err := c.stateKey(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxDeliver < 2 {
 		errs = append(errs, fmt.Errorf("DISPATCH_MAX_DELIVER must be at least 2, got %d", c.MaxDeliver))

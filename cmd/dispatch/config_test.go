@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"slices"
 	"strings"
 	"testing"
@@ -35,5 +36,20 @@ func TestContextLengthBodyAddsToTheBuiltIn(t *testing.T) {
 	got := Config{ContextLengthBody: []string{"prompt is too long"}}.contextLengthBody()
 	if !slices.Contains(got, "prompt is too long") || !slices.Contains(got, "context_length_exceeded") {
 		t.Errorf("set: %q, want the built-in markers and the extra one", got)
+	}
+}
+
+func TestStateKey(t *testing.T) {
+	if k, err := (Config{}).stateKey(); k != nil || err != nil {
+		t.Errorf("unset: %v, %v; want nothing", k, err)
+	}
+	good := base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32)))
+	if k, err := (Config{StateKey: good}).stateKey(); len(k) != 32 || err != nil {
+		t.Errorf("32 bytes: %d bytes, %v", len(k), err)
+	}
+	for _, bad := range []string{"not base64!", base64.StdEncoding.EncodeToString([]byte("short"))} {
+		if _, err := (Config{StateKey: bad}).stateKey(); err == nil || !strings.Contains(err.Error(), "DISPATCH_STATE_KEY") {
+			t.Errorf("%q accepted: %v", bad, err)
+		}
 	}
 }

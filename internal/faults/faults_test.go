@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -324,6 +325,9 @@ func TestFaultCluster(t *testing.T) {
 	r.drive(ctx, s.clusterLoad, s.clusterKills, fs)
 }
 
+// stateKey is the fault suite's DISPATCH_STATE_KEY (32 bytes, base64).
+var stateKey = base64.StdEncoding.EncodeToString([]byte("the fault suite's state key, 32b"))
+
 // newRun starts the model, provisions (as admin) and starts the mesh of
 // processes against url.
 func newRun(t *testing.T, s suite, prefix string, tasks int, dispatch, url string, pw map[string]string, extra []string) *run {
@@ -340,6 +344,12 @@ func newRun(t *testing.T, s suite, prefix string, tasks int, dispatch, url strin
 		}
 		if user == mesh.Recorder {
 			vars = append(vars, "DISPATCH_ACK_WAIT="+recorderAckWait.String())
+		}
+		// The state writers seal what they wrote, the executors start
+		// from it (as deploy/ configures them): kills hit sealed and
+		// stale seals alike.
+		if slices.Contains([]string{mesh.Intake, mesh.Verifier, mesh.Recorder, mesh.Executor}, user) {
+			vars = append(vars, "DISPATCH_STATE_KEY="+stateKey)
 		}
 		return proctest.Env(slices.Concat(vars, extra, more)...)
 	}

@@ -6,6 +6,7 @@ package mesh
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,6 +99,32 @@ type Options struct {
 	// Health, when set, receives a readiness check per service (its
 	// consumer bound and consumed) and one for the micro API of intake.
 	Health *health.Checks
+	// StateKey seals a task's state for the executor (services.Sealer, at
+	// least services.MinStateKey bytes): intake, the verifier and the
+	// recorder seal the state they wrote, the executor starts from it
+	// instead of reading it. Every process running one of those services
+	// needs the same key. Empty: a process that runs the executor and one
+	// of the others makes a key of its own; any other process seals
+	// nothing, and its executor reads.
+	StateKey []byte
+
+	sealer *services.Sealer
+}
+
+// sealing is what seals the state of this process's services (nil: none).
+func (o Options) sealing() (*services.Sealer, error) {
+	if len(o.StateKey) > 0 {
+		return services.NewSealer(o.StateKey)
+	}
+	seals := slices.ContainsFunc(o.Services, func(s string) bool { return s == Intake || s == Verifier || s == Recorder })
+	if !seals || !slices.Contains(o.Services, Executor) {
+		return nil, nil
+	}
+	key := make([]byte, services.MinStateKey)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	return services.NewSealer(key)
 }
 
 // Run provisions, starts the selected services and blocks until ctx ends and
@@ -156,6 +183,16 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.Model == nil {
 		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
+	}
+	if o.sealer, err = o.sealing(); err != nil {
+		return fmt.Errorf("mesh: %w", err)
+	}
+	if o.sealer != nil {
+		key := "this process's own"
+		if len(o.StateKey) > 0 {
+			key = "configured"
+		}
+		o.Log.Debug("task states sealed for the executor", "key", key)
 	}
 	specs, err := o.build(ctx, stores)
 	if err != nil {
@@ -331,7 +368,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	inst := name + "@" + o.Instance
 	switch name {
 	case Intake:
-		s, err := intake.New(intake.Config{Tasks: st.tasks(), Policy: o.Policy, Instance: inst, Log: o.Log})
+		s, err := intake.New(intake.Config{Tasks: st.tasks().Sealing(o.sealer), Policy: o.Policy, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -339,7 +376,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	case Reaper:
 		return services.ReaperSpec(o.JS), nil
 	case Verifier:
-		s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks(), Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -370,7 +407,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	case Executor:
 		s, err := executor.New(executor.Config{
 			Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
-			Tasks: st.tasks(), NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
+			Tasks: st.tasks().Sealing(o.sealer), NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
 		})
 		if err != nil {
 			return services.Spec{}, err
@@ -386,7 +423,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		if err != nil {
 			return services.Spec{}, err
 		}
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks(), History: st.history(), Trust: view, CountSpend: true, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -90,7 +90,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// context ends, and the attempt is neither recorded nor retried.
 	ctx, ended, done := s.flights.track(ctx, in.Task.ID)
 	defer done()
+	// The attempt's first write starts from the state as the last service
+	// that wrote it sealed it, instead of reading it. A redelivery's seal
+	// is most likely stale (its first delivery wrote): it reads.
 	k := &known{}
+	if s.cfg.Tasks != nil && m.Delivered == 1 {
+		k.at = s.cfg.Tasks.Open(in.Task.ID, in.Sealed)
+	}
 	f, skip, err := s.ledger.begin(ctx, base, k)
 	if err != nil || skip {
 		return nil, err

@@ -143,3 +143,81 @@ func TestExecutedCarriesTheState(t *testing.T) {
 		t.Fatalf("a task over MaxCarried carries its state (%d bytes)", len(outs[0].Data))
 	}
 }
+
+// A state sealed by a service that writes it spares the executor its read;
+// a seal its key does not open is ignored (it reads), and a seal made stale
+// by a later write — a human's cancel — fails the compare-and-set: the
+// executor reads, finds the task ended and calls nothing.
+func TestSealedStateSparesTheRead(t *testing.T) {
+	ctx := context.Background()
+	ns := natstest.Start(t)
+	kv, err := ns.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: services.BucketTasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(b byte) *services.Sealer {
+		s, err := services.NewSealer([]byte(strings.Repeat(string(b), services.MinStateKey)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	counted := &natstest.CountReads{KeyValue: kv}
+	tasks := services.NewTaskStore(counted).Sealing(key('k'))
+	intake := services.NewTaskStore(kv).Sealing(key('k'))
+	stranger := services.NewTaskStore(kv).Sealing(key('x'))
+	s, _ := newService(t, executor.Config{Model: executor.Simulated{}, Tasks: tasks})
+
+	sealedBy := func(store *services.TaskStore, id string) *services.Msg {
+		t.Helper()
+		m := prompted(t, id, "css_fix", "", 1)
+		var in events.Prompted
+		if err := json.Unmarshal(m.Data, &in); err != nil {
+			t.Fatal(err)
+		}
+		created, at, err := intake.Create(ctx, task.Queued(in.Task, in.Run, 1))
+		if err != nil || !created {
+			t.Fatalf("create %s: %v", id, err)
+		}
+		if in.Sealed = store.Seal(at); in.Sealed == nil {
+			t.Fatal("nothing sealed")
+		}
+		if m.Data, err = json.Marshal(in); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	handle := func(m *services.Msg) ([]services.Out, int) {
+		t.Helper()
+		before := counted.Reads()
+		outs, err := s.Handle(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return outs, counted.Reads() - before
+	}
+
+	outs, n := handle(sealedBy(intake, "sealed"))
+	if ev := executed(t, "sealed", 1, outs); n != 0 || ev.Result.Outcome != events.OutcomeSuccess {
+		t.Fatalf("sealed state: %d reads, outcome %q; want 0 reads and a success", n, ev.Result.Outcome)
+	}
+	if st, _ := tasks.Get(ctx, "sealed"); st.Status != events.StatusRunning {
+		t.Fatalf("stored after the attempt: status %s, want running", st.Status)
+	}
+
+	outs, n = handle(sealedBy(stranger, "forged"))
+	if ev := executed(t, "forged", 1, outs); n == 0 || ev.Result.Outcome != events.OutcomeSuccess {
+		t.Fatalf("a seal of another key: %d reads, outcome %q; want a read and a success", n, ev.Result.Outcome)
+	}
+
+	m := sealedBy(intake, "cancelled")
+	if _, _, err := intake.Apply(ctx, "cancelled", func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		return task.Cancel(st, found, events.Base{Task: events.Task{ID: "cancelled"}, Run: events.Run{Pass: 1, Attempt: 1}},
+			events.Verification{Verdict: events.VerdictStale, Detail: "fixed by hand"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if outs, n = handle(m); len(outs) != 0 || n == 0 {
+		t.Fatalf("a task cancelled after its seal: %d outputs, %d reads; want none and a read", len(outs), n)
+	}
+}

@@ -129,7 +129,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	switch {
 	case b.Run.Reviewed:
 		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
-		return s.admit(ctx, b, d)
+		return s.admit(ctx, b, d, ev.Sealed)
 	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
 		d.Blocked, d.Cause = true, events.CauseBudget
 		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
@@ -217,7 +217,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
 		}
 	}
-	return s.admit(ctx, b, d)
+	return s.admit(ctx, b, d, ev.Sealed)
 }
 
 // SyncMargin is how close to its threshold a type's score must be for the
@@ -322,9 +322,11 @@ func canaryDelay(delivered int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-func (s *Service) admit(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, error) {
+// admit lets the pass through to the prompt builder, with the task's state
+// sealed as it came (the gate does not write it on the way).
+func (s *Service) admit(ctx context.Context, b events.Base, d events.TrustDecision, sealed *events.Sealed) ([]services.Out, error) {
 	s.decided(ctx, b, d)
-	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d})
+	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d, Sealed: sealed})
 	return []services.Out{out}, err
 }
 

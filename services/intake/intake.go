@@ -50,7 +50,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	pol := s.cfg.Policy.Snapshot()
 	run := firstRun(t, pol)
 	st := task.Queued(t, run, m.Seq)
-	created, existing, err := s.cfg.Tasks.Create(ctx, st)
+	created, at, err := s.cfg.Tasks.Create(ctx, st)
 	if err != nil {
 		return nil, err
 	}
@@ -58,9 +58,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// message (publish again, as it was decided then: the Msg-Id
 	// deduplicates), or by another submission of the same id (one task:
 	// nothing to do).
-	publish := created || existing.SubmitSeq == m.Seq
+	publish := created || at.State.SubmitSeq == m.Seq
 	if !created {
-		run.Rung, run.Step = existing.Rung, existing.Step
+		run.Rung, run.Step = at.State.Rung, at.State.Step
 	}
 	if !publish {
 		s.log.Info("duplicate submission ignored", "task", t.ID, "seq", m.Seq)
@@ -76,11 +76,14 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	// A type without a verifier has nothing to verify: its task goes to the
 	// gate at once, verified (verdict skipped) instead of queued.
+	// Either carries the state as created, sealed, for the executor.
 	var out services.Out
 	if pol.For(t.Type).Verifies() {
-		out, err = services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b})
+		out, err = services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b, Sealed: s.cfg.Tasks.Seal(at)})
 	} else {
-		out, err = services.Next(b, events.StageVerified, events.EventVerified, task.Unverified(b, ""))
+		v := task.Unverified(b, "")
+		v.Sealed = s.cfg.Tasks.Seal(at)
+		out, err = services.Next(b, events.StageVerified, events.EventVerified, v)
 	}
 	if err != nil {
 		return nil, err

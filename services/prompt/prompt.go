@@ -80,6 +80,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	out, err := services.Next(base, events.StagePrompted, events.EventPrompted, events.Prompted{
 		Base:   base,
 		Prompt: events.Prompt{Model: model, Messages: msgs},
+		Sealed: in.Sealed, // relayed: the prompt builder holds no key to change it
 	})
 	if err != nil {
 		return nil, err

@@ -142,6 +142,16 @@ func (s *Service) record(ctx context.Context, m *services.Msg) ([]services.Out, 
 		score, _, _ = trust.Score(stats.Outcomes, s.cfg.Scoring)
 	}
 	e := task.Emit(st, b, res, pol, score)
+	// A retry carries the state as recorded, sealed: the next executor's
+	// write starts from it.
+	switch ev := e.Event.(type) {
+	case events.Retry:
+		ev.Sealed = s.cfg.Tasks.Seal(at)
+		e.Event = ev
+	case events.Verified:
+		ev.Sealed = s.cfg.Tasks.Seal(at)
+		e.Event = ev
+	}
 	var out services.Out
 	switch {
 	case e.Review == "":

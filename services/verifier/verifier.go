@@ -48,6 +48,8 @@ type input struct {
 	events.Base
 	Reason string    `json:"reason"`
 	WakeAt time.Time `json:"wake_at,omitzero"`
+	// Sealed is the task's state as it was last written (events.Sealed).
+	Sealed *events.Sealed `json:"sealed,omitempty"`
 }
 
 // Handle checks the task of a queued or retry event and publishes its verdict.
@@ -88,12 +90,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
+	sealed := in.Sealed // relayed as it came, unless this service writes the state
 	if typ.Verifies() && s.cfg.Tasks != nil {
-		if _, _, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		at, _, err := s.cfg.Tasks.ApplyAt(ctx, b.Task.ID, s.cfg.Tasks.Open(b.Task.ID, in.Sealed), func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Verifying(st, found, b)
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, s.fail(ctx, fmt.Errorf("set status verifying: %w", err))
 		}
+		sealed = s.cfg.Tasks.Seal(at)
 	}
 	v, err := s.check(ctx, b.Task, pv)
 	if err != nil {
@@ -109,7 +114,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	switch {
 	case v.Verdict == events.VerdictExists, v.Verdict == events.VerdictSkipped, v.FailOpen:
-		return outs(services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b, Verification: v}))
+		return outs(services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b, Verification: v, Sealed: sealed}))
 	case v.Verdict == events.VerdictStale:
 		log.Info("task is stale; cancelled", "detail", v.Detail)
 		return s.cancel(ctx, b, v)
