@@ -18,6 +18,9 @@ import (
 // error that decides the message's fate (see the package doc).
 type Handler func(ctx context.Context, m *Msg) ([]Out, error)
 
+// keepWorkers bounds the workers a router keeps between messages.
+const keepWorkers = 32
+
 // FastPrefetch is the Prefetch of a service whose handler makes only NATS
 // round trips (intake, gate, prompt builder, recorder): at about a
 // millisecond a message, 64 wait well under a second for a worker.
@@ -184,11 +187,14 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 
 	h := r.chain(log, spec)
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
-	// Workers live as long as Run: a goroutine per message would grow a
-	// fresh stack through the handler's calls every time (copying it as
-	// it grows is a few per cent of the mesh's CPU).
+	// Up to keepWorkers workers live as long as Run: a goroutine per
+	// message would grow a fresh stack through the handler's calls every
+	// time (copying it as it grows is a few per cent of the mesh's CPU).
+	// A message none of them is free for gets a goroutine of its own, so a
+	// thousand model calls in flight keep no thousand grown stacks once
+	// they are done.
 	work := make(chan jetstream.Msg)
-	for range spec.Concurrency {
+	for range min(spec.Concurrency, keepWorkers) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -215,7 +221,15 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 			}
 			continue
 		}
-		work <- msg // a worker is free: this message took its slot
+		select {
+		case work <- msg: // a kept worker was waiting
+		default:
+			wg.Add(1)
+			go func() {
+				defer func() { <-slots; wg.Done() }()
+				r.handle(hctx, log, spec.Name, h, msg)
+			}()
+		}
 	}
 	close(work)
 	wg.Wait()
