@@ -37,6 +37,11 @@ type Out struct {
 	MsgID  string
 	Header nats.Header
 	Data   []byte
+	// WithLast publishes an output before the last together with the last
+	// one, instead of storing it first: for what nothing the last output
+	// wakes reads (the task index). The input is acked once all are
+	// stored either way.
+	WithLast bool
 }
 
 // NatsMsg is out as a NATS message: subject, header and data (publish it

@@ -391,15 +391,24 @@ func (r *Router) publishing(service string) Middleware {
 			}
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 			defer cancel()
-			if err := r.publishTogether(pctx, service, outs[:len(outs)-1]); err != nil {
+			// Outputs before the last are stored before it is sent, unless
+			// they go with it (Out.WithLast).
+			var first, withLast []Out
+			for _, out := range outs[:len(outs)-1] {
+				if out.WithLast {
+					withLast = append(withLast, out)
+				} else {
+					first = append(first, out)
+				}
+			}
+			if _, err := r.publishTogether(pctx, service, first); err != nil {
 				return nil, err
 			}
-			last := outs[len(outs)-1]
-			dup, err := r.publishAck(pctx, service, last)
+			dups, err := r.publishTogether(pctx, service, append(withLast, outs[len(outs)-1]))
 			if err != nil {
-				return nil, &publishError{subject: last.Subject, err: err}
+				return nil, err
 			}
-			if !dup { // what the handler decided is stored now, and only now (OnStored)
+			if !dups[len(dups)-1] { // what the handler decided is stored now, and only now (OnStored)
 				stored.run()
 			}
 			return outs, nil
@@ -408,19 +417,24 @@ func (r *Router) publishing(service string) Middleware {
 }
 
 // publishTogether publishes outs without waiting for each one's ack before
-// sending the next, and returns once all are stored.
-func (r *Router) publishTogether(ctx context.Context, service string, outs []Out) error {
+// sending the next, and returns once all are stored, with whether the
+// stream deduplicated each (a republish of a message it already stores
+// under that Msg-Id).
+func (r *Router) publishTogether(ctx context.Context, service string, outs []Out) ([]bool, error) {
+	dups := make([]bool, len(outs))
 	if len(outs) == 1 {
-		if err := r.publish(ctx, service, outs[0]); err != nil {
-			return &publishError{subject: outs[0].Subject, err: err}
+		dup, err := r.publishAck(ctx, service, outs[0])
+		if err != nil {
+			return nil, &publishError{subject: outs[0].Subject, err: err}
 		}
-		return nil
+		dups[0] = dup
+		return dups, nil
 	}
 	acks := make([]jetstream.PubAckFuture, len(outs))
 	for i, out := range outs {
 		f, err := r.JS.PublishMsgAsync(r.msg(out), jetstream.WithMsgID(out.MsgID))
 		if err != nil {
-			return &publishError{subject: out.Subject, err: err}
+			return nil, &publishError{subject: out.Subject, err: err}
 		}
 		acks[i] = f
 	}
@@ -428,13 +442,14 @@ func (r *Router) publishTogether(ctx context.Context, service string, outs []Out
 		select {
 		case ack := <-f.Ok():
 			r.Metrics.published(service, ack.Duplicate)
+			dups[i] = ack.Duplicate
 		case err := <-f.Err():
-			return &publishError{subject: outs[i].Subject, err: err}
+			return nil, &publishError{subject: outs[i].Subject, err: err}
 		case <-ctx.Done():
-			return &publishError{subject: outs[i].Subject, err: ctx.Err()}
+			return nil, &publishError{subject: outs[i].Subject, err: ctx.Err()}
 		}
 	}
-	return nil
+	return dups, nil
 }
 
 // publishError is a failure to publish a handler's output. It is retried

@@ -110,16 +110,18 @@ func TestRouterPublishesOutputsThenAcks(t *testing.T) {
 // A handler's outputs before the last (what a recorded outcome adds to the
 // history, the trust window, the spend counters) are all stored before the
 // last one (the event that moves the task on) is published: whatever the
-// last output wakes finds them.
+// last output wakes finds them. One marked WithLast (the task index) goes
+// with the last one instead.
 func TestRouterPublishesTheLastOutputLast(t *testing.T) {
 	s := setup(t)
 	run(t, s.JS, spec(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 		var outs []services.Out
-		for i, stage := range []string{"side0", "side1", "side2", "next"} {
+		for i, stage := range []string{"with", "side0", "side1", "side2", "next"} {
 			o, err := services.Emit(events.TaskSubject("t1", stage), fmt.Sprintf("t1:1:%d", i), "test.v1", "t1", i)
 			if err != nil {
 				return nil, err
 			}
+			o.WithLast = stage == "with"
 			outs = append(outs, o)
 		}
 		return outs, nil
@@ -131,7 +133,7 @@ func TestRouterPublishesTheLastOutputLast(t *testing.T) {
 		t.Fatal(err)
 	}
 	seq := map[string]uint64{}
-	for _, stage := range []string{"side0", "side1", "side2", "next"} {
+	for _, stage := range []string{"with", "side0", "side1", "side2", "next"} {
 		m, err := st.GetLastMsgForSubject(context.Background(), events.TaskSubject("t1", stage))
 		if err != nil {
 			t.Fatalf("output %s not stored: %v", stage, err)
@@ -141,6 +143,11 @@ func TestRouterPublishesTheLastOutputLast(t *testing.T) {
 	for _, side := range []string{"side0", "side1", "side2"} {
 		if seq[side] >= seq["next"] {
 			t.Errorf("%s stored at %d, after the last output (%d)", side, seq[side], seq["next"])
+		}
+		// An output WithLast is sent with the last one, once the others
+		// are stored, although the handler listed it first.
+		if seq["with"] <= seq[side] {
+			t.Errorf("the output WithLast stored at %d, before %s (%d)", seq["with"], side, seq[side])
 		}
 	}
 }

@@ -67,13 +67,16 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil
 	}
 	b := events.Base{Task: t, Run: run, At: s.cfg.Now().UTC(), By: s.cfg.Instance, PolicyRev: pol.Rev}
-	// The index entry first: the task explorer lists every task that was
-	// queued. Same decision, deterministic Msg-Id: one entry per task.
+	// The index entry: the task explorer lists every task that was queued.
+	// Same decision, deterministic Msg-Id: one entry per task. No stage
+	// reads it, so it is published with the task's first event rather than
+	// before it; the submission is acked once both are stored.
 	entry := events.IndexEntry{ID: t.ID, Type: t.Type, Subject: t.Subject, SubmittedAt: t.SubmittedAt}
 	idx, err := services.Emit(events.IndexSubject(t.Type, t.Subject), services.MsgID(t.ID, 1, "index"), events.EventIndexed, t.ID, entry)
 	if err != nil {
 		return nil, err
 	}
+	idx.WithLast = true
 	// A type without a verifier has nothing to verify: its task goes to the
 	// gate at once, verified (verdict skipped) instead of queued.
 	// Either carries the state as created, sealed, for the executor.
