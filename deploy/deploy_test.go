@@ -36,7 +36,6 @@ import (
 	"dispatchmesh/internal/review"
 	"dispatchmesh/services"
 	"dispatchmesh/services/intake"
-	"dispatchmesh/services/recorder"
 	"dispatchmesh/trust"
 )
 
@@ -180,8 +179,9 @@ func checkPermissions(t *testing.T, u *server.User) {
 	}
 	for _, s := range p.Subscribe.Allow {
 		// intake serves the micro API; its waits listen for rejections.
-		// The executor hears a human's cancel to end the task's call.
-		if u.Username == "executor" && s == events.ReviewSubject(events.ReviewAction, "*") {
+		// The executor hears a human's cancel to end the task's call; the
+		// recorder hears every action to count the tasks a human ends.
+		if (u.Username == "executor" || u.Username == "recorder") && s == events.ReviewSubject(events.ReviewAction, "*") {
 			continue
 		}
 		if s == inbox || (serves && slices.Contains(opsSubs, s)) || (u.Username == "intake" && (s == events.SubmitAPI || s == intake.StatusAPI || s == intake.WaitAPI ||
@@ -602,7 +602,7 @@ func consumerConfigs() map[string]jetstream.ConsumerConfig {
 		services.ConsumerPrompt:   cfg(services.ConsumerPrompt, 5, events.StageFilter(events.StageAdmitted)),
 		// MaxDeliver 1: the reaper scenario below exhausts it with one Nak.
 		services.ConsumerExecutor: cfg(services.ConsumerExecutor, 1, events.StageFilter(events.StagePrompted)),
-		services.ConsumerRecorder: cfg(services.ConsumerRecorder, 5, events.StageFilter(events.StageExecuted), recorder.ActionFilter),
+		services.ConsumerRecorder: cfg(services.ConsumerRecorder, 5, events.StageFilter(events.StageExecuted)),
 		services.ConsumerReaper:   cfg(services.ConsumerReaper, 5),
 	}
 }

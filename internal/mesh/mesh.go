@@ -423,7 +423,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		if err != nil {
 			return services.Spec{}, err
 		}
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, NATS: o.NC, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -216,6 +216,11 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		"by=gate,status=needs_human_review,type=budget_fix": 2,
 		"by=human,status=failed,type=budget_fix":            1,
 	}
+	// The recorder hears the review actions on a subscription, not
+	// through its consumer (waitIdle): wait until it counted the last one.
+	waitFor(t, "the human ends counted", func() bool {
+		return metricstest.Family(t, reg, "dispatch_tasks_finished_total")["by=human,status=failed,type=budget_fix"] == 1
+	})
 	sim := e.state("sim0")
 	idle := map[string]float64{}
 	for _, name := range stageDurables {
@@ -272,7 +277,7 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 			"service=gate":     15, // bad0 twice, budget2 twice, one pass for each other task
 			"service=prompt":   12, // the admitted passes
 			"service=executor": 13, // the same, and flaky0's second delivery
-			"service=recorder": 15, // 11 attempts, 4 review actions (cancel, resolve, reject, requeue)
+			"service=recorder": 11, // the attempts (it hears the review actions on a subscription)
 		}},
 		{"dispatch_redeliveries_total", map[string]float64{"service=executor": 1}},
 		// Every stage idle (waitIdle): nothing queued, nothing in flight.

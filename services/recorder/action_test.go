@@ -3,22 +3,26 @@ package recorder_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dispatchmesh/events"
+	"dispatchmesh/internal/policy"
 	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
 	"dispatchmesh/services/recorder"
 )
 
 // act stores a human's action in the task's state, as the review client
 // does before it publishes it, and returns the action's message.
-func (h *harness) act(id, typ string, status events.Status, action string, delivered int) (*services.Msg, events.Action) {
+func (h *harness) act(id, typ string, status events.Status, action string) (*nats.Msg, events.Action) {
 	h.t.Helper()
 	ctx := context.Background()
 	a := events.Action{TaskID: id, Action: action, Note: "a note", By: "ann@host", At: now.Add(90 * time.Second)}
@@ -32,53 +36,68 @@ func (h *harness) act(id, typ string, status events.Status, action string, deliv
 	if _, err := h.tasks.Update(ctx, id, func(st *events.TaskState, _ bool) error { *st = task.Act(*st, a); return nil }); err != nil {
 		h.t.Fatal(err)
 	}
-	return actionMsg(h.t, a, delivered), a
+	return actionMsg(h.t, a), a
 }
 
-func actionMsg(t *testing.T, a events.Action, delivered int) *services.Msg {
+func actionMsg(t *testing.T, a events.Action) *nats.Msg {
 	t.Helper()
 	data, err := json.Marshal(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &services.Msg{Subject: events.ReviewSubject(events.ReviewAction, a.TaskID), Data: data, Seq: 1, Delivered: delivered, Time: a.At}
+	return &nats.Msg{Subject: events.ReviewSubject(events.ReviewAction, a.TaskID), Data: data}
 }
 
-func TestRecorderConsumesTheReviewActions(t *testing.T) {
+func (h *harness) hear(m *nats.Msg) { h.rec.HandleAction(context.Background(), m.Subject, m.Data) }
+
+// The recorder's durable has one filter, the executed stage; it hears the
+// review actions on a subscription (queue group "recorder") when given a
+// connection, and counts what they end.
+func TestRecorderHearsTheReviewActions(t *testing.T) {
 	h := recorderOn(t, nil)
-	spec := h.rec.Spec()
-	if len(spec.Filters) != 2 || spec.Filters[1] != "dispatch.review.action.*" || spec.Filters[1] != recorder.ActionFilter {
-		t.Fatalf("filters %v, want the executed stage and dispatch.review.action.*", spec.Filters)
+	if spec := h.rec.Spec(); !slices.Equal(spec.Filters, []string{events.StageFilter(events.StageExecuted)}) {
+		t.Fatalf("filters %v, want the executed stage alone", spec.Filters)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	rec, err := recorder.New(recorder.Config{Tasks: h.tasks, History: h.hist, Trust: h.view, Policy: policy.Static(budgeted),
+		Registry: reg, NATS: h.nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rec.Close)
+	m, _ := h.act("t-heard", "css_fix", events.StatusBlocked, events.ActionResolve)
+	if err := h.nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.CollectAndCount(reg, "dispatch_tasks_finished_total") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the action published was never counted")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
 // Every task a human ends is counted once, by="human", with the time
-// since its submission; a requeue, a redelivery, a void action (the state
-// does not hold it) and a record without a task count nothing.
+// since its submission; a requeue, a void action (the state does not hold
+// it) and a record without a task count nothing.
 func TestHumanEndsAreCountedOnce(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	h := recorderOn(t, reg)
 
-	resolve, _ := h.act("t-resolve", "css_fix", events.StatusBlocked, events.ActionResolve, 1)
-	reject, _ := h.act("t-reject", "css_fix", events.StatusNeedsHumanReview, events.ActionReject, 1)
-	cancel, _ := h.act("t-cancel", "css_fix", events.StatusRunning, events.ActionCancel, 1)
-	requeue, _ := h.act("t-requeue", "css_fix", events.StatusBlocked, events.ActionRequeue, 1)
-	for _, m := range []*services.Msg{resolve, reject, cancel, requeue} {
-		if outs := h.handle(m); len(outs) != 0 {
-			t.Fatalf("%s: %d outputs, want none", m.Subject, len(outs))
-		}
+	resolve, _ := h.act("t-resolve", "css_fix", events.StatusBlocked, events.ActionResolve)
+	reject, _ := h.act("t-reject", "css_fix", events.StatusNeedsHumanReview, events.ActionReject)
+	cancel, _ := h.act("t-cancel", "css_fix", events.StatusRunning, events.ActionCancel)
+	requeue, _ := h.act("t-requeue", "css_fix", events.StatusBlocked, events.ActionRequeue)
+	for _, m := range []*nats.Msg{resolve, reject, cancel, requeue} {
+		h.hear(m)
 	}
-	// A redelivery counts nothing again.
-	again := *cancel
-	again.Delivered = 2
-	h.handle(&again)
 	// A void action: published, then reverted from the state.
-	void := actionMsg(t, events.Action{TaskID: "t-resolve", Action: events.ActionReject, By: "bob@host", At: now.Add(time.Hour)}, 1)
-	h.handle(void)
+	h.hear(actionMsg(t, events.Action{TaskID: "t-resolve", Action: events.ActionReject, By: "bob@host", At: now.Add(time.Hour)}))
 	// A decision on rejected input: no task state.
-	h.handle(actionMsg(t, events.Action{TaskID: "seq-42", Action: events.ActionReject, By: "bob@host", At: now}, 1))
+	h.hear(actionMsg(t, events.Action{TaskID: "seq-42", Action: events.ActionReject, By: "bob@host", At: now}))
 	// Not an action at all.
-	h.handle(&services.Msg{Subject: events.ReviewSubject(events.ReviewAction, "junk"), Data: []byte("{"), Delivered: 1})
+	h.hear(&nats.Msg{Subject: events.ReviewSubject(events.ReviewAction, "junk"), Data: []byte("{")})
 
 	want := `
 # HELP dispatch_tasks_finished_total Tasks that ended, by type, status (succeeded, blocked, failed, needs_human_review, cancelled) and who ended them (by: recorder, gate, verifier, human).

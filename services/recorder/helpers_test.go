@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -43,6 +44,7 @@ type harness struct {
 	hist  *history.Store
 	view  *trust.View
 	js    jetstream.JetStream
+	nc    *nats.Conn
 }
 
 // recorderOn starts a recorder, its metrics on reg.
@@ -55,7 +57,7 @@ func recorderOn(t *testing.T, reg prometheus.Registerer) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, tasks: services.NewTaskStore(stores.Tasks), hist: history.NewStore(stores.History), js: srv.JS}
+	h := &harness{t: t, tasks: services.NewTaskStore(stores.Tasks), hist: history.NewStore(stores.History), js: srv.JS, nc: srv.NC}
 	if h.view, err = trust.NewView(ctx, srv.JS, nil, nil); err != nil {
 		t.Fatal(err)
 	}

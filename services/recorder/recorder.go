@@ -10,9 +10,9 @@
 // derived from the stored state, so a redelivered outcome republishes the
 // same event with the same Msg-Id and changes nothing else.
 //
-// Its consumer also takes the human review actions
-// (dispatch.review.action.<id>): it writes nothing for them, and counts a
-// task that a human's resolve, reject or cancel ended (action.go).
+// It also hears the human review actions (dispatch.review.action.<id>,
+// Config.NATS): it writes nothing for them, and counts a task that a
+// human's resolve, reject or cancel ended (action.go).
 package recorder
 
 import (
@@ -37,35 +37,45 @@ type Service struct {
 	log *slog.Logger
 	// metrics count each outcome once (metrics.go).
 	metrics *metrics
+	// actions hears the review actions (nil without Config.NATS).
+	actions *nats.Subscription
 }
 
-// New checks cfg and returns the recorder.
+// New checks cfg and returns the recorder; with cfg.NATS it hears the
+// review actions until Close.
 func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry)}, nil
-}
-
-// Spec is the recorder's consumer: executed attempts, and the human review
-// actions (ActionFilter: counted when they end a task).
-func (s *Service) Spec() services.Spec {
-	return services.Spec{Name: services.ConsumerRecorder, Filters: []string{events.StageFilter(events.StageExecuted), ActionFilter},
-		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch}
-}
-
-// Handle records one attempt, or counts a task a human's review action
-// ended (by subject).
-func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
-	if isAction(m.Subject) {
-		return s.action(ctx, m)
+	s := &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry)}
+	if cfg.NATS != nil {
+		if err := s.hearActions(cfg.NATS); err != nil {
+			return nil, err
+		}
 	}
-	return s.record(ctx, m)
+	return s, nil
 }
 
-// record records one attempt.
-func (s *Service) record(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+// Close stops hearing the review actions. Call it once no Handle runs.
+func (s *Service) Close() {
+	if s.actions != nil {
+		_ = s.actions.Unsubscribe()
+	}
+}
+
+// Spec is the recorder's consumer: executed attempts, one filter. (A
+// second filter on a durable makes nats-server 2.15 intersect the subjects
+// of the stream's message block with the filters for each message it
+// delivers while the consumer is behind: the thousands of task subjects of
+// a block, for every attempt a busy recorder records.)
+func (s *Service) Spec() services.Spec {
+	return services.Spec{Name: services.ConsumerRecorder, Filters: []string{events.StageFilter(events.StageExecuted)},
+		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch, Stop: s.Close}
+}
+
+// Handle records one attempt.
+func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 	var ev events.Executed
 	if err := services.Decode(m, &ev); err != nil {
 		return nil, err

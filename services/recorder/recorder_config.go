@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dispatchmesh/history"
@@ -43,6 +44,10 @@ type Config struct {
 	// Registry receives the spend metrics (see metrics.go). Default: nil,
 	// no metrics are registered.
 	Registry prometheus.Registerer
+	// NATS, when set, is where the recorder hears the human review actions
+	// (dispatch.review.action.*, queue group "recorder": one instance
+	// counts each) to count the tasks they end. Default nil: not counted.
+	NATS *nats.Conn
 }
 
 // Validate reports every problem of the configuration at once.
