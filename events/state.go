@@ -94,7 +94,7 @@ type StateAt struct {
 // StateAt), sealed for the executor, which starts its first write of the
 // attempt from it instead of reading the state. The gate and the prompt
 // builder relay it without being able to change it: the MAC is keyed by a
-// secret only the services that write the state hold (services.Sealer). As
+// secret only the services that seal hold (services.Sealer). As
 // for StateAt, the revision is the check against a later write: a stale one
 // fails the compare-and-set and the executor reads.
 type Sealed struct {

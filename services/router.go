@@ -221,6 +221,10 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 			}
 			continue
 		}
+		if spec.Concurrency <= keepWorkers {
+			work <- msg // the slot it took is a kept worker's: idle, or about to be
+			continue
+		}
 		select {
 		case work <- msg: // a kept worker was waiting
 		default:

@@ -20,9 +20,9 @@ const MinStateKey = 32
 const MaxSealed = 64 << 10
 
 // Sealer seals a task's state for the executor (events.Sealed) and opens
-// what it sealed. Only services that write the task's state hold its key:
-// intake, the verifier and the recorder seal what they wrote, the gate and
-// the prompt builder relay the seal as it came, and the executor opens it
+// what it sealed. Only the services that seal and the executor hold its
+// key: intake, the verifier and the recorder seal what they wrote, the gate
+// and the prompt builder relay the seal as it came, and the executor opens it
 // and starts its compare-and-set from it instead of reading. A seal the key
 // does not open — forged, changed on the way, sealed with another key — is
 // ignored: the executor reads, as it does without one. A nil *Sealer seals

@@ -97,8 +97,9 @@ func TestSealer(t *testing.T) {
 	}
 }
 
-// Whatever an event carries as its seal, Open never panics and opens only
-// what the key sealed.
+// Whatever an event carries as its seal, Open never panics, and what it
+// opens is a state of the task asked for, at the sealed revision, that
+// seals again to a seal that opens.
 func FuzzSealerOpen(f *testing.F) {
 	s := sealer(f, 7)
 	good, _ := json.Marshal(s.Seal(events.StateAt{Rev: 3, State: events.TaskState{ID: "t1", Status: events.StatusPending}}))

@@ -198,6 +198,19 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return startError(o.NC, err)
 	}
+	// A spec's Stop runs when its router returns; a start that fails before
+	// the routers run releases what the services hold (their subscriptions).
+	routing := false
+	defer func() {
+		if routing {
+			return
+		}
+		for _, spec := range specs {
+			if spec.Stop != nil {
+				spec.Stop()
+			}
+		}
+	}()
 	var metrics *services.Metrics
 	if o.Registry != nil {
 		metrics = services.NewMetrics(o.Registry)
@@ -273,6 +286,7 @@ func Run(ctx context.Context, o Options) error {
 	defer stopAll()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(specs))
+	routing = true
 	for i, spec := range specs {
 		spec.MaxDeliver = max(o.MaxDeliver, spec.MaxDeliver)
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
@@ -352,10 +366,15 @@ func (o Options) build(ctx context.Context, all *services.Stores) ([]services.Sp
 	for _, name := range o.Services {
 		st := newStoresOf(name, all)
 		spec, err := o.spec(ctx, name, st)
-		if st.err != nil {
-			return nil, st.err
+		if st.err != nil { // a bucket the service may not use: say that first
+			err = st.err
 		}
 		if err != nil {
+			for _, built := range append(specs, spec) {
+				if built.Stop != nil {
+					built.Stop()
+				}
+			}
 			return nil, err
 		}
 		specs = append(specs, spec)

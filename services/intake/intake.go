@@ -80,12 +80,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// A type without a verifier has nothing to verify: its task goes to the
 	// gate at once, verified (verdict skipped) instead of queued.
 	// Either carries the state as created, sealed, for the executor.
+	sealed := s.cfg.Tasks.Seal(at)
 	var out services.Out
 	if pol.For(t.Type).Verifies() {
-		out, err = services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b, Sealed: s.cfg.Tasks.Seal(at)})
+		out, err = services.Next(b, events.StageQueued, events.EventQueued, events.Queued{Base: b, Sealed: sealed})
 	} else {
 		v := task.Unverified(b, "")
-		v.Sealed = s.cfg.Tasks.Seal(at)
+		v.Sealed = sealed
 		out, err = services.Next(b, events.StageVerified, events.EventVerified, v)
 	}
 	if err != nil {

@@ -77,11 +77,18 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	base := in.Base
 	base.At, base.By, base.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
-	out, err := services.Next(base, events.StagePrompted, events.EventPrompted, events.Prompted{
+	ev := events.Prompted{
 		Base:   base,
 		Prompt: events.Prompt{Model: model, Messages: msgs},
 		Sealed: in.Sealed, // relayed: the prompt builder holds no key to change it
-	})
+	}
+	out, err := services.Next(base, events.StagePrompted, events.EventPrompted, ev)
+	if err == nil && ev.Sealed != nil && len(out.Data) > MaxSealedEvent {
+		// A large prompt goes without the seal, far from the server's
+		// max_payload: the executor reads the state.
+		ev.Sealed = nil
+		out, err = services.Next(base, events.StagePrompted, events.EventPrompted, ev)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +96,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		"attempt", base.Run.Attempt, "rung", base.Run.Rung, "previous", len(previous), "model", model)
 	return []services.Out{out}, nil
 }
+
+// MaxSealedEvent bounds a prompted event that carries the task's sealed
+// state (events.Sealed): a larger one goes without it.
+const MaxSealedEvent = 512 << 10
 
 // historyError is what a history that cannot be read makes of the message:
 // ctx's error at shutdown, poison for a task the history refuses outright

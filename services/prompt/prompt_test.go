@@ -269,3 +269,34 @@ func TestRecurringFailureStartRung(t *testing.T) {
 		})
 	}
 }
+
+// The sealed state is relayed as it came; a prompt the seal would take over
+// MaxSealedEvent goes without it (the executor then reads the state).
+func TestHandleRelaysTheSeal(t *testing.T) {
+	s := newService(t, Config{})
+	sealed := &events.Sealed{Rev: 7, State: json.RawMessage(`{"id":"t1"}`), MAC: "bWFj"}
+	prompted := func(payload int) events.Prompted {
+		t.Helper()
+		b := testBase()
+		b.Task.Payload, _ = json.Marshal(strings.Repeat("x", payload))
+		data, err := json.Marshal(events.Admitted{Base: b, Sealed: sealed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs, err := s.Handle(context.Background(), &services.Msg{Subject: events.TaskSubject("t1", events.StageAdmitted), Data: data, Delivered: 1})
+		if err != nil || len(outs) != 1 {
+			t.Fatalf("Handle: %d outputs, %v", len(outs), err)
+		}
+		var p events.Prompted
+		if err := json.Unmarshal(outs[0].Data, &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := prompted(10); p.Sealed == nil || p.Sealed.Rev != 7 || string(p.Sealed.State) != `{"id":"t1"}` || p.Sealed.MAC != "bWFj" {
+		t.Errorf("small prompt: sealed %+v, want it as it came", p.Sealed)
+	}
+	if p := prompted(MaxSealedEvent / 2); p.Sealed != nil {
+		t.Errorf("a prompt over MaxSealedEvent carries the seal")
+	}
+}

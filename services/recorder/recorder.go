@@ -57,7 +57,7 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Close stops hearing the review actions. Call it once no Handle runs.
+// Close stops hearing the review actions.
 func (s *Service) Close() {
 	if s.actions != nil {
 		_ = s.actions.Unsubscribe()
