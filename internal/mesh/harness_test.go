@@ -91,7 +91,11 @@ func (e *env) waitProvisioned(done chan error) {
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	for {
-		kv, err := e.srv.JS.KeyValue(ctx, services.BucketTasks)
+		// Each look is bounded on its own: one request the server never
+		// answers must not use up the whole patience.
+		look, stop := context.WithTimeout(ctx, 5*time.Second)
+		kv, err := e.srv.JS.KeyValue(look, services.BucketTasks)
+		stop()
 		if err == nil {
 			e.tasks = services.NewTaskStore(kv)
 			return
