@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -383,8 +384,8 @@ const publishTimeout = 10 * time.Second
 // publishing publishes next's outputs before the message is settled: the
 // ones before the last together (what a recorded attempt adds to its type's
 // trust and spend), then — once every one of them is stored — the last, which
-// moves the task on. So whatever reacts to the last output finds the
-// others stored. A failure is a *publishError.
+// moves the task on, with any marked Out.WithLast. So whatever reacts to
+// the last output finds the others stored. A failure is a *publishError.
 func (r *Router) publishing(service string) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, m *Msg) ([]Out, error) {
@@ -395,24 +396,15 @@ func (r *Router) publishing(service string) Middleware {
 			}
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 			defer cancel()
-			// Outputs before the last are stored before it is sent, unless
-			// they go with it (Out.WithLast).
-			var first, withLast []Out
-			for _, out := range outs[:len(outs)-1] {
-				if out.WithLast {
-					withLast = append(withLast, out)
-				} else {
-					first = append(first, out)
-				}
-			}
+			first, last := splitLast(outs)
 			if _, err := r.publishTogether(pctx, service, first); err != nil {
 				return nil, err
 			}
-			dups, err := r.publishTogether(pctx, service, append(withLast, outs[len(outs)-1]))
+			dup, err := r.publishTogether(pctx, service, last)
 			if err != nil {
 				return nil, err
 			}
-			if !dups[len(dups)-1] { // what the handler decided is stored now, and only now (OnStored)
+			if !dup { // what the handler decided is stored now, and only now (OnStored)
 				stored.run()
 			}
 			return outs, nil
@@ -420,25 +412,43 @@ func (r *Router) publishing(service string) Middleware {
 	}
 }
 
+// splitLast splits a handler's outputs (at least one) into those stored
+// before the last is sent and those sent together with it: the last one,
+// after the outputs marked Out.WithLast. Without such a mark (nearly every
+// message) it only reslices.
+func splitLast(outs []Out) (first, last []Out) {
+	first, last = outs[:len(outs)-1], outs[len(outs)-1:]
+	if !slices.ContainsFunc(first, func(o Out) bool { return o.WithLast }) {
+		return first, last
+	}
+	var before, with []Out
+	for _, out := range first {
+		if out.WithLast {
+			with = append(with, out)
+		} else {
+			before = append(before, out)
+		}
+	}
+	return before, append(with, last...)
+}
+
 // publishTogether publishes outs without waiting for each one's ack before
 // sending the next, and returns once all are stored, with whether the
-// stream deduplicated each (a republish of a message it already stores
-// under that Msg-Id).
-func (r *Router) publishTogether(ctx context.Context, service string, outs []Out) ([]bool, error) {
-	dups := make([]bool, len(outs))
+// stream deduplicated the last one (a republish of a message it already
+// stores under that Msg-Id).
+func (r *Router) publishTogether(ctx context.Context, service string, outs []Out) (lastDup bool, err error) {
 	if len(outs) == 1 {
 		dup, err := r.publishAck(ctx, service, outs[0])
 		if err != nil {
-			return nil, &publishError{subject: outs[0].Subject, err: err}
+			return false, &publishError{subject: outs[0].Subject, err: err}
 		}
-		dups[0] = dup
-		return dups, nil
+		return dup, nil
 	}
 	acks := make([]jetstream.PubAckFuture, len(outs))
 	for i, out := range outs {
 		f, err := r.JS.PublishMsgAsync(r.msg(out), jetstream.WithMsgID(out.MsgID))
 		if err != nil {
-			return nil, &publishError{subject: out.Subject, err: err}
+			return false, &publishError{subject: out.Subject, err: err}
 		}
 		acks[i] = f
 	}
@@ -446,14 +456,14 @@ func (r *Router) publishTogether(ctx context.Context, service string, outs []Out
 		select {
 		case ack := <-f.Ok():
 			r.Metrics.published(service, ack.Duplicate)
-			dups[i] = ack.Duplicate
+			lastDup = ack.Duplicate
 		case err := <-f.Err():
-			return nil, &publishError{subject: outs[i].Subject, err: err}
+			return false, &publishError{subject: outs[i].Subject, err: err}
 		case <-ctx.Done():
-			return nil, &publishError{subject: outs[i].Subject, err: ctx.Err()}
+			return false, &publishError{subject: outs[i].Subject, err: ctx.Err()}
 		}
 	}
-	return dups, nil
+	return lastDup, nil
 }
 
 // publishError is a failure to publish a handler's output. It is retried
