@@ -48,7 +48,7 @@ func (s *Sealer) Seal(at events.StateAt) *events.Sealed {
 	if err != nil || len(data) > MaxSealed {
 		return nil
 	}
-	return &events.Sealed{Rev: at.Rev, State: data, MAC: s.mac(at.State.ID, at.Rev, data)}
+	return &events.Sealed{Rev: at.Rev, State: data, MAC: base64.RawURLEncoding.EncodeToString(s.mac(at.State.ID, at.Rev, data))}
 }
 
 // Open returns the state sealed in sd for task id, or nil when there is
@@ -62,8 +62,7 @@ func (s *Sealer) Open(id string, sd *events.Sealed) *events.StateAt {
 	if err != nil {
 		return nil
 	}
-	want, _ := base64.RawURLEncoding.DecodeString(s.mac(id, sd.Rev, sd.State))
-	if !hmac.Equal(got, want) {
+	if !hmac.Equal(got, s.mac(id, sd.Rev, sd.State)) {
 		return nil
 	}
 	var st events.TaskState
@@ -74,7 +73,7 @@ func (s *Sealer) Open(id string, sd *events.Sealed) *events.StateAt {
 }
 
 // mac binds the state's bytes to its task and revision.
-func (s *Sealer) mac(id string, rev uint64, state []byte) string {
+func (s *Sealer) mac(id string, rev uint64, state []byte) []byte {
 	h := hmac.New(sha256.New, s.key)
 	h.Write([]byte("dispatchmesh task state v1\x00"))
 	h.Write([]byte(id))
@@ -82,5 +81,5 @@ func (s *Sealer) mac(id string, rev uint64, state []byte) string {
 	h.Write(strconv.AppendUint(nil, rev, 10))
 	h.Write([]byte{0})
 	h.Write(state)
-	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	return h.Sum(nil)
 }
