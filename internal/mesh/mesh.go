@@ -205,11 +205,7 @@ func Run(ctx context.Context, o Options) error {
 		if routing {
 			return
 		}
-		for _, spec := range specs {
-			if spec.Stop != nil {
-				spec.Stop()
-			}
-		}
+		stopSpecs(specs)
 	}()
 	var metrics *services.Metrics
 	if o.Registry != nil {
@@ -370,16 +366,22 @@ func (o Options) build(ctx context.Context, all *services.Stores) ([]services.Sp
 			err = st.err
 		}
 		if err != nil {
-			for _, built := range append(specs, spec) {
-				if built.Stop != nil {
-					built.Stop()
-				}
-			}
+			stopSpecs(append(specs, spec))
 			return nil, err
 		}
 		specs = append(specs, spec)
 	}
 	return specs, nil
+}
+
+// stopSpecs releases what built services hold (Spec.Stop) when their
+// routers never ran: a router runs its spec's Stop itself.
+func stopSpecs(specs []services.Spec) {
+	for _, spec := range specs {
+		if spec.Stop != nil {
+			spec.Stop()
+		}
+	}
 }
 
 // spec makes the router spec of service name.
