@@ -3,6 +3,7 @@ package recorder_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -16,6 +17,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/internal/proctest"
 	"dispatchmesh/internal/task"
 	"dispatchmesh/services/recorder"
 )
@@ -69,13 +71,12 @@ func TestRecorderHearsTheReviewActions(t *testing.T) {
 	if err := h.nc.PublishMsg(m); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for testutil.CollectAndCount(reg, "dispatch_tasks_finished_total") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the action published was never counted")
+	proctest.WaitFor(t, 10*time.Second, "the action published counted", func() error {
+		if n := testutil.CollectAndCount(reg, "dispatch_tasks_finished_total"); n != 1 {
+			return fmt.Errorf("%d series", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // Every task a human ends is counted once, by="human", with the time
