@@ -102,10 +102,13 @@ func (a *API) Wait(ctx context.Context, id string, timeout time.Duration) (event
 			case e.Operation() != jetstream.KeyValuePut:
 				found = false // deleted or aged out
 			default:
-				if err := json.Unmarshal(e.Value(), &st); err != nil {
+				// Each value whole: decoded over the last one, a field the
+				// new state leaves out (omitempty) would keep its old value.
+				var next events.TaskState
+				if err := json.Unmarshal(e.Value(), &next); err != nil {
 					return events.WaitReply{}, fmt.Errorf("task %s: state: %w", id, err)
 				}
-				found = true
+				st, found = next, true
 				if events.Terminal(st.Status) {
 					return a.outcome(ctx, st, false), nil
 				}
