@@ -96,8 +96,10 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 }
 
 // Submit validates t and submits it through the mesh's submit API. Without
-// an id, one is generated here, so sending the same Task value again (a
-// retry after a lost answer) makes no second task. An invalid task is an
+// an id, one is generated here. When the request fails after the task was
+// sent (a timeout, a lost answer), the returned Submitted still carries the
+// id it was sent with: submitting again with that id (Task.ID) makes no
+// second task (Submitted.Duplicate says it existed). An invalid task is an
 // *Error with code 400 listing every problem (errors.Is(err, ErrInvalid)),
 // found before anything is sent.
 func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
@@ -117,7 +119,10 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 		return Submitted{}, err
 	}
 	var s Submitted
-	return s, c.request(ctx, events.SubmitAPI, body, &s)
+	if err := c.request(ctx, events.SubmitAPI, body, &s); err != nil {
+		return Submitted{ID: t.ID}, err
+	}
+	return s, nil
 }
 
 // Status returns the task's current state. An id without a task is an

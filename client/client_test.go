@@ -244,3 +244,25 @@ func TestStreamName(t *testing.T) {
 		t.Fatalf("client reads stream %q, the mesh writes %q", client.StreamForTest, services.Stream)
 	}
 }
+
+// A Submit that fails after validation returns the id it generated, so the
+// caller's retry with it makes one task, however the first attempt ended.
+func TestSubmitFailedReturnsItsID(t *testing.T) {
+	_, c := connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	task := client.Task{Type: "css_fix", Subject: "src/retry.css"}
+	gone, stop := context.WithCancel(ctx)
+	stop()
+	first, err := c.Submit(gone, task)
+	if err == nil || first.ID == "" {
+		t.Fatalf("Submit on an ended context: %+v, %v; want an error and the generated id", first, err)
+	}
+	task.ID = first.ID
+	if sub, err := c.Submit(ctx, task); err != nil || sub.ID != first.ID {
+		t.Fatalf("retry with the id: %+v, %v", sub, err)
+	}
+	if again, err := c.Submit(ctx, task); err != nil || again.ID != first.ID || !again.Duplicate {
+		t.Fatalf("the same id again: %+v, %v; want the duplicate answered", again, err)
+	}
+}
