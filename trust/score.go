@@ -55,10 +55,12 @@ func Score(outcomes []Outcome, p Policy) (score, overall, recency float64) {
 // Verdict is the gate's finding for one task type.
 type Verdict struct {
 	Score float64
-	// Outcomes is the number of outcomes scored (at most the window).
-	Outcomes  int
-	Threshold float64
-	Exempt    bool
+	// Outcomes is the number of outcomes scored (at most the window), of
+	// which Successes succeeded and Failures failed.
+	Outcomes            int
+	Successes, Failures int
+	Threshold           float64
+	Exempt              bool
 	// Below is true when gating applies and the score is below the threshold:
 	// the task must not be dispatched (unless Store.Gate makes it a probe).
 	Below bool
@@ -73,12 +75,14 @@ type Verdict struct {
 func (p Policy) Evaluate(taskType string, s Stats) Verdict {
 	p = p.WithDefaults()
 	score, _, _ := Score(s.Outcomes, p)
+	scored := Stats{Outcomes: lastN(s.Outcomes, p.Window)}
 	v := Verdict{
 		Score:     score,
-		Outcomes:  len(lastN(s.Outcomes, p.Window)),
+		Outcomes:  len(scored.Outcomes),
 		Threshold: p.Threshold,
 		Exempt:    p.Exempted(taskType),
 	}
+	v.Successes, v.Failures = scored.Counts()
 	v.Below = !v.Exempt && v.Outcomes >= p.MinOutcomes && score < p.Threshold
 	if v.Below {
 		v.Reason = fmt.Sprintf("Blocked: %s trust score %.2f below %.2f", taskType, score, p.Threshold)

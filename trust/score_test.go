@@ -80,35 +80,39 @@ func TestEvaluate(t *testing.T) {
 	}{
 		{
 			name: "below threshold", taskType: "css_fix", outcomes: lowTrust,
-			want: trust.Verdict{Outcomes: 12, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.08 below 0.15"},
+			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.08 below 0.15"},
 		},
 		{
 			name: "below min outcomes never gated", taskType: "css_fix", outcomes: seq(strings.Repeat("F", 9)),
-			want: trust.Verdict{Outcomes: 9, Threshold: 0.15},
+			want: trust.Verdict{Outcomes: 9, Failures: 9, Threshold: 0.15},
 		},
 		{
 			name: "exactly min outcomes gated", taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.00 below 0.15"},
+			want: trust.Verdict{Outcomes: 10, Failures: 10, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.00 below 0.15"},
 		},
 		{
 			name: "default exempt never gated", taskType: "security_fix", outcomes: seq(strings.Repeat("F", 30)),
-			want: trust.Verdict{Outcomes: 30, Threshold: 0.15, Exempt: true},
+			want: trust.Verdict{Outcomes: 30, Failures: 30, Threshold: 0.15, Exempt: true},
 		},
 		{
 			name: "custom exempt", policy: trust.Policy{Exempt: []string{"css_fix"}}, taskType: "css_fix", outcomes: lowTrust,
-			want: trust.Verdict{Outcomes: 12, Threshold: 0.15, Exempt: true},
+			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Threshold: 0.15, Exempt: true},
 		},
 		{
 			name: "empty exempt list gates defaults", policy: trust.Policy{Exempt: []string{}}, taskType: "triage_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Threshold: 0.15, Below: true, Reason: "Blocked: triage_fix trust score 0.00 below 0.15"},
+			want: trust.Verdict{Outcomes: 10, Failures: 10, Threshold: 0.15, Below: true, Reason: "Blocked: triage_fix trust score 0.00 below 0.15"},
 		},
 		{
 			name: "negative threshold never gates", policy: trust.Policy{Threshold: -1}, taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Threshold: -1},
+			want: trust.Verdict{Outcomes: 10, Failures: 10, Threshold: -1},
 		},
 		{
 			name: "healthy", taskType: "css_fix", outcomes: seq(strings.Repeat("S", 60)),
-			want: trust.Verdict{Score: 1, Outcomes: 50, Threshold: 0.15},
+			want: trust.Verdict{Score: 1, Outcomes: 50, Successes: 50, Threshold: 0.15},
+		},
+		{
+			name: "counts the window only", taskType: "css_fix", outcomes: seq(strings.Repeat("S", 100) + strings.Repeat("F", 20)),
+			want: trust.Verdict{Outcomes: 50, Successes: 30, Failures: 20, Threshold: 0.15},
 		},
 	}
 	for _, tt := range tests {

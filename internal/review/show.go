@@ -73,14 +73,15 @@ func (c *Client) view(st trust.Stats) TrustView {
 	scoring := pol.Scoring(c.cfg.Scoring).WithDefaults() // as the gate scores it (an explicit threshold 0 never gates)
 	scoring.Exempt = []string{}
 	v := scoring.Evaluate(st.Type, st)
-	ok, failed := st.Counts()
 	recent := st.Outcomes
 	if len(recent) > RecentOutcomes {
 		recent = recent[len(recent)-RecentOutcomes:]
 	}
 	tv := TrustView{
-		Type: st.Type, Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, MinOutcomes: scoring.MinOutcomes,
-		Exempt: pol.IsExempt(), Successes: ok, Failures: failed, BlockStreak: st.BlockStreak,
+		// A threshold of 0 never gates; the scoring holds it as -1 (below
+		// every score): shown as the policy says it.
+		Type: st.Type, Score: v.Score, Outcomes: v.Outcomes, Threshold: max(v.Threshold, 0), MinOutcomes: scoring.MinOutcomes,
+		Exempt: pol.IsExempt(), Successes: v.Successes, Failures: v.Failures, BlockStreak: st.BlockStreak,
 		Recent: append([]trust.Outcome{}, recent...),
 	}
 	tv.Gated = v.Below && !tv.Exempt
