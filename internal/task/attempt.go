@@ -72,16 +72,19 @@ func Abandon(st events.TaskState, found bool, b events.Base, spent events.Usage)
 	return st, CauseApplied
 }
 
-// Settle resets the attempt's transient count, unbilled spend and tool loop
-// once the attempt is over.
+// Settle resets the attempt's transient count and tool loop once the
+// attempt is over. Its unbilled spend stays: the attempt's Result bills it,
+// and it is billed once that Result is recorded (Apply). Until then a
+// redelivery whose Executed was never stored (its publish failed, the
+// process died) bills it again, instead of losing it.
 func Settle(st events.TaskState, found bool, b events.Base) (events.TaskState, Cause) {
 	if !found {
 		st = New(b.Task)
 	}
-	if st.TransientRetries == 0 && st.Unbilled == (events.Usage{}) && st.Resume == nil {
+	if st.TransientRetries == 0 && st.Resume == nil {
 		return st, CauseRedelivered
 	}
-	st.TransientRetries, st.Unbilled, st.Resume = 0, events.Usage{}, nil
+	st.TransientRetries, st.Resume = 0, nil
 	return st, CauseApplied
 }
 

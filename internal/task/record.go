@@ -55,6 +55,7 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 		ErrorClass: res.ErrorClass,
 	})
 	st.Attempts = max(st.Attempts, run.Attempt)
+	st.Unbilled = events.Usage{} // the Result billed what the attempt's cut-short tries spent
 	st.TokensIn += res.TokensIn
 	st.TokensOut += res.TokensOut
 	st.Cost += res.Cost

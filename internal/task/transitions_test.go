@@ -206,13 +206,20 @@ func TestExecutorTransitions(t *testing.T) {
 				t.Errorf("state %+v", st)
 			}
 		}},
-		{"settle", withFacts(at(events.StatusRunning, 2)), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+		{"settle: the unbilled spend stays until the Result is recorded", withFacts(at(events.StatusRunning, 2)), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Settle(st, found, b)
 		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
-			if st.TransientRetries != 0 || st.Unbilled != (events.Usage{}) || st.Resume != nil {
+			if st.TransientRetries != 0 || st.Unbilled != (events.Usage{TokensIn: 5}) || st.Resume != nil {
 				t.Errorf("state %+v", st)
 			}
 		}},
+		{"settle, only unbilled spend: nothing to settle", func() events.TaskState {
+			st := at(events.StatusRunning, 2)
+			st.Unbilled = events.Usage{TokensIn: 5}
+			return st
+		}(), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Settle(st, found, b)
+		}, task.CauseRedelivered, nil},
 		{"settle, nothing to settle", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Settle(st, found, b)
 		}, task.CauseRedelivered, nil},
@@ -354,6 +361,15 @@ func TestRecordTransitions(t *testing.T) {
 		{"a failure retries on the next pass", at(events.StatusRunning, 2), true, record(base(2), failed(events.ErrorClassTask, "red"), nil), task.CauseApplied, func(t *testing.T, st events.TaskState) {
 			if st.Status != events.StatusPending || st.Decision != events.DecisionRetry || st.Pass != 3 || st.LastError != "red" {
 				t.Errorf("state %+v", st)
+			}
+		}},
+		{"the Result bills what the attempt's cut-short tries spent", func() events.TaskState {
+			st := at(events.StatusRunning, 2)
+			st.Unbilled = events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.5}
+			return st
+		}(), true, record(base(2), events.Result{Outcome: events.OutcomeSuccess, TokensIn: 220, TokensOut: 60, Cost: 1}, nil), task.CauseApplied, func(t *testing.T, st events.TaskState) {
+			if st.Unbilled != (events.Usage{}) || st.TokensIn != 220 || st.TokensOut != 60 || st.Cost != 1 {
+				t.Errorf("state %+v, want the unbilled spend billed by the Result once", st)
 			}
 		}},
 		{"an outcome of an unknown task", events.TaskState{}, false, record(base(1), ok(), nil), task.CauseApplied, func(t *testing.T, st events.TaskState) {

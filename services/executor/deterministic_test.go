@@ -183,8 +183,10 @@ func TestRefusalBillsTheAttemptsEarlierSpend(t *testing.T) {
 	if !ref.Refused || ref.TokensIn != spent.TokensIn || ref.TokensOut != spent.TokensOut || ref.Cost != spent.Cost {
 		t.Fatalf("refusal %+v, want it to bill the attempt's earlier spend %+v", ref, spent)
 	}
-	if st := e.state("t1"); st.Unbilled != (events.Usage{}) {
-		t.Fatalf("unbilled %+v after the refusal, want it settled", st.Unbilled)
+	// Billed by the refusal's Result: unbilled until that is recorded (a
+	// redelivery whose Executed was never stored bills it again).
+	if st := e.state("t1"); st.Unbilled != spent {
+		t.Fatalf("unbilled %+v after the refusal, want %+v until its Result is recorded", st.Unbilled, spent)
 	}
 	if n := e.model.Calls(); n != 1 {
 		t.Fatalf("%d calls, want 1", n)

@@ -99,6 +99,18 @@ func (e *env) handleRun(id string, run events.Run, msgs []events.Message) handle
 
 func (e *env) handleCtx(ctx context.Context, id string, run events.Run, msgs []events.Message) handled {
 	e.t.Helper()
+	return e.deliver(ctx, id, run, msgs, 1)
+}
+
+// redeliver runs the Prompted of task id on pass again, as the server
+// redelivers it (its second delivery).
+func (e *env) redeliver(id string, pass int, msgs []events.Message) handled {
+	e.t.Helper()
+	return e.deliver(context.Background(), id, events.Run{Pass: pass, Attempt: pass, Rung: events.RungRefine, Step: "execute"}, msgs, 2)
+}
+
+func (e *env) deliver(ctx context.Context, id string, run events.Run, msgs []events.Message, delivered int) handled {
+	e.t.Helper()
 	in := events.Prompted{
 		Base:   events.Base{Task: events.Task{ID: id, Type: "css_fix", Subject: "app.css"}, Run: run, At: testNow, By: "prompt@test"},
 		Prompt: events.Prompt{Messages: msgs},
@@ -107,7 +119,7 @@ func (e *env) handleCtx(ctx context.Context, id string, run events.Run, msgs []e
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	outs, err := e.Handle(ctx, &services.Msg{Subject: events.TaskSubject(id, events.StagePrompted), Data: data, Delivered: 1})
+	outs, err := e.Handle(ctx, &services.Msg{Subject: events.TaskSubject(id, events.StagePrompted), Data: data, Delivered: delivered})
 	return handled{outs, err}
 }
 

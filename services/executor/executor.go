@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -101,8 +102,16 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil || skip {
 		return nil, err
 	}
-	if f.failedNow && s.executed(ctx, base) {
-		return nil, nil // a redelivery: this pass's outcome is already on the stream
+	if m.Delivered > 1 {
+		// A redelivery. Its first delivery may have ended the attempt: its
+		// Executed stored and the ack lost (nothing to do: calling again
+		// would pay twice), or not stored (the publish failed, the process
+		// died) after a request of this pass failed deterministically —
+		// that request is not sent again (refused).
+		if s.executed(ctx, base) {
+			return nil, nil
+		}
+		maps.Copy(f.failed, f.bannedNow)
 	}
 
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, known: k, banned: map[string]string{}}
@@ -160,7 +169,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 const MaxCarried = 256 << 10
 
 // executed reports whether the stream already holds this pass's Executed
-// event. It is asked only after a lost ack, never on the hot path.
+// event. It is asked on a redelivery only, never on the hot path.
 func (s *Service) executed(ctx context.Context, b events.Base) bool {
 	if s.cfg.NATS == nil {
 		return false
@@ -265,7 +274,8 @@ func (s *Service) refuse(ctx context.Context, a *attempt, hash string, spent eve
 }
 
 // settle ends the attempt's run of transient failures and its cut-short
-// tool loop.
+// tool loop (task.Settle: in the task's state its unbilled spend is billed
+// when its Result is recorded).
 func (s *Service) settle(ctx context.Context, a *attempt) error {
 	if a.f.transient == 0 && a.f.unbilled == (events.Usage{}) && a.f.resume == nil {
 		return nil

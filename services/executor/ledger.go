@@ -19,9 +19,9 @@ type facts struct {
 	// failed holds the hashes of requests (and "tool:" calls) that failed
 	// deterministically.
 	failed map[string]bool
-	// failedNow is set when this very pass already banned a request: its
-	// Executed may be on the stream already (a redelivery after a lost ack).
-	failedNow bool
+	// bannedNow holds the hashes this very pass banned: a redelivery whose
+	// first delivery's Executed was never stored refuses them too.
+	bannedNow map[string]bool
 	// transient counts the transient failures of the current attempt.
 	transient int
 	// lastError is the previous failure's error (TaskState.LastError).
@@ -48,8 +48,9 @@ type ledger interface {
 	// its tool loop to resume (nil: none). transient counts the failure
 	// against the attempt's transient budget; the attempt's count is returned.
 	cutShort(ctx context.Context, b events.Base, k *known, spent events.Usage, resume *events.Resume, transient bool) (int, error)
-	// settle resets the attempt's transient count, unbilled spend and tool
-	// loop once the attempt is over.
+	// settle resets the attempt's transient count and tool loop once the
+	// attempt is over (task.Settle: its unbilled spend stays until its
+	// Result is recorded).
 	settle(ctx context.Context, b events.Base, k *known) error
 	// addFailed records a hash that failed deterministically (idempotent).
 	addFailed(ctx context.Context, b events.Base, k *known, hash, errText string) error
@@ -87,7 +88,7 @@ func (l kvLedger) begin(ctx context.Context, b events.Base, k *known) (facts, bo
 		next, c := task.Begin(st, found, b)
 		f = facts{}
 		if c == task.CauseApplied || c == task.CauseRedelivered {
-			f = facts{failed: bannedBefore(next.FailedRequests, b.Run.Pass), failedNow: bannedIn(next.FailedRequests, b.Run.Pass),
+			f = facts{failed: bannedBefore(next.FailedRequests, b.Run.Pass), bannedNow: bannedIn(next.FailedRequests, b.Run.Pass),
 				transient: next.TransientRetries, lastError: next.LastError, unbilled: next.Unbilled,
 				toolsFailedNow: toolsBannedIn(next.FailedRequests, b.Run.Pass), resume: next.Resume}
 		}
@@ -158,15 +159,16 @@ func storeErr(ctx context.Context, err error) error {
 	return fmt.Errorf("executor: task state: %w", err)
 }
 
-// bannedIn reports whether a request of pass itself was banned.
-func bannedIn(entries []string, pass int) bool {
-	suffix := "@" + strconv.Itoa(pass)
+// bannedIn is the set of hashes that failed in pass itself.
+func bannedIn(entries []string, pass int) map[string]bool {
+	m := map[string]bool{}
 	for _, e := range entries {
-		if strings.HasSuffix(e, suffix) {
-			return true
+		hash, p, ok := strings.Cut(e, "@")
+		if n, err := strconv.Atoi(p); ok && err == nil && n == pass {
+			m[hash] = true
 		}
 	}
-	return false
+	return m
 }
 
 // toolsBannedIn is the set of tool calls (ToolHashPrefix) that failed in pass itself.
@@ -225,7 +227,7 @@ func (l *memLedger) begin(_ context.Context, b events.Base, _ *known) (facts, bo
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	f := facts{failed: bannedBefore(t.failed, b.Run.Pass), failedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient,
+	f := facts{failed: bannedBefore(t.failed, b.Run.Pass), bannedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient,
 		lastError: t.lastError, unbilled: t.unbilled, toolsFailedNow: toolsBannedIn(t.failed, b.Run.Pass)}
 	if t.resume != nil && t.resume.Pass == b.Run.Pass {
 		f.resume = t.resume
@@ -245,6 +247,8 @@ func (l *memLedger) cutShort(_ context.Context, b events.Base, _ *known, spent e
 	return t.transient, nil
 }
 
+// settle also bills the unbilled spend here: no recorder reaches this
+// ledger's memory to do it when the Result is recorded.
 func (l *memLedger) settle(_ context.Context, b events.Base, _ *known) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

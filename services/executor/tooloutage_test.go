@@ -91,8 +91,9 @@ func TestToolOutageResumesWithoutResendingPaidTurns(t *testing.T) {
 				t.Errorf("resumed request %s, want the prompt, the earlier tool call and the tool's answer", reqs[1].Body)
 			}
 			if store == "kv" {
-				if st := e.state("t1"); st.Resume != nil || st.Unbilled != (events.Usage{}) {
-					t.Errorf("state after the attempt %+v, want the loop and its spend settled", st)
+				// its spend is billed by the Result (unbilled until recorded)
+				if st := e.state("t1"); st.Resume != nil || st.Unbilled != (events.Usage{TokensIn: 100, TokensOut: 50, Cost: callCost}) {
+					t.Errorf("state after the attempt %+v, want the loop settled and the cut-short try's spend unbilled until recorded", st)
 				}
 			}
 		})
@@ -136,8 +137,8 @@ func TestToolUnavailableHandsOffAfterTheWait(t *testing.T) {
 	if r.TokensIn != 100 || r.TokensOut != 50 || r.TransientRetries != 0 || r.ToolCalls != 0 {
 		t.Errorf("result %+v, want the one model call billed, no transient and no tool call counted", r)
 	}
-	if st := e.state("t1"); st.Resume != nil || st.Unbilled != (events.Usage{}) || st.TransientRetries != 0 {
-		t.Errorf("state %+v, want the loop settled", st)
+	if st := e.state("t1"); st.Resume != nil || st.Unbilled != (events.Usage{TokensIn: 100, TokensOut: 50, Cost: callCost}) || st.TransientRetries != 0 {
+		t.Errorf("state %+v, want the loop settled, its paid turn unbilled until the Result is recorded", st)
 	}
 	if n := e.counter("dispatch_executor_errors_total", map[string]string{"class": string(events.ErrorClassToolUnavailable)}); n != 1 {
 		t.Errorf("tool_unavailable errors %v, want 1", n)
