@@ -267,6 +267,20 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 	// ends when it is filled or expires (30s); the next one asks for the
 	// workers free then.
 	var batch jetstream.MessageBatch
+	// failures counts the pull requests in a row that failed: a consumer
+	// deleted between two requests leaves them failing with "no
+	// responders", which a server that is restarting says too — every
+	// tenth, the consumer is looked up.
+	failures := 0
+	failed := func(err error) error {
+		if stop.Err() != nil {
+			return jetstream.ErrMsgIteratorClosed
+		}
+		if failures++; consumerGone(stop, cons, err, failures) {
+			return jetstream.ErrMsgIteratorClosed // Run reports it: the consumer is gone
+		}
+		return err
+	}
 	return func() (jetstream.Msg, error) {
 		for {
 			if batch == nil {
@@ -275,16 +289,14 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 				}
 				b, err := cons.Fetch(free(), jetstream.FetchContext(stop))
 				if err != nil {
-					if stop.Err() != nil {
-						return nil, jetstream.ErrMsgIteratorClosed
-					}
-					return nil, err
+					return nil, failed(err)
 				}
 				batch = b
 			}
 			// Messages already delivered are handled even after a drain:
 			// handing them back would cost them an AckWait.
 			if msg, ok := <-batch.Messages(); ok {
+				failures = 0
 				return msg, nil
 			}
 			err := batch.Error()
@@ -292,11 +304,30 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 			if stop.Err() != nil {
 				return nil, jetstream.ErrMsgIteratorClosed
 			}
+			if err != nil && !errors.Is(err, nats.ErrTimeout) {
+				return nil, failed(err)
+			}
 			if err != nil {
 				return nil, err
 			}
 		}
 	}, cancel, nil
+}
+
+// consumerGone reports whether a failed pull means the consumer will never
+// deliver again: the server said it was deleted, the connection is closed
+// for good, or — every tenth failure in a row — the consumer is not found.
+func consumerGone(ctx context.Context, cons jetstream.Consumer, err error, failures int) bool {
+	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, nats.ErrConnectionClosed) {
+		return true
+	}
+	if failures%10 != 0 {
+		return false
+	}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, ierr := cons.Info(ictx)
+	return errors.Is(ierr, jetstream.ErrConsumerNotFound)
 }
 
 func (r *Router) logger() *slog.Logger {

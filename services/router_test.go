@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -494,4 +495,34 @@ func TestRouterPrefetch(t *testing.T) {
 		t.Fatalf("outputs %v", seen)
 	}
 	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumPending == 0 })
+}
+
+// A router whose consumer is deleted stops and says so, buffered or
+// OnDemand, instead of asking for messages for ever.
+func TestRouterStopsWhenItsConsumerIsDeleted(t *testing.T) {
+	for _, onDemand := range []bool{false, true} {
+		t.Run(fmt.Sprintf("OnDemand=%v", onDemand), func(t *testing.T) {
+			s := setup(t)
+			sp := spec(func(context.Context, *services.Msg) ([]services.Out, error) { return nil, nil })
+			sp.OnDemand = onDemand
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			stats := &services.RunStats{}
+			r := &services.Router{JS: s.JS, Instance: "test@here", Log: quiet, Grace: time.Second, Stats: stats}
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx, sp) }()
+			waitConsumer(t, s.JS, "test", func(*jetstream.ConsumerInfo) bool { return stats.Running() })
+			if err := s.JS.DeleteConsumer(context.Background(), services.Stream, "test"); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "stopped consuming") {
+					t.Fatalf("Run returned %v, want it to say it stopped consuming", err)
+				}
+			case <-time.After(time.Minute): // a deadlock guard, not a timing assertion
+				t.Fatal("Run still consuming a minute after its consumer was deleted")
+			}
+		})
+	}
 }
