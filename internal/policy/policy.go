@@ -26,11 +26,17 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"text/template"
 	"time"
 
 	"dispatchmesh/events"
 	"dispatchmesh/trust"
 )
+
+// TemplateFuncs are the functions a prompt template may call, as the
+// policy checks a template: their names, with stand-ins for the prompt
+// builder's (services/prompt, whose test keeps the two in step).
+var TemplateFuncs = template.FuncMap{"xml": func(any) (string, error) { return "", nil }}
 
 // Verifier kinds.
 const (
@@ -523,6 +529,11 @@ func (f *File) problems() []error {
 		}
 		if t.PromptBudget < 0 {
 			errs = append(errs, fmt.Errorf("%s: prompt_budget must not be negative", where))
+		}
+		if t.Template != "" {
+			if _, err := template.New("prompt").Funcs(TemplateFuncs).Parse(t.Template); err != nil {
+				errs = append(errs, fmt.Errorf("%s: template does not parse: %w", where, err))
+			}
 		}
 		if r := t.SimulatedSuccessRate; r != nil && (*r < 0 || *r > 1) {
 			errs = append(errs, fmt.Errorf("%s: simulated_success_rate must be within [0, 1]", where))
