@@ -41,6 +41,10 @@ type Run struct {
 	// Context is error output carried into this pass (the last failure, or a
 	// later step's output when a pipeline went back).
 	Context string `json:"context,omitempty"`
+	// StepInput is what the previous step of a pipeline handed this one
+	// when it passed (its approach, summary and changes): the next step's
+	// input, not an error.
+	StepInput string `json:"step_input,omitempty"`
 	// Note is a human reviewer's note for the next prompt.
 	Note string `json:"note,omitempty"`
 	// LastErrorClass classifies the previous attempt's failure (ErrorClass*);

@@ -21,7 +21,7 @@ var (
 	}
 	run = events.Run{
 		Pass: 2, Attempt: 3, Rung: "PIVOT", Step: "implement",
-		Context: "FAIL: TestButton", Note: "try the theme file",
+		Context: "FAIL: TestButton", StepInput: "step plan passed (two-phase migration)", Note: "try the theme file",
 		LastErrorClass: events.ErrorClassDeterministic, DeadEnds: []events.DeadEnd{deadEnd}, Reviewed: true, Probe: true,
 	}
 	deadEnd = events.DeadEnd{

@@ -186,7 +186,7 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 		next.Rung, next.LastErrorClass = "", ""
 	case len(pol.Steps) > 0 && res.Outcome == events.OutcomeSuccess:
 		next.Rung, next.LastErrorClass = "", ""
-		next.Context = stepOutput(run.Step, res)
+		next.StepInput = stepOutput(run.Step, res)
 	case len(pol.Steps) > 0:
 		next.Rung = ""
 		next.Context = fmt.Sprintf("step %s failed:\n%s", run.Step, res.Error)

@@ -88,7 +88,7 @@ func TestApplyPipeline(t *testing.T) {
 		t.Fatalf("after implement: %s %s", st.Decision, st.Step)
 	}
 	next := task.NextRun(&st, events.Run{Step: "implement"}, ok(), pol)
-	if next.Step != "validate" || !strings.Contains(next.Context, "step implement passed") {
+	if next.Step != "validate" || !strings.Contains(next.StepInput, "step implement passed") || next.Context != "" {
 		t.Fatalf("next run %+v", next)
 	}
 	step("validate", failed(events.ErrorClassStep, "vet: x.go:3: unused variable"))

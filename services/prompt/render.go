@@ -33,6 +33,11 @@ type Data struct {
 	Run events.Run
 	// Context is the error context carried from a failed attempt or step, escaped.
 	Context string
+	// PreviousStep is what the previous step of a pipeline handed this one
+	// when it passed (Run.StepInput: its approach, summary and changes),
+	// escaped, at most MaxStepInput characters kept from its start and end;
+	// "" otherwise. It is the step's input, outside the PromptBudget.
+	PreviousStep string
 	// Note is a human reviewer's note, escaped.
 	Note string
 	// RungInstructions tells the model how this rung differs (RungInstructions);
@@ -87,6 +92,10 @@ func NewData(b events.Base, previous []history.Entry) Data {
 	return Fit(b, previous, DefaultPromptBudget)
 }
 
+// MaxStepInput bounds, in characters, what a passed pipeline step hands the
+// next one in its prompt (Data.PreviousStep).
+const MaxStepInput = 16 << 10
+
 // Fit is NewData with the injected past — the reviewer's note, the last
 // error, the dead ends and the previous attempts — fitted to budget tokens,
 // most informative first (fitPast).
@@ -94,6 +103,7 @@ func Fit(b events.Base, previous []history.Entry, budget int) Data {
 	p := fitPast(b.Run, previous, budget)
 	run := b.Run
 	run.Note, run.Context = p.note, p.lastError
+	run.StepInput = clip(strings.TrimSpace(run.StepInput), MaxStepInput)
 	if usesDeadEnds(run.Rung) {
 		run.DeadEnds = p.deadEnds
 	}
@@ -103,6 +113,7 @@ func Fit(b events.Base, previous []history.Entry, budget int) Data {
 		PreviousAttempts: strings.TrimRight(history.Format(p.previous), "\n"),
 		Run:              escapedRun(run),
 		Context:          escape(p.lastError),
+		PreviousStep:     escape(run.StepInput),
 		Note:             escape(p.note),
 		RungInstructions: rungInstructionsFor(run),
 		DeadEnds:         deadEndsFor(run),
@@ -122,7 +133,7 @@ func rungInstructionsFor(r events.Run) string {
 // escapedRun is the run with every text that came from a model, a tool or
 // a human escaped, so a custom template cannot inject it raw either.
 func escapedRun(r events.Run) events.Run {
-	r.Context, r.Note = escape(r.Context), escape(r.Note)
+	r.Context, r.Note, r.StepInput = escape(r.Context), escape(r.Note), escape(r.StepInput)
 	ends := make([]events.DeadEnd, len(r.DeadEnds))
 	for i, d := range r.DeadEnds {
 		d.Approach, d.Reason, d.Rung = escape(d.Approach), escape(d.Reason), events.Rung(escape(string(d.Rung)))

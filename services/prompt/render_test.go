@@ -236,6 +236,34 @@ func TestBuild(t *testing.T) {
 	}
 }
 
+// A passed pipeline step hands the next step its output as its input —
+// <previous_step>, whole up to MaxStepInput and escaped — not as an error
+// cut to the history budget.
+func TestPreviousStepIsInputNotError(t *testing.T) {
+	plan := "step plan passed (two-phase migration):\n" + strings.Repeat("1. add column; 2. backfill; 3. switch reads. ", 40) + hostile
+	b := events.Base{
+		Task: events.Task{ID: "p1", Type: "migrate", Subject: "db"},
+		Run:  events.Run{Pass: 2, Attempt: 2, Step: "implement", StepInput: plan},
+	}
+	tmpl, _ := Parse(DefaultTemplate)
+	msgs, err := Build(tmpl, NewData(b, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := msgs[1].Content
+	if strings.Contains(user, "<last_error>") || !strings.Contains(user, "<previous_step>step plan passed") {
+		t.Fatalf("the passed step's output is not the next step's <previous_step>:\n%s", user)
+	}
+	if !strings.Contains(user, escape(plan)+"</previous_step>") || strings.Contains(user, hostile) {
+		t.Errorf("the step's output is cut or not escaped:\n%s", user)
+	}
+	long := strings.Repeat("x", 2*MaxStepInput)
+	b.Run.StepInput = long
+	if d := NewData(b, nil); len(d.PreviousStep) > MaxStepInput || len(d.PreviousStep) < MaxStepInput/2 {
+		t.Errorf("a %d-character step output is handed on as %d characters, want at most MaxStepInput (%d)", len(long), len(d.PreviousStep), MaxStepInput)
+	}
+}
+
 func TestSystemPromptAsksForJSON(t *testing.T) {
 	for _, s := range []string{"JSON object only", `"status":"success"|"failure"`, `"approach"`, `"summary"`, `"changes"`} {
 		if !strings.Contains(SystemPrompt, s) {

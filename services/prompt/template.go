@@ -10,13 +10,17 @@ import (
 // DefaultTemplate renders the user message of a task type whose policy sets
 // no template. A policy template gets the same Data and the same functions:
 // xml escapes a string for XML text or an attribute value (Data's Context,
-// Note and PreviousAttempts are escaped already; Task fields are not).
+// PreviousStep, Note and PreviousAttempts are escaped already; Task fields
+// are not).
 const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Subject}}"
 {{- with .Run.Step}} step="{{xml .}}"{{end}}>
 {{- with .Payload}}
 <payload>{{.}}</payload>
 {{- end}}
 </task>
+{{- with .PreviousStep}}
+<previous_step>{{.}}</previous_step>
+{{- end}}
 {{- with .PreviousAttempts}}
 {{.}}
 {{- end}}
