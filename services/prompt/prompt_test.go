@@ -167,6 +167,25 @@ func TestHandlePolicy(t *testing.T) {
 	}
 }
 
+// RESEARCH asks for research with the tools offered — and, for a type
+// that offers none, for working out what the failures show was not known.
+func TestResearchInstructionsFollowTheTools(t *testing.T) {
+	src := policy.Static(&policy.File{Types: map[string]policy.Type{
+		"with_tools": {ResearchTools: []policy.Tool{{Name: "search", Subject: "tools.search"}}},
+	}})
+	s := newService(t, Config{Policy: src})
+	for typ, want := range map[string]string{"with_tools": RungInstructions(events.RungResearch), "css_fix": researchWithoutTools} {
+		b := testBase()
+		b.Task.Type = typ
+		b.Run = events.Run{Pass: 5, Attempt: 5, Rung: events.RungResearch, Step: "execute"}
+		_, p := handle(t, s, b)
+		es := parseUser(t, p.Prompt.Messages[1].Content)
+		if got := find(es, "instructions"); len(got) != 1 || !strings.Contains(p.Prompt.Messages[1].Content, escape(want)) {
+			t.Errorf("type %s: instructions %v, want %q", typ, got, want)
+		}
+	}
+}
+
 func TestHandleDefaultModel(t *testing.T) {
 	s := newService(t, Config{DefaultModel: "fallback"})
 	if _, p := handle(t, s, testBase()); p.Prompt.Model != "fallback" {
