@@ -217,3 +217,40 @@ func TestCancelAsTheOnlyCallAnswersKeepsItsSpend(t *testing.T) {
 		t.Errorf("tokens in counted %v, want the answer's 100", in)
 	}
 }
+
+// endsAfter wraps a model: its answer comes, then the handler's context
+// ends (a shutdown right after a paid answer).
+type endsAfter struct {
+	executor.Model
+	end context.CancelFunc
+}
+
+func (m endsAfter) Complete(ctx context.Context, req executor.Request) (executor.Response, error) {
+	resp, err := m.Model.Complete(ctx, req)
+	m.end()
+	return resp, err
+}
+
+// A paid answer that came in before a shutdown is kept: the attempt's
+// state is settled and its Result returned, not thrown away with the
+// context (the next delivery would pay for it again).
+func TestAnswerBeforeShutdownIsKept(t *testing.T) {
+	ctx, end := context.WithCancel(context.Background())
+	defer end()
+	e := newEnv(t, always(ok("x")), policy.Type{}, func(c *executor.Config) {
+		c.Model = endsAfter{Model: c.Model, end: end}
+	})
+	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+		st.ID, st.Type, st.Status, st.Pass, st.TransientRetries = "t1", "css_fix", events.StatusRunning, 1, 2 // two tries failed transiently
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.handleCtx(ctx, "t1", events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: "execute"}, testMessages).result(t)
+	if r.Outcome != events.OutcomeSuccess || r.TransientRetries != 2 {
+		t.Fatalf("result %+v, want the success the answer said, after 2 transient failures", r)
+	}
+	if st := e.state("t1"); st.TransientRetries != 0 {
+		t.Fatalf("transient retries %d after the attempt, want it settled", st.TransientRetries)
+	}
+}

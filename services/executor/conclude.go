@@ -25,6 +25,11 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		s.keep(ctx, a, o)
 		return events.Result{}, ctx.Err() // shutdown, not an attempt: nak and redeliver
 	}
+	// The answer is in (and paid for): what it leaves in the task's state is
+	// written even if ctx ends now (shutdown), or the next delivery would
+	// pay for it again.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
+	defer cancel()
 	// The attempt's spend includes what earlier tries of it spent before a
 	// transient failure cut them short.
 	spent := a.f.unbilled.Add(o.usage())
