@@ -30,7 +30,7 @@ func Record(st events.TaskState, found bool, b events.Base, res events.Result, p
 		st = New(b.Task)
 	}
 	if r, ok := recordOf(&st, b.Run.Pass); ok {
-		res.Outcome, res.Error = r.Outcome, r.Reason // judged when first recorded
+		res.Outcome, res.Error, res.ErrorClass = r.Outcome, r.Reason, r.ErrorClass // judged when first recorded
 		return st, res, CauseRedelivered
 	}
 	if c, ok := guard(st, b.Run.Pass); !ok {

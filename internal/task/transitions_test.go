@@ -315,7 +315,7 @@ func TestRecordTransitions(t *testing.T) {
 		return st
 	}
 	recorded := func(st events.TaskState) events.TaskState {
-		st.History = []events.AttemptRecord{{Attempt: 2, Pass: 2, Outcome: events.OutcomeFailure, Reason: "first judgement"}}
+		st.History = []events.AttemptRecord{{Attempt: 2, Pass: 2, Outcome: events.OutcomeFailure, Reason: "first judgement", ErrorClass: events.ErrorClassDeadEnd}}
 		return st
 	}
 	record := func(b events.Base, res events.Result, want func(*testing.T, events.Result)) func(events.TaskState, bool) (events.TaskState, task.Cause) {
@@ -378,7 +378,7 @@ func TestRecordTransitions(t *testing.T) {
 			}
 		}},
 		{"a redelivery keeps the first judgement", recorded(at(events.StatusPending, 3)), true, record(base(2), ok(), keep), task.CauseRedelivered, func(t *testing.T, _ events.TaskState) {
-			if judged.Outcome != events.OutcomeFailure || judged.Error != "first judgement" {
+			if judged.Outcome != events.OutcomeFailure || judged.Error != "first judgement" || judged.ErrorClass != events.ErrorClassDeadEnd {
 				t.Errorf("judged %+v", judged)
 			}
 		}},
