@@ -132,9 +132,11 @@ type TaskState struct {
 	// FailedRequests are hashes of requests that failed deterministically:
 	// the executor refuses to send them again.
 	FailedRequests []string `json:"failed_requests,omitempty"`
-	// Refused counts requests refused for repeating a failed one;
+	// Refused counts requests refused for repeating a failed one (a
+	// refusal ends its pass: one per pass, the last in RefusedPass);
 	// TransientRetries counts transient failures ridden out.
 	Refused          int `json:"refused,omitempty"`
+	RefusedPass      int `json:"refused_pass,omitempty"`
 	TransientRetries int `json:"transient_retries,omitempty"`
 	// Unbilled is what model calls of the current attempt spent before a
 	// transient failure cut the attempt short; the attempt's Result adds it.

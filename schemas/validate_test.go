@@ -54,7 +54,7 @@ var (
 		Attempts: 7, Pass: 2, LastError: "tests failed", Reason: "attempts exhausted",
 		History: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
 		Rung: events.RungPivot, PivotCount: 1, DeadEnds: []events.DeadEnd{deadEnd}, RoundStart: 7,
-		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, TransientRetries: 4, Unbilled: events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.001},
+		FailedRequests: []string{"sha256:9f86d081884c7d65"}, Refused: 1, RefusedPass: 2, TransientRetries: 4, Unbilled: events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.001},
 		Resume: &events.Resume{
 			Pass: 2, ToolCalls: 1, ToolRefusals: 1, ToolWaitSince: at, ToolWaits: 3,
 			// one turn with every field, so each is checked against the schema

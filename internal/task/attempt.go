@@ -102,12 +102,17 @@ func AddFailed(st events.TaskState, found bool, b events.Base, hash string) (eve
 	return st, CauseApplied
 }
 
-// AddRefused counts a request refused for repeating a failed one.
+// AddRefused counts a request refused for repeating a failed one: once
+// per pass (a refusal ends its pass), however often the pass is delivered.
 func AddRefused(st events.TaskState, found bool, b events.Base) (events.TaskState, Cause) {
 	if !found {
 		st = New(b.Task)
 	}
+	if st.RefusedPass == b.Run.Pass {
+		return st, CauseRedelivered
+	}
 	st.Refused++
+	st.RefusedPass = b.Run.Pass
 	return st, CauseApplied
 }
 

@@ -272,10 +272,17 @@ func TestExecutorTransitions(t *testing.T) {
 		{"a refusal is counted", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.AddRefused(st, found, b)
 		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
-			if st.Refused != 1 {
-				t.Errorf("refused %d", st.Refused)
+			if st.Refused != 1 || st.RefusedPass != 2 {
+				t.Errorf("refused %d in pass %d", st.Refused, st.RefusedPass)
 			}
 		}},
+		{"a pass's refusal delivered again is counted once", func() events.TaskState {
+			st := at(events.StatusRunning, 2)
+			st.Refused, st.RefusedPass = 1, 2
+			return st
+		}(), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.AddRefused(st, found, b)
+		}, task.CauseRedelivered, nil},
 		{"executed: refused", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Executed(st, found, b, events.Result{Refused: true, RequestHash: "h1", ErrorClass: events.ErrorClassRefused})
 		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
