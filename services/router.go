@@ -254,11 +254,22 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 // returns what was already delivered, then ErrMsgIteratorClosed.
 func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (jetstream.Msg, error), drain func(), err error) {
 	if !spec.OnDemand {
-		it, err := cons.Messages(jetstream.PullMaxMessages(max(spec.Prefetch, spec.Concurrency)))
+		// A consumer deleted while no pull request waits on it gets no
+		// "consumer deleted" from the server, only silence: the missing
+		// heartbeats are reported (after 2 × 5s), and the consumer looked up.
+		it, err := cons.Messages(jetstream.PullMaxMessages(max(spec.Prefetch, spec.Concurrency)),
+			jetstream.PullHeartbeat(5*time.Second), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 		if err != nil {
 			return nil, nil, err
 		}
-		return func() (jetstream.Msg, error) { return it.Next() }, it.Drain, nil
+		return func() (jetstream.Msg, error) {
+			msg, err := it.Next()
+			if err != nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) && consumerGone(context.Background(), cons, err, true) {
+				it.Stop()
+				return nil, jetstream.ErrMsgIteratorClosed // Run reports it: the consumer is gone
+			}
+			return msg, err
+		}, it.Drain, nil
 	}
 	stop, cancel := context.WithCancel(context.Background())
 	// batch is the open pull request. Run takes a worker's slot before
@@ -276,7 +287,7 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 		if stop.Err() != nil {
 			return jetstream.ErrMsgIteratorClosed
 		}
-		if failures++; consumerGone(stop, cons, err, failures) {
+		if failures++; consumerGone(stop, cons, err, failures%10 == 0) {
 			return jetstream.ErrMsgIteratorClosed // Run reports it: the consumer is gone
 		}
 		return err
@@ -316,12 +327,12 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 
 // consumerGone reports whether a failed pull means the consumer will never
 // deliver again: the server said it was deleted, the connection is closed
-// for good, or — every tenth failure in a row — the consumer is not found.
-func consumerGone(ctx context.Context, cons jetstream.Consumer, err error, failures int) bool {
+// for good, or (lookup) the consumer is not found.
+func consumerGone(ctx context.Context, cons jetstream.Consumer, err error, lookup bool) bool {
 	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, nats.ErrConnectionClosed) {
 		return true
 	}
-	if failures%10 != 0 {
+	if !lookup {
 		return false
 	}
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -108,10 +108,13 @@ func applyLadder(st *events.TaskState, t events.Task, run events.Run, res events
 	}
 }
 
-// applyStep routes a pipeline (SPEC §7).
+// applyStep routes a pipeline (SPEC §7). A step follows its own on_fail
+// policy for every failure but the deployment's (a refused key, a quota, a
+// tool that does not answer: retrying cannot help) — a step that timed out
+// too: a flaky test is what "retry 1, then goto implement" is for.
 func applyStep(st *events.TaskState, run events.Run, res events.Result, pol policy.Type, now time.Time) {
 	success := res.Outcome == events.OutcomeSuccess
-	if !success && events.ShortCircuits(res.ErrorClass) {
+	if !success && events.DeploymentFault(res.ErrorClass) {
 		st.Status, st.Decision = events.StatusBlocked, events.DecisionHandoff
 		st.Reason = fmt.Sprintf("HANDOFF at step %s (%s failure: retrying cannot help): %s", run.Step, res.ErrorClass, oneLine(res.Error))
 		if events.DeploymentFault(res.ErrorClass) { // the error says what to fix: it leads

@@ -398,6 +398,20 @@ func TestRecordTransitions(t *testing.T) {
 					t.Errorf("state %+v", st)
 				}
 			}},
+		{"a pipeline step that times out follows its on_fail too", inPipeline(at(events.StatusRunning, 2), "validate"), true,
+			recordIn(pipeline, stepBase(2, "validate"), failed(events.ErrorClassTimeout, "go test timed out after 5m")), task.CauseApplied,
+			func(t *testing.T, st events.TaskState) {
+				if st.Decision != events.DecisionRetry || st.Step != "implement" || st.Loops["validate>implement"] != 1 {
+					t.Errorf("state %+v", st)
+				}
+			}},
+		{"a pipeline step the deployment failed goes to a human", inPipeline(at(events.StatusRunning, 2), "implement"), true,
+			recordIn(pipeline, stepBase(2, "implement"), failed(events.ErrorClassAuth, "401: invalid key")), task.CauseApplied,
+			func(t *testing.T, st events.TaskState) {
+				if st.Decision != events.DecisionHandoff || st.Status != events.StatusBlocked {
+					t.Errorf("state %+v", st)
+				}
+			}},
 		{"a pipeline check fails: back to an earlier step", inPipeline(at(events.StatusRunning, 2), "validate"), true,
 			recordIn(pipeline, stepBase(2, "validate"), failed(events.ErrorClassStep, "vet: unused")), task.CauseApplied,
 			func(t *testing.T, st events.TaskState) {
