@@ -207,7 +207,8 @@ type Step struct {
 	// run in Dir with the task JSON on stdin; exit 0 passes.
 	Command []string `json:"command,omitempty"`
 	Dir     string   `json:"dir,omitempty"`
-	// Timeout bounds a command step. Default 10m.
+	// Timeout bounds a command step. Default 10m. A step that times out
+	// follows its on_fail like any failed step.
 	Timeout Duration `json:"timeout,omitempty"`
 	// OnFail says what a failure leads to.
 	OnFail OnFail `json:"on_fail"`
