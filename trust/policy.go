@@ -52,7 +52,8 @@ type Policy struct {
 	OverallWeight float64
 	// RecencyWeight weighs the recency-weighted success rate. Default 0.4.
 	// The weights are not normalised: keep OverallWeight+RecencyWeight at 1
-	// for a score in [0, 1].
+	// for a score in [0, 1]. They take their defaults only when both are
+	// zero: one of them set makes the other's zero a weight of 0.
 	RecencyWeight float64
 	// Decay sets the recency weights: the i-th newest outcome (i = 0 for the
 	// newest) weighs Decay^i. Default 0.9, with which the newest 10 outcomes
@@ -98,11 +99,8 @@ func (p Policy) WithDefaults() Policy {
 	if p.Threshold == 0 {
 		p.Threshold = DefaultThreshold
 	}
-	if p.OverallWeight == 0 {
-		p.OverallWeight = DefaultOverallWeight
-	}
-	if p.RecencyWeight == 0 {
-		p.RecencyWeight = DefaultRecencyWeight
+	if p.OverallWeight == 0 && p.RecencyWeight == 0 {
+		p.OverallWeight, p.RecencyWeight = DefaultOverallWeight, DefaultRecencyWeight
 	}
 	if p.Decay == 0 {
 		p.Decay = DefaultDecay

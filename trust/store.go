@@ -53,12 +53,19 @@ func (s *Store) Get(ctx context.Context, taskType string) (Stats, error) {
 // the same answer. When below is false and the streak is already 0 nothing is
 // written.
 func (s *Store) Gate(ctx context.Context, taskType, key string, below bool) (probe bool, streak int, err error) {
+	return s.GateUnder(ctx, s.policy, taskType, key, below)
+}
+
+// GateUnder is Gate under p, the policy of the task's type (its
+// ProbeAfter), instead of the store's.
+func (s *Store) GateUnder(ctx context.Context, p Policy, taskType, key string, below bool) (probe bool, streak int, err error) {
+	p = p.WithDefaults()
 	if key == "" {
 		return false, 0, fmt.Errorf("%w: gate call without a key", ErrInvalid)
 	}
 	st, err := s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		next, p, changed := s.policy.Gate(cur, key, below)
-		probe = p
+		next, pr, changed := p.Gate(cur, key, below)
+		probe = pr
 		return next, changed
 	})
 	if err != nil {

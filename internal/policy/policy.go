@@ -18,10 +18,12 @@ package policy
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"dispatchmesh/events"
+	"dispatchmesh/history"
 	"dispatchmesh/trust"
 )
 
@@ -118,6 +121,37 @@ type Type struct {
 	// RungMinSamples is how many retries on a rung must be measured before
 	// RungFloor applies. Default 8.
 	RungMinSamples int `json:"rung_min_samples,omitempty"`
+	// TrustWindow is how many of the type's newest outcomes are scored.
+	// Default 50, at most trust.MaxWindow (100).
+	TrustWindow int `json:"trust_window,omitempty"`
+	// MinOutcomes is how many outcomes the window must hold before the type
+	// is gated (fewer: it is not scored yet, its passes go as canaries).
+	// Default 10.
+	MinOutcomes int `json:"min_outcomes,omitempty"`
+	// ProbeAfter is how many consecutive blocks of the type let the next
+	// task through as a probe that re-measures it. Default 5.
+	ProbeAfter int `json:"probe_after,omitempty"`
+	// OverallWeight and RecencyWeight weigh the plain and the
+	// recency-weighted success rate in the score; together they must be 1.
+	// Defaults 0.6 and 0.4.
+	OverallWeight *float64 `json:"overall_weight,omitempty"`
+	RecencyWeight *float64 `json:"recency_weight,omitempty"`
+	// Decay sets the recency weights: the i-th newest outcome weighs
+	// decay^i, within (0, 1]. Default 0.9.
+	Decay *float64 `json:"decay,omitempty"`
+	// RefineAttempts and PivotAttempts are how many failed attempts the
+	// REFINE and PIVOT rungs get before the next rung. Defaults 2 and 2.
+	RefineAttempts int `json:"refine_attempts,omitempty"`
+	PivotAttempts  int `json:"pivot_attempts,omitempty"`
+	// RecurringFailures failures of a subject within RecurringWindow make
+	// its next task start on PIVOT. Defaults 3 (at most the 5 failures a
+	// subject's history keeps) and 168h.
+	RecurringFailures int      `json:"recurring_failures,omitempty"`
+	RecurringWindow   Duration `json:"recurring_window,omitempty"`
+	// PreviousAttempts is how many of the subject's last outcomes the prompt
+	// shows in <previous_attempts>. Default 5, at most the 5 its history
+	// keeps.
+	PreviousAttempts int `json:"previous_attempts,omitempty"`
 	// PromptBudget bounds, in tokens (≈ characters / 4), what the prompt
 	// builder injects: previous attempts, dead ends, the last error and a
 	// reviewer's note. Default 300.
@@ -528,6 +562,38 @@ func (f *File) problems() []error {
 		if t.RungMinSamples < 0 {
 			errs = append(errs, fmt.Errorf("%s: rung_min_samples must not be negative", where))
 		}
+		if t.TrustWindow < 0 || t.TrustWindow > trust.MaxWindow {
+			errs = append(errs, fmt.Errorf("%s: trust_window must be within [1, %d]", where, trust.MaxWindow))
+		}
+		for _, n := range []struct {
+			name string
+			v    int
+		}{{"min_outcomes", t.MinOutcomes}, {"probe_after", t.ProbeAfter}, {"refine_attempts", t.RefineAttempts},
+			{"pivot_attempts", t.PivotAttempts}, {"recurring_failures", t.RecurringFailures}, {"previous_attempts", t.PreviousAttempts}} {
+			if n.v < 0 {
+				errs = append(errs, fmt.Errorf("%s: %s must not be negative", where, n.name))
+			}
+		}
+		if t.RecurringFailures > history.Keep {
+			errs = append(errs, fmt.Errorf("%s: recurring_failures must be at most %d (the failures a subject's history keeps)", where, history.Keep))
+		}
+		if t.PreviousAttempts > history.Keep {
+			errs = append(errs, fmt.Errorf("%s: previous_attempts must be at most %d (the outcomes a subject's history keeps)", where, history.Keep))
+		}
+		if t.RecurringWindow < 0 {
+			errs = append(errs, fmt.Errorf("%s: recurring_window must not be negative", where))
+		}
+		for _, w := range []struct {
+			name string
+			v    *float64
+		}{{"overall_weight", t.OverallWeight}, {"recency_weight", t.RecencyWeight}} {
+			if w.v != nil && (*w.v < 0 || *w.v > 1) {
+				errs = append(errs, fmt.Errorf("%s: %s must be within [0, 1]", where, w.name))
+			}
+		}
+		if d := t.Decay; d != nil && (*d <= 0 || *d > 1) {
+			errs = append(errs, fmt.Errorf("%s: decay must be within (0, 1]", where))
+		}
 		if t.PromptBudget < 0 {
 			errs = append(errs, fmt.Errorf("%s: prompt_budget must not be negative", where))
 		}
@@ -578,11 +644,40 @@ func (f *File) problems() []error {
 		}
 	}
 	check("defaults", f.Defaults)
+	weights := func(where string, t Type) {
+		if t.OverallWeight == nil && t.RecencyWeight == nil {
+			return
+		}
+		o, r := trust.DefaultOverallWeight, trust.DefaultRecencyWeight
+		if t.OverallWeight != nil {
+			o = *t.OverallWeight
+		}
+		if t.RecencyWeight != nil {
+			r = *t.RecencyWeight
+		}
+		if math.Abs(o+r-1) > 1e-9 {
+			errs = append(errs, fmt.Errorf("%s: overall_weight %g + recency_weight %g must be 1 (set both)", where, o, r))
+		}
+	}
+	weights("defaults", f.Defaults)
+	window := func(where string, t Type) {
+		w, m := cmp.Or(t.TrustWindow, trust.DefaultWindow), cmp.Or(t.MinOutcomes, trust.DefaultMinOutcomes)
+		if m > w {
+			errs = append(errs, fmt.Errorf("%s: min_outcomes %d exceeds trust_window %d: the type could never be gated", where, m, w))
+		}
+	}
+	window("defaults", f.Defaults)
 	for _, name := range slices.Sorted(maps.Keys(f.Types)) {
 		if !events.ValidType(name) {
 			errs = append(errs, fmt.Errorf("types: %q is not a task type name (1-%d characters of a-z, 0-9, _ or -: what a task's \"type\" may be)", name, events.MaxTypeLen))
 		}
 		check("types."+name, f.Types[name])
+		if t := f.Types[name]; t.OverallWeight != nil || t.RecencyWeight != nil {
+			weights("types."+name, f.For(name))
+		}
+		if t := f.Types[name]; t.TrustWindow != 0 || t.MinOutcomes != 0 {
+			window("types."+name, f.For(name))
+		}
 	}
 	return errs
 }
@@ -620,6 +715,39 @@ func (f *File) For(taskType string) Type {
 	}
 	if t.RungMinSamples == 0 {
 		t.RungMinSamples = d.RungMinSamples
+	}
+	if t.TrustWindow == 0 {
+		t.TrustWindow = d.TrustWindow
+	}
+	if t.MinOutcomes == 0 {
+		t.MinOutcomes = d.MinOutcomes
+	}
+	if t.ProbeAfter == 0 {
+		t.ProbeAfter = d.ProbeAfter
+	}
+	if t.OverallWeight == nil {
+		t.OverallWeight = d.OverallWeight
+	}
+	if t.RecencyWeight == nil {
+		t.RecencyWeight = d.RecencyWeight
+	}
+	if t.Decay == nil {
+		t.Decay = d.Decay
+	}
+	if t.RefineAttempts == 0 {
+		t.RefineAttempts = d.RefineAttempts
+	}
+	if t.PivotAttempts == 0 {
+		t.PivotAttempts = d.PivotAttempts
+	}
+	if t.RecurringFailures == 0 {
+		t.RecurringFailures = d.RecurringFailures
+	}
+	if t.RecurringWindow == 0 {
+		t.RecurringWindow = d.RecurringWindow
+	}
+	if t.PreviousAttempts == 0 {
+		t.PreviousAttempts = d.PreviousAttempts
 	}
 	if t.PromptBudget == 0 {
 		t.PromptBudget = d.PromptBudget
@@ -710,6 +838,27 @@ func (t Type) Scoring(p trust.Policy) trust.Policy {
 	}
 	if t.RungMinSamples > 0 {
 		p.RungMinSamples = t.RungMinSamples
+	}
+	if t.TrustWindow > 0 {
+		p.Window = t.TrustWindow
+	}
+	if t.MinOutcomes > 0 {
+		p.MinOutcomes = t.MinOutcomes
+	}
+	if t.ProbeAfter > 0 {
+		p.ProbeAfter = t.ProbeAfter
+	}
+	if t.OverallWeight != nil || t.RecencyWeight != nil { // both, as validated: they sum to 1
+		p.OverallWeight, p.RecencyWeight = trust.DefaultOverallWeight, trust.DefaultRecencyWeight
+		if t.OverallWeight != nil {
+			p.OverallWeight = *t.OverallWeight
+		}
+		if t.RecencyWeight != nil {
+			p.RecencyWeight = *t.RecencyWeight
+		}
+	}
+	if t.Decay != nil {
+		p.Decay = *t.Decay
 	}
 	return p
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"dispatchmesh/internal/policy"
+	"dispatchmesh/trust"
 )
 
 const spec7 = `{
@@ -81,6 +82,44 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 	if _, err := policy.Parse([]byte(`{"types": {"x": {"command_timeout": 10}}}`)); err == nil {
 		t.Error("a number accepted as a duration")
+	}
+}
+
+// Every trust and ladder number is set globally ("defaults") and per type;
+// a type's Scoring carries them, the defaults fill what neither sets.
+func TestTrustAndLadderNumbersPerType(t *testing.T) {
+	f, err := policy.Parse([]byte(`{
+	  "defaults": {"trust_window": 20, "probe_after": 3, "refine_attempts": 1},
+	  "types": {
+	    "strict": {"trust_window": 5, "min_outcomes": 3, "overall_weight": 1, "recency_weight": 0, "decay": 0.5,
+	               "pivot_attempts": 3, "recurring_failures": 2, "recurring_window": "24h", "previous_attempts": 2}
+	  }}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := f.For("strict").Scoring(trust.Policy{}).WithDefaults()
+	if s.Window != 5 || s.MinOutcomes != 3 || s.ProbeAfter != 3 || s.OverallWeight != 1 || s.RecencyWeight != 0 || s.Decay != 0.5 {
+		t.Errorf("strict scoring %+v", s)
+	}
+	o := f.For("other").Scoring(trust.Policy{}).WithDefaults()
+	if o.Window != 20 || o.MinOutcomes != trust.DefaultMinOutcomes || o.ProbeAfter != 3 || o.OverallWeight != trust.DefaultOverallWeight || o.Decay != trust.DefaultDecay {
+		t.Errorf("other scoring %+v", o)
+	}
+	if st := f.For("strict"); st.RefineAttempts != 1 || st.PivotAttempts != 3 || st.RecurringFailures != 2 ||
+		st.RecurringWindow != policy.Duration(24*time.Hour) || st.PreviousAttempts != 2 {
+		t.Errorf("strict ladder numbers %+v", st)
+	}
+	_, err = policy.Parse([]byte(`{"types": {
+	  "a": {"trust_window": 101, "decay": 0, "recurring_failures": 6, "previous_attempts": 9, "probe_after": -1},
+	  "b": {"overall_weight": 0.7},
+	  "c": {"trust_window": 5}
+	}}`))
+	for _, want := range []string{"types.a: trust_window must be within [1, 100]", "types.a: decay must be within (0, 1]",
+		"types.a: recurring_failures must be at most 5", "types.a: previous_attempts must be at most 5", "types.a: probe_after must not be negative",
+		"types.b: overall_weight 0.7 + recency_weight 0.4 must be 1", "types.c: min_outcomes 10 exceeds trust_window 5"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
 	}
 }
 

@@ -436,7 +436,8 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 	if !below && s.BlockStreak == 0 {
 		return
 	}
-	next, _, _ := r.o.Scoring.Gate(*s, events.MsgID(b.Task.ID, b.Run.Pass, "gate"), below)
+	scoring := r.policyFor(b.PolicyRev, b.Task.Type).Scoring(r.o.Scoring).WithDefaults() // its probe_after
+	next, _, _ := scoring.Gate(*s, events.MsgID(b.Task.ID, b.Run.Pass, "gate"), below)
 	*s = next
 }
 

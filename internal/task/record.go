@@ -83,7 +83,7 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 
 // applyLadder climbs the escalation ladder (SPEC §8).
 func applyLadder(st *events.TaskState, t events.Task, run events.Run, res events.Result, pol policy.Type) {
-	cfg := ladder.Config{MaxRetries: MaxRetries(t, pol)}
+	cfg := ladder.Config{MaxRetries: MaxRetries(t, pol), RefineAttempts: pol.RefineAttempts, PivotAttempts: pol.PivotAttempts}
 	d := cfg.Next(ladder.State{
 		Failed: failedInRound(st, run.Pass), Rung: run.Rung, PivotCount: st.PivotCount, DeadEnds: st.DeadEnds,
 	}, ladder.Outcome{

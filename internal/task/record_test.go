@@ -35,6 +35,7 @@ func TestApplyLadder(t *testing.T) {
 	}{
 		{"success", policy.Type{}, bugFix, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},
 		{"first failure retries on REFINE", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungRefine},
+		{"a type's refine_attempts", policy.Type{RefineAttempts: 1}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungPivot},
 		{"task max_retries wins", policy.Type{MaxRetries: 9}, events.Task{ID: "t", Type: "bug_fix", MaxRetries: 2}, 1, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
 		{"type max_retries", policy.Type{MaxRetries: 1}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
 		{"auth short-circuits", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassAuth, "401"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},

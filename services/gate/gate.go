@@ -148,7 +148,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
 			return nil, err
 		}
-		probe, streak, err := s.cfg.Trust.Gate(ctx, t.Type, gateKey, true)
+		probe, streak, err := s.cfg.Trust.GateUnder(ctx, scoring, t.Type, gateKey, true)
 		if err != nil {
 			return nil, err
 		}
@@ -164,7 +164,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	default:
 		d.Cause = events.CauseTrusted
 		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
-			if _, _, err := s.cfg.Trust.Gate(ctx, t.Type, gateKey, false); err != nil {
+			if _, _, err := s.cfg.Trust.GateUnder(ctx, scoring, t.Type, gateKey, false); err != nil {
 				return nil, err
 			}
 		}
@@ -220,12 +220,27 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	return s.admit(ctx, b, d, ev.Sealed)
 }
 
-// SyncMargin is how close to its threshold a type's score must be for the
-// gate to make sure its view holds the type's newest outcomes before it
-// decides (see mayHinge). One outcome moves a 50-outcome window's score by
-// at most about 0.05; the view lags the stream by far fewer outcomes than
-// that margin allows, even in a burst.
+// SyncMargin is how close to its threshold a type's score must be, at
+// least, for the gate to make sure its view holds the type's newest
+// outcomes before it decides (see mayHinge). One outcome moves the default
+// 50-outcome window's score by at most about 0.05; the view lags the stream
+// by far fewer outcomes than that margin allows, even in a burst. A smaller
+// window (a type's trust_window) moves more per outcome: its margin is two
+// outcomes' worth (syncMargin).
 const SyncMargin = 0.1
+
+// syncMargin is SyncMargin, or two outcomes' worth of p's score when one
+// outcome moves it more: the plain rate by 1/window, the recency rate by
+// the newest outcome's share of the recency weights.
+func syncMargin(p trust.Policy) float64 {
+	total, w := 0.0, 1.0
+	for range p.Window {
+		total += w
+		w *= p.Decay
+	}
+	step := p.OverallWeight/float64(max(p.Window, 1)) + p.RecencyWeight/max(total, 1)
+	return max(SyncMargin, 2*step)
+}
 
 // mayHinge reports whether the decision on a pass could depend on an
 // outcome the gate's view has not received yet, so the view is synced
@@ -247,7 +262,7 @@ func mayHinge(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool
 	case v.Outcomes < p.MinOutcomes:
 		return true
 	}
-	return math.Abs(v.Score-p.Threshold) < SyncMargin
+	return math.Abs(v.Score-p.Threshold) < syncMargin(p)
 }
 
 // endedByHuman reports whether a human ended the task (cancelled it) before

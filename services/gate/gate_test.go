@@ -263,6 +263,36 @@ func TestGateProbeAfterBlocks(t *testing.T) {
 	}
 }
 
+// A type's own trust numbers: a window of 5 scored from 3 outcomes, gated
+// below 0.5 with the plain rate only, a probe after 2 blocks — while
+// another type keeps the defaults.
+func TestGateTrustNumbersPerType(t *testing.T) {
+	half, one, zero := 0.5, 1.0, 0.0
+	e := newEnv(t, &policy.File{Types: map[string]policy.Type{
+		"strict": {TrustWindow: 5, MinOutcomes: 3, ProbeAfter: 2, Threshold: &half, OverallWeight: &one, RecencyWeight: &zero},
+	}})
+	// 20 successes, then 3 failures: the last 5 hold 2 successes (0.4)
+	for _, typ := range []string{"strict", "lenient"} {
+		var all []trust.Outcome
+		for i := range 23 {
+			all = append(all, trust.Outcome{Key: fmt.Sprintf("%s-%02d", typ, i), Success: i < 20, At: now.Add(time.Duration(i-60) * time.Minute)})
+		}
+		e.publish(typ, all...)
+	}
+	for i := range 2 {
+		to, d, err := e.pass(fmt.Sprintf("s%d", i), "strict", first(), 0)
+		if err != nil || to != events.ReviewGated || d.Outcomes != 5 || d.Score != 0.4 {
+			t.Fatalf("strict pass %d: %s %+v %v; want gated, 5 outcomes scored 0.4", i, to, d, err)
+		}
+	}
+	if to, d, err := e.pass("s-probe", "strict", first(), 0); err != nil || to != events.StageAdmitted || !d.Probe {
+		t.Fatalf("strict's third new task: %s %+v %v; want the probe after 2 blocks", to, d, err)
+	}
+	if to, d, err := e.pass("l0", "lenient", first(), 0); err != nil || to != events.StageAdmitted || d.Outcomes != 23 {
+		t.Fatalf("lenient: %s %+v %v; want admitted on its default window", to, d, err)
+	}
+}
+
 // A task stopped on a retry goes to review with what it tried.
 func TestGatedRetryCarriesItsAttempts(t *testing.T) {
 	e := newEnv(t, nil)

@@ -31,6 +31,11 @@ func TestMayHinge(t *testing.T) {
 		{"just below it", first, scored(0.1), p, false, true},
 		{"exempt, near the threshold", first, scored(0.2), p, true, false},
 		{"never gated (negative threshold)", first, scored(0.05), trust.Policy{Threshold: -1}.WithDefaults(), false, false},
+		// one outcome moves a 5-outcome window's score by ~0.22: 0.4 off its
+		// threshold is near, where a 50-outcome window's is not
+		{"a small window: near further off", first, trust.Verdict{Score: 0.55, Outcomes: 12}, trust.Policy{Window: 5}.WithDefaults(), false, true},
+		{"a small window: far", first, trust.Verdict{Score: 0.9, Outcomes: 12}, trust.Policy{Window: 5}.WithDefaults(), false, false},
+		{"the default window: not near", first, scored(0.55), p, false, false},
 	}
 	for _, tt := range tests {
 		if got := mayHinge(tt.run, tt.v, tt.p, tt.exempt); got != tt.want {

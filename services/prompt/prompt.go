@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"dispatchmesh/events"
 	"dispatchmesh/history"
@@ -60,10 +61,21 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, s.historyError(ctx, t, err)
 	}
-	previous := kept.Outcomes[max(0, len(kept.Outcomes)-s.cfg.HistoryN):]
+	shown := s.cfg.HistoryN
+	if pol.PreviousAttempts > 0 {
+		shown = min(pol.PreviousAttempts, history.Keep)
+	}
+	previous := kept.Outcomes[max(0, len(kept.Outcomes)-shown):]
 	if r := in.Run; r.Pass == 1 && r.Attempt == 1 && r.Rung == events.RungRefine && len(pol.Steps) == 0 {
-		n := history.Failures(kept.Failures, t.SubmittedAt.Add(-s.cfg.Ladder.Window()))
-		if in.Run.Rung = s.cfg.Ladder.StartRung(n); in.Run.Rung == events.RungPivot {
+		lad := s.cfg.Ladder
+		if pol.RecurringFailures > 0 {
+			lad.RecurringFailures = pol.RecurringFailures
+		}
+		if pol.RecurringWindow > 0 {
+			lad.RecurringWindow = time.Duration(pol.RecurringWindow)
+		}
+		n := history.Failures(kept.Failures, t.SubmittedAt.Add(-lad.Window()))
+		if in.Run.Rung = lad.StartRung(n); in.Run.Rung == events.RungPivot {
 			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
 		}
 	}

@@ -276,16 +276,43 @@ func TestRecurringFailureStartRung(t *testing.T) {
 			events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungPivot},
 		{"three old failures behind five successes", append(fails(9*day, 9*day, 9*day), oks(day, 5)...),
 			events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
+		// a type's own numbers: 2 failures within 1 day
+		{"its type: two failures within a day", fails(time.Hour, 2*time.Hour), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungPivot},
+		{"its type: two failures, one older than a day", fails(time.Hour, 2*day), events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}, events.RungRefine},
 	}
+	src := policy.Static(&policy.File{Types: map[string]policy.Type{
+		"quick": {RecurringFailures: 2, RecurringWindow: policy.Duration(day)},
+	}})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := newService(t, Config{History: &fakeHistory{entries: c.kept}})
+			s := newService(t, Config{History: &fakeHistory{entries: c.kept}, Policy: src})
 			b := events.Base{Task: events.Task{ID: "t1", Type: "bug_fix", Subject: "a.go", SubmittedAt: now}, Run: c.run}
+			if strings.HasPrefix(c.name, "its type") {
+				b.Task.Type = "quick"
+			}
 			_, p := handle(t, s, b)
 			if p.Run.Rung != c.want {
 				t.Fatalf("rung %s, want %s", p.Run.Rung, c.want)
 			}
 		})
+	}
+}
+
+// A type's previous_attempts bounds how many of the subject's last
+// outcomes its prompt shows.
+func TestPreviousAttemptsPerType(t *testing.T) {
+	h := &fakeHistory{entries: []history.Entry{
+		entry(1, "failure", "a1", "s1", "e1"), entry(2, "failure", "a2", "s2", "e2"), entry(3, "failure", "a3", "s3", "e3"),
+	}}
+	src := policy.Static(&policy.File{Types: map[string]policy.Type{"brief": {PreviousAttempts: 1}}})
+	s := newService(t, Config{History: h, Policy: src})
+	for typ, want := range map[string]int{"brief": 1, "css_fix": 3} {
+		b := testBase()
+		b.Task.Type = typ
+		_, p := handle(t, s, b)
+		if n := len(find(parseUser(t, p.Prompt.Messages[1].Content), "attempt")); n != want {
+			t.Errorf("type %s: %d previous attempts in the prompt, want %d", typ, n, want)
+		}
 	}
 }
 

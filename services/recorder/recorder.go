@@ -145,11 +145,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
 	score := 0.0 // reported by an escalation record only
 	if st.Decision == events.DecisionHandoff || st.Decision == events.DecisionFail {
+		scoring := pol.Scoring(s.cfg.Scoring) // the type's window and weights
 		stats := s.cfg.Trust.Stats(t.Type)
 		if counted != nil { // the type's window with this outcome in it
-			stats, _ = s.cfg.Scoring.Record(stats, *counted)
+			stats, _ = scoring.Record(stats, *counted)
 		}
-		score, _, _ = trust.Score(stats.Outcomes, s.cfg.Scoring)
+		score, _, _ = trust.Score(stats.Outcomes, scoring)
 	}
 	e := task.Emit(st, b, res, pol, score)
 	// A retry carries the state as recorded, sealed: the next executor's
