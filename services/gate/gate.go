@@ -114,8 +114,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return nil, err
 		}
 	}
-	// A redelivered pass that an earlier delivery stopped stays stopped.
-	if m.Delivered > 1 && !b.Run.Reviewed {
+	// A redelivered pass that an earlier delivery stopped stays stopped (a
+	// human's requeue too: the daily budget may have stopped it).
+	if m.Delivered > 1 {
 		if outs, ok, err := s.stopped(ctx, b, d); ok || err != nil {
 			return outs, err
 		}
@@ -127,13 +128,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	switch {
-	case b.Run.Reviewed:
-		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
-		return s.admit(ctx, b, d, ev.Sealed)
 	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
+		// A cap on what the type spends: a human's requeue (and the round
+		// of retries it starts) spends too.
 		d.Blocked, d.Cause = true, events.CauseBudget
 		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
 		return s.block(ctx, b, d, release)
+	case b.Run.Reviewed:
+		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
+		return s.admit(ctx, b, d, ev.Sealed)
 	case d.Exempt:
 		d.Cause = events.CauseExempt
 	case b.Run.Probe:

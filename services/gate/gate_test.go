@@ -154,6 +154,11 @@ func TestGateDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "h", "spendy", first(), events.ReviewGated, events.CauseBudget},
+		{"a human's requeue of a type over its daily budget", func(e *env) {
+			if err := e.spend.Add(context.Background(), "spendy", "x", now, 50, 0); err != nil {
+				t.Fatal(err)
+			}
+		}, "h2", "spendy", events.Run{Pass: 5, Attempt: 5, Reviewed: true}, events.ReviewGated, events.CauseBudget},
 		{"a retry is handed off when its rung and those above rarely succeed", func(e *env) {
 			e.outcomes("css_fix", 20, 20, "")
 			e.outcomes("css_fix", 9, 1, events.RungPivot)
