@@ -127,10 +127,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		release = t.ID
 	}
 
+	overBudget := pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost)
+	if overBudget && b.Run.Reviewed {
+		// A human's requeue is let past a spent budget for its own pass —
+		// the human asked for that call — not for the retries of the round
+		// it starts: they would spend past the cap on their own.
+		requeue, err := s.requeuePass(ctx, b)
+		if err != nil {
+			return nil, err
+		}
+		overBudget = !requeue
+	}
 	switch {
-	case pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost):
-		// A cap on what the type spends: a human's requeue (and the round
-		// of retries it starts) spends too.
+	case overBudget:
 		d.Blocked, d.Cause = true, events.CauseBudget
 		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
 		return s.block(ctx, b, d, release)
@@ -266,6 +275,22 @@ func mayHinge(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool
 		return true
 	}
 	return math.Abs(v.Score-p.Threshold) < syncMargin(p)
+}
+
+// requeuePass reports whether b's pass is the one a human's requeue sent
+// (the first attempt of the round it started), not a retry in that round.
+func (s *Service) requeuePass(ctx context.Context, b events.Base) (bool, error) {
+	if s.cfg.Tasks == nil {
+		return true, nil
+	}
+	st, err := s.cfg.Tasks.Get(ctx, b.Task.ID)
+	if errors.Is(err, services.ErrTaskNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return b.Run.Attempt <= st.RoundStart+1, nil
 }
 
 // endedByHuman reports whether a human ended the task (cancelled it) before

@@ -88,6 +88,14 @@ func (e *env) publish(typ string, outcomes ...trust.Outcome) {
 	}
 }
 
+// state stores st as the task's state (before its pass).
+func (e *env) state(st events.TaskState) {
+	e.t.Helper()
+	if _, err := e.tasks.Update(context.Background(), st.ID, func(cur *events.TaskState, _ bool) error { *cur = st; return nil }); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // pass runs one verified pass through the gate: the stage or review reason
 // it went to and its decision, or the snooze.
 func (e *env) pass(id, typ string, run events.Run, waited time.Duration) (to string, d events.TrustDecision, err error) {
@@ -154,11 +162,18 @@ func TestGateDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "h", "spendy", first(), events.ReviewGated, events.CauseBudget},
-		{"a human's requeue of a type over its daily budget", func(e *env) {
+		{"a human's requeue goes past a spent daily budget", func(e *env) {
 			if err := e.spend.Add(context.Background(), "spendy", "x", now, 50, 0); err != nil {
 				t.Fatal(err)
 			}
-		}, "h2", "spendy", events.Run{Pass: 5, Attempt: 5, Reviewed: true}, events.ReviewGated, events.CauseBudget},
+			e.state(events.TaskState{ID: "h2", Type: "spendy", Status: events.StatusPending, Attempts: 4, RoundStart: 4, Pass: 5})
+		}, "h2", "spendy", events.Run{Pass: 5, Attempt: 5, Reviewed: true}, events.StageAdmitted, events.CauseReviewed},
+		{"a retry in the round a requeue started does not", func(e *env) {
+			if err := e.spend.Add(context.Background(), "spendy", "x", now, 50, 0); err != nil {
+				t.Fatal(err)
+			}
+			e.state(events.TaskState{ID: "h3", Type: "spendy", Status: events.StatusPending, Attempts: 5, RoundStart: 4, Pass: 6})
+		}, "h3", "spendy", events.Run{Pass: 6, Attempt: 6, Reviewed: true}, events.ReviewGated, events.CauseBudget},
 		{"a retry is handed off when its rung and those above rarely succeed", func(e *env) {
 			e.outcomes("css_fix", 20, 20, "")
 			e.outcomes("css_fix", 9, 1, events.RungPivot)
