@@ -327,7 +327,8 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 
 // consumerGone reports whether a failed pull means the consumer will never
 // deliver again: the server said it was deleted, the connection is closed
-// for good, or (lookup) the consumer is not found.
+// for good, or (lookup) the consumer is not found — twice, a few seconds
+// apart: a server shutting down its JetStream answers "not found" too.
 func consumerGone(ctx context.Context, cons jetstream.Consumer, err error, lookup bool) bool {
 	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, nats.ErrConnectionClosed) {
 		return true
@@ -335,11 +336,26 @@ func consumerGone(ctx context.Context, cons jetstream.Consumer, err error, looku
 	if !lookup {
 		return false
 	}
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, ierr := cons.Info(ictx)
-	return errors.Is(ierr, jetstream.ErrConsumerNotFound)
+	notFound := func() bool {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, ierr := cons.Info(ictx)
+		return errors.Is(ierr, jetstream.ErrConsumerNotFound)
+	}
+	if !notFound() {
+		return false
+	}
+	select {
+	case <-time.After(goneRecheck):
+	case <-ctx.Done():
+		return false
+	}
+	return notFound()
 }
+
+// goneRecheck is how long after a consumer is first not found it is looked
+// up again before its router stops.
+const goneRecheck = 3 * time.Second
 
 func (r *Router) logger() *slog.Logger {
 	if r.Log != nil {

@@ -3,6 +3,7 @@ package task
 import (
 	"slices"
 	"strconv"
+	"strings"
 
 	"dispatchmesh/events"
 )
@@ -90,13 +91,16 @@ func Settle(st events.TaskState, found bool, b events.Base) (events.TaskState, C
 
 // AddFailed bans a request hash that failed deterministically in pass
 // b.Run.Pass: the executor never sends it again (idempotent).
-func AddFailed(st events.TaskState, found bool, b events.Base, hash string) (events.TaskState, Cause) {
+func AddFailed(st events.TaskState, found bool, b events.Base, hash string, class events.ErrorClass) (events.TaskState, Cause) {
 	if !found {
 		st = New(b.Task)
 	}
 	entry := FailedEntry(hash, b.Run.Pass)
-	if slices.Contains(st.FailedRequests, entry) {
+	if slices.ContainsFunc(st.FailedRequests, func(e string) bool { return e == entry || strings.HasPrefix(e, entry+"/") }) {
 		return st, CauseRedelivered
+	}
+	if class != "" && class != events.ErrorClassDeterministic {
+		entry += "/" + string(class)
 	}
 	st.FailedRequests = append(st.FailedRequests, entry)
 	return st, CauseApplied
@@ -124,15 +128,31 @@ func Executed(st events.TaskState, found bool, b events.Base, res events.Result)
 	case res.Refused:
 		return AddRefused(st, found, b)
 	case res.RequestHash != "" && Bans(res.ErrorClass):
-		return AddFailed(st, found, b, res.RequestHash)
+		return AddFailed(st, found, b, res.RequestHash, res.ErrorClass)
 	}
 	return st, CauseRedelivered
 }
 
 // FailedEntry is how a banned hash is kept in TaskState.FailedRequests:
-// "<hash>@<pass>", the pass whose request failed. A redelivery of that same
-// pass is not refused by its own failure; every later pass is.
+// "<hash>@<pass>", the pass whose request failed, followed by "/<class>"
+// when the failure was not plainly deterministic (auth, quota, config): a
+// redelivery of that pass whose outcome was lost fails again with the class
+// it failed with, without sending the request; every later pass refuses it.
 func FailedEntry(hash string, pass int) string { return hash + "@" + strconv.Itoa(pass) }
+
+// ParseFailedEntry reads a TaskState.FailedRequests entry: the hash, the
+// pass it failed in (0 when the entry names none) and its class
+// (deterministic when it names none).
+func ParseFailedEntry(e string) (hash string, pass int, class events.ErrorClass) {
+	hash, rest, _ := strings.Cut(e, "@")
+	p, c, _ := strings.Cut(rest, "/")
+	pass, _ = strconv.Atoi(p)
+	class = events.ErrorClass(c)
+	if class == "" {
+		class = events.ErrorClassDeterministic
+	}
+	return hash, pass, class
+}
 
 // Bans reports whether a failure of this class bans the request's hash for
 // the task: the identical request would fail the same way.

@@ -193,6 +193,9 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 	case len(pol.Steps) > 0:
 		next.Rung = ""
 		next.Context = fmt.Sprintf("step %s failed:\n%s", run.Step, res.Error)
+		if next.Step == run.Step {
+			next.StepInput = run.StepInput // a retry of the step keeps its input
+		}
 	default:
 		next.Context = res.Error
 	}

@@ -147,3 +147,16 @@ func TestDailySpend(t *testing.T) {
 		}
 	}
 }
+
+// A step retried after it fails keeps the input the previous step handed
+// it; a step gone back to gets the failure as its context instead.
+func TestNextRunKeepsAStepsInputOnItsRetry(t *testing.T) {
+	pol := policy.Type{Steps: []policy.Step{{Name: "plan"}, {Name: "implement"}}}
+	st := events.TaskState{ID: "t", Pass: 2, Attempts: 1}
+	run := events.Run{Pass: 2, Attempt: 2, Step: "implement", StepInput: "step plan passed: two phases"}
+	task.Apply(&st, events.Task{ID: "t"}, run, failed(events.ErrorClassTask, "does not compile"), pol, now)
+	next := task.NextRun(&st, run, failed(events.ErrorClassTask, "does not compile"), pol)
+	if next.Step != "implement" || next.StepInput != run.StepInput || !strings.Contains(next.Context, "does not compile") {
+		t.Fatalf("the retry of implement: %+v", next)
+	}
+}

@@ -255,7 +255,7 @@ func TestExecutorTransitions(t *testing.T) {
 			return task.Abandon(st, found, b, events.Usage{TokensIn: 7})
 		}, task.CauseMovedOn, nil},
 		{"a failed request is banned for its pass", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
-			return task.AddFailed(st, found, b, "h1")
+			return task.AddFailed(st, found, b, "h1", events.ErrorClassDeterministic)
 		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
 			if !slices.Equal(st.FailedRequests, []string{"h1@2"}) {
 				t.Errorf("failed %v", st.FailedRequests)
@@ -267,7 +267,22 @@ func TestExecutorTransitions(t *testing.T) {
 			return st
 		}(), true,
 			func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
-				return task.AddFailed(st, found, b, "h1")
+				return task.AddFailed(st, found, b, "h1", events.ErrorClassDeterministic)
+			}, task.CauseRedelivered, nil},
+		{"an auth failure is banned with its class", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.AddFailed(st, found, b, "h1", events.ErrorClassAuth)
+		}, task.CauseApplied, func(t *testing.T, st events.TaskState) {
+			if !slices.Equal(st.FailedRequests, []string{"h1@2/auth"}) {
+				t.Errorf("failed %v", st.FailedRequests)
+			}
+		}},
+		{"a ban with its class redelivered", func() events.TaskState {
+			st := at(events.StatusRunning, 2)
+			st.FailedRequests = []string{"h1@2/auth"}
+			return st
+		}(), true,
+			func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+				return task.AddFailed(st, found, b, "h1", events.ErrorClassAuth)
 			}, task.CauseRedelivered, nil},
 		{"a refusal is counted", at(events.StatusRunning, 2), true, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.AddRefused(st, found, b)
@@ -485,5 +500,23 @@ func TestAct(t *testing.T) {
 				tt.check(t, st)
 			}
 		})
+	}
+}
+
+func TestParseFailedEntry(t *testing.T) {
+	for _, c := range []struct {
+		entry string
+		hash  string
+		pass  int
+		class events.ErrorClass
+	}{
+		{"h1@2", "h1", 2, events.ErrorClassDeterministic},
+		{"h1@2/quota", "h1", 2, events.ErrorClassQuota},
+		{"tool:h2@3", "tool:h2", 3, events.ErrorClassDeterministic},
+		{"h3", "h3", 0, events.ErrorClassDeterministic}, // kept before entries named their pass
+	} {
+		if hash, pass, class := task.ParseFailedEntry(c.entry); hash != c.hash || pass != c.pass || class != c.class {
+			t.Errorf("%q: %q %d %s", c.entry, hash, pass, class)
+		}
 	}
 }

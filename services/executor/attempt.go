@@ -202,7 +202,7 @@ func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc
 		return "", false, err
 	}
 	content = toolErrorMessage(te, c.Class)
-	if err := s.ledger.addFailed(ctx, a.base, a.known, hash, ""); err != nil {
+	if err := s.ledger.addFailed(ctx, a.base, a.known, hash, events.ErrorClassDeterministic, ""); err != nil {
 		return "", false, err
 	}
 	a.banned[hash] = content

@@ -67,7 +67,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		}
 		if task.Bans(c.Class) {
 			// banned before the Executed goes out, so the next attempt sees it
-			if err := s.ledger.addFailed(ctx, a.base, a.known, o.hash, r.Error); err != nil {
+			if err := s.ledger.addFailed(ctx, a.base, a.known, o.hash, c.Class, r.Error); err != nil {
 				return events.Result{}, err
 			}
 			if r.Error == a.f.lastError {

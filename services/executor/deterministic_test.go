@@ -119,8 +119,8 @@ func TestDeploymentErrorsAreCalledOnceAndSayWhatToFix(t *testing.T) {
 			if n := e.model.Calls(); n != want {
 				t.Errorf("%d calls recorded, want exactly %d", n, want)
 			}
-			if st := e.state("t1"); !slices.Contains(st.FailedRequests, task.FailedEntry(r.RequestHash, 1)) {
-				t.Errorf("failed requests %v lack %s", st.FailedRequests, r.RequestHash)
+			if st := e.state("t1"); !slices.Contains(st.FailedRequests, task.FailedEntry(r.RequestHash, 1)+"/"+string(tt.class)) {
+				t.Errorf("failed requests %v lack %s with its class %s", st.FailedRequests, r.RequestHash, tt.class)
 			}
 		})
 	}

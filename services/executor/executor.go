@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -28,6 +28,9 @@ type Service struct {
 	circuits *circuits
 	metrics  *metrics
 	flights  flights // the attempts running here, which a cancel ends (cancel.go)
+
+	streamMu   sync.Mutex
+	taskStream jetstream.Stream // bound on the first redelivery (executed)
 }
 
 // New validates cfg and returns the service.
@@ -107,11 +110,17 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		// Executed stored and the ack lost (nothing to do: calling again
 		// would pay twice), or not stored (the publish failed, the process
 		// died) after a request of this pass failed deterministically —
-		// that request is not sent again (refused).
-		if s.executed(ctx, base) {
-			return nil, nil
+		// that request is not sent again: the attempt fails again with the
+		// class it failed with (failedAgain), a later request of its tool
+		// loop is refused.
+		done, err := s.executed(ctx, base)
+		if err != nil || done {
+			return nil, err
 		}
-		maps.Copy(f.failed, f.bannedNow)
+		f.redelivered = true
+		for hash := range f.bannedNow {
+			f.failed[hash] = true
+		}
 	}
 
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, known: k, banned: map[string]string{}}
@@ -120,6 +129,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	switch {
 	case isStep:
 		result, err = s.runStep(ctx, in, step)
+		// A command step spends nothing, but its Result is the one the
+		// recorder records: it bills what earlier tries left unbilled.
+		result.TokensIn, result.TokensOut, result.Cost = f.unbilled.TokensIn, f.unbilled.TokensOut, f.unbilled.Cost
 	case pol.Executor == ExecutorCommand:
 		result, err = s.runAgent(ctx, a)
 	case pol.Executor == "" || pol.Executor == ExecutorModel:
@@ -169,25 +181,48 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 const MaxCarried = 256 << 10
 
 // executed reports whether the stream already holds this pass's Executed
-// event. It is asked on a redelivery only, never on the hot path.
-func (s *Service) executed(ctx context.Context, b events.Base) bool {
+// event. It is asked on a redelivery only, never on the hot path. When it
+// cannot tell, the error is the redelivery's: it is tried again later
+// rather than paying for a call whose answer may be stored already.
+func (s *Service) executed(ctx context.Context, b events.Base) (bool, error) {
 	if s.cfg.NATS == nil {
-		return false
+		return false, nil
+	}
+	stream, err := s.stream(ctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil // no stream, no Executed (an executor run without the mesh's stream)
+	}
+	if err != nil {
+		return false, fmt.Errorf("executor: is pass %d of %s executed: %w", b.Run.Pass, b.Task.ID, err)
+	}
+	raw, err := stream.GetLastMsgForSubject(ctx, events.TaskSubject(b.Task.ID, events.StageExecuted))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("executor: is pass %d of %s executed: %w", b.Run.Pass, b.Task.ID, err)
+	}
+	var prev events.Executed
+	return json.Unmarshal(raw.Data, &prev) == nil && prev.Run.Pass == b.Run.Pass, nil
+}
+
+// stream is the task stream, bound on first use.
+func (s *Service) stream(ctx context.Context) (jetstream.Stream, error) {
+	s.streamMu.Lock()
+	defer s.streamMu.Unlock()
+	if s.taskStream != nil {
+		return s.taskStream, nil
 	}
 	js, err := jetstream.New(s.cfg.NATS)
 	if err != nil {
-		return false
+		return nil, err
 	}
 	stream, err := js.Stream(ctx, services.Stream)
 	if err != nil {
-		return false
+		return nil, err
 	}
-	raw, err := stream.GetLastMsgForSubject(ctx, events.TaskSubject(b.Task.ID, events.StageExecuted))
-	if err != nil {
-		return false
-	}
-	var prev events.Executed
-	return json.Unmarshal(raw.Data, &prev) == nil && prev.Run.Pass == b.Run.Pass
+	s.taskStream = stream
+	return stream, nil
 }
 
 // runModel asks the model, with the type's tools when it has any.
@@ -220,7 +255,11 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 // run sends req through call unless it repeats a failed request or the
 // endpoint's circuit is open, and turns what happened into the Result.
 func (s *Service) run(ctx context.Context, a *attempt, req Request, call func(probe bool) outcome) (events.Result, error) {
-	if hash := RequestHash(req); a.f.failed[hash] {
+	hash := RequestHash(req)
+	if class, ok := a.f.bannedNow[hash]; ok && a.f.redelivered {
+		return s.failedAgain(ctx, a, hash, class)
+	}
+	if a.f.failed[hash] {
 		return s.refuse(ctx, a, hash, a.f.unbilled)
 	}
 	a.br = s.circuits.get(a.endpoint)
@@ -258,18 +297,39 @@ func (s *Service) endpoint() string {
 // the attempt's calls spent before it (its earlier tries' unbilled spend and
 // this try's answered turns): the ledger settles the unbilled part here.
 func (s *Service) refuse(ctx context.Context, a *attempt, hash string, spent events.Usage) (events.Result, error) {
-	if err := s.ledger.addRefused(ctx, a.base, a.known); err != nil {
+	counted, err := s.ledger.addRefused(ctx, a.base, a.known)
+	if err != nil {
 		return events.Result{}, err
 	}
 	if err := s.settle(ctx, a); err != nil {
 		return events.Result{}, err
 	}
-	s.metrics.refused.WithLabelValues(a.in.Task.Type).Inc()
+	if counted { // once per pass, as the task's state counts it
+		s.metrics.refused.WithLabelValues(a.in.Task.Type).Inc()
+	}
 	return events.Result{
 		Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassRefused, Refused: true,
 		RequestHash: hash, Model: a.model, TransientRetries: a.f.transient,
 		TokensIn: spent.TokensIn, TokensOut: spent.TokensOut, Cost: spent.Cost,
 		Error: fmt.Sprintf("refused: identical to a request that already failed deterministically (%s); the request must change", HashPrefix(hash)),
+	}, nil
+}
+
+// failedAgain is the Result of a redelivered pass whose request already
+// failed, with class, when the pass was first delivered, and whose outcome
+// was lost with that delivery: the request is not sent again, and the
+// attempt fails as it did (an auth or quota failure still goes straight to
+// a human). It bills what the attempt's earlier tries spent.
+func (s *Service) failedAgain(ctx context.Context, a *attempt, hash string, class events.ErrorClass) (events.Result, error) {
+	if err := s.settle(ctx, a); err != nil {
+		return events.Result{}, err
+	}
+	s.metrics.errors.WithLabelValues(a.in.Task.Type, string(class)).Inc()
+	spent := a.f.unbilled
+	return events.Result{
+		Outcome: events.OutcomeFailure, ErrorClass: class, RequestHash: hash, Model: a.model, TransientRetries: a.f.transient,
+		TokensIn: spent.TokensIn, TokensOut: spent.TokensOut, Cost: spent.Cost,
+		Error: fmt.Sprintf("%s: this request (%s) failed so when this pass was first delivered, and that outcome was lost; it is not sent again", class, HashPrefix(hash)),
 	}, nil
 }
 

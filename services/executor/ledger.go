@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -19,9 +17,12 @@ type facts struct {
 	// failed holds the hashes of requests (and "tool:" calls) that failed
 	// deterministically.
 	failed map[string]bool
-	// bannedNow holds the hashes this very pass banned: a redelivery whose
-	// first delivery's Executed was never stored refuses them too.
-	bannedNow map[string]bool
+	// bannedNow holds the hashes this very pass banned, with the class they
+	// failed with: a redelivery whose first delivery's Executed was never
+	// stored fails again with it instead of sending the request (redelivered).
+	bannedNow map[string]events.ErrorClass
+	// redelivered is set on a redelivery whose pass has no Executed stored.
+	redelivered bool
 	// transient counts the transient failures of the current attempt.
 	transient int
 	// lastError is the previous failure's error (TaskState.LastError).
@@ -52,10 +53,12 @@ type ledger interface {
 	// attempt is over (task.Settle: its unbilled spend stays until its
 	// Result is recorded).
 	settle(ctx context.Context, b events.Base, k *known) error
-	// addFailed records a hash that failed deterministically (idempotent).
-	addFailed(ctx context.Context, b events.Base, k *known, hash, errText string) error
-	// addRefused counts a refused request.
-	addRefused(ctx context.Context, b events.Base, k *known) error
+	// addFailed records a hash that failed deterministically, with its
+	// class (idempotent).
+	addFailed(ctx context.Context, b events.Base, k *known, hash string, class events.ErrorClass, errText string) error
+	// addRefused counts a refused request, once per pass; counted is false
+	// when this pass's refusal was counted already (a redelivery).
+	addRefused(ctx context.Context, b events.Base, k *known) (counted bool, err error)
 }
 
 // known is the task's state as an attempt last read or wrote it, with its
@@ -135,18 +138,18 @@ func (l kvLedger) settle(ctx context.Context, b events.Base, k *known) error {
 	return err
 }
 
-func (l kvLedger) addFailed(ctx context.Context, b events.Base, k *known, hash, _ string) error {
+func (l kvLedger) addFailed(ctx context.Context, b events.Base, k *known, hash string, class events.ErrorClass, _ string) error {
 	_, _, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
-		return task.AddFailed(st, found, b, hash)
+		return task.AddFailed(st, found, b, hash, class)
 	})
 	return err
 }
 
-func (l kvLedger) addRefused(ctx context.Context, b events.Base, k *known) error {
-	_, _, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+func (l kvLedger) addRefused(ctx context.Context, b events.Base, k *known) (bool, error) {
+	_, c, err := l.apply(ctx, b, k, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		return task.AddRefused(st, found, b)
 	})
-	return err
+	return c == task.CauseApplied, err
 }
 
 func storeErr(ctx context.Context, err error) error {
@@ -159,13 +162,12 @@ func storeErr(ctx context.Context, err error) error {
 	return fmt.Errorf("executor: task state: %w", err)
 }
 
-// bannedIn is the set of hashes that failed in pass itself.
-func bannedIn(entries []string, pass int) map[string]bool {
-	m := map[string]bool{}
+// bannedIn is the hashes that failed in pass itself, with their class.
+func bannedIn(entries []string, pass int) map[string]events.ErrorClass {
+	m := map[string]events.ErrorClass{}
 	for _, e := range entries {
-		hash, p, ok := strings.Cut(e, "@")
-		if n, err := strconv.Atoi(p); ok && err == nil && n == pass {
-			m[hash] = true
+		if hash, n, class := task.ParseFailedEntry(e); n == pass {
+			m[hash] = class
 		}
 	}
 	return m
@@ -175,20 +177,19 @@ func bannedIn(entries []string, pass int) map[string]bool {
 func toolsBannedIn(entries []string, pass int) map[string]bool {
 	m := map[string]bool{}
 	for _, e := range entries {
-		hash, p, ok := strings.Cut(e, "@")
-		if n, err := strconv.Atoi(p); ok && err == nil && n == pass && strings.HasPrefix(hash, ToolHashPrefix) {
+		if hash, n, _ := task.ParseFailedEntry(e); n == pass && strings.HasPrefix(hash, ToolHashPrefix) {
 			m[hash] = true
 		}
 	}
 	return m
 }
 
-// bannedBefore is the set of hashes that failed in a pass before pass.
+// bannedBefore is the set of hashes that failed in a pass before pass (or
+// in no pass the entry names).
 func bannedBefore(entries []string, pass int) map[string]bool {
 	m := make(map[string]bool, len(entries))
 	for _, e := range entries {
-		hash, p, ok := strings.Cut(e, "@")
-		if n, err := strconv.Atoi(p); !ok || err != nil || n < pass {
+		if hash, n, _ := task.ParseFailedEntry(e); n < pass {
 			m[hash] = true
 		}
 	}
@@ -205,7 +206,7 @@ type memLedger struct {
 type memTask struct {
 	failed    []string
 	transient int
-	refused   int
+	refused   events.TaskState // Refused and RefusedPass, as task.AddRefused keeps them
 	lastError string
 	unbilled  events.Usage
 	resume    *events.Resume
@@ -257,22 +258,23 @@ func (l *memLedger) settle(_ context.Context, b events.Base, _ *known) error {
 	return nil
 }
 
-func (l *memLedger) addFailed(_ context.Context, b events.Base, _ *known, hash, errText string) error {
+func (l *memLedger) addFailed(_ context.Context, b events.Base, _ *known, hash string, class events.ErrorClass, errText string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
-	if entry := task.FailedEntry(hash, b.Run.Pass); !slices.Contains(t.failed, entry) {
-		t.failed = append(t.failed, entry)
-	}
+	st, _ := task.AddFailed(events.TaskState{FailedRequests: t.failed}, true, b, hash, class)
+	t.failed = st.FailedRequests
 	if errText != "" {
 		t.lastError = errText // what the recorder keeps as TaskState.LastError
 	}
 	return nil
 }
 
-func (l *memLedger) addRefused(_ context.Context, b events.Base, _ *known) error {
+func (l *memLedger) addRefused(_ context.Context, b events.Base, _ *known) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.task(b.Task.ID).refused++
-	return nil
+	t := l.task(b.Task.ID)
+	var c task.Cause
+	t.refused, c = task.AddRefused(t.refused, true, b)
+	return c == task.CauseApplied, nil
 }

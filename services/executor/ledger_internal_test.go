@@ -79,18 +79,21 @@ func TestLedgers(t *testing.T) {
 			}
 
 			for range 2 { // idempotent
-				if err := l.addFailed(ctx, b, &known{}, "h1", "boom"); err != nil {
+				if err := l.addFailed(ctx, b, &known{}, "h1", events.ErrorClassDeterministic, "boom"); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := l.addFailed(ctx, b, &known{}, "tool:h2", ""); err != nil {
+			if err := l.addFailed(ctx, b, &known{}, "tool:h2", events.ErrorClassDeterministic, ""); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.addRefused(ctx, b, &known{}); err != nil {
-				t.Fatal(err)
+			if counted, err := l.addRefused(ctx, b, &known{}); err != nil || !counted {
+				t.Fatalf("refusal counted %v, %v", counted, err)
+			}
+			if counted, err := l.addRefused(ctx, b, &known{}); err != nil || counted {
+				t.Fatalf("the same pass's refusal again counted %v, %v; want once", counted, err)
 			}
 			f, _, _ = l.begin(ctx, b, &known{})
-			if len(f.failed) != 0 || len(f.bannedNow) != 2 || !f.bannedNow["h1"] || len(f.toolsFailedNow) != 1 || !f.toolsFailedNow["tool:h2"] {
+			if len(f.failed) != 0 || len(f.bannedNow) != 2 || f.bannedNow["h1"] != events.ErrorClassDeterministic || len(f.toolsFailedNow) != 1 || !f.toolsFailedNow["tool:h2"] {
 				t.Errorf("the same pass sees failed %v, banned now %v, tools %v; want its own bans only listed apart, its tool call listed",
 					f.failed, f.bannedNow, f.toolsFailedNow)
 			}
@@ -136,9 +139,9 @@ func TestKVLedgerState(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = l.cutShort(ctx, b, &known{}, events.Usage{}, nil, true)
-	_ = l.addFailed(ctx, b, &known{}, "h1", "boom")
-	_ = l.addRefused(ctx, b, &known{})
-	_ = l.addRefused(ctx, b, &known{}) // the same pass delivered again: counted once
+	_ = l.addFailed(ctx, b, &known{}, "h1", events.ErrorClassDeterministic, "boom")
+	_, _ = l.addRefused(ctx, b, &known{})
+	_, _ = l.addRefused(ctx, b, &known{}) // the same pass delivered again: counted once
 	st, err := tasks.Get(ctx, "t1")
 	if err != nil {
 		t.Fatal(err)
@@ -189,10 +192,10 @@ func TestKVLedgerWritesFromWhatItKnows(t *testing.T) {
 			}
 		}
 		kv.Reset()
-		if err := l.addFailed(ctx, b, k, "h1", "boom"); err != nil {
+		if err := l.addFailed(ctx, b, k, "h1", events.ErrorClassDeterministic, "boom"); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.addRefused(ctx, b, k); err != nil {
+		if _, err := l.addRefused(ctx, b, k); err != nil {
 			t.Fatal(err)
 		}
 		if want := map[bool]int{false: 0, true: 1}[stale]; kv.Reads() != want {

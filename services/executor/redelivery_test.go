@@ -8,6 +8,7 @@ import (
 
 	"dispatchmesh/events"
 	"dispatchmesh/internal/natstest"
+	"dispatchmesh/internal/openaitest"
 	"dispatchmesh/internal/policy"
 	"dispatchmesh/services"
 	"dispatchmesh/services/executor"
@@ -52,18 +53,33 @@ func TestRedeliveryAfterTheExecutedIsStoredCallsNothing(t *testing.T) {
 
 // A deterministic failure whose Executed was never stored (the publish
 // failed, or the process died before it) is redelivered: the identical
-// request is not sent again, it is refused.
+// request is not sent again, and the attempt fails as it did — an auth
+// failure still goes straight to a human — not as a refusal.
 func TestRedeliveryAfterADeterministicFailureDoesNotResend(t *testing.T) {
-	e := newEnv(t, always(status(http.StatusBadRequest, badRequest)), policy.Type{}, nil)
-	if r := e.handle("t1", 1, testMessages).result(t); r.ErrorClass != events.ErrorClassDeterministic {
-		t.Fatalf("first delivery: %+v, want a deterministic failure", r)
-	}
-	r := e.redeliver("t1", 1, testMessages).result(t)
-	if !r.Refused || r.ErrorClass != events.ErrorClassRefused {
-		t.Fatalf("redelivery: %+v, want the identical request refused", r)
-	}
-	if n := e.model.Calls(); n != 1 {
-		t.Fatalf("model received %d calls, want 1: the request that failed deterministically was sent again", n)
+	for name, c := range map[string]struct {
+		reply openaitest.Reply
+		class events.ErrorClass
+	}{
+		"bad request": {status(http.StatusBadRequest, badRequest), events.ErrorClassDeterministic},
+		"bad key": {status(http.StatusUnauthorized, `{"error":{"message":"Incorrect API key provided: sk-test.","type":"invalid_request_error","code":"invalid_api_key"}}`),
+			events.ErrorClassAuth},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, always(c.reply), policy.Type{}, nil)
+			if r := e.handle("t1", 1, testMessages).result(t); r.ErrorClass != c.class {
+				t.Fatalf("first delivery: %+v, want a %s failure", r, c.class)
+			}
+			r := e.redeliver("t1", 1, testMessages).result(t)
+			if r.Refused || r.ErrorClass != c.class || r.Outcome != events.OutcomeFailure {
+				t.Fatalf("redelivery: %+v, want the %s failure again", r, c.class)
+			}
+			if n := e.model.Calls(); n != 1 {
+				t.Fatalf("model received %d calls, want 1: the request that failed deterministically was sent again", n)
+			}
+			if st := e.state("t1"); st.Refused != 0 {
+				t.Fatalf("%d refusals counted, want none: nothing tried to repeat the request", st.Refused)
+			}
+		})
 	}
 }
 
@@ -85,5 +101,22 @@ func TestUnbilledSpendSurvivesALostExecuted(t *testing.T) {
 	if call <= 0 || again.TokensIn != earlier.TokensIn+call || again.TokensOut != first.TokensOut {
 		t.Fatalf("first Executed bills %d/%d tokens, the redelivered one %d/%d; want the earlier tries' %d/%d in both",
 			first.TokensIn, first.TokensOut, again.TokensIn, again.TokensOut, earlier.TokensIn, earlier.TokensOut)
+	}
+}
+
+// A command step spends nothing, but its Result is what the recorder
+// records (and bills): it carries what earlier tries left unbilled.
+func TestCommandStepBillsTheUnbilledSpend(t *testing.T) {
+	e := newEnv(t, always(ok("x")), pipeline("", 0, "true"), nil)
+	earlier := events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.0015}
+	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+		st.ID, st.Type, st.Status, st.Pass, st.Unbilled = "t1", "css_fix", events.StatusPending, 2, earlier
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.handleRun("t1", events.Run{Pass: 2, Attempt: 1, Step: "validate"}, nil).result(t)
+	if r.Outcome != events.OutcomeSuccess || r.TokensIn != earlier.TokensIn || r.TokensOut != earlier.TokensOut || r.Cost != earlier.Cost {
+		t.Fatalf("result %+v, want the step's success billing %+v", r, earlier)
 	}
 }
