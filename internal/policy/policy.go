@@ -689,80 +689,41 @@ func (f *File) For(taskType string) Type {
 	}
 	t := f.Types[taskType]
 	d := f.Defaults
-	if t.Model == "" {
-		t.Model = d.Model
-	}
-	if t.Template == "" {
-		t.Template = d.Template
-	}
-	if t.Verifier == nil {
-		t.Verifier = d.Verifier
-	}
-	if t.MaxRetries == 0 {
-		t.MaxRetries = d.MaxRetries
-	}
-	if t.Exempt == nil {
-		t.Exempt = d.Exempt
-	}
-	if t.Threshold == nil {
-		t.Threshold = d.Threshold
-	}
-	if t.Canary == nil {
-		t.Canary = d.Canary
-	}
-	if t.RungFloor == nil {
-		t.RungFloor = d.RungFloor
-	}
-	if t.RungMinSamples == 0 {
-		t.RungMinSamples = d.RungMinSamples
-	}
-	if t.TrustWindow == 0 {
-		t.TrustWindow = d.TrustWindow
-	}
-	if t.MinOutcomes == 0 {
-		t.MinOutcomes = d.MinOutcomes
-	}
-	if t.ProbeAfter == 0 {
-		t.ProbeAfter = d.ProbeAfter
-	}
-	if t.OverallWeight == nil {
-		t.OverallWeight = d.OverallWeight
-	}
-	if t.RecencyWeight == nil {
-		t.RecencyWeight = d.RecencyWeight
-	}
-	if t.Decay == nil {
-		t.Decay = d.Decay
-	}
-	if t.RefineAttempts == 0 {
-		t.RefineAttempts = d.RefineAttempts
-	}
-	if t.PivotAttempts == 0 {
-		t.PivotAttempts = d.PivotAttempts
-	}
-	if t.RecurringFailures == 0 {
-		t.RecurringFailures = d.RecurringFailures
-	}
-	if t.RecurringWindow == 0 {
-		t.RecurringWindow = d.RecurringWindow
-	}
-	if t.PreviousAttempts == 0 {
-		t.PreviousAttempts = d.PreviousAttempts
-	}
-	if t.PromptBudget == 0 {
-		t.PromptBudget = d.PromptBudget
-	}
-	if t.SimulatedSuccessRate == nil {
-		t.SimulatedSuccessRate = d.SimulatedSuccessRate
-	}
-	if t.Executor == "" {
+	if t.Executor == "" { // the defaults' executor comes with its command
 		t.Executor, t.Command = d.Executor, d.Command
 	}
+	fill(&t.Model, d.Model)
+	fill(&t.Template, d.Template)
+	fill(&t.Verifier, d.Verifier)
+	fill(&t.MaxRetries, d.MaxRetries)
+	fill(&t.Exempt, d.Exempt)
+	fill(&t.Threshold, d.Threshold)
+	fill(&t.Canary, d.Canary)
+	fill(&t.RungFloor, d.RungFloor)
+	fill(&t.RungMinSamples, d.RungMinSamples)
+	fill(&t.TrustWindow, d.TrustWindow)
+	fill(&t.MinOutcomes, d.MinOutcomes)
+	fill(&t.ProbeAfter, d.ProbeAfter)
+	fill(&t.OverallWeight, d.OverallWeight)
+	fill(&t.RecencyWeight, d.RecencyWeight)
+	fill(&t.Decay, d.Decay)
+	fill(&t.RefineAttempts, d.RefineAttempts)
+	fill(&t.PivotAttempts, d.PivotAttempts)
+	fill(&t.RecurringFailures, d.RecurringFailures)
+	fill(&t.RecurringWindow, d.RecurringWindow)
+	fill(&t.PreviousAttempts, d.PreviousAttempts)
+	fill(&t.PromptBudget, d.PromptBudget)
+	fill(&t.SimulatedSuccessRate, d.SimulatedSuccessRate)
+	fill(&t.CommandTimeout, d.CommandTimeout)
+	fill(&t.MaxToolCalls, d.MaxToolCalls)
+	fill(&t.TransientBudget, d.TransientBudget)
+	fill(&t.ToolWait, d.ToolWait)
+	fill(&t.Budget, d.Budget)
+	fill(&t.DailyBudget, d.DailyBudget)
+	fill(&t.SkipBudget, d.SkipBudget)
+	fill(&t.SkipDelay, d.SkipDelay)
 	if len(t.Command) == 0 {
 		t.Command = d.Command
-	}
-	if t.CommandTimeout == 0 {
-		t.CommandTimeout = d.CommandTimeout
 	}
 	if t.Tools == nil {
 		t.Tools = d.Tools
@@ -770,31 +731,18 @@ func (f *File) For(taskType string) Type {
 	if t.ResearchTools == nil {
 		t.ResearchTools = d.ResearchTools
 	}
-	if t.MaxToolCalls == 0 {
-		t.MaxToolCalls = d.MaxToolCalls
-	}
-	if t.TransientBudget == 0 {
-		t.TransientBudget = d.TransientBudget
-	}
-	if t.ToolWait == 0 {
-		t.ToolWait = d.ToolWait
-	}
-	if t.Budget == nil {
-		t.Budget = d.Budget
-	}
-	if t.DailyBudget == nil {
-		t.DailyBudget = d.DailyBudget
-	}
 	if t.Steps == nil {
 		t.Steps = d.Steps
 	}
-	if t.SkipBudget == 0 {
-		t.SkipBudget = d.SkipBudget
-	}
-	if t.SkipDelay == 0 {
-		t.SkipDelay = d.SkipDelay
-	}
 	return t.withDefaults(taskType)
+}
+
+// fill sets *field to def when the type left it unset (its zero value).
+func fill[T comparable](field *T, def T) {
+	var zero T
+	if *field == zero {
+		*field = def
+	}
 }
 
 func (t Type) withDefaults(taskType string) Type {

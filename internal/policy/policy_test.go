@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -247,6 +248,38 @@ func TestParseTopLevelTypeErrors(t *testing.T) {
 		_, err := policy.Parse([]byte(tc.doc))
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("Parse(%s) = %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+}
+
+// Every field a type leaves out takes the defaults' value: a field added to
+// Type and forgotten in For fails here.
+func TestForMergesEveryField(t *testing.T) {
+	var d policy.Type
+	v := reflect.ValueOf(&d).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("x")
+		case reflect.Int, reflect.Int64:
+			f.SetInt(3)
+		case reflect.Pointer:
+			f.Set(reflect.New(f.Type().Elem()))
+		case reflect.Slice:
+			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
+		default:
+			t.Fatalf("field %s of kind %s: teach this test to set it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	got := (&policy.File{Defaults: d}).For("some_type")
+	g := reflect.ValueOf(got)
+	for i := range v.NumField() {
+		if v.Type().Field(i).Name == "TemplateFile" {
+			continue // read into Template when the file is loaded
+		}
+		if !reflect.DeepEqual(g.Field(i).Interface(), v.Field(i).Interface()) {
+			t.Errorf("field %s: For gives %v, the defaults hold %v", v.Type().Field(i).Name, g.Field(i).Interface(), v.Field(i).Interface())
 		}
 	}
 }
