@@ -280,17 +280,24 @@ func mayHinge(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool
 // requeuePass reports whether b's pass is the one a human's requeue sent
 // (the first attempt of the round it started), not a retry in that round.
 func (s *Service) requeuePass(ctx context.Context, b events.Base) (bool, error) {
-	if s.cfg.Tasks == nil {
-		return true, nil
-	}
-	st, err := s.cfg.Tasks.Get(ctx, b.Task.ID)
-	if errors.Is(err, services.ErrTaskNotFound) {
-		return true, nil
-	}
-	if err != nil {
-		return false, err
+	st, found, err := s.taskState(ctx, b.Task.ID)
+	if err != nil || !found {
+		return err == nil, err
 	}
 	return b.Run.Attempt <= st.RoundStart+1, nil
+}
+
+// taskState is the task's stored state; found is false when the task has
+// none, or the gate keeps no task store.
+func (s *Service) taskState(ctx context.Context, id string) (st events.TaskState, found bool, err error) {
+	if s.cfg.Tasks == nil {
+		return st, false, nil
+	}
+	st, err = s.cfg.Tasks.Get(ctx, id)
+	if errors.Is(err, services.ErrTaskNotFound) {
+		return st, false, nil
+	}
+	return st, err == nil, err
 }
 
 // endedByHuman reports whether a human ended the task (cancelled it) before
@@ -298,14 +305,8 @@ func (s *Service) requeuePass(ctx context.Context, b events.Base) (bool, error) 
 // block streak. Only those decisions read the task's state: a pass the gate
 // simply admits needs no read, and the executor skips a task that ended.
 func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error) {
-	if s.cfg.Tasks == nil {
-		return false, nil
-	}
-	st, err := s.cfg.Tasks.Get(ctx, b.Task.ID)
-	if errors.Is(err, services.ErrTaskNotFound) {
-		return false, nil
-	}
-	if err != nil {
+	st, found, err := s.taskState(ctx, b.Task.ID)
+	if err != nil || !found {
 		return false, err
 	}
 	if st.Pass >= b.Run.Pass && task.EndedByHuman(st) {
