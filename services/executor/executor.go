@@ -118,6 +118,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			return nil, err
 		}
 		f.redelivered = true
+		if f.failed == nil {
+			f.failed = map[string]bool{}
+		}
 		for hash := range f.bannedNow {
 			f.failed[hash] = true
 		}
