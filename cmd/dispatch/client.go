@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -201,10 +203,10 @@ func (p *progress) line(s string) {
 // status shows s until the next line.
 func (p *progress) status(s string) {
 	if !p.tty {
-		fmt.Fprintln(p.w, s)
+		fmt.Fprintln(p.w, printable(s))
 		return
 	}
-	fmt.Fprintf(p.w, "\r%s\x1b[K", s)
+	fmt.Fprintf(p.w, "\r%s\x1b[K", oneLine(s, 1<<10))
 	p.showing = true
 }
 
@@ -220,7 +222,7 @@ func (p *progress) done() {
 func printOutcome(w io.Writer, out client.Outcome) {
 	fmt.Fprintf(w, "%s after %d attempt(s), %d+%d tokens, $%.4f\n", out.Status, out.Attempts, out.TokensIn, out.TokensOut, out.Cost)
 	if out.Reason != "" {
-		fmt.Fprintf(w, "reason: %s\n", out.Reason)
+		fmt.Fprintf(w, "reason: %s\n", printable(out.Reason))
 	}
 	printResult(w, out.Result)
 }
@@ -231,13 +233,13 @@ func printResult(w io.Writer, r *client.Result) {
 		return
 	}
 	if r.Approach != "" {
-		fmt.Fprintf(w, "approach: %s\n", r.Approach)
+		fmt.Fprintf(w, "approach: %s\n", printable(r.Approach))
 	}
 	if r.Summary != "" {
-		fmt.Fprintf(w, "summary: %s\n", r.Summary)
+		fmt.Fprintf(w, "summary: %s\n", printable(r.Summary))
 	}
 	for _, ch := range r.Changes {
-		fmt.Fprintf(w, "change: %s\n", ch)
+		fmt.Fprintf(w, "change: %s\n", printable(ch))
 	}
 }
 
@@ -307,15 +309,15 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "id\t%s\ntype\t%s\nsubject\t%s\nstatus\t%s\nattempts\t%d\n", st.ID, st.Type, st.Subject, st.Status, st.Attempts)
 	if st.Reason != "" {
-		fmt.Fprintf(w, "reason\t%s\n", st.Reason)
+		fmt.Fprintf(w, "reason\t%s\n", oneLine(st.Reason, 1<<10))
 	}
 	if st.LastError != "" {
-		fmt.Fprintf(w, "last error\t%s\n", st.LastError)
+		fmt.Fprintf(w, "last error\t%s\n", oneLine(st.LastError, 1<<10))
 	}
 	fmt.Fprintf(w, "tokens\t%d in, %d out\ncost\t$%.4f\ncreated\t%s\nupdated\t%s\n", st.TokensIn, st.TokensOut, st.Cost,
 		st.CreatedAt.Local().Format(time.RFC3339), st.UpdatedAt.Local().Format(time.RFC3339))
 	for _, a := range st.History {
-		fmt.Fprintf(w, "attempt %d\t%s %s %s\n", a.Attempt, a.Outcome, a.Rung, strings.TrimSpace(a.Approach+" "+a.Reason))
+		fmt.Fprintf(w, "attempt %d\t%s %s %s\n", a.Attempt, a.Outcome, a.Rung, oneLine(strings.TrimSpace(a.Approach+" "+a.Reason), 1<<10))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -327,12 +329,35 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 	return nil
 }
 
+// oneLine is s on one line, at most n bytes (cut at a rune boundary),
+// every control character a space: text from a model, a tool or a task
+// cannot move the cursor, hide itself or talk to the terminal.
 func oneLine(s string, n int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 	if len(s) > n {
-		return s[:n] + "…"
+		cut := n
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		return s[:cut] + "…"
 	}
 	return s
+}
+
+// printable is s with every control character but a newline or a tab
+// replaced by a space (see oneLine), for text printed as it came.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 func cmdSchema(args []string) error {

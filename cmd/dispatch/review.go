@@ -231,7 +231,7 @@ func printDetail(out io.Writer, d review.Detail) {
 	if st := d.Task; st != nil {
 		fmt.Fprintf(w, "type\t%s\nsubject\t%s\nstatus\t%s\n", st.Type, st.Subject, st.Status)
 	}
-	fmt.Fprintf(w, "why\t%s\n", d.Why)
+	fmt.Fprintf(w, "why\t%s\n", oneLine(d.Why, 1<<10))
 	if t := d.Trust; t != nil {
 		gate := "open"
 		switch {
@@ -419,7 +419,7 @@ func printAudit(out io.Writer, a review.Audit) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "SEQ\tTIME\tSTAGE\tBY\tDETAIL")
 	for _, e := range a.Events {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Stage, dash(e.Who), e.Summary)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", e.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Stage, dash(e.Who), oneLine(e.Summary, 1<<10))
 	}
 	_ = w.Flush()
 	fmt.Fprintf(out, "\n%d events; %s.\n", len(a.Events), a.Retention)

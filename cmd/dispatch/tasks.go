@@ -134,7 +134,7 @@ func cmdCancel(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	if d.Already {
-		fmt.Fprintf(stdout, "%s: already cancelled (%s)\n", pos[0], d.Task.Reason)
+		fmt.Fprintf(stdout, "%s: already cancelled (%s)\n", pos[0], oneLine(d.Task.Reason, 1<<10))
 		return nil
 	}
 	fmt.Fprintf(stdout, "%s: cancelled by %s\n", pos[0], d.Action.By)
