@@ -761,12 +761,8 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 		return err
 	}
 	if live.Tasks != nil {
-		for k, st := range rebuilt.Tasks {
-			data, err := json.Marshal(st)
-			if err != nil {
-				return err
-			}
-			if _, err := live.Tasks.Put(ctx, k, data); err != nil {
+		for _, k := range slices.Sorted(maps.Keys(rebuilt.Tasks)) {
+			if err := applyTask(ctx, live.Tasks, k, *rebuilt.Tasks[k]); err != nil {
 				return err
 			}
 		}
@@ -896,6 +892,32 @@ func rewrite(ctx context.Context, js jetstream.JetStream, stream, subject string
 func marshal(v any) json.RawMessage {
 	data, _ := json.Marshal(v)
 	return data
+}
+
+// applyTask writes the rebuilt state of task k where it differs from the
+// live one in what events decide (normTask), under compare-and-set: what
+// only the executor keeps — its transient count, unbilled spend, tool loop
+// to resume, banned tool calls, the submission's sequence — is the live
+// state's, which the events cannot say; a task whose state holds nothing
+// else different is not written at all.
+func applyTask(ctx context.Context, kv jetstream.KeyValue, k string, built events.TaskState) error {
+	_, err := kvcas.Update(ctx, kv, k, func(st *events.TaskState, found bool) error {
+		if found && len(entryDiffs(events.BucketTasks, k, st, &built, normTask, nil)) == 0 {
+			return kvcas.ErrNoChange
+		}
+		next := built
+		if found {
+			next.SubmitSeq, next.TransientRetries, next.Unbilled, next.Resume = st.SubmitSeq, st.TransientRetries, st.Unbilled, st.Resume
+			for _, e := range st.FailedRequests {
+				if strings.HasPrefix(e, "tool:") && !slices.Contains(next.FailedRequests, e) {
+					next.FailedRequests = append(slices.Clone(next.FailedRequests), e)
+				}
+			}
+		}
+		*st = next
+		return nil
+	})
+	return err
 }
 
 // normTask leaves out what is not derived from events.
