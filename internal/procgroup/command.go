@@ -3,6 +3,7 @@ package procgroup
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os/exec"
 	"time"
 )
@@ -22,4 +23,18 @@ func Command(ctx context.Context, argv []string, dir string, stdin []byte) *exec
 	cmd.WaitDelay = WaitDelay
 	KillOnCancel(cmd)
 	return cmd
+}
+
+// Run runs cmd (made by Command) to its end, then kills what is left of its
+// process group: a child the command left running behind it neither
+// outlives the run nor, holding the output open, turns the command's own
+// success into an error — a command that exited 0 succeeded, whatever its
+// leftover children did (their output past the exit is lost).
+func Run(cmd *exec.Cmd) error {
+	err := cmd.Run()
+	KillGroup(cmd)
+	if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+		return nil
+	}
+	return err
 }

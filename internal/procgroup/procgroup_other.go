@@ -9,3 +9,6 @@ import "os/exec"
 // KillOnCancel keeps exec's default on systems without process groups: the
 // context's end kills the command itself.
 func KillOnCancel(*exec.Cmd) {}
+
+// KillGroup does nothing where commands get no process group of their own.
+func KillGroup(*exec.Cmd) {}

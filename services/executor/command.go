@@ -55,7 +55,7 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, ti
 	} else {
 		cmd.Stdout, cmd.Stderr = combined, combined // one pipe: the order is kept
 	}
-	err := cmd.Run()
+	err := procgroup.Run(cmd)
 	run := commandRun{stdout: stdout.String(), stderr: stderr.String(), output: combined.String()}
 	if err == nil {
 		return run, nil

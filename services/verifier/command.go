@@ -46,7 +46,7 @@ func (c *Command) Check(ctx context.Context, t events.Task) (events.Verification
 	cmd := procgroup.Command(cctx, c.Argv, "", data)
 	var out headWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err = procgroup.Run(cmd)
 	detail := clip(out.String())
 	name := strings.Join(c.Argv, " ")
 	if err != nil && cctx.Err() != nil {
