@@ -57,6 +57,13 @@ type Stores struct {
 	// Fallbacks are the policy revisions events named that the bucket does
 	// not hold, recomputed with Options.Fallback instead.
 	Fallbacks []Unavailable
+	// Horizon is when the oldest event replayed was stored, when the stream
+	// no longer holds its first events (they aged out: DISPATCH_MAX_AGE);
+	// zero when it holds them all. What the live stores know from before it
+	// — a task created earlier, a history entry, an outcome, a day's spend
+	// — no replay can say: Compare and Apply take it as the live stores
+	// hold it (keepBeforeHorizon).
+	Horizon time.Time
 }
 
 // Unavailable is a policy revision events were decided under that the
@@ -170,6 +177,9 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		}
 		pending -= uint64(n)
 		r.out.Events += n
+	}
+	if s, err := js.Stream(ctx, events.Stream); err == nil && s.CachedInfo().State.FirstSeq > 1 && len(all) > 0 {
+		r.out.Horizon = all[0].at // events before it are gone
 	}
 	for _, m := range all {
 		r.recorderDecision(m)
@@ -535,6 +545,7 @@ func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, err
 	if err != nil {
 		return nil, err
 	}
+	rebuilt.keepBeforeHorizon(cur)
 	var diffs []Difference
 	if live.Tasks != nil {
 		diffs = append(diffs, compareValues(events.BucketTasks, cur.tasks, rebuilt.Tasks, normTask, nil)...)
@@ -760,9 +771,10 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 	if err != nil {
 		return err
 	}
+	rebuilt.keepBeforeHorizon(cur)
 	if live.Tasks != nil {
 		for _, k := range slices.Sorted(maps.Keys(rebuilt.Tasks)) {
-			if err := applyTask(ctx, live.Tasks, k, *rebuilt.Tasks[k]); err != nil {
+			if err := applyTask(ctx, live.Tasks, k, *rebuilt.Tasks[k], rebuilt.Horizon); err != nil {
 				return err
 			}
 		}
@@ -900,10 +912,13 @@ func marshal(v any) json.RawMessage {
 // to resume, banned tool calls, the submission's sequence — is the live
 // state's, which the events cannot say; a task whose state holds nothing
 // else different is not written at all.
-func applyTask(ctx context.Context, kv jetstream.KeyValue, k string, built events.TaskState) error {
+func applyTask(ctx context.Context, kv jetstream.KeyValue, k string, built events.TaskState, horizon time.Time) error {
 	_, err := kvcas.Update(ctx, kv, k, func(st *events.TaskState, found bool) error {
 		if found && len(entryDiffs(events.BucketTasks, k, st, &built, normTask, nil)) == 0 {
 			return kvcas.ErrNoChange
+		}
+		if found && st.CreatedAt.Before(horizon) || built.CreatedAt.Before(horizon) {
+			return kvcas.ErrNoChange // its first events are gone: the replay knows only its end
 		}
 		next := built
 		if found {
@@ -918,6 +933,69 @@ func applyTask(ctx context.Context, kv jetstream.KeyValue, k string, built event
 		return nil
 	})
 	return err
+}
+
+// keepBeforeHorizon takes into s, rebuilt from a stream whose first events
+// aged out (Horizon set), what the live stores cur know from before the
+// horizon, as they hold it: a task created before it (its replay would be
+// partial), each history entry and trust outcome dated before it, each
+// day's spend up to the horizon's day. So Compare reports, and Apply
+// writes, only what the replayed events decide. Idempotent.
+func (s *Stores) keepBeforeHorizon(cur *current) {
+	h := s.Horizon
+	if h.IsZero() {
+		return
+	}
+	for k, st := range cur.tasks {
+		if st.CreatedAt.Before(h) {
+			kept := *st
+			s.Tasks[k] = &kept
+		}
+	}
+	for k, b := range s.Tasks {
+		if b.CreatedAt.Before(h) && cur.tasks != nil && cur.tasks[k] == nil {
+			delete(s.Tasks, k) // partial, and gone from the live bucket
+		}
+	}
+	for k, raw := range cur.history {
+		var live history.Record
+		if raw == nil || json.Unmarshal(*raw, &live) != nil {
+			continue
+		}
+		rec, ok := s.History[k]
+		if !ok {
+			rec = &history.Record{Type: live.Type, Subject: live.Subject}
+		}
+		next := *rec
+		for _, e := range append(slices.Clone(live.Outcomes), live.Failures...) {
+			if e.At.Before(h) {
+				next, _ = next.Add(e)
+			}
+		}
+		if ok || len(next.Outcomes) > 0 {
+			s.History[k] = &next
+		}
+	}
+	for typ, live := range cur.outcomes {
+		st, ok := s.Trust[typ]
+		if !ok {
+			st = &trust.Stats{Type: typ}
+		}
+		for _, o := range live.Outcomes {
+			if o.At.Before(h) {
+				st.Outcomes, _ = trust.Insert(st.Outcomes, o, trust.Keep)
+			}
+		}
+		if ok || len(st.Outcomes) > 0 {
+			s.Trust[typ] = st
+		}
+	}
+	day := trust.Day(h)
+	for k, v := range cur.spend {
+		if k[1] <= day { // the horizon's day is only partly replayed
+			s.Spend[k] = v
+		}
+	}
 }
 
 // normTask leaves out what is not derived from events.
