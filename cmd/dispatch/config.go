@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -158,6 +159,12 @@ func (c Config) Validate() error {
 	if _, err := c.stateKey(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.AckWait <= 0 {
+		errs = append(errs, fmt.Errorf("DISPATCH_ACK_WAIT must be positive, got %s", c.AckWait))
+	}
+	if c.Grace < 0 {
+		errs = append(errs, fmt.Errorf("DISPATCH_GRACE must not be negative, got %s", c.Grace))
+	}
 	if c.MaxDeliver < 2 {
 		errs = append(errs, fmt.Errorf("DISPATCH_MAX_DELIVER must be at least 2, got %d", c.MaxDeliver))
 	}
@@ -192,6 +199,9 @@ func parsePrices(s string) (map[string]Price, error) {
 		pout, err2 := strconv.ParseFloat(out, 64)
 		if !ok || !ok2 || err1 != nil || err2 != nil || model == "" {
 			return nil, fmt.Errorf("DISPATCH_PRICES: %q is not model=input/output (USD per million tokens)", item)
+		}
+		if !(pin >= 0 && pout >= 0) || math.IsInf(pin, 0) || math.IsInf(pout, 0) { // NaN fails >= too
+			return nil, fmt.Errorf("DISPATCH_PRICES: %q: a price must be a finite number of USD, not negative", item)
 		}
 		prices[model] = Price{pin, pout}
 	}

@@ -24,8 +24,23 @@ func TestParsePrices(t *testing.T) {
 	if err != nil || p["gpt-4o"].In != 2.5 || p["gpt-4o"].Out != 10 || len(p) != 2 {
 		t.Fatalf("got %v, %v", p, err)
 	}
-	if _, err := parsePrices("gpt-4o=2.5"); err == nil {
-		t.Error("a price without output accepted")
+	for _, bad := range []string{"gpt-4o=2.5", "gpt-4o=-1/10", "gpt-4o=NaN/1", "gpt-4o=1/+Inf"} {
+		if _, err := parsePrices(bad); err == nil || !strings.Contains(err.Error(), "DISPATCH_PRICES") {
+			t.Errorf("%q accepted: %v", bad, err)
+		}
+	}
+}
+
+// loadConfig refuses durations that would make no sense, with every
+// problem named.
+func TestConfigRefusesBadDurations(t *testing.T) {
+	t.Setenv("DISPATCH_ACK_WAIT", "0s")
+	t.Setenv("DISPATCH_GRACE", "-1s")
+	_, err := loadConfig()
+	for _, want := range []string{"DISPATCH_ACK_WAIT must be positive", "DISPATCH_GRACE must not be negative"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
 	}
 }
 
