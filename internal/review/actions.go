@@ -126,8 +126,26 @@ func ValidateBy(by string) error {
 	return nil
 }
 
+// DecideSeen carries out action (resolve, reject or requeue) as its
+// method does, unless another human decided on the task after the decider
+// looked: seen is how many decisions the task held then (len of
+// Detail.Task.Actions, Item.Decisions). The decision is then refused with a
+// *DecidedError naming the newer one. A negative seen checks nothing.
+func (c *Client) DecideSeen(ctx context.Context, action, id, note, by string, seen int) (Decision, error) {
+	switch action {
+	case events.ActionResolve, events.ActionReject, events.ActionRequeue:
+	default:
+		return Decision{}, fmt.Errorf("%w: action %q (resolve, reject or requeue)", ErrInvalid, action)
+	}
+	return c.decideSeen(ctx, action, id, note, by, seen)
+}
+
 // decide carries out one human action.
 func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decision, error) {
+	return c.decideSeen(ctx, action, id, note, by, -1)
+}
+
+func (c *Client) decideSeen(ctx context.Context, action, id, note, by string, seenDecisions int) (Decision, error) {
 	if !events.ValidID(id) {
 		return Decision{}, fmt.Errorf("%w: task id %q", ErrInvalid, id)
 	}
@@ -172,6 +190,9 @@ func (c *Client) decide(ctx context.Context, action, id, note, by string) (Decis
 	next, err := tasks.Update(ctx, id, func(cur *events.TaskState, found bool) error {
 		if !found {
 			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		if seenDecisions >= 0 && len(cur.Actions) > seenDecisions {
+			return &DecidedError{ID: id, Action: action, Latest: cur.Actions[len(cur.Actions)-1]}
 		}
 		// A status outside ReviewStatuses was judged halted from the
 		// stream: it must still be the very state that was judged.

@@ -369,3 +369,27 @@ func TestRequeueOfGatedTask(t *testing.T) {
 		t.Fatalf("gated %d times: %v", got, reviewtest.Stages(all))
 	}
 }
+
+// Two reviewers look at the same blocked task. Alice rejects it; Bob, on
+// the page he opened before, requeues it: his decision is refused, naming
+// hers, instead of silently overturning it. Sent again having seen it (or
+// without saying what he saw, as the CLI does), it goes.
+func TestADecisionTakenMeanwhileIsNotOverturnedBlind(t *testing.T) {
+	m := reviewtest.Start(t, reviewtest.FailUnless("never"), reviewtest.Options{})
+	escalate(m, "cf-1", "bug_fix")
+	if _, err := m.Review.DecideSeen(bg, events.ActionReject, "cf-1", "feature removed, do not ship", "alice", 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err := m.Review.DecideSeen(bg, events.ActionRequeue, "cf-1", "try again", "bob", 0)
+	var decided *review.DecidedError
+	if !errors.As(err, &decided) || !errors.Is(err, review.ErrNotReviewable) || decided.Latest.By != "alice" ||
+		!strings.Contains(err.Error(), "alice decided reject") {
+		t.Fatalf("bob's blind requeue: %v, want it refused naming alice's reject", err)
+	}
+	if st := m.State("cf-1"); st.Status != events.StatusFailed || len(st.Actions) != 1 {
+		t.Fatalf("state %s with %d decisions, want alice's reject only", st.Status, len(st.Actions))
+	}
+	if d, err := m.Review.DecideSeen(bg, events.ActionRequeue, "cf-1", "seen it: try again", "bob", 1); err != nil || d.Task.Status != events.StatusPending {
+		t.Fatalf("bob's requeue having seen it: %+v, %v", d, err)
+	}
+}

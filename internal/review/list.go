@@ -95,6 +95,10 @@ type Item struct {
 	// Handled is the human decision taken on the task since the record was
 	// written; nil while the item is open.
 	Handled *events.Action `json:"handled,omitempty"`
+	// Decisions is how many human decisions the task's state holds: a
+	// decision sent with it (Client.DecideSeen) is refused when another
+	// was taken since.
+	Decisions int `json:"decisions"`
 }
 
 // Open reports whether the item still waits for a human.
@@ -309,7 +313,7 @@ func (j *judge) item(ctx context.Context, it Item) (Item, error) {
 		return it, err
 	}
 	if st := k.state; st != nil {
-		it.TaskID, it.Status = st.ID, st.Status
+		it.TaskID, it.Status, it.Decisions = st.ID, st.Status, len(st.Actions)
 		if it.Type == "" {
 			it.Type = st.Type
 		}

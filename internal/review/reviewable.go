@@ -28,6 +28,22 @@ import (
 var ReviewStatuses = []events.Status{events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled}
 
 // StateError says why a task cannot be acted on now. It matches ErrNotReviewable.
+// DecidedError is a decision refused because another human decided on the
+// task after the decider looked (Client.DecideSeen): theirs stands until
+// the decider has seen it.
+type DecidedError struct {
+	ID, Action string
+	Latest     events.Action
+}
+
+func (e *DecidedError) Error() string {
+	return fmt.Sprintf("cannot %s task %s: %s decided %s at %s since you looked (%q); reload it and decide again",
+		e.Action, e.ID, e.Latest.By, e.Latest.Action, e.Latest.At.UTC().Format(time.RFC3339), clip(e.Latest.Note, 200))
+}
+
+// Is makes a DecidedError an ErrNotReviewable (a conflict).
+func (e *DecidedError) Is(target error) bool { return target == ErrNotReviewable }
+
 type StateError struct {
 	ID     string
 	Action string

@@ -22,6 +22,11 @@ type ActionRequest struct {
 	Note string `json:"note"`
 	// By names who acts; default: the saved name, else web@<address>.
 	By string `json:"by,omitempty"`
+	// SeenDecisions, when set, is how many human decisions the task held
+	// when the decider looked (the length of task.actions, an item's
+	// decisions): a resolve, reject or requeue is refused (409) when
+	// another was taken since.
+	SeenDecisions *int `json:"seen_decisions,omitempty"`
 }
 
 // apiError is the body of every API error.
@@ -156,6 +161,9 @@ func (h *Handler) apiAction(w http.ResponseWriter, r *http.Request) {
 // act carries out one decision.
 func (h *Handler) act(r *http.Request, action, id string, req ActionRequest) (review.Decision, error) {
 	by := h.by(r, req.By)
+	if req.SeenDecisions != nil && action != events.ActionCancel {
+		return h.cfg.Review.DecideSeen(r.Context(), action, id, req.Note, by, *req.SeenDecisions)
+	}
 	switch action {
 	case events.ActionResolve:
 		return h.cfg.Review.Resolve(r.Context(), id, req.Note, by)
@@ -192,5 +200,13 @@ func readAction(w http.ResponseWriter, r *http.Request) (ActionRequest, error) {
 		}
 		return req, fmt.Errorf("%w: form: %v", review.ErrInvalid, err)
 	}
-	return ActionRequest{Note: r.PostForm.Get("note"), By: r.PostForm.Get("by")}, nil
+	req = ActionRequest{Note: r.PostForm.Get("note"), By: r.PostForm.Get("by")}
+	if v := r.PostForm.Get("seen_decisions"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return req, fmt.Errorf("%w: seen_decisions %q is not a count", review.ErrInvalid, v)
+		}
+		req.SeenDecisions = &n
+	}
+	return req, nil
 }

@@ -231,6 +231,10 @@ func TestAPIActions(t *testing.T) {
 		{"POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":`, 400},
 		{"POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":"` + strings.Repeat("x", 70<<10) + `"}`, 400},
 		{"GET", "/api/tasks/gtd-1/reject", "", "", 405},
+		// decided since: blk-1 was resolved (one decision) after a page that saw none
+		{"POST", "/api/tasks/blk-1/requeue", "application/json", `{"note":"x","seen_decisions":0}`, 409},
+		{"POST", "/api/tasks/blk-1/requeue", "application/x-www-form-urlencoded", url.Values{"note": {"x"}, "seen_decisions": {"0"}}.Encode(), 409},
+		{"POST", "/api/tasks/blk-1/requeue", "application/x-www-form-urlencoded", url.Values{"note": {"x"}, "seen_decisions": {"many"}}.Encode(), 400},
 	} {
 		if code, body := s.do(c.method, c.path, c.ct, c.body); code != c.code {
 			t.Errorf("%s %s %.40s: %d %.200s, want %d", c.method, c.path, c.body, code, body, c.code)
@@ -250,6 +254,9 @@ func TestPagesEscapeAndAct(t *testing.T) {
 	code, body = s.do("GET", "/tasks/blk-1", "", "")
 	if code != 200 || !strings.Contains(body, "null check in handleResponse()") || !strings.Contains(body, "Why it stopped") || strings.Contains(body, evil) {
 		t.Fatalf("task page: %d %s", code, body)
+	}
+	if !strings.Contains(body, `name="seen_decisions" value="0"`) {
+		t.Error("the task page's decision form does not say what it saw (seen_decisions)")
 	}
 	if code, _ := s.do("GET", "/tasks/nope", "", ""); code != 404 {
 		t.Errorf("page of an unknown task: %d", code)
