@@ -197,7 +197,7 @@ func newProgress(w io.Writer) *progress {
 // line prints s as a line of its own.
 func (p *progress) line(s string) {
 	p.done()
-	fmt.Fprintln(p.w, s)
+	fmt.Fprintln(p.w, printable(s))
 }
 
 // status shows s until the next line.
@@ -307,7 +307,7 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 		return writeJSON(stdout, v)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "id\t%s\ntype\t%s\nsubject\t%s\nstatus\t%s\nattempts\t%d\n", st.ID, st.Type, st.Subject, st.Status, st.Attempts)
+	fmt.Fprintf(w, "id\t%s\ntype\t%s\nsubject\t%s\nstatus\t%s\nattempts\t%d\n", st.ID, st.Type, oneLine(st.Subject, 1<<10), st.Status, st.Attempts)
 	if st.Reason != "" {
 		fmt.Fprintf(w, "reason\t%s\n", oneLine(st.Reason, 1<<10))
 	}

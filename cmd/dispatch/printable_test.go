@@ -15,7 +15,7 @@ import (
 // write to the clipboard (OSC 52).
 func TestModelTextCannotDriveTheTerminal(t *testing.T) {
 	const hostile = "escalated\x1b]52;c;cm0gLXJmIH4K\x07 boom\r\x1b[2Kall tests passed \x1b[8mhidden\x1b[0m"
-	st := events.TaskState{ID: "t1", Type: "bug_fix", Status: events.StatusBlocked, Reason: hostile, LastError: hostile,
+	st := events.TaskState{ID: "t1", Type: "bug_fix", Subject: hostile, Status: events.StatusBlocked, Reason: hostile, LastError: hostile,
 		History: []events.AttemptRecord{{Attempt: 1, Approach: hostile, Reason: hostile}}}
 	var buf bytes.Buffer
 	printDetail(&buf, review.Detail{ID: "t1", Task: &st, Why: hostile, Attempts: st.History,

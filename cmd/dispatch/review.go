@@ -229,7 +229,7 @@ func printDetail(out io.Writer, d review.Detail) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "task\t%s\n", d.ID)
 	if st := d.Task; st != nil {
-		fmt.Fprintf(w, "type\t%s\nsubject\t%s\nstatus\t%s\n", st.Type, st.Subject, st.Status)
+		fmt.Fprintf(w, "type\t%s\nsubject\t%s\nstatus\t%s\n", st.Type, oneLine(st.Subject, 1<<10), st.Status)
 	}
 	fmt.Fprintf(w, "why\t%s\n", oneLine(d.Why, 1<<10))
 	if t := d.Trust; t != nil {
@@ -408,7 +408,7 @@ func cmdAudit(ctx context.Context, cfg Config, args []string) error {
 
 func printAudit(out io.Writer, a review.Audit) {
 	if st := a.Task; st != nil {
-		fmt.Fprintf(out, "task %s: %s on %s, status %s", a.ID, st.Type, st.Subject, st.Status)
+		fmt.Fprintf(out, "task %s: %s on %s, status %s", a.ID, st.Type, oneLine(st.Subject, 1<<10), st.Status)
 		if st.Reason != "" {
 			fmt.Fprintf(out, " (%s)", oneLine(st.Reason, 120))
 		}

@@ -25,15 +25,19 @@ func Command(ctx context.Context, argv []string, dir string, stdin []byte) *exec
 	return cmd
 }
 
-// Run runs cmd (made by Command) to its end, then kills what is left of its
-// process group: a child the command left running behind it neither
-// outlives the run nor, holding the output open, turns the command's own
-// success into an error — a command that exited 0 succeeded, whatever its
-// leftover children did (their output past the exit is lost).
+// Run runs cmd (made by Command) to its end. A child the command left
+// running behind it, holding its output open past WaitDelay, is killed with
+// what is left of the group (which it keeps alive, so the group id is still
+// theirs), and does not turn the command's own success into an error: a
+// command that exited 0 succeeded (its children's output past the exit is
+// lost).
 func Run(cmd *exec.Cmd) error {
 	err := cmd.Run()
+	if !errors.Is(err, exec.ErrWaitDelay) {
+		return err
+	}
 	KillGroup(cmd)
-	if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+	if cmd.ProcessState != nil && cmd.ProcessState.Success() {
 		return nil
 	}
 	return err

@@ -178,8 +178,15 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		pending -= uint64(n)
 		r.out.Events += n
 	}
-	if s, err := js.Stream(ctx, events.Stream); err == nil && s.CachedInfo().State.FirstSeq > 1 && len(all) > 0 {
-		r.out.Horizon = all[0].at // events before it are gone
+	// Read after the replay: what aged out meanwhile is behind the horizon
+	// too. A task submitted after it has every event on the stream (age
+	// removes from the front).
+	s, err := js.Stream(ctx, events.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: stream %s: %w", events.Stream, err)
+	}
+	if st := s.CachedInfo().State; st.FirstSeq > 1 {
+		r.out.Horizon = st.FirstTime.UTC() // events before it are gone
 	}
 	for _, m := range all {
 		r.recorderDecision(m)
@@ -945,6 +952,16 @@ func (s *Stores) keepBeforeHorizon(cur *current) {
 	h := s.Horizon
 	if h.IsZero() {
 		return
+	}
+	// The gate facts — a block streak, the gate's remembered decisions —
+	// may have begun before the horizon: the replay cannot tell.
+	for typ, live := range cur.facts {
+		st, ok := s.Trust[typ]
+		if !ok {
+			st = &trust.Stats{Type: typ}
+			s.Trust[typ] = st
+		}
+		st.BlockStreak, st.Gates = live.BlockStreak, live.Gates
 	}
 	for k, st := range cur.tasks {
 		if st.CreatedAt.Before(h) {
