@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -248,8 +249,10 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 	if r := a.f.resume; r != nil {
 		// A try of this attempt was cut short: go on from its turns.
 		req.Messages = append(req.Messages, messagesOf(r.Turns)...)
-		for hash := range a.f.toolsFailedNow {
-			a.banned[hash] = "it failed earlier in this attempt; its error is in the conversation above"
+		for hash := range a.f.bannedNow {
+			if strings.HasPrefix(hash, ToolHashPrefix) {
+				a.banned[hash] = "it failed earlier in this attempt; its error is in the conversation above"
+			}
 		}
 	}
 	return s.run(ctx, a, req, func(probe bool) outcome { return a.converse(ctx, req, tools, probe) })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"dispatchmesh/events"
@@ -31,9 +30,6 @@ type facts struct {
 	unbilled events.Usage
 	// resume is this pass's tool loop as a cut-short try left it, or nil.
 	resume *events.Resume
-	// toolsFailedNow holds the tool calls that failed deterministically in
-	// this pass: a resumed loop refuses them like its own try would.
-	toolsFailedNow map[string]bool
 }
 
 // ledger keeps the per-task facts of the error discipline: in the task's
@@ -92,8 +88,7 @@ func (l kvLedger) begin(ctx context.Context, b events.Base, k *known) (facts, bo
 		f = facts{}
 		if c == task.CauseApplied || c == task.CauseRedelivered {
 			f = facts{failed: bannedBefore(next.FailedRequests, b.Run.Pass), bannedNow: bannedIn(next.FailedRequests, b.Run.Pass),
-				transient: next.TransientRetries, lastError: next.LastError, unbilled: next.Unbilled,
-				toolsFailedNow: toolsBannedIn(next.FailedRequests, b.Run.Pass), resume: next.Resume}
+				transient: next.TransientRetries, lastError: next.LastError, unbilled: next.Unbilled, resume: next.Resume}
 		}
 		return next, c
 	})
@@ -173,17 +168,6 @@ func bannedIn(entries []string, pass int) map[string]events.ErrorClass {
 	return m
 }
 
-// toolsBannedIn is the set of tool calls (ToolHashPrefix) that failed in pass itself.
-func toolsBannedIn(entries []string, pass int) map[string]bool {
-	m := map[string]bool{}
-	for _, e := range entries {
-		if hash, n, _ := task.ParseFailedEntry(e); n == pass && strings.HasPrefix(hash, ToolHashPrefix) {
-			m[hash] = true
-		}
-	}
-	return m
-}
-
 // bannedBefore is the set of hashes that failed in a pass before pass (or
 // in no pass the entry names).
 func bannedBefore(entries []string, pass int) map[string]bool {
@@ -229,7 +213,7 @@ func (l *memLedger) begin(_ context.Context, b events.Base, _ *known) (facts, bo
 	defer l.mu.Unlock()
 	t := l.task(b.Task.ID)
 	f := facts{failed: bannedBefore(t.failed, b.Run.Pass), bannedNow: bannedIn(t.failed, b.Run.Pass), transient: t.transient,
-		lastError: t.lastError, unbilled: t.unbilled, toolsFailedNow: toolsBannedIn(t.failed, b.Run.Pass)}
+		lastError: t.lastError, unbilled: t.unbilled}
 	if t.resume != nil && t.resume.Pass == b.Run.Pass {
 		f.resume = t.resume
 	}

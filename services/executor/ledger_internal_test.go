@@ -93,14 +93,14 @@ func TestLedgers(t *testing.T) {
 				t.Fatalf("the same pass's refusal again counted %v, %v; want once", counted, err)
 			}
 			f, _, _ = l.begin(ctx, b, &known{})
-			if len(f.failed) != 0 || len(f.bannedNow) != 2 || f.bannedNow["h1"] != events.ErrorClassDeterministic || len(f.toolsFailedNow) != 1 || !f.toolsFailedNow["tool:h2"] {
-				t.Errorf("the same pass sees failed %v, banned now %v, tools %v; want its own bans only listed apart, its tool call listed",
-					f.failed, f.bannedNow, f.toolsFailedNow)
+			if len(f.failed) != 0 || len(f.bannedNow) != 2 || f.bannedNow["h1"] != events.ErrorClassDeterministic || f.bannedNow["tool:h2"] != events.ErrorClassDeterministic {
+				t.Errorf("the same pass sees failed %v, banned now %v; want its own bans, its tool call among them, listed apart",
+					f.failed, f.bannedNow)
 			}
 			later := b
 			later.Run.Pass++
 			f, _, _ = l.begin(ctx, later, &known{})
-			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] || len(f.bannedNow) != 0 || len(f.toolsFailedNow) != 0 {
+			if len(f.failed) != 2 || !f.failed["h1"] || !f.failed["tool:h2"] || len(f.bannedNow) != 0 {
 				t.Errorf("failed %v, want h1 and tool:h2 once each", f.failed)
 			}
 			if f, _, _ := l.begin(ctx, other, &known{}); len(f.failed) != 0 || f.transient != 0 {
