@@ -245,12 +245,12 @@ const SyncMargin = 0.1
 // outcome moves it more: the plain rate by 1/window, the recency rate by
 // the newest outcome's share of the recency weights.
 func syncMargin(p trust.Policy) float64 {
-	total, w := 0.0, 1.0
-	for range p.Window {
-		total += w
-		w *= p.Decay
+	n := float64(max(p.Window, 1))
+	total := n // the recency weights' sum, Σ decay^i over the window
+	if p.Decay < 1 {
+		total = (1 - math.Pow(p.Decay, n)) / (1 - p.Decay)
 	}
-	step := p.OverallWeight/float64(max(p.Window, 1)) + p.RecencyWeight/max(total, 1)
+	step := p.OverallWeight/n + p.RecencyWeight/max(total, 1)
 	return max(SyncMargin, 2*step)
 }
 
