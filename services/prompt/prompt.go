@@ -79,10 +79,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
 		}
 	}
-	data := Fit(in.Base, previous, pol.PromptBudget)
-	if in.Run.Rung == events.RungResearch && !offersTools(pol, in.Run.Rung) {
-		data.RungInstructions = researchWithoutTools // "research with the tools offered" would offer none
-	}
+	data := fit(in.Base, previous, pol.PromptBudget, offersTools(pol, in.Run.Rung))
 	msgs, err := Build(tmpl, data)
 	if err != nil {
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)

@@ -100,6 +100,12 @@ const MaxStepInput = 16 << 10
 // error, the dead ends and the previous attempts — fitted to budget tokens,
 // most informative first (fitPast).
 func Fit(b events.Base, previous []history.Entry, budget int) Data {
+	return fit(b, previous, budget, true)
+}
+
+// fit is Fit for an attempt that is offered tools, or not (tools): its
+// RESEARCH instruction says so.
+func fit(b events.Base, previous []history.Entry, budget int, tools bool) Data {
 	p := fitPast(b.Run, previous, budget)
 	run := b.Run
 	run.Note, run.Context = p.note, p.lastError
@@ -115,17 +121,22 @@ func Fit(b events.Base, previous []history.Entry, budget int) Data {
 		Context:          escape(p.lastError),
 		PreviousStep:     escape(run.StepInput),
 		Note:             escape(p.note),
-		RungInstructions: rungInstructionsFor(run),
+		RungInstructions: rungInstructionsFor(run, tools),
 		DeadEnds:         deadEndsFor(run),
 		PreCommit:        preCommitFor(run),
 	}
 }
 
 // rungInstructionsFor is the rung's instruction, none on a first attempt on
-// REFINE (there is nothing to refine yet).
-func rungInstructionsFor(r events.Run) string {
+// REFINE (there is nothing to refine yet); RESEARCH without tools asks the
+// attempt to work out what it did not know ("research with the tools
+// offered" would offer none).
+func rungInstructionsFor(r events.Run, tools bool) string {
 	if r.Attempt <= 1 && (r.Rung == "" || strings.EqualFold(string(r.Rung), string(events.RungRefine))) {
 		return ""
+	}
+	if !tools && strings.EqualFold(string(r.Rung), string(events.RungResearch)) {
+		return researchWithoutTools
 	}
 	return RungInstructions(r.Rung)
 }
