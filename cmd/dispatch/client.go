@@ -333,12 +333,7 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 // every control character a space: text from a model, a tool or a task
 // cannot move the cursor, hide itself or talk to the terminal.
 func oneLine(s string, n int) string {
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
+	s = blankControls(s, false)
 	if len(s) > n {
 		cut := n
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
@@ -351,9 +346,13 @@ func oneLine(s string, n int) string {
 
 // printable is s with every control character but a newline or a tab
 // replaced by a space (see oneLine), for text printed as it came.
-func printable(s string) string {
+func printable(s string) string { return blankControls(s, true) }
+
+// blankControls replaces every control character of s with a space, but
+// newlines and tabs when lines is set.
+func blankControls(s string, lines bool) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+		if unicode.IsControl(r) && !(lines && (r == '\n' || r == '\t')) {
 			return ' '
 		}
 		return r
