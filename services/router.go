@@ -315,11 +315,11 @@ func puller(cons jetstream.Consumer, spec Spec, free func() int) (next func() (j
 			if stop.Err() != nil {
 				return nil, jetstream.ErrMsgIteratorClosed
 			}
-			if err != nil && !errors.Is(err, nats.ErrTimeout) {
-				return nil, failed(err)
+			if errors.Is(err, nats.ErrTimeout) {
+				return nil, err // an expired request: ask again
 			}
 			if err != nil {
-				return nil, err
+				return nil, failed(err)
 			}
 		}
 	}, cancel, nil
