@@ -240,12 +240,9 @@ func TestAnswerBeforeShutdownIsKept(t *testing.T) {
 	e := newEnv(t, always(ok("x")), policy.Type{}, func(c *executor.Config) {
 		c.Model = endsAfter{Model: c.Model, end: end}
 	})
-	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+	e.edit("t1", func(st *events.TaskState) {
 		st.ID, st.Type, st.Status, st.Pass, st.TransientRetries = "t1", "css_fix", events.StatusRunning, 1, 2 // two tries failed transiently
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	r := e.handleCtx(ctx, "t1", events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: "execute"}, testMessages).result(t)
 	if r.Outcome != events.OutcomeSuccess || r.TransientRetries != 2 {
 		t.Fatalf("result %+v, want the success the answer said, after 2 transient failures", r)

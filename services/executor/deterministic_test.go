@@ -130,12 +130,9 @@ func TestSameErrorRetryIsCounted(t *testing.T) {
 	e := newEnv(t, always(status(http.StatusBadRequest, badRequest)), policy.Type{}, nil)
 	first := e.handle("t1", 1, testMessages).result(t)
 	// the recorder keeps the failure as the task's last error
-	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+	e.edit("t1", func(st *events.TaskState) {
 		st.LastError = first.Error
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	changed := append(slices.Clone(testMessages), events.Message{Role: "user", Content: "I will fix it."})
 	second := e.handle("t1", 2, changed).result(t)
 	if second.Error != first.Error || second.RequestHash == first.RequestHash {
@@ -173,12 +170,9 @@ func TestRefusalBillsTheAttemptsEarlierSpend(t *testing.T) {
 		t.Fatalf("result %+v, want a deterministic failure", r)
 	}
 	spent := events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.0015}
-	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+	e.edit("t1", func(st *events.TaskState) {
 		st.Unbilled = spent // a try of attempt 2 was cut short after spending this
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	ref := e.handle("t1", 2, testMessages).result(t)
 	if !ref.Refused || ref.TokensIn != spent.TokensIn || ref.TokensOut != spent.TokensOut || ref.Cost != spent.Cost {
 		t.Fatalf("refusal %+v, want it to bill the attempt's earlier spend %+v", ref, spent)

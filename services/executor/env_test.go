@@ -123,6 +123,14 @@ func (e *env) deliver(ctx context.Context, id string, run events.Run, msgs []eve
 	return handled{outs, err}
 }
 
+// edit changes task id's stored state (created when absent) with fn.
+func (e *env) edit(id string, fn func(st *events.TaskState)) {
+	e.t.Helper()
+	if _, err := e.tasks.Update(context.Background(), id, func(st *events.TaskState, _ bool) error { fn(st); return nil }); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // state is the task's stored state.
 func (e *env) state(id string) events.TaskState {
 	e.t.Helper()

@@ -89,12 +89,9 @@ func TestRedeliveryAfterADeterministicFailureDoesNotResend(t *testing.T) {
 func TestUnbilledSpendSurvivesALostExecuted(t *testing.T) {
 	e := newEnv(t, always(ok("x")), policy.Type{}, nil)
 	earlier := events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.0015}
-	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+	e.edit("t1", func(st *events.TaskState) {
 		st.ID, st.Type, st.Status, st.Pass, st.Unbilled = "t1", "css_fix", events.StatusRunning, 1, earlier
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	first := e.handle("t1", 1, testMessages).result(t) // its Executed is lost
 	again := e.redeliver("t1", 1, testMessages).result(t)
 	call := first.TokensIn - earlier.TokensIn
@@ -109,12 +106,9 @@ func TestUnbilledSpendSurvivesALostExecuted(t *testing.T) {
 func TestCommandStepBillsTheUnbilledSpend(t *testing.T) {
 	e := newEnv(t, always(ok("x")), pipeline("", 0, "true"), nil)
 	earlier := events.Usage{TokensIn: 120, TokensOut: 30, Cost: 0.0015}
-	if _, err := e.tasks.Update(t.Context(), "t1", func(st *events.TaskState, _ bool) error {
+	e.edit("t1", func(st *events.TaskState) {
 		st.ID, st.Type, st.Status, st.Pass, st.Unbilled = "t1", "css_fix", events.StatusPending, 2, earlier
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	r := e.handleRun("t1", events.Run{Pass: 2, Attempt: 1, Step: "validate"}, nil).result(t)
 	if r.Outcome != events.OutcomeSuccess || r.TokensIn != earlier.TokensIn || r.TokensOut != earlier.TokensOut || r.Cost != earlier.Cost {
 		t.Fatalf("result %+v, want the step's success billing %+v", r, earlier)
