@@ -1,4 +1,4 @@
-module dispatchmesh
+module github.com/dispatchmesh/dispatchmesh
 
 go 1.26.8
 

@@ -29,7 +29,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Types of the API, as package events defines them.

@@ -15,11 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"dispatchmesh/client"
-	"dispatchmesh/events"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // patience bounds every wait: a deadlock guard, not a timing assertion.

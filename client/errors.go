@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Sentinels an *Error matches with errors.Is, by its code.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/client"
 )
 
 // Submit a task, wait for its outcome and print the final answer.

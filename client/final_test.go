@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
-	"dispatchmesh/client"
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Which events end a wait: a human's cancel does (it publishes nothing

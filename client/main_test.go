@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // meshURL is a whole mesh — embedded JetStream, every service, the

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // waitSlice is how long one wait request asks the mesh to watch; Wait

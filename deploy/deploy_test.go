@@ -29,14 +29,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/proctest"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/services"
-	"dispatchmesh/services/intake"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/intake"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Stage services: NATS user = durable consumer name = `dispatch <command>`.

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 func TestDecodeTaskRequest(t *testing.T) {

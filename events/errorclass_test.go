@@ -3,7 +3,7 @@ package events_test
 import (
 	"testing"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 func TestErrorClassesShortCircuitAndFault(t *testing.T) {

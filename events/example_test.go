@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 func ExampleDecodeSubmit() {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // nest is a payload of n arrays inside each other.

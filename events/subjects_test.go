@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 var stages = []string{

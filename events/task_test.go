@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 func TestDecodeSubmit(t *testing.T) {

@@ -17,9 +17,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"dispatchmesh/client"
-	"dispatchmesh/events"
-	"dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
 
 // patience bounds every wait: a deadlock guard, not a timing assertion.
@@ -41,7 +41,7 @@ func TestExamplesInterop(t *testing.T) {
 	}
 	start := time.Now()
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "dispatchmesh/cmd/dispatch", "dispatchmesh/examples/go")
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/dispatchmesh/dispatchmesh/cmd/dispatch", "github.com/dispatchmesh/dispatchmesh/examples/go")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

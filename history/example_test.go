@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/history"
 )
 
 func ExampleFormat() {

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/xmltext"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/xmltext"
 )
 
 // Entry is the outcome of one attempt on a (task type, subject).

@@ -9,8 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
 )
 
 var at = time.Date(2026, 5, 18, 14, 22, 0, 0, time.UTC)

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/schemas"
-	trustpkg "dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/schemas"
+	trustpkg "github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // modelResult is the structured answer the model is asked to return

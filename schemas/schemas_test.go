@@ -1,9 +1,9 @@
 package schemas_test
 
 import (
-	trustpkg "dispatchmesh/trust"
 	"encoding/json"
 	"errors"
+	trustpkg "github.com/dispatchmesh/dispatchmesh/trust"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/schemas"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/schemas"
 )
 
 func TestGetNamesFS(t *testing.T) {

@@ -1,15 +1,15 @@
 package schemas_test
 
 import (
-	trustpkg "dispatchmesh/trust"
 	"encoding/json"
 	"fmt"
+	trustpkg "github.com/dispatchmesh/dispatchmesh/trust"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 var (

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Outputs that could not be published are retried with backoff, as

@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Every call is observed, whatever it returns, for at least as long as

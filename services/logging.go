@@ -4,7 +4,7 @@ import (
 	"context"
 	"log/slog"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Logging writes one line per message with its subject, stream sequence

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // The first middleware is the outermost: it sees the message first and

@@ -1,8 +1,8 @@
 package services
 
 import (
-	"dispatchmesh/events"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Names of everything the mesh provisions. deploy/ grants permissions on them.

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Each message is counted once, by what becomes of it.

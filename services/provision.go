@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // StreamConfig sizes what Provision creates.

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 func panicky(v any) services.Handler {

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // MinStateKey is the shortest key a Sealer accepts (bytes).

@@ -6,9 +6,9 @@ import (
 	"slices"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 func TestTaskStoreEach(t *testing.T) {

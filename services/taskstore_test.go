@@ -4,10 +4,10 @@ import (
 	"context"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Apply with a stop (task.Block) ends a pass once: not a pass the task moved past, not a task that

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func ExamplePolicy_Evaluate() {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // The outcome stream: every outcome that counts for a type's trust is one

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Outcome is the result of one attempt of a task of some type.

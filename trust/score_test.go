@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // seq builds outcomes from a pattern of S (success) and F (failure), oldest first.

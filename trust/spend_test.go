@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func TestSpending(t *testing.T) {

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Stats is what the store keeps for one task type.

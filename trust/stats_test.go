@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func TestPolicyRecord(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func newKV(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // newOutcomeStream creates the outcome stream as the mesh provisions it.

@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"dispatchmesh/internal/spendbench"
+	"github.com/dispatchmesh/dispatchmesh/internal/spendbench"
 )
 
 const benchUsage = `usage: dispatch bench spend [-tasks 300] [-mode once|steady|both] [-runs 3] [-o json]

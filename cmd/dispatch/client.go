@@ -18,10 +18,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"dispatchmesh/client"
-	"dispatchmesh/events"
-	"dispatchmesh/internal/timeline"
-	"dispatchmesh/schemas"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/schemas"
 )
 
 var stdout io.Writer = os.Stdout

@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/client"
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 // Text from a model, a tool or a task reaches the reviewer's terminal with

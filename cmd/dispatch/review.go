@@ -10,9 +10,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 const reviewUsage = `usage:

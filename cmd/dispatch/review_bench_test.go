@@ -12,11 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/review/reviewtest"
-	"dispatchmesh/internal/web"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // BenchmarkReviewQueue times one page of the review queue (the CLI, the

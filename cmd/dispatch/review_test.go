@@ -17,13 +17,13 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/review/reviewtest"
-	"dispatchmesh/internal/web"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // cli runs the dispatch command against the mesh and returns what it printed.

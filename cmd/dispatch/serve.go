@@ -21,14 +21,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"dispatchmesh/internal/dirlock"
-	"dispatchmesh/internal/health"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natsperm"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/web"
-	"dispatchmesh/services"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/internal/dirlock"
+	"github.com/dispatchmesh/dispatchmesh/internal/health"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 const version = "0.1.0"

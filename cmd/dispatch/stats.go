@@ -10,9 +10,9 @@ import (
 	"slices"
 	"text/tabwriter"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/spend"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // cmdStats prints the spend figures of every task in the task store, per

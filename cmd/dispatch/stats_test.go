@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/spend"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // seedTasks starts an embedded JetStream with the task store holding

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/client"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 // statusJSON is what `dispatch status -o json` prints: the task's state

@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 const tasksUsage = `usage: dispatch tasks [-type T] [-status S] [-subject TEXT] [-id ID] [-since TIME|DURATION] [-until TIME|DURATION]

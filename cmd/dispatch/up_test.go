@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/procgroup"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // runMainEnv makes this test binary run main() instead of the tests, so a

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/client"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 )
 
 // runMesh runs the named services on their own connection until cleanup.

@@ -16,11 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"dispatchmesh/internal/health"
-	"dispatchmesh/internal/natsperm"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/web"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/health"
+	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // cmdWeb serves the review page and its JSON API against a running mesh.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/client"
 )
 
 func main() {

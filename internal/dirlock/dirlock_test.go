@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/internal/dirlock"
+	"github.com/dispatchmesh/dispatchmesh/internal/dirlock"
 )
 
 // flock locks conflict between two opens of the file even in one process,

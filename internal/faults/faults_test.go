@@ -19,12 +19,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/faults"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/proctest"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/faults"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 var long = flag.Bool("faults.long", false, "run the long fault suite (100 kills; also DISPATCH_FAULTS=long)")

@@ -13,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/faults"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/proctest"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/faults"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Instances per service.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/internal/faults"
+	"github.com/dispatchmesh/dispatchmesh/internal/faults"
 )
 
 // runMark is the line the policy's template puts first in every prompt, so

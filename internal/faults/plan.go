@@ -3,7 +3,7 @@ package faults
 import (
 	"fmt"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Answers a scripted model gives, one letter per attempt.

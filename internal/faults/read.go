@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Terminal records: the one record that ends a task (until a human acts).

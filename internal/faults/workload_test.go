@@ -14,10 +14,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/faults"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/services/prompt"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/faults"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services/prompt"
 )
 
 // The task types of the workload: four gated ones, each new (their first

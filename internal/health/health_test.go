@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"dispatchmesh/internal/health"
+	"github.com/dispatchmesh/dispatchmesh/internal/health"
 )
 
 func TestChecks(t *testing.T) {

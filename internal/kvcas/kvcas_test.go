@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/kvcas"
-	"dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 )
 
 // TestUpdateFrom: a value known at its revision is written without a read;

@@ -20,7 +20,7 @@ import (
 	"time"
 	"unicode"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Config holds the ladder's numbers. The zero value means the defaults.

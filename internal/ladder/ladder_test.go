@@ -5,8 +5,8 @@ import (
 	"slices"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
 )
 
 const (

@@ -3,7 +3,7 @@ package ladder
 import (
 	"fmt"
 
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // Step routing actions.

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/internal/ladder"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 func ptr(n int) *int { return &n }

@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natsperm"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // authServer runs JetStream with user "admin" (everything) and one user per

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/intake"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/intake"
 )
 
 // The synchronous submit endpoint answers the task id or the validation

@@ -3,7 +3,7 @@ package mesh
 import (
 	"testing"
 
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 func TestConcurrency(t *testing.T) {

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // A scripted provider mixing transient, deterministic, quota and auth

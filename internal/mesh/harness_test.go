@@ -12,14 +12,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/timeline"
-	"dispatchmesh/services"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 // patience bounds every wait for the mesh to do something. It is a deadlock

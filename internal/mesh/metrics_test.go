@@ -15,16 +15,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/metricstest"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/proctest"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/services"
-	"dispatchmesh/services/executor"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/metricstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // recordingRegistry registers on a real registry and remembers every

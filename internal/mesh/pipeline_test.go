@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 func zero() *int { n := 0; return &n }

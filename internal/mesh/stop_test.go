@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 )
 
 // A mesh stopped while its services are still starting stops cleanly: the

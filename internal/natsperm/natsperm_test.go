@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/internal/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
 )
 
 // startServer runs a JetStream server with user "gate", who may publish

@@ -31,9 +31,9 @@ import (
 	"text/template"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // TemplateFuncs are the functions a prompt template may call, as the

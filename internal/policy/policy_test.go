@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 const spec7 = `{

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
 
 // Build builds nats-server (the module's dependency) and dispatch into a
@@ -25,7 +25,7 @@ import (
 func Build(t testing.TB) (natsServer, dispatch string) {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "github.com/nats-io/nats-server/v2", "dispatchmesh/cmd/dispatch")
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "github.com/nats-io/nats-server/v2", "github.com/dispatchmesh/dispatchmesh/cmd/dispatch")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/kvcas"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/internal/timeline"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Decision is a human action as recorded.

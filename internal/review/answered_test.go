@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
 )
 
 // TestAnsweredRejectionsLeftOutOfTheQueue: a bad task sent to the submit

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
 )
 
 // Answer is what the model answered in one attempt, read from its

@@ -9,9 +9,9 @@ import (
 
 	"github.com/nats-io/nuid"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/kvcas"
-	"dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
 )
 
 // ErrEnded: the task to cancel has already ended with another status

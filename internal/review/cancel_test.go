@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/review/reviewtest"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // TestCancelRunningTask cancels a task while the model answers it: the

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"strings"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/timeline"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Describe is a one-line account of a timeline entry for people: the

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
 )
 
 // explorerMesh runs intake alone (tasks stay pending) on a real server.

@@ -3,10 +3,10 @@ package review_test
 import (
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/rebuild"
-	"dispatchmesh/internal/review/reviewtest"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/rebuild"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Human decisions are events too: after resolve, reject and a requeue that

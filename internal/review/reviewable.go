@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
 )
 
 // ReviewStatuses are the task statuses a human can resolve, reject or

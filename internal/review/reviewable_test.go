@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 func TestCheckReviewable(t *testing.T) {

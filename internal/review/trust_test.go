@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // A type's trust view counts successes and failures in the scoring window,

@@ -1,6 +1,6 @@
 package spend
 
-import "dispatchmesh/events"
+import "github.com/dispatchmesh/dispatchmesh/events"
 
 // NoRung labels the attempts that ran on no escalation rung: pipeline steps
 // (and records from before rungs were kept).

@@ -3,8 +3,8 @@ package spend_test
 import (
 	"fmt"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/spend"
 )
 
 func ExampleFold() {

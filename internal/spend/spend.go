@@ -15,7 +15,7 @@ import (
 	"maps"
 	"slices"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Figures are the spend figures of a set of tasks: one type's, or all.

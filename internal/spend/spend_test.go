@@ -6,8 +6,8 @@ import (
 	"slices"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/spend"
 )
 
 const (

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // Delivery modes.

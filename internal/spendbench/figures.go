@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"math"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // outcome is how one task ended for a runner.

@@ -5,10 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/ladder"
-	"dispatchmesh/services/executor"
-	"dispatchmesh/services/prompt"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/services/prompt"
 )
 
 // RunLoop runs the tasks through the naive stateless loop the mesh is

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/executor"
-	"dispatchmesh/services/prompt"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/services/prompt"
 )
 
 // ask sends one chat completion with the given user message.

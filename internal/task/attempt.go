@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Begin: the executor starts the attempt of pass b.Run.Pass (SPEC §6): the

@@ -1,6 +1,6 @@
 package task
 
-import "dispatchmesh/events"
+import "github.com/dispatchmesh/dispatchmesh/events"
 
 // Cause is what a transition did to a task's state, or why it did nothing.
 // Its values are stable: they may be logged and compared, never parsed.

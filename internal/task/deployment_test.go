@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
 )
 
 // A failure of the deployment (key, quota, configuration, a tool that does

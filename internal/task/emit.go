@@ -1,8 +1,8 @@
 package task
 
 import (
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // Emission is the event a recorded attempt leads to: the task's next stage

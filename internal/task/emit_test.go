@@ -3,9 +3,9 @@ package task_test
 import (
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
 )
 
 func TestEmit(t *testing.T) {

@@ -3,7 +3,7 @@ package task
 import (
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Act folds a human review action into a task's state (SPEC §9): resolve

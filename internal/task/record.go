@@ -6,10 +6,10 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/ladder"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // DefaultSkipBudget and DefaultSkipDelay apply when a pipeline's policy sets none.

@@ -1,6 +1,6 @@
 package task
 
-import "dispatchmesh/events"
+import "github.com/dispatchmesh/dispatchmesh/events"
 
 // New is the state of a task that has just been accepted (submitted).
 func New(t events.Task) events.TaskState {

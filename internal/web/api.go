@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 // maxBody bounds an action request.

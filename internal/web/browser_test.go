@@ -12,9 +12,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review/reviewtest"
-	"dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/web"
 )
 
 // chromium finds a Chromium or Chrome binary. Without one the browser test

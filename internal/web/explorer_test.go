@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 func TestAPITasksExplorer(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 func TestSafeBack(t *testing.T) {

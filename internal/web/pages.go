@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 //go:embed templates/*.html

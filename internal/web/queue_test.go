@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
 )
 
 // The queue page and /api/review show a page at a time, newest first, with

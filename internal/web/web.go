@@ -34,7 +34,7 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
 )
 
 // Config of the handler.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/internal/xmltext"
+	"github.com/dispatchmesh/dispatchmesh/internal/xmltext"
 )
 
 func TestEscape(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // runAgent runs the type's agent command (policy executor "command") with

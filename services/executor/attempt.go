@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // attempt is one execution of a prompted task: the request, the endpoint it

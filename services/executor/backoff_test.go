@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 func TestBackoff(t *testing.T) {

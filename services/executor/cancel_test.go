@@ -9,12 +9,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 // heldCall wraps a model: its call number at signals started and is held

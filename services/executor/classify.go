@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	openai "github.com/sashabaranov/go-openai"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Default body markers of a 429 answer, and of a 400 saying the prompt is

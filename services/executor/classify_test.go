@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	openai "github.com/sashabaranov/go-openai"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 // provider is a *ProviderError as OpenAI.Complete returns it for an

@@ -2,8 +2,8 @@ package executor
 
 import (
 	"context"
-	"dispatchmesh/internal/procgroup"
 	"errors"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"os/exec"
 	"strings"
 	"sync"

@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // DefaultTransientBudget is how many transient failures an attempt rides

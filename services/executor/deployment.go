@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // deploymentError is the Result.Error of a model call that failed through

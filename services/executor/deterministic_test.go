@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 const badRequest = `{"error":{"message":"Invalid value for 'content': expected a string, got null.","type":"invalid_request_error","param":"messages.[1].content","code":"invalid_value"}}`

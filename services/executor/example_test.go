@@ -3,8 +3,8 @@ package executor_test
 import (
 	"fmt"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 func ExampleParseResult() {

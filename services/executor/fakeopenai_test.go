@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // reply is one scripted answer of the fake OpenAI endpoint.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 func TestRequestHash(t *testing.T) {

@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"sync"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // facts is what the executor needs to know of a task before it calls anything.

@@ -8,10 +8,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // TestLedgers runs one suite over both ledgers: the task state in KV and the

@@ -3,9 +3,9 @@ package executor
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/spend"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // metrics are the executor's Prometheus metrics. They are always kept and

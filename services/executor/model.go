@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Model answers one prompt. Implementations must honour ctx and return its

@@ -6,12 +6,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/services"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 // A redelivery whose first delivery's Executed is stored — its ack was lost,

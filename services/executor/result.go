@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // ModelResult is the structured answer the model is asked for.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 func TestParseResult(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"strconv"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // SimulatedModelName is the Model of every simulated answer.

@@ -33,11 +33,11 @@ import (
 	"slices"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/ladder"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // ErrCanaryWait is the snooze cause of a pass waiting for its type's

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/services/gate"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/services/gate"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func TestConfigValidateJoinsEveryProblem(t *testing.T) {

@@ -3,8 +3,8 @@ package gate
 import (
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func TestMayHinge(t *testing.T) {

@@ -3,7 +3,7 @@ package gate
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // metrics are the gate's Prometheus metrics; registered only when

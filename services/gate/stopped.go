@@ -5,8 +5,8 @@ import (
 	"errors"
 	"slices"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // stopped republishes the stop of a pass that an earlier delivery of the

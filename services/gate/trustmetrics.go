@@ -3,8 +3,8 @@ package gate
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // allStats is what the trust collector reads of the gate's view: every

@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // SubmitReply answers a synchronous submit.

@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"time"
 
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Config of the intake service.

@@ -5,9 +5,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
-	"dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
 )
 
 // DefaultPromptBudget is how many tokens (≈ characters / 4) of the past a

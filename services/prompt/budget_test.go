@@ -6,8 +6,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
 )
 
 func TestFitPast(t *testing.T) {

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
-	"dispatchmesh/services/prompt"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/services/prompt"
 )
 
 // The default template for the second attempt at a task, with the first

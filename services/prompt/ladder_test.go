@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/prompt"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/prompt"
 )
 
 func TestRungPromptsCarryDeadEndsAndPreCommit(t *testing.T) {

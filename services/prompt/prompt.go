@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // History is the outcome history the builder reads: the last outcomes and

@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
-	"dispatchmesh/history"
-	"dispatchmesh/internal/ladder"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // Config configures the prompt builder.

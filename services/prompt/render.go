@@ -7,8 +7,8 @@ import (
 	"strings"
 	"text/template"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
 )
 
 // SystemPrompt is the system message of every prompt: how to read the user

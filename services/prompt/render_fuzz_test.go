@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
 )
 
 // FuzzRender renders the default template with arbitrary text wherever text

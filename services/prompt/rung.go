@@ -3,8 +3,8 @@ package prompt
 import (
 	"strings"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // Rungs of the escalation ladder that change what the prompt asks for (SPEC §8).

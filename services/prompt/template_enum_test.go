@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // A template's xml takes a string enum as it takes a string: the default

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // The policy checks a template with stand-ins for the functions prompt

@@ -15,11 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/proctest"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services/recorder"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services/recorder"
 )
 
 // act stores a human's action in the task's state, as the review client

@@ -3,9 +3,9 @@ package recorder
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/spend"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Labels of dispatch_attempts_total and dispatch_retries_total: outcome is

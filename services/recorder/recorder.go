@@ -23,12 +23,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"dispatchmesh/events"
-	"dispatchmesh/history"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Service is the recorder handler.

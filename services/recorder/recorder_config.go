@@ -9,10 +9,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"dispatchmesh/history"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Trust is what the recorder reads of a type's trust: its window, for the

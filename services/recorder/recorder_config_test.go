@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"dispatchmesh/services/recorder"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/services/recorder"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 func TestConfigValidateJoinsEveryProblem(t *testing.T) {

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // A recorder killed after its writes and before its ack gets the outcome

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Checker asks one verifier whether a task's problem still exists. It returns

@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
 
 // CommandWaitDelay is how long a check waits, after its command was killed

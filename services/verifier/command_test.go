@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 func TestCommand(t *testing.T) {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"dispatchmesh/events"
-	"dispatchmesh/services/verifier"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/verifier"
 )
 
 // A command verifier exits 1 when the problem is gone: the task is stale.

@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // HTTP POSTs the task JSON to a URL: 2xx means the problem exists, 404 or 410

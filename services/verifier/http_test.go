@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // httpVerifier answers by path, after checking the request carries the task.

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // NATS asks a request-reply endpoint, so a verifier can be written in any

@@ -3,8 +3,8 @@ package verifier
 import (
 	"context"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // None is the checker of types without a verifier: every task goes on with

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // factory builds the Checker of one verifier policy.

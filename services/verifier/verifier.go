@@ -18,10 +18,10 @@ import (
 	"fmt"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/task"
-	"dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // Service is the verifier stage.

@@ -13,16 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"dispatchmesh/events"
-	"dispatchmesh/internal/mesh"
-	"dispatchmesh/internal/natstest"
-	"dispatchmesh/internal/openaitest"
-	"dispatchmesh/internal/policy"
-	"dispatchmesh/internal/review"
-	"dispatchmesh/internal/timeline"
-	"dispatchmesh/services"
-	"dispatchmesh/services/executor"
-	"dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Patience bounds every wait for the mesh. It is a deadlock guard, not a
