@@ -1,7 +1,9 @@
 // Package client submits tasks to a dispatchmesh and waits for their
 // outcome, over a NATS connection — the Go face of the request-reply API
 // that any NATS client can use (dispatch.api.submit, dispatch.api.status,
-// dispatch.api.wait; schemas api.*.v1).
+// dispatch.api.wait, dispatch.api.watch; schemas api.*.v1). It needs no
+// access to the mesh's streams or stores: the "client" user of deploy/ may
+// only publish submissions and API requests and read its own inbox.
 //
 //	nc, _ := nats.Connect("nats://127.0.0.1:4222")
 //	c, _ := client.New(nc)
@@ -25,7 +27,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 
@@ -55,7 +56,6 @@ const DefaultRequestTimeout = 10 * time.Second
 // concurrent use.
 type Client struct {
 	nc             *nats.Conn
-	js             jetstream.JetStream
 	requestTimeout time.Duration
 }
 
@@ -82,11 +82,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	c := &Client{nc: nc, js: js, requestTimeout: DefaultRequestTimeout}
+	c := &Client{nc: nc, requestTimeout: DefaultRequestTimeout}
 	for _, opt := range opts {
 		if err := opt(c); err != nil {
 			return nil, err

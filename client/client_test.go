@@ -19,7 +19,6 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // patience bounds every wait: a deadlock guard, not a timing assertion.
@@ -235,14 +234,6 @@ func TestSubmitWhileTheMeshStarts(t *testing.T) {
 	}
 	stop()
 	<-done // stopped while starting, it may report the cancel: not this test's concern
-}
-
-// The client names the task stream itself, to stay light: it must be the
-// mesh's.
-func TestStreamName(t *testing.T) {
-	if client.StreamForTest != services.Stream {
-		t.Fatalf("client reads stream %q, the mesh writes %q", client.StreamForTest, services.Stream)
-	}
 }
 
 // A Submit that fails after validation returns the id it generated, so the

@@ -98,11 +98,7 @@ func ready(ctx context.Context, nc *nats.Conn) bool {
 		return false
 	}
 	for _, name := range mesh.All {
-		stream := services.Stream
-		if name == mesh.Reaper {
-			stream = services.AdvisoryStream
-		}
-		if _, err := js.Consumer(ctx, stream, name); err != nil {
+		if _, err := js.Consumer(ctx, services.StreamOf(name), name); err != nil {
 			return false
 		}
 	}

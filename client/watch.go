@@ -3,17 +3,16 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
-
-// stream is the stream holding every task event (services.Stream).
-const stream = "DISPATCH"
 
 // Event is one stored event of a task: a stage or a review record.
 type Event struct {
@@ -57,50 +56,106 @@ func (e Event) Final() (final, ok bool) {
 
 // Watch calls fn with each of the task's events in order, from its first,
 // as they are stored, until fn returns false (Watch returns nil) or ctx
-// ends (it returns ctx.Err()). It reads the task's events through an
-// ordered consumer on the stream, which the NATS user must be allowed to
-// create (the "client" user of deploy/ may).
+// ends (it returns ctx.Err()). It asks the mesh's watch API
+// (dispatch.api.watch), which streams the events to this connection's
+// inbox: the NATS user needs no access to the stream.
 func (c *Client) Watch(ctx context.Context, id string, fn func(Event) bool) error {
 	if !events.ValidID(id) {
 		return &Error{Code: events.CodeBadRequest, Message: fmt.Sprintf("invalid task id %q", id),
 			Problems: []string{fmt.Sprintf(`"id" %q must be 1-%d characters of A-Z, a-z, 0-9, _ or -`, id, events.MaxIDLen)}}
 	}
-	cons, err := c.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{events.TaskFilter(id), events.ReviewTaskFilter(id)},
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: 10 * time.Second,
-	})
-	if err != nil {
-		return fmt.Errorf("watch task %s: %w", id, err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("watch task %s: %w", id, err)
-	}
-	defer it.Stop()
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+	var after uint64
+	for retry := 50 * time.Millisecond; ; {
+		more, err := c.watchOnce(ctx, id, &after, fn)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case errors.Is(err, errNoWatcher):
+			// No instance answers (yet): the mesh is starting or restarting.
+			if !sleep(ctx, retry) {
+				return ctx.Err()
+			}
+			retry = min(2*retry, time.Second)
+			continue
 		case err != nil:
-			return fmt.Errorf("watch task %s: %w", id, err)
-		}
-		if !fn(eventOf(msg)) {
+			return err
+		case !more:
 			return nil
+		}
+		retry = 50 * time.Millisecond
+	}
+}
+
+// watchSpan is how long one watch request streams before it is asked
+// again from the last event received.
+const watchSpan = 30 * time.Second
+
+// errNoWatcher: no instance answered a watch request.
+var errNoWatcher = errors.New("no dispatch service answers " + events.APIWatch)
+
+// watchOnce sends one watch request and delivers its events to fn,
+// advancing *after. more is false when fn asked to stop.
+func (c *Client) watchOnce(ctx context.Context, id string, after *uint64, fn func(Event) bool) (more bool, err error) {
+	body, err := json.Marshal(events.TaskRequest{ID: id, Timeout: watchSpan.String(), After: *after})
+	if err != nil {
+		return false, err
+	}
+	inbox := c.nc.NewInbox() // under the connection's inbox prefix
+	sub, err := c.nc.SubscribeSync(inbox)
+	if err != nil {
+		return false, fmt.Errorf("watch task %s: %w", id, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.nc.PublishRequest(events.APIWatch, inbox, body); err != nil {
+		return false, fmt.Errorf("watch task %s: %w", id, err)
+	}
+	for {
+		// An instance that stops answering (killed) is asked again once the
+		// span it promised is over.
+		mctx, cancel := context.WithTimeout(ctx, watchSpan+10*time.Second)
+		msg, err := sub.NextMsgWithContext(mctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			return true, nil
+		case err != nil:
+			return false, fmt.Errorf("watch task %s: %w", id, err)
+		}
+		if msg.Header.Get("Status") == "503" && len(msg.Data) == 0 {
+			return false, errNoWatcher
+		}
+		if msg.Header.Get(events.HeaderWatchEnd) != "" {
+			return true, nil
+		}
+		if e := answerError(msg); e != nil {
+			if e.Code == events.CodeUnavailable {
+				return true, nil // the instance is stopping: ask again
+			}
+			return false, e
+		}
+		ev := eventOf(msg)
+		if ev.Seq <= *after {
+			continue
+		}
+		*after = ev.Seq
+		if !fn(ev) {
+			return false, nil
 		}
 	}
 }
 
-func eventOf(msg jetstream.Msg) Event {
-	h := msg.Headers()
-	e := Event{Name: h.Get(events.HeaderEvent), By: h.Get(events.HeaderService), Error: h.Get(events.HeaderError), Data: msg.Data()}
-	if md, err := msg.Metadata(); err == nil {
-		e.Seq, e.Time = md.Sequence.Stream, md.Timestamp
-	}
-	if _, stage, ok := events.ParseTaskSubject(msg.Subject()); ok {
+// eventOf is the Event a watch message carries.
+func eventOf(msg *nats.Msg) Event {
+	h := msg.Header
+	e := Event{Name: h.Get(events.HeaderEvent), By: h.Get(events.HeaderService), Error: h.Get(events.HeaderError), Data: msg.Data}
+	e.Seq, _ = strconv.ParseUint(h.Get(events.HeaderWatchSeq), 10, 64)
+	e.Time, _ = time.Parse(time.RFC3339Nano, h.Get(events.HeaderWatchTime))
+	subject := h.Get(events.HeaderWatchSubject)
+	if _, stage, ok := events.ParseTaskSubject(subject); ok {
 		e.Stage = stage
-	} else if reason, _, ok := events.ParseReviewSubject(msg.Subject()); ok {
+	} else if reason, _, ok := events.ParseReviewSubject(subject); ok {
 		e.Stage = "review." + reason
 	}
 	return e

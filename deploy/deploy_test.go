@@ -98,6 +98,13 @@ func TestConfigsParse(t *testing.T) {
 			if opts.Port != 4222 || opts.HTTPPort != 8222 {
 				t.Errorf("listen %d, monitoring %d; want 4222 and 8222", opts.Port, opts.HTTPPort)
 			}
+			// Monitoring has no authentication and /connz names every
+			// service's inbox: loopback only, but in Kubernetes, where the
+			// kubelet probes it and a NetworkPolicy guards it
+			// (TestMonitoringPortGuarded).
+			if k8s := strings.HasPrefix(f, "k8s/"); !k8s && opts.HTTPHost != "127.0.0.1" {
+				t.Errorf("monitoring listens on %q, want 127.0.0.1", opts.HTTPHost)
+			}
 			if opts.JetStreamMaxStore <= 0 || opts.JetStreamMaxMemory <= 0 {
 				t.Errorf("JetStream limits not set: max_file_store %d, max_memory_store %d", opts.JetStreamMaxStore, opts.JetStreamMaxMemory)
 			}
@@ -184,17 +191,14 @@ func checkPermissions(t *testing.T, u *server.User) {
 		if (u.Username == "executor" || u.Username == "recorder") && s == events.ReviewSubject(events.ReviewAction, "*") {
 			continue
 		}
-		if s == inbox || (serves && slices.Contains(opsSubs, s)) || (u.Username == "intake" && (s == events.SubmitAPI || s == intake.StatusAPI || s == intake.WaitAPI ||
+		if s == inbox || (serves && slices.Contains(opsSubs, s)) || (u.Username == "intake" && (s == events.SubmitAPI || s == intake.StatusAPI || s == intake.WaitAPI || s == events.APIWatch ||
 			s == events.ReviewSubject(events.ReviewRejected, "*") || s == "$SRV.*."+services.MicroService || s == "$SRV.*."+services.MicroService+".*")) {
 			continue
 		}
 		t.Errorf("user %s may subscribe to %q (only its own inbox, its micro services and what it listens to)", u.Username, s)
 	}
 	if slices.Contains(dispatchDurables, u.Username) || u.Username == services.ConsumerReaper {
-		stream := services.Stream
-		if u.Username == services.ConsumerReaper {
-			stream = services.AdvisoryStream
-		}
+		stream := services.StreamOf(u.Username)
 		for _, s := range []string{
 			"$JS.API.CONSUMER.INFO." + stream + "." + u.Username,
 			"$JS.API.CONSUMER.MSG.NEXT." + stream + "." + u.Username,
@@ -230,7 +234,18 @@ func checkPermissions(t *testing.T, u *server.User) {
 		}
 	}
 	checkKnownNames(t, u.Username, slices.Concat(p.Publish.Allow, p.Publish.Deny))
-	if u.Username == "client" || u.Username == "web" {
+	if u.Username == "client" {
+		// Clients go through the API only: no stream, consumer or bucket.
+		for _, s := range p.Publish.Allow {
+			if strings.HasPrefix(s, "$") {
+				t.Errorf("user client may publish %s: clients read nothing of the mesh but API answers", s)
+			}
+		}
+		if !slices.Contains(p.Publish.Allow, events.APIWatch) {
+			t.Errorf("user client may not ask %s: client.Watch and submit -wait need it", events.APIWatch)
+		}
+	}
+	if slices.ContainsFunc(p.Publish.Allow, func(s string) bool { return strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.DISPATCH.>") }) {
 		for _, d := range dispatchDurables {
 			for _, s := range []string{
 				"$JS.API.CONSUMER.CREATE." + services.Stream + "." + d,
@@ -291,15 +306,14 @@ var reviewAccess = map[string]mesh.Access{
 }
 
 // followGrants are how each outcome stream is read (mesh.Access.Follows):
-// the trust outcomes with an ordered consumer (trust.View: stream info,
-// then consumers it names, pulls from, re-creates and deletes; no acks),
+// the trust outcomes with a follow.Follower (trust.View: stream info, then
+// push consumers it names, re-creates and deletes; no acks),
 // and a direct get of a type's newest outcome (View.Sync, before a retry).
 var followGrants = map[string][]string{
 	services.OutcomeStream: {
 		"$JS.API.STREAM.INFO." + services.OutcomeStream,
 		"$JS.API.DIRECT.GET." + services.OutcomeStream + ".>",
 		"$JS.API.CONSUMER.CREATE." + services.OutcomeStream + ".>",
-		"$JS.API.CONSUMER.MSG.NEXT." + services.OutcomeStream + ".*",
 		"$JS.API.CONSUMER.DELETE." + services.OutcomeStream + ".*",
 	},
 }
@@ -353,8 +367,9 @@ func checkStreams(t *testing.T, user string, access mesh.Access, allow []string)
 	}
 	for _, stream := range outcomeStreams() {
 		follows := slices.Contains(access.Follows, stream)
+		// A publisher may read back, by sequence, what a duplicate answer names.
 		for _, s := range allow {
-			if grantStream(s) == stream && !(follows && slices.Contains(followGrants[stream], s)) {
+			if grantStream(s) == stream && !(follows && slices.Contains(followGrants[stream], s)) && !(slices.Contains(access.Publishes, stream) && s == "$JS.API.DIRECT.GET."+stream) {
 				t.Errorf("user %s may %s, but does not read stream %s that way (it follows %v)", user, s, stream, access.Follows)
 			}
 		}
@@ -381,7 +396,7 @@ func checkStreams(t *testing.T, user string, access mesh.Access, allow []string)
 // provision (one it no longer uses, a typo).
 func checkKnownNames(t *testing.T, user string, grants []string) {
 	t.Helper()
-	known := []string{services.Stream, services.AdvisoryStream, services.CounterStream}
+	known := []string{services.Stream, services.SubmitStream, services.AdvisoryStream, services.CounterStream}
 	known = append(known, outcomeStreams()...)
 	for _, b := range services.AllBuckets {
 		known = append(known, "KV_"+b)
@@ -392,7 +407,7 @@ func checkKnownNames(t *testing.T, user string, grants []string) {
 			b, _, _ = strings.Cut(b, ".")
 			stream = "KV_" + b
 		}
-		if stream != "" && !slices.Contains(known, stream) {
+		if stream != "" && stream != "*" && !slices.Contains(known, stream) {
 			t.Errorf("user %s: %s names %s, which the mesh does not provision", user, s, stream)
 		}
 	}
@@ -607,18 +622,13 @@ func consumerConfigs() map[string]jetstream.ConsumerConfig {
 	}
 }
 
-func streamOf(durable string) string {
-	if durable == services.ConsumerReaper {
-		return services.AdvisoryStream
-	}
-	return services.Stream
-}
+func streamOf(durable string) string { return services.StreamOf(durable) }
 
 // streamSubjects are the DISPATCH stream's subjects. Not events.AllSubjects
 // (dispatch.>): that also captures the request subject dispatch.api.submit, so
 // the stream would store every API request and answer it with a PubAck that
 // races (and usually beats) the micro service's reply.
-var streamSubjects = []string{events.SubmitRoot, events.SubmitFilter, events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter}
+var streamSubjects = []string{events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter}
 
 // provision does what `dispatch up`/provision does, as admin.
 func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
@@ -635,6 +645,17 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 	})
 	if err != nil {
 		t.Fatalf("admin creates stream %s: %v", services.Stream, err)
+	}
+	if _, err := admin.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:       services.SubmitStream,
+		Subjects:   []string{events.SubmitRoot, events.SubmitFilter},
+		Retention:  jetstream.LimitsPolicy,
+		Storage:    jetstream.FileStorage,
+		MaxAge:     30 * 24 * time.Hour,
+		Duplicates: 2 * time.Minute,
+		Replicas:   replicas,
+	}); err != nil {
+		t.Fatalf("admin creates stream %s: %v", services.SubmitStream, err)
 	}
 	if _, err := admin.js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:      services.AdvisoryStream,
@@ -816,8 +837,12 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 				if err != nil {
 					t.Fatalf("publish %s: %v", subj, err)
 				}
-				if ack.Stream != services.Stream {
-					t.Fatalf("publish %s stored in %q", subj, ack.Stream)
+				want := services.Stream
+				if services.FromClient(subj) {
+					want = services.SubmitStream
+				}
+				if ack.Stream != want {
+					t.Fatalf("publish %s stored in %q, want %q", subj, ack.Stream, want)
 				}
 			}
 
@@ -879,7 +904,7 @@ func testServices(t *testing.T, serverURL string, pw map[string]string) {
 		ctx := testCtx(t)
 		for _, name := range dispatchDurables {
 			c := connect(t, serverURL, name, pw[name], "_INBOX."+name)
-			cons, err := c.js.Consumer(ctx, services.Stream, name)
+			cons, err := c.js.Consumer(ctx, services.StreamOf(name), name)
 			if err != nil {
 				t.Fatalf("bind consumer %s: %v", name, err)
 			}
@@ -1050,65 +1075,57 @@ func testGate(ctx context.Context, t *testing.T, serverURL string, pw map[string
 	gate.noViolations(t)
 }
 
-// The client submits, reads task state and the stream, and cannot touch the
-// pipeline's events or the stages' consumers.
+// The client submits, and reaches nothing of the mesh but through the API:
+// no task state, no stream, no consumer (so no push consumer aimed at a
+// service), no pipeline event.
 func testClient(ctx context.Context, t *testing.T, serverURL string, pw map[string]string, admin *conn) {
-	tasks, err := admin.js.KeyValue(ctx, services.BucketTasks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tasks.Put(ctx, "t1", []byte(`{"id":"t1","status":"running"}`)); err != nil {
-		t.Fatal(err)
-	}
-
 	client := connect(t, serverURL, "client", pw["client"], "_INBOX.client")
-	if _, err := client.js.Publish(ctx, events.SubmitSubject("css_fix"), []byte(`{"type":"css_fix","subject":"a.css"}`)); err != nil {
+	ack, err := client.js.Publish(ctx, events.SubmitSubject("css_fix"), []byte(`{"type":"css_fix","subject":"a.css"}`))
+	if err != nil {
 		t.Fatalf("client submits: %v", err)
+	}
+	if ack.Stream != services.SubmitStream {
+		t.Fatalf("a submission is stored on %s, want %s", ack.Stream, services.SubmitStream)
 	}
 	client.denyPublish(t, events.TaskSubject("x", events.StageQueued))
 	client.denyPublish(t, events.ReviewSubject(events.ReviewGated, "x"))
+	client.denyPublish(t, events.IndexSubject("css_fix", "k"))
 
-	kv, err := client.js.KeyValue(ctx, services.BucketTasks)
-	if err != nil {
-		t.Fatalf("client binds %s: %v", services.BucketTasks, err)
-	}
-	if e, err := kv.Get(ctx, "t1"); err != nil || !strings.Contains(string(e.Value()), "running") {
-		t.Fatalf("client reads task state: %v", err)
-	}
-	client.denyPublish(t, "$KV."+services.BucketTasks+".t1")
-	client.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")
-	client.denyPublish(t, trust.OutcomeSubject(seedType))
-	client.denyPublish(t, "$JS.API.STREAM.INFO."+services.OutcomeStream)
-	client.denyPublish(t, "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)
-
-	// Audit / --wait: an ordered consumer over one task's events.
-	oc, err := client.js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.TaskFilter("t1")},
-	})
-	if err != nil {
-		t.Fatalf("client creates an ordered consumer: %v", err)
-	}
-	batch, err := oc.Fetch(2, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatalf("client reads the timeline: %v", err)
-	}
-	var timeline []string
-	for m := range batch.Messages() {
-		timeline = append(timeline, m.Subject())
-	}
-	want := []string{events.TaskSubject("t1", events.StageVerified), events.TaskSubject("t1", events.StageAdmitted)}
-	if !slices.Equal(timeline, want) {
-		t.Fatalf("timeline = %v (%v), want %v", timeline, batch.Error(), want)
+	// No direct read: task state, the stream, the outcomes, the history.
+	for _, s := range []string{
+		"$JS.API.STREAM.INFO.KV_" + services.BucketTasks,
+		"$JS.API.DIRECT.GET.KV_" + services.BucketTasks + ".$KV." + services.BucketTasks + ".t1",
+		"$JS.API.STREAM.MSG.GET.KV_" + services.BucketTasks,
+		"$JS.API.STREAM.INFO." + services.Stream,
+		"$JS.API.STREAM.MSG.GET." + services.Stream,
+		"$JS.API.DIRECT.GET." + services.Stream,
+		"$JS.API.STREAM.MSG.GET." + services.SubmitStream,
+		"$JS.API.STREAM.INFO." + services.OutcomeStream,
+		"$JS.API.STREAM.INFO.KV_" + services.BucketHistory,
+		"$KV." + services.BucketTasks + ".t1",
+		"$KV." + services.BucketTrust + ".css_fix",
+		"$KV." + services.BucketPolicy + ".current",
+		trust.OutcomeSubject(seedType),
+	} {
+		client.denyPublish(t, s)
 	}
 
-	// The stages' durables are out of reach: no stealing messages, no
-	// re-configuring, no deleting.
+	// No consumer of any kind, on any stream: an ordered one, a push one
+	// aimed at a service's subject, a stage's durable.
 	gateCreate := "$JS.API.CONSUMER.CREATE." + services.Stream + "." + services.ConsumerGate
-	client.denyPublish(t, gateCreate)
-	client.denyPublish(t, gateCreate+"."+events.StageFilter(events.StageVerified))
-	client.denyPublish(t, "$JS.API.CONSUMER.MSG.NEXT."+services.Stream+"."+services.ConsumerGate)
-	client.denyPublish(t, "$JS.API.CONSUMER.DELETE."+services.Stream+"."+services.ConsumerGate)
-	client.denyPublish(t, "$JS.API.CONSUMER.DURABLE.CREATE."+services.Stream+"."+services.ConsumerGate)
+	for _, s := range []string{
+		"$JS.API.CONSUMER.CREATE." + services.Stream + ".x",
+		"$JS.API.CONSUMER.CREATE." + services.SubmitStream + ".x." + events.SubmitFilter,
+		"$JS.API.CONSUMER.CREATE.KV_" + services.BucketPolicy + ".x",
+		gateCreate,
+		gateCreate + "." + events.StageFilter(events.StageVerified),
+		"$JS.API.CONSUMER.MSG.NEXT." + services.Stream + "." + services.ConsumerGate,
+		"$JS.API.CONSUMER.DELETE." + services.Stream + "." + services.ConsumerGate,
+		"$JS.API.CONSUMER.DURABLE.CREATE." + services.Stream + "." + services.ConsumerGate,
+		"$JS.API.CONSUMER.MSG.NEXT." + services.SubmitStream + "." + services.ConsumerIntake,
+	} {
+		client.denyPublish(t, s)
+	}
 	client.denySubscribe(t, "_INBOX.gate.>")
 	client.denySubscribe(t, events.AllSubjects)
 
@@ -1344,10 +1361,11 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 }
 
 // Pins nats-io/nats-server#8274, documented in users.conf (CAUTION): a user
-// who may create consumers can have the server deliver stored messages, its
-// own submissions included, to a subject it may not publish to. If this test
-// fails because the server now refuses such a consumer, remove the CAUTION
-// from users.conf and the README, and this test.
+// who may create consumers can have the server deliver stored messages to a
+// subject it may not publish to. The client may create none any more; web
+// (and the auditor) still may, on DISPATCH. If this test fails because the
+// server now refuses such a consumer, remove the CAUTION from users.conf and
+// the docs, and this test.
 func TestKnownIssueConsumerDeliverSubject(t *testing.T) {
 	ns, pw := startSingle(t)
 	ctx := testCtx(t)
@@ -1361,22 +1379,22 @@ func TestKnownIssueConsumerDeliverSubject(t *testing.T) {
 	if err := admin.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	client := connect(t, ns.ClientURL(), "client", pw["client"], "_INBOX.client")
-	client.denyPublish(t, "tool.exec")
-	_, err = client.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{
+	web := connect(t, ns.ClientURL(), "web", pw["web"], "_INBOX.web")
+	web.denyPublish(t, "tool.exec")
+	_, err = web.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{
 		DeliverSubject: "tool.exec",
-		FilterSubject:  events.SubmitSubject("evil"),
+		FilterSubject:  events.ReviewSubject(events.ReviewAction, "evil"),
 		AckPolicy:      jetstream.AckNonePolicy,
 	})
 	if err != nil {
-		t.Fatalf("the server refused a push consumer with a foreign deliver subject (%v): #8274 is fixed, update users.conf and README", err)
+		t.Fatalf("the server refused a push consumer with a foreign deliver subject (%v): #8274 is fixed, update users.conf and the docs", err)
 	}
-	if _, err := client.js.Publish(ctx, events.SubmitSubject("evil"), []byte("rm -rf /")); err != nil {
+	if _, err := web.js.Publish(ctx, events.ReviewSubject(events.ReviewAction, "evil"), []byte("rm -rf /")); err != nil {
 		t.Fatal(err)
 	}
 	m, err := sub.NextMsg(15 * time.Second)
 	if err != nil {
-		t.Fatalf("nothing delivered on tool.exec (%v): #8274 may be fixed, update users.conf and README", err)
+		t.Fatalf("nothing delivered on tool.exec (%v): #8274 may be fixed, update users.conf and the docs", err)
 	}
 	if string(m.Data) != "rm -rf /" {
 		t.Fatalf("delivered %q", m.Data)
@@ -1843,5 +1861,45 @@ func TestStateKeyOnlyForStateWriters(t *testing.T) {
 	}
 	if strings.Contains(compose[:strings.Index(compose, "services:")], "DISPATCH_STATE_KEY") {
 		t.Error("compose.yaml gives DISPATCH_STATE_KEY to every service (x-dispatch-env)")
+	}
+}
+
+// The monitoring port has no authentication and its /connz lists every
+// connection's subscriptions, the services' inboxes among them: a client
+// must not reach it. Compose keeps it on the container's loopback (no port
+// published; the health check runs inside), Kubernetes lets only the
+// monitoring namespace's pods reach it (the kubelet's probes come from the
+// node, which a NetworkPolicy never blocks).
+func TestMonitoringPortGuarded(t *testing.T) {
+	for _, f := range []string{"docker/compose.yaml", "docker/compose.cluster.yaml"} {
+		if text := readFile(t, f); strings.Contains(text, ":8222\"") || strings.Contains(text, "- 8222") {
+			t.Errorf("%s publishes the monitoring port", f)
+		}
+	}
+	text := readFile(t, "k8s/nats.yaml")
+	var policy string
+	for _, doc := range strings.Split(text, "\n---\n") {
+		if strings.Contains(doc, "kind: NetworkPolicy") {
+			policy = doc
+		}
+	}
+	ingress, ok := strings.CutPrefix(policy[strings.Index(policy, "  ingress:\n"):], "  ingress:\n")
+	if policy == "" || !ok {
+		t.Fatal("k8s/nats.yaml has no NetworkPolicy with ingress rules")
+	}
+	rules := strings.Split(ingress, "\n    - ")
+	found := false
+	for _, rule := range rules {
+		if !strings.Contains(rule, "port: 8222") {
+			continue
+		}
+		found = true
+		if strings.Contains(rule, "port: 4222") || !strings.Contains(rule, "namespaceSelector:") ||
+			!strings.Contains(rule, `dispatchmesh.io/monitoring: "true"`) {
+			t.Errorf("the NetworkPolicy lets more than the monitoring namespace reach 8222:\n    - %s", rule)
+		}
+	}
+	if !found {
+		t.Error("the NetworkPolicy has no rule for 8222: the probes' port is either open to all or closed to Prometheus")
 	}
 }

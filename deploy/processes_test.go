@@ -169,9 +169,9 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
 	}
 
-	// The task explorer as the client and the web users: intake filed every
-	// task in the index (as its own user), both may read it.
-	for _, user := range []string{"client", "web"} {
+	// The task explorer as the auditor and the web users: intake filed
+	// every task in the index (as its own user), both may read it.
+	for _, user := range []string{"auditor", "web"} {
 		out := proctest.RunToEnd(t, patience, "tasks-as-"+user, as(user), dispatch, "tasks", "-type", "css_fix")
 		for _, id := range []string{"e2e-0", "e2e-1", "e2e-2", "e2e-api"} {
 			if !strings.Contains(out, id) {
@@ -288,10 +288,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	proctest.CheckRunning(t, running)
 	for _, name := range mesh.All {
 		p := running[name]
-		stream := services.Stream
-		if name == mesh.Reaper {
-			stream = services.AdvisoryStream
-		}
+		stream := services.StreamOf(name)
 		if _, err := admin.js.Consumer(context.Background(), stream, name); err != nil {
 			t.Errorf("consumer %s on %s: %v", name, stream, err)
 		}

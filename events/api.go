@@ -21,6 +21,24 @@ const (
 	// APIWait answers once the task is terminal, or when the request's
 	// timeout passes (a WaitReply). Request: a TaskRequest.
 	APIWait = Root + ".api.wait"
+	// APIWatch streams the task's stored events to the request's reply
+	// subject, in order, one message each, for the request's timeout;
+	// then an end message (HeaderWatchEnd). Request: a TaskRequest (After:
+	// resume after that sequence). Clients follow a task through it
+	// without reading the stream themselves.
+	APIWatch = Root + ".api.watch"
+)
+
+// Headers of the messages APIWatch sends: each event keeps its own
+// Dispatch-Event, Dispatch-Service and Dispatch-Error headers and body, and
+// gains these.
+const (
+	HeaderWatchSubject = "Dispatch-Watch-Subject" // the subject the event is stored on
+	HeaderWatchSeq     = "Dispatch-Watch-Seq"     // its stream sequence (decimal): After of the next request
+	HeaderWatchTime    = "Dispatch-Watch-Time"    // when it was stored (RFC 3339, nanoseconds)
+	// HeaderWatchEnd marks the last message of one watch request: its value
+	// says why it ended ("timeout": ask again, with After).
+	HeaderWatchEnd = "Dispatch-Watch-End"
 )
 
 // Codes of an APIError, borrowed from HTTP.
@@ -90,6 +108,9 @@ type TaskRequest struct {
 	// Timeout bounds a wait: a duration such as "90s" or "5m" (units ms,
 	// s, m, h). Default 30s, at most 10m. Status ignores it.
 	Timeout string `json:"timeout,omitempty"`
+	// After is for APIWatch: send the events stored after this stream
+	// sequence. Default 0: from the task's first.
+	After uint64 `json:"after,omitempty"`
 }
 
 // WaitTimeout is the request's timeout, DefaultWaitTimeout when unset. Call

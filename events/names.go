@@ -6,7 +6,12 @@ import "strconv"
 // them, `dispatch rebuild` reads and compares them.
 const (
 	// Stream holds every task event and every review record (Limits retention).
+	// Only the services publish to it.
 	Stream = "DISPATCH"
+	// SubmitStream holds what clients publish: every submission
+	// (dispatch.submit.>), with a short Msg-Id duplicate window of its own,
+	// so no id a client chooses can collide with a service's on Stream.
+	SubmitStream = "DISPATCH_SUBMIT"
 
 	BucketTasks   = "dispatch_tasks"   // task state by task id
 	BucketTrust   = "dispatch_trust"   // the gate's facts by task type (the outcomes are a stream)

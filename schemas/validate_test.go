@@ -104,7 +104,7 @@ var populated = []struct {
 	{"model_result.v1", modelResult{
 		Status: "success", Approach: "move the rule", Summary: "done", Changes: []string{"src/app.css"},
 	}},
-	{"api.request.v1", events.TaskRequest{ID: "t-42", Timeout: "1m30s"}},
+	{"api.request.v1", events.TaskRequest{ID: "t-42", Timeout: "1m30s", After: 17}},
 	{"api.submit.reply.v1", events.SubmitReply{ID: "t-42", Duplicate: true}},
 	{"api.wait.reply.v1", events.WaitReply{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Status: events.StatusSucceeded, Terminal: true, TimedOut: true,

@@ -15,13 +15,13 @@ import (
 // service report the same durable consumer: aggregate with max by (service).
 type ConsumerStats struct {
 	js        jetstream.JetStream
-	consumers []string // durable names on Stream
+	consumers []string // durable names (each on its StreamOf)
 	timeout   time.Duration
 
 	pending, ackPending, redelivered *prometheus.Desc
 }
 
-// NewConsumerStats collects the state of the named durable consumers of Stream.
+// NewConsumerStats collects the state of the named durable consumers.
 func NewConsumerStats(js jetstream.JetStream, consumers ...string) *ConsumerStats {
 	labels := []string{"service"}
 	return &ConsumerStats{
@@ -48,7 +48,7 @@ func (c *ConsumerStats) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	for _, name := range c.consumers {
-		cons, err := c.js.Consumer(ctx, Stream, name)
+		cons, err := c.js.Consumer(ctx, StreamOf(name), name)
 		if err != nil {
 			continue
 		}

@@ -97,7 +97,9 @@ func DeadLetter(m *Msg, stream, reason, key string, cause error) Out {
 	}
 	h := nats.Header{}
 	for k, v := range m.Header {
-		if len(k) > 9 && k[:9] == "Dispatch-" {
+		// A client's Dispatch-* headers are not the mesh's: a submission's
+		// record says only what the mesh found.
+		if len(k) > 9 && k[:9] == "Dispatch-" && !FromClient(m.Subject) {
 			h[k] = v
 		}
 	}

@@ -94,6 +94,13 @@ func Next(b events.Base, stage, name string, v any) (Out, error) {
 	return out, err
 }
 
+// FromClient reports whether subject is one clients publish on (a
+// submission): its message's headers are theirs, never the mesh's.
+func FromClient(subject string) bool {
+	_, ok := events.ParseSubmitSubject(subject)
+	return ok || subject == events.SubmitRoot
+}
+
 // ToReview builds a review record for the task in b.
 func ToReview(b events.Base, reason, name, text string, v any) (Out, error) {
 	out, err := Emit(events.ReviewSubject(reason, b.Task.ID), MsgID(b.Task.ID, b.Run.Pass, reason), name, b.Task.ID, v)
@@ -109,9 +116,16 @@ func ToReview(b events.Base, reason, name, text string, v any) (Out, error) {
 // without relying on its body: the Dispatch-Task-Id and Dispatch-Pass
 // headers, else the subject (dispatch.task.<id>.<stage>) and what of the
 // body decodes. A submission belongs to the task it makes: its id, or the
-// one intake generates, on pass 1 — unless it is invalid (no task). id is
-// "" and pass 0 when they cannot be read.
+// one intake generates, on pass 1 — unless it is invalid (no task); its
+// headers are the client's and are never read. id is "" and pass 0 when
+// they cannot be read.
 func TaskOf(m *Msg) (id string, pass int) {
+	if FromClient(m.Subject) {
+		if sub, err := events.DecodeSubmitFrom(m.Subject, m.Data); err == nil {
+			return sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time).ID, 1
+		}
+		return "", 0
+	}
 	id = m.Header.Get(events.HeaderTaskID)
 	if id == "" {
 		id, _, _ = events.ParseTaskSubject(m.Subject)
@@ -126,13 +140,6 @@ func TaskOf(m *Msg) (id string, pass int) {
 		}
 		if json.Unmarshal(m.Data, &v) == nil && v.Run.Pass > 0 {
 			pass = v.Run.Pass
-		}
-	}
-	if id == "" {
-		if _, ok := events.ParseSubmitSubject(m.Subject); ok {
-			if sub, err := events.DecodeSubmitFrom(m.Subject, m.Data); err == nil {
-				id, pass = sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time).ID, 1
-			}
 		}
 	}
 	if !events.ValidID(id) {

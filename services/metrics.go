@@ -14,6 +14,9 @@ type Metrics struct {
 	// transient errors, parked tasks), a failure (a nak) or a worker that
 	// died or did not settle in time (AckWait).
 	Redeliveries *prometheus.CounterVec
+	// Foreign counts the messages another consumer delivered to a
+	// service's inbox, which it ignored (see Router.handle).
+	Foreign *prometheus.CounterVec
 }
 
 // NewMetrics registers the router metrics on reg.
@@ -36,14 +39,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dispatch_redeliveries_total",
 			Help: "Messages a service received again (delivered more than once: after a snooze, a failure, or a worker that died or ran past AckWait), per service.",
 		}, []string{"service"}),
+		Foreign: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_foreign_messages_total",
+			Help: "Messages another consumer delivered to a service's inbox, ignored: someone who may create consumers aimed one at it.",
+		}, []string{"service"}),
 	}
-	reg.MustRegister(m.Messages, m.Latency, m.Published, m.Redeliveries)
+	reg.MustRegister(m.Messages, m.Latency, m.Published, m.Redeliveries, m.Foreign)
 	return m
 }
 
 func (m *Metrics) count(service string, result Result) {
 	if m != nil {
 		m.Messages.WithLabelValues(service, string(result)).Inc()
+	}
+}
+
+func (m *Metrics) foreign(service string) {
+	if m != nil {
+		m.Foreign.WithLabelValues(service).Inc()
 	}
 }
 

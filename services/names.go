@@ -9,6 +9,8 @@ import (
 const (
 	// Stream holds every task event and every review record (Limits retention).
 	Stream = events.Stream
+	// SubmitStream holds the clients' submissions, intake's input.
+	SubmitStream = events.SubmitStream
 	// AdvisoryStream captures max-delivery advisories of Stream's consumers, so
 	// a message whose worker died on its last delivery still reaches review.
 	AdvisoryStream = "DISPATCH_ADVISORIES"
@@ -40,3 +42,16 @@ const (
 	// MicroService is the name of the request-reply service (synchronous submit).
 	MicroService = "dispatch"
 )
+
+// StreamOf is the stream the durable consumer name reads: intake the
+// submissions, the reaper the advisories, every other stage the task
+// stream.
+func StreamOf(durable string) string {
+	switch durable {
+	case ConsumerIntake:
+		return SubmitStream
+	case ConsumerReaper:
+		return AdvisoryStream
+	}
+	return Stream
+}

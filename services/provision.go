@@ -3,7 +3,6 @@ package services
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +19,10 @@ type StreamConfig struct {
 	// longest a message can take to be redelivered and republished (deliveries
 	// × (backoff cap + AckWait), transient snoozes included). Default 2h.
 	Duplicates time.Duration
+	// SubmitDuplicates is SubmitStream's Nats-Msg-Id deduplication window,
+	// for a client's retried publish; intake makes one task per id for as
+	// long as the task is kept anyway. Default 2m.
+	SubmitDuplicates time.Duration
 	// Replicas for the stream and buckets: 1 on a single node, 3 in a cluster.
 	// Default 1.
 	Replicas int
@@ -36,6 +39,10 @@ func (c StreamConfig) withDefaults() StreamConfig {
 		c.Duplicates = 2 * time.Hour
 	}
 	c.Duplicates = min(c.Duplicates, c.MaxAge)
+	if c.SubmitDuplicates <= 0 {
+		c.SubmitDuplicates = 2 * time.Minute
+	}
+	c.SubmitDuplicates = min(c.SubmitDuplicates, c.MaxAge)
 	if c.Replicas <= 0 {
 		c.Replicas = 1
 	}
@@ -57,17 +64,25 @@ type Stores struct {
 // MaxAge (the policy in force must never expire).
 const PolicyRevisions = 100_000
 
-// StreamSubjects are the subjects kept on Stream: every submission (bare
-// dispatch.submit too, so a message there is rejected, not lost), task event
-// review record and task index entry (dispatch.index.>). dispatch.api.> (request-reply) is deliberately not among
-// them: the stream would answer requests.
-var StreamSubjects = append(slices.Clone(events.SubmitFilters), events.TaskRoot+".>", events.ReviewFilter, events.IndexFilter)
+// StreamSubjects are the subjects kept on Stream: every task event, review
+// record and task index entry (dispatch.index.>). Only services publish
+// them. dispatch.api.> (request-reply) is deliberately not among them: the
+// stream would answer requests.
+var StreamSubjects = []string{events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter}
+
+// SubmitSubjects are the subjects kept on SubmitStream: every submission,
+// bare dispatch.submit too, so a message there is rejected, not lost.
+var SubmitSubjects = events.SubmitFilters
 
 // CounterSubjects are the subjects of CounterStream (trust.SpendRoot).
 const CounterSubjects = "dispatch.count.>"
 
-// AdvisorySubject captures max-delivery advisories of Stream's consumers.
-const AdvisorySubject = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + Stream + ".>"
+// AdvisorySubjects capture the max-delivery advisories of the consumers of
+// Stream and SubmitStream.
+var AdvisorySubjects = []string{
+	"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + Stream + ".>",
+	"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + SubmitStream + ".>",
+}
 
 // Provision creates or updates the stream, the advisory stream and the KV
 // buckets. It is idempotent: every service may call it at start.
@@ -75,7 +90,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	cfg = cfg.withDefaults()
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream,
-		Description: "dispatchmesh: every submission, task event and review record",
+		Description: "dispatchmesh: every task event and review record, published by the services",
 		Subjects:    StreamSubjects,
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
@@ -87,10 +102,26 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", Stream, err)
 	}
+	// After Stream: a stream of an earlier version held the submissions
+	// too, and two streams cannot share subjects.
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        SubmitStream,
+		Description: "dispatchmesh: every submission, as clients published it",
+		Subjects:    SubmitSubjects,
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.SubmitDuplicates,
+		Replicas:    cfg.Replicas,
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", SubmitStream, err)
+	}
 	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        AdvisoryStream,
-		Description: "max-delivery advisories of " + Stream + " consumers, for the reaper",
-		Subjects:    []string{AdvisorySubject},
+		Description: "max-delivery advisories of " + Stream + " and " + SubmitStream + " consumers, for the reaper",
+		Subjects:    AdvisorySubjects,
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxAge:      cfg.MaxAge,

@@ -29,7 +29,7 @@ func ReaperSpec(js jetstream.JetStream) Spec {
 	return Spec{
 		Name:    ConsumerReaper,
 		Stream:  AdvisoryStream,
-		Filters: []string{AdvisorySubject},
+		Filters: AdvisorySubjects,
 		Handler: func(ctx context.Context, m *Msg) ([]Out, error) {
 			var adv maxDeliveriesAdvisory
 			if err := json.Unmarshal(m.Data, &adv); err != nil || adv.Stream == "" || adv.StreamSeq == 0 {

@@ -118,6 +118,8 @@ type Router struct {
 	Grace time.Duration
 	// Stats, when set, counts what Run does and whether it consumes.
 	Stats *RunStats
+
+	streams sync.Map // name → jetstream.Stream, for storedAs
 }
 
 // ConsumerConfig is the durable pull consumer of a service.
@@ -200,7 +202,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 		go func() {
 			defer wg.Done()
 			for msg := range work {
-				r.handle(hctx, log, spec.Name, h, msg)
+				r.handle(hctx, log, spec, h, msg)
 				<-slots
 			}
 		}()
@@ -232,7 +234,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 			wg.Add(1)
 			go func() {
 				defer func() { <-slots; wg.Done() }()
-				r.handle(hctx, log, spec.Name, h, msg)
+				r.handle(hctx, log, spec, h, msg)
 			}()
 		}
 	}
@@ -399,10 +401,20 @@ func (r *Router) chain(log *slog.Logger, spec Spec) Handler {
 }
 
 // handle runs the chain for one message and settles it as its fate says.
-func (r *Router) handle(ctx context.Context, log *slog.Logger, service string, h Handler, msg jetstream.Msg) {
+// A message that another consumer delivered to this service's inbox is
+// not the service's input and is left alone: whoever may create a
+// consumer may name any deliver subject (nats-server#8274).
+func (r *Router) handle(ctx context.Context, log *slog.Logger, spec Spec, h Handler, msg jetstream.Msg) {
+	service := spec.Name
 	md, err := msg.Metadata()
 	if err != nil { // not a JetStream message: nothing to settle
 		log.Error("message without metadata", "subject", msg.Subject(), "err", err)
+		return
+	}
+	if md.Stream != spec.Stream || md.Consumer != spec.Name {
+		r.Metrics.foreign(service)
+		log.Warn("message delivered by another consumer ignored", "subject", msg.Subject(),
+			"stream", md.Stream, "consumer", md.Consumer)
 		return
 	}
 	m := &Msg{
@@ -514,6 +526,11 @@ func (r *Router) publishTogether(ctx context.Context, service string, outs []Out
 		select {
 		case ack := <-f.Ok():
 			r.Metrics.published(service, ack.Duplicate)
+			if ack.Duplicate {
+				if err := r.storedAs(ctx, outs[i], ack); err != nil {
+					return false, &publishError{subject: outs[i].Subject, err: err}
+				}
+			}
 			lastDup = ack.Duplicate
 		case err := <-f.Err():
 			return false, &publishError{subject: outs[i].Subject, err: err}
@@ -547,7 +564,49 @@ func (r *Router) publishAck(ctx context.Context, service string, out Out) (dupli
 		return false, err
 	}
 	r.Metrics.published(service, ack.Duplicate)
+	if ack.Duplicate {
+		if err := r.storedAs(ctx, out, ack); err != nil {
+			return false, err
+		}
+	}
 	return ack.Duplicate, nil
+}
+
+// ErrDuplicateMismatch is a publish the stream answered as a duplicate of
+// a message that is not the one published: another message holds its
+// Msg-Id. The output is not stored, so its input is not acked.
+var ErrDuplicateMismatch = errors.New("the stream holds another message under this Msg-Id")
+
+// storedAs checks that the message the stream answered a publish of out
+// with, as a duplicate, is out's: stored on out's subject under out's
+// Msg-Id. Only a redelivered input republishes, so this read is rare.
+func (r *Router) storedAs(ctx context.Context, out Out, ack *jetstream.PubAck) error {
+	stream, err := r.stream(ctx, ack.Stream)
+	if err != nil {
+		return fmt.Errorf("check duplicate %s: %w", out.MsgID, err)
+	}
+	raw, err := stream.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		return fmt.Errorf("check duplicate %s at %s#%d: %w", out.MsgID, ack.Stream, ack.Sequence, err)
+	}
+	if raw.Subject != out.Subject || raw.Header.Get(jetstream.MsgIDHeader) != out.MsgID {
+		return fmt.Errorf("%w: %s#%d is %q on %s, not %q on %s", ErrDuplicateMismatch, ack.Stream, ack.Sequence,
+			raw.Header.Get(jetstream.MsgIDHeader), raw.Subject, out.MsgID, out.Subject)
+	}
+	return nil
+}
+
+// stream is the named stream, bound once.
+func (r *Router) stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	if s, ok := r.streams.Load(name); ok {
+		return s.(jetstream.Stream), nil
+	}
+	s, err := r.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	r.streams.Store(name, s)
+	return s, nil
 }
 
 // msg is out as a NATS message, naming this instance.

@@ -153,6 +153,9 @@ func TestRouterPublishesTheLastOutputLast(t *testing.T) {
 	}
 }
 
+// A redelivery's republish is answered as the duplicate of the very message
+// it published before: that is "already stored" (Router.storedAs reads it
+// back and finds it its own).
 func TestRouterRepublishIsDeduplicated(t *testing.T) {
 	s := setup(t)
 	var calls atomic.Int32
@@ -306,7 +309,7 @@ func waitConsumer(t *testing.T, js jetstream.JetStream, name string, ok func(*je
 	t.Helper()
 	deadline := time.Now().Add(patience)
 	for {
-		c, err := js.Consumer(context.Background(), services.Stream, name)
+		c, err := js.Consumer(context.Background(), services.StreamOf(name), name)
 		if err == nil {
 			if ci, err := c.Info(context.Background()); err == nil && ok(ci) {
 				return

@@ -11,7 +11,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
-func TestTaskStoreEach(t *testing.T) {
+func TestTaskStoreScan(t *testing.T) {
 	s := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
@@ -22,8 +22,8 @@ func TestTaskStoreEach(t *testing.T) {
 	store := services.NewTaskStore(kv)
 	ids := func() []string {
 		var got []string
-		if err := store.Each(ctx, func(st events.TaskState) error { got = append(got, st.ID+"/"+string(st.Status)); return nil }); err != nil {
-			t.Fatalf("Each: %v", err)
+		if err := store.Scan(ctx, s.JS, func(st events.TaskState) error { got = append(got, st.ID+"/"+string(st.Status)); return nil }); err != nil {
+			t.Fatalf("Scan: %v", err)
 		}
 		slices.Sort(got)
 		return got
@@ -43,13 +43,13 @@ func TestTaskStoreEach(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got, want := ids(), []string{"a/pending", "b/running"}; !slices.Equal(got, want) {
-		t.Errorf("Each saw %v, want the latest state of every task not deleted %v", got, want)
+		t.Errorf("Scan saw %v, want the latest state of every task not deleted %v", got, want)
 	}
 
 	stop := errors.New("stop")
 	n := 0
-	err = store.Each(ctx, func(events.TaskState) error { n++; return stop })
+	err = store.Scan(ctx, s.JS, func(events.TaskState) error { n++; return stop })
 	if !errors.Is(err, stop) || n != 1 {
-		t.Errorf("Each after fn's error = %v after %d calls, want fn's error after 1", err, n)
+		t.Errorf("Scan after fn's error = %v after %d calls, want fn's error after 1", err, n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
 )
@@ -53,17 +54,20 @@ func (s *TaskStore) Get(ctx context.Context, id string) (events.TaskState, error
 	return st, err
 }
 
-// Watch watches a task's state: its current value (if any), then every
-// change, on w.Updates(); a nil entry marks the end of the current value.
-// Stop w when done.
-func (s *TaskStore) Watch(ctx context.Context, id string) (jetstream.KeyWatcher, error) {
-	return s.kv.Watch(ctx, id)
+// Follow watches a task's state, with a consumer on js: its current value
+// (if any), then every change, on w.Updates(); a nil entry marks the end
+// of the current value. Stop w when done. Only what its own consumer
+// delivered is passed on, read back from the bucket (follow.Watch): a
+// message another consumer delivers into its inbox is logged and dropped.
+func (s *TaskStore) Follow(ctx context.Context, js jetstream.JetStream, id string) (*follow.Watcher, error) {
+	return follow.Watch(ctx, js, s.kv, id, follow.WatchOptions{})
 }
 
-// WatchAll watches every task's state: each change stored after it
-// starts (no current values), on w.Updates(). Stop w when done.
-func (s *TaskStore) WatchAll(ctx context.Context) (jetstream.KeyWatcher, error) {
-	return s.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+// FollowAll watches every task's state, with a consumer on js (see
+// Follow): each change stored after it starts (no current values, no nil
+// entry), on w.Updates(). Stop w when done.
+func (s *TaskStore) FollowAll(ctx context.Context, js jetstream.JetStream) (*follow.Watcher, error) {
+	return follow.WatchAll(ctx, js, s.kv, follow.WatchOptions{UpdatesOnly: true})
 }
 
 // Update changes a task's state with a compare-and-set loop (see kvcas.Update).

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 )
 
@@ -114,9 +115,11 @@ func (s *Store) Put(ctx context.Context, st Stats) error {
 	return nil
 }
 
-// All returns the gate facts of every task type in the bucket, sorted by type.
-func (s *Store) All(ctx context.Context) ([]Stats, error) {
-	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+// All returns the gate facts of every task type in the bucket, sorted by
+// type, read with a watch on js that takes only what its own consumer
+// delivered (follow.WatchAll).
+func (s *Store) All(ctx context.Context, js jetstream.JetStream) ([]Stats, error) {
+	w, err := follow.WatchAll(ctx, js, s.kv, follow.WatchOptions{IgnoreDeletes: true})
 	if err != nil {
 		return nil, fmt.Errorf("trust: watch: %w", err)
 	}

@@ -122,7 +122,7 @@ func TestStorePutAll(t *testing.T) {
 	srv := natstest.Start(t)
 	store := trust.NewStore(newKV(t, srv.JS), trust.Policy{})
 	ctx := t.Context()
-	all, err := store.All(ctx)
+	all, err := store.All(ctx, srv.JS)
 	if err != nil || len(all) != 0 {
 		t.Fatalf("All on an empty bucket = %v, %v", all, err)
 	}
@@ -135,7 +135,7 @@ func TestStorePutAll(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	all, err = store.All(ctx)
+	all, err = store.All(ctx, srv.JS)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 )
 
 // View is every task type's trust as the services that score types see it:
@@ -60,44 +62,27 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 		return nil, fmt.Errorf("trust: outcome stream %s: %w", OutcomeStream, err)
 	}
 	v.stream = stream
-	state := stream.CachedInfo().State
-	last := state.LastSeq
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{OutcomeFilter}})
-	if err != nil {
-		return nil, fmt.Errorf("trust: follow %s: %w", OutcomeStream, err)
-	}
+	// Both are followed through consumers only this View can feed
+	// (internal/follow): a message another consumer delivers into their
+	// inboxes — any user who may create a consumer can aim one there — is
+	// logged and dropped.
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	caught := make(chan struct{})
-	var once sync.Once
-	if state.Msgs == 0 {
-		once.Do(func() { close(caught) })
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		meta, err := m.Metadata()
-		if err != nil {
-			return
-		}
-		v.apply(m.Subject(), m.Data(), meta.Sequence.Stream)
-		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-			once.Do(func() { close(caught) })
-		}
-	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-			v.log.Warn("following the outcome stream", "err", err)
-		}
-	}))
+	_, err = follow.Stream(fctx, js, follow.Config{
+		Stream: OutcomeStream, Filters: []string{OutcomeFilter}, Log: log,
+		CaughtUp: func() { close(caught) },
+	}, func(m follow.Msg) { v.apply(m.Subject, m.Data, m.Seq) })
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("trust: follow %s: %w", OutcomeStream, err)
 	}
-	v.stop = cc.Stop
+	v.stop = cancel
 	if facts != nil {
-		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		w, err := facts.WatchAll(wctx)
+		w, err := follow.WatchAll(fctx, js, facts, follow.WatchOptions{Log: log})
 		if err != nil {
 			cancel()
-			cc.Stop()
 			return nil, fmt.Errorf("trust: watch %s: %w", facts.Bucket(), err)
 		}
-		v.stop = func() { cc.Stop(); _ = w.Stop(); cancel() }
 		initial := make(chan struct{})
 		go v.followFacts(w, initial)
 		select {
@@ -147,7 +132,8 @@ func (v *View) followFacts(w jetstream.KeyWatcher, initial chan struct{}) {
 
 // apply adds one outcome message, stored at seq. A message that does not
 // decode cannot have been published by a recorder: it is logged and left
-// out.
+// out. One at or below the sequence of the newest applied for its type
+// was applied already (the stream is followed in order): it is left out.
 func (v *View) apply(subject string, data []byte, seq uint64) {
 	taskType, ok := strings.CutPrefix(subject, OutcomeRoot+".")
 	if !ok {
@@ -161,7 +147,10 @@ func (v *View) apply(subject string, data []byte, seq uint64) {
 		w = &window{keys: map[string]struct{}{}}
 		v.windows[taskType] = w
 	}
-	w.seq = max(w.seq, seq)
+	if seq <= w.seq {
+		return
+	}
+	w.seq = seq
 	close(v.applied)
 	v.applied = make(chan struct{})
 	if err != nil {

@@ -76,6 +76,10 @@ type Config struct {
 	MaxAge time.Duration `envconfig:"MAX_AGE" default:"720h"`
 	// Duplicates is the Msg-Id deduplication window.
 	Duplicates time.Duration `envconfig:"DUPLICATES" default:"2h"`
+	// SubmitDuplicates is the Msg-Id deduplication window of the clients'
+	// submissions (stream DISPATCH_SUBMIT): a client's retried publish.
+	// Intake makes one task per id for as long as the task is kept anyway.
+	SubmitDuplicates time.Duration `envconfig:"SUBMIT_DUPLICATES" default:"2m"`
 	// MaxDeliver bounds deliveries of one message before it goes to review.
 	MaxDeliver int `envconfig:"MAX_DELIVER" default:"10"`
 	// AckWait is how long a worker owns a message without a heartbeat.
@@ -170,6 +174,9 @@ func (c Config) Validate() error {
 	}
 	if c.Duplicates > c.MaxAge {
 		errs = append(errs, fmt.Errorf("DISPATCH_DUPLICATES (%s) must not exceed DISPATCH_MAX_AGE (%s)", c.Duplicates, c.MaxAge))
+	}
+	if c.SubmitDuplicates <= 0 || c.SubmitDuplicates > c.MaxAge {
+		errs = append(errs, fmt.Errorf("DISPATCH_SUBMIT_DUPLICATES must be positive and not exceed DISPATCH_MAX_AGE (%s), got %s", c.MaxAge, c.SubmitDuplicates))
 	}
 	switch c.LogFormat {
 	case "text", "json":
@@ -282,5 +289,5 @@ func (c Config) contextLengthBody() []string {
 
 // streamConfig is what provisioning creates, from the environment.
 func (c Config) streamConfig() services.StreamConfig {
-	return services.StreamConfig{MaxAge: c.MaxAge, Duplicates: c.Duplicates, Replicas: c.Replicas}
+	return services.StreamConfig{MaxAge: c.MaxAge, Duplicates: c.Duplicates, SubmitDuplicates: c.SubmitDuplicates, Replicas: c.Replicas}
 }

@@ -262,7 +262,7 @@ func watchPolicy(ctx context.Context, js jetstream.JetStream, log *slog.Logger) 
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
 	}
-	return policy.WatchWith(ctx, kv, policy.WatchOptions{Log: log, Quiet: oneShot(js.Conn())})
+	return policy.WatchWith(ctx, kv, policy.WatchOptions{JS: js, Log: log, Quiet: oneShot(js.Conn())})
 }
 
 // seedPolicy stores DISPATCH_POLICY_FILE (else the built-in defaults, {})

@@ -332,7 +332,7 @@ func cmdProvision(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "provisioned: stream %s (%s, %d replicas), %s, %s, %s, buckets %s %s %s %s\n", services.Stream, cfg.MaxAge,
+	fmt.Fprintf(stdout, "provisioned: streams %s and %s (%s, %d replicas), %s, %s, %s, buckets %s %s %s %s\n", services.Stream, services.SubmitStream, cfg.MaxAge,
 		cfg.Replicas, services.AdvisoryStream, services.CounterStream, services.OutcomeStream,
 		services.BucketTasks, services.BucketTrust, services.BucketHistory, services.BucketPolicy)
 	fmt.Fprintf(stdout, "policy: %s\n", line)

@@ -40,7 +40,7 @@ func cmdStats(ctx context.Context, cfg Config, args []string) error {
 		return fmt.Errorf("no task store (is the mesh provisioned?): %w", err)
 	}
 	var tally spend.Tally
-	err = services.NewTaskStore(kv).Each(ctx, func(st events.TaskState) error {
+	err = services.NewTaskStore(kv).Scan(ctx, js, func(st events.TaskState) error {
 		if *typ == "" || st.Type == *typ {
 			tally.Add(st)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
@@ -85,14 +86,20 @@ func (v *streamView) task(id string) *taskEvents {
 	return te
 }
 
-// readStream reads every message of the DISPATCH stream.
+// readStream reads every submission (DISPATCH_SUBMIT), then every message
+// of the DISPATCH stream.
 func readStream(ctx context.Context, js jetstream.JetStream) (*streamView, error) {
 	v := &streamView{tasks: map[string]*taskEvents{}, stages: map[string]int{}, admitted: map[string]int{}}
-	err := readAll(ctx, js, services.Stream, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
-		v.msgs++
-		return v.add(msg.Subject(), msg.Headers().Get(events.HeaderTaskID), msg.Data(), md)
-	})
-	return v, err
+	for _, stream := range []string{services.SubmitStream, services.Stream} {
+		err := readAll(ctx, js, stream, func(msg jetstream.Msg, md *jetstream.MsgMetadata) error {
+			v.msgs++
+			return v.add(msg.Subject(), msg.Headers().Get(events.HeaderTaskID), msg.Data(), md)
+		})
+		if err != nil {
+			return v, err
+		}
+	}
+	return v, nil
 }
 
 func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.MsgMetadata) error {
@@ -217,7 +224,7 @@ func readBucket[T any](ctx context.Context, js jetstream.JetStream, bucket strin
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", bucket, err)
 	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	w, err := follow.WatchAll(ctx, js, kv, follow.WatchOptions{IgnoreDeletes: true})
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", bucket, err)
 	}
@@ -265,7 +272,7 @@ var Durables = []string{services.ConsumerIntake, services.ConsumerVerifier, serv
 func redeliveries(ctx context.Context, js jetstream.JetStream, v *streamView) (map[string]int, error) {
 	out := map[string]int{}
 	for _, name := range Durables {
-		cons, err := js.Consumer(ctx, services.Stream, name)
+		cons, err := js.Consumer(ctx, services.StreamOf(name), name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
 		}
@@ -291,10 +298,7 @@ func redeliveries(ctx context.Context, js jetstream.JetStream, v *streamView) (m
 func Idle(ctx context.Context, js jetstream.JetStream) (bool, string, error) {
 	var busy []string
 	for _, name := range slices.Concat(Durables, []string{services.ConsumerReaper}) {
-		stream := services.Stream
-		if name == services.ConsumerReaper {
-			stream = services.AdvisoryStream
-		}
+		stream := services.StreamOf(name)
 		cons, err := js.Consumer(ctx, stream, name)
 		if err != nil {
 			return false, "", fmt.Errorf("consumer %s: %w", name, err)

@@ -176,7 +176,7 @@ func Run(ctx context.Context, o Options) error {
 		return startError(o.NC, err)
 	}
 	if o.Policy == nil && stores.Policy != nil && slices.ContainsFunc(o.Services, usesPolicy) {
-		if o.Policy, err = policy.Watch(ctx, stores.Policy, o.Log); err != nil {
+		if o.Policy, err = policy.Watch(ctx, o.JS, stores.Policy, o.Log); err != nil {
 			return startError(o.NC, err)
 		}
 		o.Log.Info("policy from the bucket", "bucket", services.BucketPolicy, "rev", o.Policy.Rev())
@@ -212,7 +212,7 @@ func Run(ctx context.Context, o Options) error {
 		metrics = services.NewMetrics(o.Registry)
 		var stages []string
 		for _, spec := range specs {
-			if spec.Stream == "" || spec.Stream == services.Stream {
+			if spec.Name != services.ConsumerReaper { // the stages, not the advisories
 				stages = append(stages, spec.Name)
 			}
 		}
@@ -250,7 +250,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if slices.Contains(o.Services, Intake) {
 		st := newStoresOf(Intake, stores)
-		api := &intake.API{JS: o.JS, Tasks: st.tasks()}
+		api := &intake.API{JS: o.JS, Tasks: st.tasks(), Log: o.Log}
 		if st.err != nil {
 			return st.err
 		}

@@ -340,7 +340,7 @@ func (e *env) waitIdle() {
 	e.t.Helper()
 	waitFor(e.t, "every stage idle", func() bool {
 		for _, name := range stageDurables {
-			c, err := e.srv.JS.Consumer(context.Background(), services.Stream, name)
+			c, err := e.srv.JS.Consumer(context.Background(), services.StreamOf(name), name)
 			if err != nil {
 				return false
 			}

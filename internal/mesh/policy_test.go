@@ -47,7 +47,7 @@ func (e *env) startWatching(instance string, names ...string) *policy.Source {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	src, err := policy.Watch(ctx, kv, quiet)
+	src, err := policy.Watch(ctx, js, kv, quiet)
 	if err != nil {
 		e.t.Fatal(err)
 	}

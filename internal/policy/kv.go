@@ -11,6 +11,8 @@ import (
 	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 )
 
 // Key is the key of the policy in its KV bucket (services.BucketPolicy,
@@ -329,18 +331,26 @@ func At(ctx context.Context, kv jetstream.KeyValue, rev uint64) (*File, error) {
 }
 
 // Watch serves the policy in the bucket, following every change with a KV
-// watcher until ctx ends: a put applies at once. A put that does not decode
-// (`nats kv put` of a broken policy) is logged as an error and the policy in
-// force stays; a delete puts the built-in defaults in force. At start, when
-// the newest revision does not decode, the newest one that does is used —
-// the one the running instances kept. An empty bucket serves the built-in
-// defaults (revision 0) until a policy is put.
-func Watch(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*Source, error) {
-	return WatchWith(ctx, kv, WatchOptions{Log: log})
+// watcher on js until ctx ends: a put applies at once. A put that does not
+// decode (`nats kv put` of a broken policy) is logged as an error and the
+// policy in force stays; a delete puts the built-in defaults in force. At
+// start, when the newest revision does not decode, the newest one that
+// does is used — the one the running instances kept. An empty bucket
+// serves the built-in defaults (revision 0) until a policy is put.
+//
+// The watcher takes only what its own consumer delivered and reads each
+// revision back from the bucket (follow.Watch): a message another consumer
+// delivers into its inbox — any user who may create a consumer can aim one
+// there — is logged and changes nothing.
+func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, log *slog.Logger) (*Source, error) {
+	return WatchWith(ctx, kv, WatchOptions{JS: js, Log: log})
 }
 
 // WatchOptions are Watch's options.
 type WatchOptions struct {
+	// JS is the connection the watcher creates its consumer on. Required:
+	// WatchWith fails without it.
+	JS jetstream.JetStream
 	// Log receives what the watcher says. Default slog.Default().
 	Log *slog.Logger
 	// Quiet logs which policy is in force ("policy in force", "policy
@@ -351,15 +361,21 @@ type WatchOptions struct {
 	Quiet bool
 }
 
+// ErrNoJetStream is returned by WatchWith without WatchOptions.JS.
+var ErrNoJetStream = errors.New("policy: watch: WatchOptions.JS is required (the watcher creates its consumer on it)")
+
 // WatchWith is Watch with options.
 func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Source, error) {
+	if o.JS == nil {
+		return nil, ErrNoJetStream
+	}
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	s := &Source{log: log.With("bucket", kv.Bucket(), "key", Key), quiet: o.Quiet}
 	s.current.Store(&Snapshot{})
-	w, err := kv.Watch(ctx, Key)
+	w, err := follow.Watch(ctx, o.JS, kv, Key, follow.WatchOptions{Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("policy: watch %s %s: %w", kv.Bucket(), Key, err)
 	}
@@ -374,7 +390,8 @@ func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Sou
 		return nil, ctx.Err()
 	}
 	if first != nil {
-		if err := s.start(ctx, kv, first); err != nil {
+		if err := s.start(ctx, o.JS, kv, first); err != nil {
+			w.Stop()
 			return nil, err
 		}
 	}
@@ -388,12 +405,13 @@ func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Sou
 	return s, nil
 }
 
-// start takes the newest revision that decodes, from first backwards.
-func (s *Source) start(ctx context.Context, kv jetstream.KeyValue, first jetstream.KeyValueEntry) error {
+// start takes the newest revision that decodes, from first backwards (the
+// history read as the watch reads: follow.History).
+func (s *Source) start(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, first jetstream.KeyValueEntry) error {
 	if s.apply(first) {
 		return nil
 	}
-	all, err := kv.History(ctx, Key)
+	all, err := follow.History(ctx, js, kv, Key, s.log)
 	if err != nil {
 		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
 	}

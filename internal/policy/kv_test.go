@@ -77,7 +77,7 @@ func TestWatchFollowsPlainPuts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if srcs[i], err = policy.Watch(ctx, bucket, slog.New(slog.NewTextHandler(&logs[i], nil))); err != nil {
+		if srcs[i], err = policy.Watch(ctx, js, bucket, slog.New(slog.NewTextHandler(&logs[i], nil))); err != nil {
 			t.Fatal(err)
 		}
 		if srcs[i].Rev() != 0 || srcs[i].For("css_fix").Model != "" {
@@ -151,7 +151,7 @@ func TestWatchFollowsPlainPuts(t *testing.T) {
 // An instance that starts when the newest revision does not decode runs the
 // newest one that does — the one the running instances kept.
 func TestWatchStartsFromNewestValidRevision(t *testing.T) {
-	_, kv := policyBucket(t)
+	srv, kv := policyBucket(t)
 	ctx := context.Background()
 	good, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
 	if err != nil {
@@ -162,7 +162,7 @@ func TestWatchStartsFromNewestValidRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	src, err := policy.Watch(ctx, kv, slog.New(slog.NewTextHandler(&logs, nil)))
+	src, err := policy.Watch(ctx, srv.JS, kv, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +384,7 @@ func TestInForceSkipsRefusedRevisions(t *testing.T) {
 // A quiet watcher (a one-shot command's) logs which policy is in force at
 // debug level; a service's at info; refusals are errors either way.
 func TestWatchQuietLogsInForceAtDebug(t *testing.T) {
-	_, kv := policyBucket(t)
+	srv, kv := policyBucket(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	good, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
@@ -394,7 +394,7 @@ func TestWatchQuietLogsInForceAtDebug(t *testing.T) {
 	watch := func(quiet bool, level slog.Level) (*policy.Source, *logBuffer) {
 		var logs logBuffer
 		src, err := policy.WatchWith(ctx, kv, policy.WatchOptions{
-			Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level})), Quiet: quiet,
+			JS: srv.JS, Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level})), Quiet: quiet,
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 
 // Users are the NATS users of deploy/nats/users.conf. The password of user u
 // is read from the environment variable PasswordVar(u).
-var Users = []string{"intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper", "web", "client", "admin"}
+var Users = []string{"intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper", "web", "client", "auditor", "admin"}
 
 // PasswordVar is the environment variable users.conf reads user's password from.
 func PasswordVar(user string) string { return "NATS_PASSWORD_" + strings.ToUpper(user) }
@@ -95,12 +95,14 @@ func ClusterNode(t testing.TB, natsDir string, i, clientPort int, routePorts []i
 // users.conf as they are, but on loopback ports with its store in a temp
 // dir.
 type NATS struct {
-	// URL is the client URL.
-	URL  string
-	Proc *Process
-	bin  string
-	dir  string
-	port int
+	// URL is the client URL; Monitor the monitoring port's
+	// (http://127.0.0.1:<port>), reachable here as an attacker inside the
+	// host or cluster network would have it.
+	URL, Monitor string
+	Proc         *Process
+	bin          string
+	dir          string
+	port         int
 }
 
 // StartNATS runs bin with natsDir's single.conf (and users.conf) on client
@@ -115,7 +117,7 @@ func StartNATS(t testing.TB, bin, natsDir string, port int) *NATS {
 	conf := readFile(t, filepath.Join(natsDir, "single.conf"))
 	for _, r := range [][2]string{
 		{"listen: 0.0.0.0:4222", "listen: " + listen},
-		{"http: 0.0.0.0:8222", "http: 127.0.0.1:-1"},
+		{"http: 127.0.0.1:8222", "http: 127.0.0.1:-1"},
 		{`store_dir: "/data/jetstream"`, fmt.Sprintf("store_dir: %q", filepath.Join(dir, "jetstream"))},
 	} {
 		if !strings.Contains(conf, r[0]) {
@@ -141,7 +143,7 @@ func (n *NATS) start(t testing.TB) {
 		os.Remove(f)
 	}
 	n.Proc = Start(t, "nats-server", os.Environ(), n.bin, "-c", filepath.Join(n.dir, "single.conf"))
-	var ports struct{ Nats []string }
+	var ports struct{ Nats, Monitoring []string }
 	WaitFor(t, 45*time.Second, "nats-server's ports file", func() error {
 		if n.Proc.Exited() {
 			t.Fatalf("nats-server exited: %v\n%s", n.Proc.Err, n.Proc.Output())
@@ -160,6 +162,9 @@ func (n *NATS) start(t testing.TB) {
 		return nil
 	})
 	n.URL = ports.Nats[0]
+	if len(ports.Monitoring) > 0 {
+		n.Monitor = ports.Monitoring[0]
+	}
 }
 
 // Stop stops the server with sig (SIGTERM: a clean shutdown, SIGKILL: a

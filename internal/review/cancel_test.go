@@ -107,7 +107,7 @@ func waitIdle(t *testing.T, m *reviewtest.Mesh, durable string) {
 	ctx, cancel := context.WithTimeout(bg, reviewtest.Patience)
 	defer cancel()
 	for {
-		c, err := m.Srv.JS.Consumer(ctx, services.Stream, durable)
+		c, err := m.Srv.JS.Consumer(ctx, services.StreamOf(durable), durable)
 		if err == nil {
 			info, err := c.Info(ctx)
 			if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {

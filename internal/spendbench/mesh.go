@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
@@ -107,7 +108,7 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	done := make(chan map[string]events.TaskState, 1)
 	watchErr := make(chan error, 1)
 	go func() {
-		states, err := waitTerminal(waitCtx, kv, tasks)
+		states, err := waitTerminal(waitCtx, js, kv, tasks)
 		done <- states
 		watchErr <- err
 	}()
@@ -208,13 +209,13 @@ func submit(ctx context.Context, js jetstream.JetStream, t Task) error {
 // waitTerminal watches the task bucket until every task's status is
 // terminal, and returns the last state seen of each. When ctx ends first it
 // returns what it has with ctx's error.
-func waitTerminal(ctx context.Context, kv jetstream.KeyValue, tasks []Task) (map[string]events.TaskState, error) {
+func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, tasks []Task) (map[string]events.TaskState, error) {
 	want := make(map[string]bool, len(tasks))
 	for _, t := range tasks {
 		want[t.ID] = true
 	}
 	states := make(map[string]events.TaskState, len(tasks))
-	w, err := kv.WatchAll(ctx)
+	w, err := follow.WatchAll(ctx, js, kv, follow.WatchOptions{})
 	if err != nil {
 		return states, err
 	}

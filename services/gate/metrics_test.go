@@ -200,7 +200,7 @@ func waitConsumerIdle(t *testing.T, js jetstream.JetStream, name string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := js.Consumer(context.Background(), services.Stream, name)
+		c, err := js.Consumer(context.Background(), services.StreamOf(name), name)
 		if err == nil {
 			if ci, err := c.Info(context.Background()); err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 {
 				return

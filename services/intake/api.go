@@ -1,12 +1,14 @@
 package intake
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,20 +35,24 @@ const (
 // DefaultMaxWaits is API.MaxWaits when unset.
 const DefaultMaxWaits = 1024
 
-// API serves dispatch.api.submit, dispatch.api.status and dispatch.api.wait
-// as a micro service (listed by `nats micro ls`). Every answer is JSON; a
+// API serves dispatch.api.submit, dispatch.api.status, dispatch.api.wait
+// and dispatch.api.watch as a micro service (listed by `nats micro ls`). Every answer is JSON; a
 // failure is an events.ErrorReply whose code and message are also in the
 // micro error headers. Invalid submissions are answered with code 400 and
 // the problems, and kept on dispatch.review.rejected.
 type API struct {
 	JS    jetstream.JetStream
 	Tasks *services.TaskStore
-	// MaxWaits bounds the waits this instance holds at once; more are
-	// answered 503. Default DefaultMaxWaits.
+	// MaxWaits bounds the waits (and watches) this instance holds at
+	// once; more are answered 503. Default DefaultMaxWaits.
 	MaxWaits int
+	// Log receives what a watch's follower noticed (a forged delivery).
+	// Default slog.Default().
+	Log *slog.Logger
 
 	mu      sync.Mutex
-	stream  jetstream.Stream // bound on first use
+	stream  jetstream.Stream // the task stream, bound on first use
+	submits jetstream.Stream // the submissions' stream, bound on first use
 	ctx     context.Context  // ends the waits in progress on Stop
 	stop    context.CancelFunc
 	waiting int
@@ -62,7 +68,7 @@ func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        services.MicroService,
 		Version:     version,
-		Description: "dispatchmesh: synchronous task submit, status and wait",
+		Description: "dispatchmesh: synchronous task submit, status, wait and watch",
 	})
 	if err != nil {
 		return nil, err
@@ -74,6 +80,7 @@ func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
 		{"submit", events.SubmitAPI, a.submit},
 		{"status", StatusAPI, a.status},
 		{"wait", WaitAPI, a.wait},
+		{"watch", events.APIWatch, a.watch},
 	} {
 		if err := svc.AddEndpoint(e.name, e.handler, micro.WithEndpointSubject(e.subject)); err != nil {
 			_ = svc.Stop()
@@ -155,11 +162,47 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 	if err != nil {
 		return SubmitReply{}, err
 	}
-	ack, err := a.JS.Publish(ctx, events.SubmitSubject(sub.Type), body, jetstream.WithMsgID("submit:"+sub.ID))
+	subject := events.SubmitSubject(sub.Type)
+	ack, err := a.JS.Publish(ctx, subject, body, jetstream.WithMsgID(submitMsgID(sub.ID, body)))
 	if err != nil {
 		return SubmitReply{}, fmt.Errorf("queue task: %w", err)
 	}
+	if ack.Duplicate {
+		// Clients choose their Msg-Ids on the submissions' stream too:
+		// believe the duplicate only if what is stored is this submission.
+		same, err := a.stored(ctx, ack, subject, body)
+		if err != nil {
+			return SubmitReply{}, fmt.Errorf("queue task: %w", err)
+		}
+		if !same {
+			ack, err = a.JS.Publish(ctx, subject, body, jetstream.WithMsgID(submitMsgID(sub.ID, body)+":"+nuid.Next()))
+			if err != nil {
+				return SubmitReply{}, fmt.Errorf("queue task: %w", err)
+			}
+		}
+	}
 	return SubmitReply{ID: sub.ID, Duplicate: ack.Duplicate}, nil
+}
+
+// submitMsgID is the Msg-Id the API queues a submission under: the same
+// id and body twice within the window are stored once.
+func submitMsgID(id string, body []byte) string {
+	sum := sha256.Sum256(body)
+	return "submit:" + id + ":" + hex.EncodeToString(sum[:12])
+}
+
+// stored reports whether the message the submissions' stream answered ack
+// with is the submission published: same subject, same bytes.
+func (a *API) stored(ctx context.Context, ack *jetstream.PubAck, subject string, body []byte) (bool, error) {
+	s, err := a.bind(ctx, services.SubmitStream, &a.submits)
+	if err != nil {
+		return false, err
+	}
+	raw, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		return false, fmt.Errorf("read %s#%d: %w", ack.Stream, ack.Sequence, err)
+	}
+	return raw.Subject == subject && bytes.Equal(raw.Data, body), nil
 }
 
 func (a *API) keepRejected(ctx context.Context, data []byte, id string, cause error) error {
@@ -244,17 +287,27 @@ func rejection(id string, h nats.Header, original []byte) *events.APIError {
 
 // lastMsg is the last message stored on subject in the task stream.
 func (a *API) lastMsg(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
-	a.mu.Lock()
-	stream := a.stream
-	a.mu.Unlock()
-	if stream == nil {
-		s, err := a.JS.Stream(ctx, services.Stream)
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w", services.Stream, err)
-		}
-		a.mu.Lock()
-		a.stream, stream = s, s
-		a.mu.Unlock()
+	stream, err := a.bind(ctx, services.Stream, &a.stream)
+	if err != nil {
+		return nil, err
 	}
 	return stream.GetLastMsgForSubject(ctx, subject)
+}
+
+// bind returns *held, binding the named stream on first use.
+func (a *API) bind(ctx context.Context, name string, held *jetstream.Stream) (jetstream.Stream, error) {
+	a.mu.Lock()
+	stream := *held
+	a.mu.Unlock()
+	if stream != nil {
+		return stream, nil
+	}
+	s, err := a.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	a.mu.Lock()
+	*held = s
+	a.mu.Unlock()
+	return s, nil
 }

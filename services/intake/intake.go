@@ -34,10 +34,10 @@ func New(cfg Config) (*Service, error) {
 	return &Service{cfg: cfg, log: cfg.Log.With("service", "intake")}, nil
 }
 
-// Spec is the service's consumer: every submission, bare dispatch.submit
-// included (it names no type: it is rejected, not lost).
+// Spec is the service's consumer, on the submissions' own stream: every
+// submission, bare dispatch.submit included (it names no type: it is rejected, not lost).
 func (s *Service) Spec() services.Spec {
-	return services.Spec{Name: services.ConsumerIntake, Filters: events.SubmitFilters, Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch}
+	return services.Spec{Name: services.ConsumerIntake, Stream: services.SubmitStream, Filters: events.SubmitFilters, Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch}
 }
 
 // Handle accepts one submission.

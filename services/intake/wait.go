@@ -79,7 +79,7 @@ func (a *API) Wait(ctx context.Context, id string, timeout time.Duration) (event
 
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	w, err := a.Tasks.Watch(wctx, id)
+	w, err := a.Tasks.Follow(wctx, a.JS, id)
 	if err != nil {
 		return events.WaitReply{}, fmt.Errorf("watch task %s: %w", id, err)
 	}

@@ -64,7 +64,7 @@ func Start(t testing.TB, script openaitest.Script, o Options) *Mesh {
 	if _, err := policy.Put(ctx, stores.Policy, o.Policy); err != nil {
 		t.Fatal(err)
 	}
-	if m.Policy, err = policy.Watch(ctx, stores.Policy, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if m.Policy, err = policy.Watch(ctx, m.Srv.JS, stores.Policy, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

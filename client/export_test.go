@@ -1,4 +1,0 @@
-package client
-
-// StreamForTest is the stream the client reads task events from.
-const StreamForTest = stream

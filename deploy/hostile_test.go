@@ -1,0 +1,347 @@
+package deploy_test
+
+// A hostile client against the deployment as shipped: nats-server from
+// nats/single.conf and nats/users.conf (its monitoring port reachable, as
+// an attacker inside the host or cluster network would have it), every
+// service as `dispatch <service>` under its own user. The attacker holds
+// the client user's password and tries each attack issue #20 names; each
+// is refused or harmless, and the tasks it aimed at still end.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/client"
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/services"
+)
+
+func TestHostileClient(t *testing.T) {
+	natsServer, dispatch := proctest.Build(t)
+	pw := proctest.SetPasswords(t)
+	srv := proctest.StartNATS(t, natsServer, "nats", 0)
+	url := srv.URL
+	admin := connect(t, url, "admin", pw["admin"], "")
+	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := admin.js.AccountInfo(context.Background()); return err })
+	as := func(user string) []string {
+		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+	}
+	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
+		t.Fatalf("dispatch provision said:\n%s", out)
+	}
+	running := map[string]*proctest.Process{}
+	for _, name := range mesh.All {
+		running[name] = proctest.Start(t, name, as(name), dispatch, name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
+	defer cancel()
+
+	attacker := connect(t, url, "client", pw["client"], "_INBOX.client")
+	gc, err := client.New(attacker.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ready once the API answers.
+	proctest.WaitFor(t, patience, "the API", func() error {
+		proctest.CheckRunning(t, running)
+		_, err := gc.Status(ctx, "nothing-yet")
+		if err != nil && !strings.Contains(err.Error(), "not found") {
+			return err
+		}
+		return nil
+	})
+
+	// The monitoring port names every service's inboxes.
+	inboxes := serviceInboxes(t, srv.Monitor)
+	if len(inboxes["executor"]) == 0 {
+		t.Fatalf("the monitoring port lists no executor inbox: %v", inboxes)
+	}
+	executorInbox := inboxes["executor"][0]
+
+	// 1. A push consumer aimed at a service's inbox, a tool or a verifier
+	// subject, on any stream: no consumer of any kind may be created.
+	for _, stream := range []string{services.Stream, services.SubmitStream, "KV_" + services.BucketPolicy, services.OutcomeStream} {
+		for _, deliver := range []string{executorInbox, "tool.exec", "verify.css_fix"} {
+			body, _ := json.Marshal(map[string]any{"stream_name": stream, "config": map[string]any{
+				"name": "pwn", "deliver_subject": deliver, "ack_policy": "none"}})
+			attacker.denyPublishBody(t, "$JS.API.CONSUMER.CREATE."+stream+".pwn", body)
+		}
+	}
+	// 2. A forged policy update: the bucket is admin's alone.
+	attacker.denyPublish(t, "$KV."+services.BucketPolicy+".current")
+	// 3. Publishing as a service: a stage's event, a review decision.
+	attacker.denyPublish(t, events.TaskSubject("victim-1", events.StageSucceeded))
+	attacker.denyPublish(t, events.ReviewSubject(events.ReviewAction, "victim-1"))
+	// 4. Reading another task's state or events directly.
+	for _, s := range []string{
+		"$JS.API.DIRECT.GET.KV_" + services.BucketTasks + ".$KV." + services.BucketTasks + ".victim-1",
+		"$JS.API.STREAM.MSG.GET.KV_" + services.BucketTasks,
+		"$JS.API.STREAM.MSG.GET." + services.Stream,
+		"$JS.API.DIRECT.GET." + services.Stream + "." + events.TaskFilter("victim-1"),
+		"$JS.API.STREAM.MSG.GET." + services.SubmitStream,
+	} {
+		attacker.denyPublish(t, s)
+	}
+	attacker.noViolations(t)
+
+	// 5. Squatting the ids a service or the API will publish under, before
+	// the victims are submitted, with junk that also carries headers naming
+	// another task and a service.
+	victimTask := client.Task{ID: "victim-2", Type: "css_fix", Subject: "src/victim2.css"}
+	victimBody, err := json.Marshal(victimTask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(victimBody)
+	var squats []string
+	for _, stage := range []string{"index", events.StageQueued, events.StageVerified, events.StageAdmitted, events.StagePrompted, events.StageExecuted, events.StageSucceeded} {
+		squats = append(squats, events.MsgID("victim-1", 1, stage))
+	}
+	squats = append(squats, "submit:victim-2", "submit:victim-2:"+hex.EncodeToString(sum[:12]), "submit:victim-2:"+hex.EncodeToString(sum[:]))
+	for _, id := range squats {
+		m := nats.NewMsg(events.SubmitSubject("css_fix"))
+		m.Data = []byte("junk, not a task")
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		m.Header.Set(events.HeaderTaskID, "victim-1")
+		m.Header.Set(events.HeaderService, "recorder@forged")
+		ack, err := attacker.js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatalf("squat %s: %v", id, err)
+		}
+		if ack.Stream != services.SubmitStream {
+			t.Fatalf("a client's message is stored on %s, want %s", ack.Stream, services.SubmitStream)
+		}
+	}
+
+	// 6. Insider: web may create consumers on DISPATCH. It aims push
+	// consumers at every inbox of every service, delivering a forged policy
+	// that would run a command as the executor.
+	marker := filepath.Join(t.TempDir(), "pwned")
+	forged := fmt.Sprintf(`{"types": {"pwn_fix": {"executor": "command", "command": ["/bin/sh", "-c", "touch %s"]}}}`, marker)
+	web := connect(t, url, "web", pw["web"], "_INBOX.web")
+	pwnSubject := events.ReviewSubject(events.ReviewAction, "pwn")
+	var aimed []string
+	for user, list := range inboxes {
+		for i, inbox := range list {
+			name := fmt.Sprintf("pwn-%s-%d", user, i)
+			_, err := web.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{
+				Name: name, DeliverSubject: inbox, FilterSubject: pwnSubject, AckPolicy: jetstream.AckNonePolicy,
+			})
+			if err != nil {
+				t.Fatalf("web aims a consumer at %s: %v", inbox, err)
+			}
+			aimed = append(aimed, name)
+		}
+	}
+	fm := nats.NewMsg(pwnSubject)
+	fm.Data = []byte(forged)
+	fm.Header.Set("KV-Operation", "PUT")
+	if _, err := web.js.PublishMsg(ctx, fm); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range aimed {
+		proctest.WaitFor(t, patience, "the forged message delivered by "+name, func() error {
+			// A push consumer: jetstream.Consumer binds pull consumers only.
+			msg, err := admin.nc.Request("$JS.API.CONSUMER.INFO."+services.Stream+"."+name, nil, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			var info jetstream.ConsumerInfo
+			if err := json.Unmarshal(msg.Data, &info); err != nil {
+				return err
+			}
+			if info.Delivered.Stream == 0 {
+				return fmt.Errorf("not yet: %s", msg.Data)
+			}
+			return nil
+		})
+	}
+
+	// The executor saw the forgery and said so (its policy watcher, or its
+	// router, whichever inbox the message reached first).
+	proctest.WaitFor(t, patience, "the executor to report the forged deliveries", func() error {
+		out := running[mesh.Executor].Output()
+		if strings.Contains(out, "forged delivery ignored") || strings.Contains(out, "delivered by another consumer ignored") {
+			return nil
+		}
+		return fmt.Errorf("not yet")
+	})
+
+	// The victims, submitted after the squats: each still ends. victim-1
+	// with `dispatch submit -wait` (its stages come through the watch API),
+	// victim-2 through the submit API with the Go client (Watch, Wait).
+	sub := proctest.Start(t, "submit-victim-1", as("client"), dispatch, "submit", "-id", "victim-1", "-type", "css_fix",
+		"-subject", "src/victim1.css", "-wait", "-timeout", patience.String())
+	submitted, err := gc.Submit(ctx, victimTask)
+	if err != nil || submitted.ID != "victim-2" || submitted.Duplicate {
+		t.Fatalf("submit victim-2 after its id was squatted: %+v, %v; want a new task", submitted, err)
+	}
+	var stages []string
+	wctx, wcancel := context.WithTimeout(ctx, patience)
+	err = gc.Watch(wctx, "victim-2", func(e client.Event) bool {
+		stages = append(stages, e.Stage)
+		final, _ := e.Final()
+		return !final
+	})
+	wcancel()
+	if err != nil || !slices.Contains(stages, events.StageSucceeded) {
+		t.Fatalf("watch victim-2 as the client: %v, stages %v", err, stages)
+	}
+	out, err := gc.Wait(ctx, "victim-2")
+	if err != nil || out.Status != events.StatusSucceeded {
+		t.Fatalf("wait victim-2: %+v, %v", out, err)
+	}
+	if o := sub.Wait(t, patience, running); sub.Err != nil || !strings.Contains(o, events.StageSucceeded) {
+		t.Fatalf("dispatch submit -wait victim-1 as the client: %v\n%s", sub.Err, o)
+	}
+
+	// The junk is kept as rejected submissions, saying nothing the client
+	// claimed: no task id, no service.
+	checkRejectedJunk(ctx, t, admin, len(squats))
+
+	// The forged policy reached no service: admin's next policy set reaches
+	// every one, and no service ever had a policy it did not come from.
+	file := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(file, []byte(`{"types": {"css_fix": {"max_retries": 4}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set := proctest.RunToEnd(t, patience, "policy-set", as("admin"), dispatch, "policy", "set", file)
+	var rev uint64
+	if _, err := fmt.Sscanf(set[strings.Index(set, "policy revision "):], "policy revision %d in force", &rev); err != nil || rev == 0 {
+		t.Fatalf("dispatch policy set as admin: %v\n%s", err, set)
+	}
+	inForce := regexp.MustCompile(`msg="policy in force" bucket=` + services.BucketPolicy + ` key=current rev=(\d+)`)
+	for _, name := range mesh.All {
+		if name == mesh.Reaper {
+			continue // decides nothing with the policy
+		}
+		proctest.WaitFor(t, patience, name+" to apply revision "+fmt.Sprint(rev), func() error {
+			proctest.CheckRunning(t, running)
+			for _, m := range inForce.FindAllStringSubmatch(running[name].Output(), -1) {
+				if m[1] == fmt.Sprint(rev) {
+					return nil
+				}
+			}
+			return fmt.Errorf("not yet")
+		})
+		for _, m := range inForce.FindAllStringSubmatch(running[name].Output(), -1) {
+			if m[1] != "1" && m[1] != fmt.Sprint(rev) {
+				t.Errorf("%s had policy revision %s in force; the bucket only ever held 1 and %d", name, m[1], rev)
+			}
+		}
+	}
+	// A task of the forged type runs as the real policy says (the
+	// simulated model), never the forged command.
+	if _, err := gc.Submit(ctx, client.Task{ID: "pwn-1", Type: "pwn_fix", Subject: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := gc.Wait(ctx, "pwn-1"); err != nil || out.Status != events.StatusSucceeded {
+		t.Fatalf("wait pwn-1: %+v, %v", out, err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the forged policy's command ran on the executor host")
+	}
+	proctest.CheckRunning(t, running)
+}
+
+// denyPublishBody is denyPublish with a body.
+func (c *conn) denyPublishBody(t *testing.T, subject string, body []byte) {
+	t.Helper()
+	if err := c.nc.Publish(subject, body); err != nil {
+		t.Fatalf("%s: publish %s: %v", c.user, subject, err)
+	}
+	c.waitViolation(t, "Publish", subject)
+}
+
+// serviceInboxes reads the monitoring port's /connz?subs=1&auth=1, as an
+// attacker on the network would: every subscription below _INBOX.<user>.,
+// by user.
+func serviceInboxes(t *testing.T, monitor string) map[string][]string {
+	t.Helper()
+	res, err := http.Get(monitor + "/connz?subs=1&auth=1&limit=1000")
+	if err != nil {
+		t.Fatalf("monitoring: %v", err)
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var connz struct {
+		Connections []struct {
+			User string   `json:"authorized_user"`
+			Subs []string `json:"subscriptions_list"`
+		} `json:"connections"`
+	}
+	if err := json.Unmarshal(data, &connz); err != nil {
+		t.Fatalf("connz: %v", err)
+	}
+	out := map[string][]string{}
+	for _, c := range connz.Connections {
+		if !slices.Contains(mesh.All, c.User) {
+			continue
+		}
+		for _, s := range c.Subs {
+			// A wildcard (a request mux) cannot be a deliver subject.
+			if strings.HasPrefix(s, "_INBOX."+c.User+".") && !strings.ContainsAny(s, "*>") {
+				out[c.User] = append(out[c.User], s)
+			}
+		}
+	}
+	return out
+}
+
+// checkRejectedJunk reads the rejected records of the submissions' junk
+// (admin): at least n, none carrying a task id or service the client wrote.
+func checkRejectedJunk(ctx context.Context, t *testing.T, admin *conn, n int) {
+	t.Helper()
+	var found int
+	proctest.WaitFor(t, patience, fmt.Sprintf("%d rejected submissions", n), func() error {
+		oc, err := admin.js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{events.ReviewSubject(events.ReviewRejected, "*")},
+		})
+		if err != nil {
+			return err
+		}
+		info, err := oc.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if int(info.NumPending) < n {
+			return fmt.Errorf("%d so far", info.NumPending)
+		}
+		batch, err := oc.Fetch(int(info.NumPending), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return err
+		}
+		found = 0
+		for m := range batch.Messages() {
+			found++
+			h := m.Headers()
+			if h.Get(events.HeaderTaskID) == "victim-1" || strings.Contains(h.Get(events.HeaderService), "forged") {
+				t.Fatalf("a rejected submission carries the client's headers: %s %v", m.Subject(), h)
+			}
+		}
+		return batch.Error()
+	})
+	if found < n {
+		t.Fatalf("%d rejected submissions, want %d", found, n)
+	}
+}
