@@ -3,5 +3,7 @@
 // CLI (cli/), Node.js (js/, npm package "nats"; also a verifier and a tool
 // written as NATS micro services), C (c/, Debian's libnats-dev) and the Go
 // client (go/) — and the interop test that runs every one of them against
-// a real `dispatch up`.
+// a real `dispatch up`, then the submitting ones, as the untrusted client
+// user, against the deployment of deploy/ (NATS_USER, NATS_PASSWORD,
+// NATS_INBOX_PREFIX).
 package examples

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,10 +18,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
 )
 
 // patience bounds every wait: a deadlock guard, not a timing assertion.
@@ -28,67 +33,129 @@ const patience = 2 * time.Minute
 // badTask is invalid twice over: every example must show both problems.
 const badTask = `{"type":"css_fix","max_retries":-1}`
 
-// TestExamplesInterop builds dispatch, starts `dispatch up` (embedded NATS
-// on a free port, a temp data dir, a fake OpenAI-compatible model that calls
-// the type's tool) and runs every example against it as a user would: each
-// must see its task succeed, and the clear validation error of a bad task.
-// The JavaScript verifier and tool run as micro services, and every task
-// goes through them. Outside CI an example whose toolchain is missing is
-// skipped, saying so; in CI (CI set, as .ci/run does) it fails.
+// TestExamplesInterop runs every example as a user would, twice. Each must
+// see its task succeed, and the clear validation error of a bad task.
+//
+// First against `dispatch up` (embedded NATS on a free port, no auth, a
+// temp data dir, a fake OpenAI-compatible model that calls the type's
+// tool): the JavaScript verifier and tool run as micro services, and every
+// task goes through them.
+//
+// Then against the deployment as shipped: nats-server loaded from
+// deploy/nats/single.conf and users.conf, `dispatch provision` as admin,
+// every service as `dispatch <service>` under its own user (the SIMULATED
+// model: no API key), and the submitting examples as the untrusted client
+// user, given NATS_USER, NATS_PASSWORD and NATS_INBOX_PREFIX.
+//
+// Outside CI an example whose toolchain is missing is skipped, saying so;
+// in CI (CI set, as .ci/run does) it fails.
 func TestExamplesInterop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs programs: not with -short")
 	}
 	start := time.Now()
+	natsServer, dispatch := proctest.Build(t)
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/dispatchmesh/dispatchmesh/cmd/dispatch", "github.com/dispatchmesh/dispatchmesh/examples/go")
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "github.com/dispatchmesh/dispatchmesh/examples/go")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	t.Logf("built dispatch and the Go example in %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("built nats-server, dispatch and the Go example in %s", time.Since(start).Round(time.Millisecond))
 
 	node := toolchain("node", "js/node_modules/nats/package.json")
-	model := fakeModel(t)
-	policy := `{}`
-	if node.missing == "" {
-		policy = `{"types": {"css_fix": {
-			"verifier": {"kind": "nats", "subject": "verify.css_fix", "timeout": "30s"},
-			"tools": [{"name": "lookup_selector", "subject": "tool.css.lookup", "description": "Find where a CSS selector is defined",
-				"parameters": {"type": "object", "properties": {"selector": {"type": "string"}}, "required": ["selector"]}}]}}}`
-	}
-	url := startUp(t, filepath.Join(bin, "dispatch"), model.URL+"/v1", policy)
-	t.Logf("dispatch up at %s after %s", url, time.Since(start).Round(time.Millisecond))
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := client.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The JavaScript verifier and tool: every css_fix task goes through them.
-	if node.missing == "" {
-		for _, prog := range []string{"verifier.mjs", "tool.mjs"} {
-			background(t, url, "js", "node", prog)
-		}
-		waitServices(t, nc, "css_verifier", "css_tools")
-	}
-
-	for _, ex := range []struct {
-		name string
-		tc   tc
-		argv []string
-		// prepare runs first (a compiler) when set.
-		prepare []string
-	}{
+	submitters := []example{
 		{"cli", toolchain("nats", ""), []string{"sh", "cli/submit.sh"}, nil},
 		{"js", node, []string{"node", "js/submit.mjs"}, nil},
 		{"c", toolchain("cc", "/usr/include/nats/nats.h"), []string{filepath.Join(bin, "submit-c")},
 			[]string{"cc", "-Wall", "-Werror", "-o", filepath.Join(bin, "submit-c"), "c/submit.c", "-lnats"}},
 		{"go", tc{}, []string{filepath.Join(bin, "go")}, nil},
-	} {
+	}
+
+	t.Run("up", func(t *testing.T) {
+		begun := time.Now()
+		model := fakeModel(t)
+		policy := `{}`
+		if node.missing == "" {
+			policy = `{"types": {"css_fix": {
+				"verifier": {"kind": "nats", "subject": "verify.css_fix", "timeout": "30s"},
+				"tools": [{"name": "lookup_selector", "subject": "tool.css.lookup", "description": "Find where a CSS selector is defined",
+					"parameters": {"type": "object", "properties": {"selector": {"type": "string"}}, "required": ["selector"]}}]}}}`
+		}
+		url := startUp(t, dispatch, model.URL+"/v1", policy)
+		t.Logf("dispatch up at %s after %s", url, time.Since(begun).Round(time.Millisecond))
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		c, err := client.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := target{url: url, answer: "aligned the button"}
+
+		// The JavaScript verifier and tool: every css_fix task goes through them.
+		if node.missing == "" {
+			for _, prog := range []string{"verifier.mjs", "tool.mjs"} {
+				background(t, m.env(), "js", "node", prog)
+			}
+			waitServices(t, nc, "css_verifier", "css_tools")
+			m.succeeded = func(t *testing.T, id, out string) { throughJS(t, c, id, out) }
+		}
+		runExamples(t, m, submitters)
+
+		// The JavaScript verifier can also say a problem is gone: the task is
+		// cancelled before any model call.
+		if node.missing == "" {
+			out, code := run(t, m.env(), "node", "js/submit.mjs", `{"type":"css_fix","subject":"src/done.fixed.css"}`)
+			if code != 1 || !strings.Contains(out, "cancelled") {
+				t.Fatalf("a stale task: exited %d, want it cancelled:\n%s", code, out)
+			}
+		}
+	})
+
+	// The default policy has no verifier or tools for css_fix: the
+	// JavaScript ones do not run here.
+	t.Run("deployed", func(t *testing.T) {
+		begun := time.Now()
+		m := startDeployed(t, natsServer, dispatch)
+		t.Logf("the deployment at %s after %s", m.url, time.Since(begun).Round(time.Millisecond))
+		runExamples(t, m, submitters)
+	})
+	t.Logf("interop test took %s", time.Since(start).Round(time.Millisecond))
+}
+
+// example is a submitting example: the toolchain it needs, how to run it
+// (in examples/; the task is appended when one is given) and, when set, a
+// command to run first (a compiler).
+type example struct {
+	name    string
+	tc      tc
+	argv    []string
+	prepare []string
+}
+
+// target is a running mesh the examples submit to.
+type target struct {
+	url string
+	// vars are the examples' settings besides NATS_URL (NATS_USER, …).
+	vars []string
+	// answer is what the printed answer of a task must say ("": anything).
+	answer string
+	// succeeded, when set, checks a task that succeeded further.
+	succeeded func(t *testing.T, id, out string)
+	// running are the mesh's processes, which must not exit.
+	running map[string]*proctest.Process
+}
+
+// env is the environment of the examples run against m.
+func (m target) env() []string { return append(env(m.url), m.vars...) }
+
+// runExamples runs each example, as a subtest, against m: a task must
+// succeed with its answer printed, a bad task must show both its problems.
+func runExamples(t *testing.T, m target, examples []example) {
+	t.Helper()
+	for _, ex := range examples {
 		t.Run(ex.name, func(t *testing.T) {
 			if ex.tc.missing != "" {
 				if os.Getenv("CI") != "" {
@@ -98,23 +165,24 @@ func TestExamplesInterop(t *testing.T) {
 			}
 			begun := time.Now()
 			if ex.prepare != nil {
-				if out, code := run(t, url, ex.prepare...); code != 0 {
+				if out, code := run(t, m.env(), ex.prepare...); code != 0 {
 					t.Fatalf("%v exited %d:\n%s", ex.prepare, code, out)
 				}
 			}
-			out, code := run(t, url, ex.argv...)
-			if code != 0 || !strings.Contains(out, "succeeded") || !strings.Contains(out, "aligned the button") {
+			out, code := run(t, m.env(), ex.argv...)
+			proctest.CheckRunning(t, m.running)
+			if code != 0 || !strings.Contains(out, "succeeded") || !strings.Contains(out, m.answer) {
 				t.Fatalf("the example exited %d, want its task to succeed and its answer printed:\n%s", code, out)
 			}
-			m := submitted.FindStringSubmatch(out)
-			if m == nil {
+			id := submitted.FindStringSubmatch(out)
+			if id == nil {
 				t.Fatalf("the example did not say which task it submitted:\n%s", out)
 			}
-			if node.missing == "" {
-				throughJS(t, c, m[1], out)
+			if m.succeeded != nil {
+				m.succeeded(t, id[1], out)
 			}
 
-			out, code = run(t, url, append(ex.argv, badTask)...)
+			out, code = run(t, m.env(), append(ex.argv, badTask)...)
 			plain := strings.ReplaceAll(out, `\"`, `"`) // the CLI prints the JSON answer
 			if code == 0 || !strings.Contains(plain, `"subject" is required`) || !strings.Contains(plain, `"max_retries" must not be negative`) {
 				t.Fatalf("a bad task: the example exited %d, want the validation error:\n%s", code, out)
@@ -122,16 +190,63 @@ func TestExamplesInterop(t *testing.T) {
 			t.Logf("%s: ran in %s", ex.name, time.Since(begun).Round(time.Millisecond))
 		})
 	}
+}
 
-	// The JavaScript verifier can also say a problem is gone: the task is
-	// cancelled before any model call.
-	if node.missing == "" {
-		out, code := run(t, url, "node", "js/submit.mjs", `{"type":"css_fix","subject":"src/done.fixed.css"}`)
-		if code != 1 || !strings.Contains(out, "cancelled") {
-			t.Fatalf("a stale task: exited %d, want it cancelled:\n%s", code, out)
-		}
+// startDeployed runs the deployment as deploy/ ships it, until the test
+// ends: nats-server from deploy/nats (single.conf, users.conf) with fresh
+// passwords, `dispatch provision` as admin, every service under its own
+// user. It returns it once the API answers the client user, with that
+// user's settings for the examples.
+func startDeployed(t *testing.T, natsServer, dispatch string) target {
+	t.Helper()
+	pw := proctest.SetPasswords(t)
+	url := proctest.StartNATS(t, natsServer, filepath.Join(proctest.Root(t), "deploy", "nats"), 0).URL
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	admin, err := nats.Connect(url, nats.UserInfo("admin", pw["admin"]))
+	if err != nil {
+		t.Fatalf("connect as admin: %v", err)
 	}
-	t.Logf("interop test took %s", time.Since(start).Round(time.Millisecond))
+	defer admin.Close()
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := js.AccountInfo(ctx); return err })
+
+	as := func(user string) []string {
+		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+	}
+	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
+		t.Fatalf("dispatch provision said:\n%s", out)
+	}
+	running := map[string]*proctest.Process{}
+	for _, name := range mesh.All {
+		running[name] = proctest.Start(t, name, as(name), dispatch, name)
+	}
+
+	// Ready once intake's API answers the client user.
+	const inbox = "_INBOX.client"
+	nc, err := nats.Connect(url, nats.UserInfo("client", pw["client"]), nats.CustomInboxPrefix(inbox))
+	if err != nil {
+		t.Fatalf("connect as client: %v", err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, patience, "the API", func() error {
+		proctest.CheckRunning(t, running)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // then look at the services again
+		defer cancel()
+		if _, err := c.Status(ctx, "nothing-yet"); !errors.Is(err, client.ErrNotFound) {
+			return fmt.Errorf("status of an unknown task: %v", err)
+		}
+		return nil
+	})
+	return target{url: url, running: running,
+		vars: []string{"NATS_USER=client", "NATS_PASSWORD=" + pw["client"], "NATS_INBOX_PREFIX=" + inbox}}
 }
 
 // submitted finds the id an example printed: "submitted <id>, waiting".
@@ -184,24 +299,25 @@ func throughJS(t *testing.T, c *client.Client, id, out string) {
 }
 
 // env is the environment of the programs: this one's, without DISPATCH_*
-// settings, with NATS_URL.
+// and NATS_* settings (the users' passwords among them), with NATS_URL.
 func env(url string) []string {
 	var e []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPATCH_") && !strings.HasPrefix(kv, "NATS_URL=") {
+		if !strings.HasPrefix(kv, "DISPATCH_") && !strings.HasPrefix(kv, "NATS_") {
 			e = append(e, kv)
 		}
 	}
 	return append(e, "NATS_URL="+url)
 }
 
-// run runs argv in examples/ and returns its output and exit code.
-func run(t *testing.T, url string, argv ...string) (string, int) {
+// run runs argv in examples/ with environment env and returns its output
+// and exit code.
+func run(t *testing.T, env []string, argv ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	cmd := procgroup.Command(ctx, argv, ".", nil)
-	cmd.Env = env(url)
+	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {
@@ -222,12 +338,12 @@ func asExit(err error, ee **exec.ExitError) bool {
 	return ok
 }
 
-// background runs argv in dir until the test ends.
-func background(t *testing.T, url, dir string, argv ...string) *lockedBuffer {
+// background runs argv in dir with environment env until the test ends.
+func background(t *testing.T, env []string, dir string, argv ...string) *lockedBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := procgroup.Command(ctx, argv, dir, nil)
-	cmd.Env = env(url)
+	cmd.Env = env
 	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

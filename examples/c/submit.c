@@ -2,6 +2,8 @@
 // for its outcome, print it.
 //   cc -o submit submit.c -lnats && ./submit ['{"type":"css_fix","subject":"src/app.css"}']
 // NATS_URL says where `dispatch up` listens (default nats://127.0.0.1:4222).
+// As a user of deploy/ (the `client` user): NATS_USER, NATS_PASSWORD, and
+// NATS_INBOX_PREFIX=_INBOX.client, the only inbox it may read.
 #include <nats/nats.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +37,20 @@ int main(int argc, char **argv)
     const char *task = argc > 1 ? argv[1]
         : "{\"type\":\"css_fix\",\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}";
     const char *url = getenv("NATS_URL") ? getenv("NATS_URL") : "nats://127.0.0.1:4222";
+    natsOptions *opts = NULL;
     natsConnection *nc = NULL;
     char id[129], wait[256];
     int rc = 1;
 
-    if (natsConnection_ConnectTo(&nc, url) != NATS_OK) {
-        fprintf(stderr, "cannot connect to %s\n", url);
+    // Unset, getenv gives NULL: no user, the default inbox prefix _INBOX.
+    natsStatus s = natsOptions_Create(&opts);
+    if (s == NATS_OK) s = natsOptions_SetURL(opts, url);
+    if (s == NATS_OK) s = natsOptions_SetUserInfo(opts, getenv("NATS_USER"), getenv("NATS_PASSWORD"));
+    if (s == NATS_OK) s = natsOptions_SetCustomInboxPrefix(opts, getenv("NATS_INBOX_PREFIX"));
+    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
+    natsOptions_Destroy(opts);
+    if (s != NATS_OK) {
+        fprintf(stderr, "cannot connect to %s: %s\n", url, natsStatus_GetText(s));
         return 1;
     }
     char *answer = ask(nc, "dispatch.api.submit", task, 5000);   // {"id":"…"}

@@ -4,6 +4,8 @@
 //	go run ./examples/go ['{"type":"css_fix","subject":"src/app.css"}']
 //
 // NATS_URL says where `dispatch up` listens (default nats://127.0.0.1:4222).
+// As a user of deploy/ (the "client" user): NATS_USER, NATS_PASSWORD, and
+// NATS_INBOX_PREFIX=_INBOX.client, the only inbox it may read.
 package main
 
 import (
@@ -28,7 +30,11 @@ func main() {
 			fail(err)
 		}
 	}
-	nc, err := nats.Connect(cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL))
+	opts := []nats.Option{nats.UserInfo(os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"))} // unset: no user
+	if prefix := os.Getenv("NATS_INBOX_PREFIX"); prefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(prefix))
+	}
+	nc, err := nats.Connect(cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), opts...)
 	if err != nil {
 		fail(err)
 	}

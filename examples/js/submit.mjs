@@ -1,11 +1,17 @@
 // Submit a task to dispatchmesh from Node.js, wait for its outcome, print it.
 //   npm ci && node submit.mjs ['{"type":"css_fix","subject":"src/app.css"}']
 // NATS_URL says where `dispatch up` listens (default nats://127.0.0.1:4222).
+// As a user of deploy/ (the `client` user): NATS_USER, NATS_PASSWORD, and
+// NATS_INBOX_PREFIX=_INBOX.client, the only inbox it may read.
 import { connect, JSONCodec } from "nats";
 
 const task = process.argv[2] ??
   JSON.stringify({ type: "css_fix", subject: "src/app.css", payload: { issue: "button misaligned" } });
-const nc = await connect({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" });
+const { NATS_URL, NATS_USER, NATS_PASSWORD, NATS_INBOX_PREFIX } = process.env;
+const nc = await connect({
+  servers: NATS_URL ?? "nats://127.0.0.1:4222",
+  user: NATS_USER, pass: NATS_PASSWORD, inboxPrefix: NATS_INBOX_PREFIX, // unset: no user, the default _INBOX
+});
 const jc = JSONCodec();
 
 // Every answer is JSON; a failed one is {"error": {"code", "message", "problems"}}.
