@@ -17,10 +17,19 @@ import (
 // lookupTimeout bounds the reads that complete a wait's answer.
 const lookupTimeout = 5 * time.Second
 
-// wait answers dispatch.api.wait. A micro endpoint's handler runs on its
-// subscription's one goroutine: each wait runs on its own, at most MaxWaits
-// at once.
+// wait answers dispatch.api.wait.
 func (a *API) wait(req micro.Request) {
+	a.hold(req, func(ctx context.Context, r events.TaskRequest) {
+		reply, err := a.Wait(ctx, r.ID, r.WaitTimeout())
+		answer(req, reply, err)
+	})
+}
+
+// hold runs serve for a request that holds on (a wait, a watch) on a
+// goroutine of its own, at most MaxWaits at once: a micro endpoint's
+// handler runs on its subscription's one goroutine. An invalid request, or
+// one past the limit, is answered at once.
+func (a *API) hold(req micro.Request, serve func(context.Context, events.TaskRequest)) {
 	r, err := events.DecodeTaskRequest(req.Data())
 	if err != nil {
 		answer(req, nil, err)
@@ -33,8 +42,7 @@ func (a *API) wait(req micro.Request) {
 	}
 	go func() {
 		defer a.release()
-		reply, err := a.Wait(ctx, r.ID, r.WaitTimeout())
-		answer(req, reply, err)
+		serve(ctx, r)
 	}()
 }
 

@@ -16,26 +16,15 @@ import (
 
 // watch answers dispatch.api.watch: the task's events, one message each,
 // to the request's reply subject. Clients follow a task through it instead
-// of reading the stream, which they may not. Like a wait it runs on its
-// own goroutine and holds one of the MaxWaits slots.
+// of reading the stream, which they may not. Like a wait it holds one of
+// the MaxWaits slots.
 func (a *API) watch(req micro.Request) {
-	r, err := events.DecodeTaskRequest(req.Data())
-	if err != nil {
-		answer(req, nil, err)
-		return
-	}
 	reply := req.Reply()
 	if reply == "" {
 		answer(req, nil, events.NewAPIError(events.CodeBadRequest, "a watch needs a reply subject to send the events to"))
 		return
 	}
-	ctx, ok := a.acquire()
-	if !ok {
-		answer(req, nil, events.NewAPIError(events.CodeUnavailable, "too many waits in progress, or the service is stopping: ask again"))
-		return
-	}
-	go func() {
-		defer a.release()
+	a.hold(req, func(ctx context.Context, r events.TaskRequest) {
 		nc := a.JS.Conn()
 		err := a.Watch(ctx, r.ID, r.After, r.WaitTimeout(), func(m *nats.Msg) error {
 			m.Subject = reply
@@ -48,7 +37,7 @@ func (a *API) watch(req micro.Request) {
 		end := nats.NewMsg(reply)
 		end.Header.Set(events.HeaderWatchEnd, "timeout")
 		_ = nc.PublishMsg(end)
-	}()
+	})
 }
 
 // Watch sends send each event of task id stored after sequence after, in
