@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
@@ -109,6 +110,9 @@ func Run(ctx context.Context, cfg Config) (Comparison, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Mode != ModeOnce && cfg.Mode != ModeSteady {
 		return Comparison{}, fmt.Errorf("mode %q: want %s or %s", cfg.Mode, ModeOnce, ModeSteady)
+	}
+	if _, ok := LookupShape(cfg.Workload.Shape); !ok {
+		return Comparison{}, fmt.Errorf("workload %q: want %s", cfg.Workload.Shape, strings.Join(ShapeNames(), ", "))
 	}
 	tasks := Generate(cfg.Workload)
 	m, err := RunMesh(ctx, cfg, tasks)

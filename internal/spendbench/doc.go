@@ -18,6 +18,19 @@
 // done (carried the provider's error, or the previous attempt's summary,
 // into the next request), never because a particular mechanism ran.
 //
+// Workloads come in shapes (Shapes): today's default mix (one type per
+// behaviour); a steady stream of 8 types whose subjects recur; a small
+// mixed batch of 42 tasks; a long tail of 40 new types of 5 tasks each,
+// healthy, hopeless or of mixed difficulty; and a regression, one type
+// healthy, then hopeless, then healthy again, beside two control types,
+// delivered in order. The server needs nothing new for them: a task's
+// type and its scenario are two fields (Task.Type, Task.Scenario), so one
+// type can mix scenarios and the generator alone decides which ticket is
+// in which phase. Each task may carry a report class (Task.Class: the long
+// tail's healthy / mixed / hopeless, the regression's before / broken /
+// after_fix / control), and every figure is also given per class. Prompts
+// are short (the issue line alone) or long (≈1,000 tokens of context).
+//
 // Run compares the two runners on one generated workload (Generate) in one
 // delivery mode (all at once, or at a steady rate); Summarize folds several
 // runs into medians; Report prints them. `dispatch bench spend` and

@@ -3,6 +3,7 @@ package spendbench
 import (
 	"encoding/json"
 	"math"
+	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
@@ -18,6 +19,9 @@ type outcome struct {
 	// clientTokens is what the runner itself recorded (mesh: the task state).
 	clientTokens int
 	mesh         *events.TaskState
+	// seconds is from the task's submission until it was seen ended (0:
+	// not ended).
+	seconds float64
 }
 
 // Tally is the figures of a set of tasks, from the server's ledger.
@@ -32,6 +36,17 @@ type Tally struct {
 	TokensPerResolved Ratio `json:"tokens_per_resolved"`
 	// WastedTokens were billed to tasks that ended unresolved.
 	WastedTokens int `json:"wasted_tokens"`
+	// Solvable counts the tasks of a scenario some client resolves
+	// (Resolvable); SolvableUnresolved those of them that did not end
+	// succeeded or cancelled: with a human, held, failed, given up (the
+	// loop), or not ended at all.
+	Solvable           int `json:"solvable"`
+	SolvableUnresolved int `json:"solvable_unresolved"`
+	// MeanSecondsToEnd is the mean time from a task's submission until it
+	// was seen ended, over the tasks that ended.
+	MeanSecondsToEnd Ratio `json:"mean_seconds_to_end"`
+	timed            int
+	secondsSum       float64
 	// Calls is every request the server received; TransientCalls those it
 	// answered with 503 or a 429 rate limit.
 	Calls          int `json:"calls"`
@@ -64,7 +79,9 @@ type RungTokens struct {
 // TaskResult is one task's figures.
 type TaskResult struct {
 	ID       string `json:"id"`
+	Type     string `json:"type"`
 	Scenario string `json:"scenario"`
+	Class    string `json:"class,omitempty"`
 	// Status is how the task ended (mesh: its task status; loop:
 	// succeeded or gave_up; "missing" when the runner has no record).
 	Status   string `json:"status"`
@@ -120,10 +137,16 @@ type Figures struct {
 	Refused                    int                   `json:"refused"`
 	MeshTokens                 int                   `json:"mesh_tokens"`
 	PromptTokensByRung         map[string]RungTokens `json:"prompt_tokens_by_rung,omitempty"`
-	// WallSeconds is from the first submission until every task ended.
-	WallSeconds float64 `json:"wall_seconds"`
-	// ByScenario are the figures per scenario (= task type).
+	// WallSeconds is from the first submission until every task ended;
+	// SecondsPerTask is WallSeconds / Tasks.
+	WallSeconds    float64 `json:"wall_seconds"`
+	SecondsPerTask Ratio   `json:"seconds_per_task"`
+	// ByScenario are the figures per scenario (in the mix workloads, =
+	// task type).
 	ByScenario map[string]Tally `json:"by_scenario"`
+	// ByClass are the figures per report class (Task.Class), when the
+	// workload has classes (the long tail, the regression).
+	ByClass map[string]Tally `json:"by_class,omitempty"`
 	// Results is every task's figures, in workload order.
 	Results []TaskResult `json:"-"`
 }
@@ -143,7 +166,16 @@ func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, led
 		if o.resolved {
 			tt.Resolved = 1
 		}
-		res := TaskResult{ID: t.ID, Scenario: t.Scenario, Status: o.status, Resolved: o.resolved, Ended: o.ended, EndRecords: o.endRecords, Calls: len(calls)}
+		if Resolvable(t.Scenario) {
+			tt.Solvable = 1
+			if o.status != string(events.StatusSucceeded) && o.status != string(events.StatusCancelled) {
+				tt.SolvableUnresolved = 1
+			}
+		}
+		if o.ended && o.seconds > 0 {
+			tt.timed, tt.secondsSum = 1, o.seconds
+		}
+		res := TaskResult{ID: t.ID, Type: t.TaskType(), Scenario: t.Scenario, Class: t.Class, Status: o.status, Resolved: o.resolved, Ended: o.ended, EndRecords: o.endRecords, Calls: len(calls)}
 		banned := map[string]bool{}
 		stopped := false
 		for _, c := range calls {
@@ -225,18 +257,34 @@ func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, led
 		s := f.ByScenario[t.Scenario]
 		s.add(tt)
 		f.ByScenario[t.Scenario] = s
+		if t.Class != "" {
+			if f.ByClass == nil {
+				f.ByClass = map[string]Tally{}
+			}
+			c := f.ByClass[t.Class]
+			c.add(tt)
+			f.ByClass[t.Class] = c
+		}
 		f.Results = append(f.Results, res)
 	}
 	f.Tally.finish()
-	for k, s := range f.ByScenario {
-		s.finish()
-		f.ByScenario[k] = s
+	for _, m := range []map[string]Tally{f.ByScenario, f.ByClass} {
+		for k, s := range m {
+			s.finish()
+			m[k] = s
+		}
 	}
 	for k, r := range f.PromptTokensByRung {
 		r.PromptPerCall = ratio(float64(r.PromptTokens), float64(r.Calls))
 		f.PromptTokensByRung[k] = r
 	}
 	return f
+}
+
+// setWall records the run's wall time.
+func (f *Figures) setWall(wall time.Duration) {
+	f.WallSeconds = wall.Seconds()
+	f.SecondsPerTask = ratio(f.WallSeconds, float64(f.Tasks))
 }
 
 func (t *Tally) add(u Tally) {
@@ -253,10 +301,15 @@ func (t *Tally) add(u Tally) {
 	t.RetrySuccesses += u.RetrySuccesses
 	t.IdenticalAfterDeterministic += u.IdenticalAfterDeterministic
 	t.CallsAfterAuthOrQuota += u.CallsAfterAuthOrQuota
+	t.Solvable += u.Solvable
+	t.SolvableUnresolved += u.SolvableUnresolved
+	t.timed += u.timed
+	t.secondsSum += u.secondsSum
 }
 
 func (t *Tally) finish() {
 	t.TokensPerResolved = ratio(float64(t.Tokens), float64(t.Resolved))
+	t.MeanSecondsToEnd = ratio(t.secondsSum, float64(t.timed))
 	t.RetrySuccessRate = ratio(float64(t.RetrySuccesses), float64(t.Retries))
 }
 
@@ -297,11 +350,13 @@ func (r *Ratio) UnmarshalJSON(b []byte) error {
 // Comparison is the mesh against the naive loop on one workload in one
 // delivery mode.
 type Comparison struct {
-	Mode  string  `json:"mode"`
-	Tasks int     `json:"tasks"`
-	Seed  uint64  `json:"seed"`
-	Mesh  Figures `json:"mesh"`
-	Loop  Figures `json:"loop"`
+	// Workload is the workload's shape.
+	Workload string  `json:"workload"`
+	Mode     string  `json:"mode"`
+	Tasks    int     `json:"tasks"`
+	Seed     uint64  `json:"seed"`
+	Mesh     Figures `json:"mesh"`
+	Loop     Figures `json:"loop"`
 	// TokensPerResolved and WastedTokens are mesh / loop.
 	TokensPerResolved Ratio `json:"tokens_per_resolved_ratio"`
 	WastedTokens      Ratio `json:"wasted_tokens_ratio"`
@@ -316,7 +371,7 @@ type Comparison struct {
 
 func compare(cfg Config, tasks []Task, m, l Figures) Comparison {
 	c := Comparison{
-		Mode: cfg.Mode, Tasks: len(tasks), Seed: cfg.Workload.Seed, Mesh: m, Loop: l,
+		Workload: cfg.Workload.Shape, Mode: cfg.Mode, Tasks: len(tasks), Seed: cfg.Workload.Seed, Mesh: m, Loop: l,
 		TokensPerResolved: ratio(float64(m.TokensPerResolved), float64(l.TokensPerResolved)),
 		WastedTokens:      ratio(float64(m.WastedTokens), float64(l.WastedTokens)),
 	}

@@ -34,12 +34,12 @@ func RunLoop(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	// Render every prompt before the clock starts.
 	reqs := make(map[string]executor.Request, len(tasks))
 	for _, t := range tasks {
-		tp := pol.For(t.Scenario)
+		tp := pol.For(t.TaskType())
 		tmpl, err := prompt.Parse(orString(tp.Template, prompt.DefaultTemplate))
 		if err != nil {
 			return Figures{}, err
 		}
-		task := events.Task{ID: t.ID, Type: t.Scenario, Subject: t.Subject, Payload: t.Payload, SubmittedAt: time.Now().UTC()}
+		task := events.Task{ID: t.ID, Type: t.TaskType(), Subject: t.Subject, Payload: t.Payload, SubmittedAt: time.Now().UTC()}
 		// The run of a new task's first attempt, as intake makes it.
 		run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: ladder.FirstStep(tp.Steps)}
 		msgs, err := prompt.Build(tmpl, prompt.NewData(events.Base{Task: task, Run: run}, nil))
@@ -48,7 +48,7 @@ func RunLoop(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		}
 		reqs[t.ID] = executor.Request{
 			Model: orString(tp.Model, cfg.Model), Messages: executor.PromptMessages(msgs),
-			ResponseFormat: executor.ResponseFormatJSON, TaskType: t.Scenario, TaskID: t.ID, Attempt: 1,
+			ResponseFormat: executor.ResponseFormatJSON, TaskType: t.TaskType(), TaskID: t.ID, Attempt: 1,
 		}
 	}
 
@@ -60,6 +60,7 @@ func RunLoop(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	)
 	start := time.Now()
 	err = deliver(ctx, cfg, tasks, func(t Task) error {
+		submitted := time.Now()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -74,8 +75,9 @@ func RunLoop(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 			if resolved {
 				status = string(events.StatusSucceeded)
 			}
+			seconds := time.Since(submitted).Seconds()
 			mu.Lock()
-			outcomes[t.ID] = outcome{status: status, resolved: resolved, ended: true, endRecords: 1}
+			outcomes[t.ID] = outcome{status: status, resolved: resolved, ended: true, endRecords: 1, seconds: seconds}
 			mu.Unlock()
 		}()
 		return nil
@@ -94,7 +96,7 @@ func RunLoop(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		}
 	}
 	f := figures(RunnerLoop, cfg.Mode, tasks, outcomes, srv.Ledger(), srv.Unassigned())
-	f.WallSeconds = wall.Seconds()
+	f.setWall(wall)
 	return f, nil
 }
 

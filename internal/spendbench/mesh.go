@@ -106,17 +106,24 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	waitCtx, cancelWait := context.WithTimeout(ctx, cfg.Wait)
 	defer cancelWait()
 	done := make(chan map[string]events.TaskState, 1)
+	endedAt := make(chan map[string]time.Time, 1)
 	watchErr := make(chan error, 1)
 	go func() {
-		states, err := waitTerminal(waitCtx, js, kv, tasks)
+		states, ended, err := waitTerminal(waitCtx, js, kv, tasks)
 		done <- states
+		endedAt <- ended
 		watchErr <- err
 	}()
-	if err := deliver(ctx, cfg, tasks, func(t Task) error { return submit(ctx, js, t) }); err != nil {
+	submitted := make(map[string]time.Time, len(tasks))
+	if err := deliver(ctx, cfg, tasks, func(t Task) error {
+		submitted[t.ID] = time.Now()
+		return submit(ctx, js, t)
+	}); err != nil {
 		_ = stop()
 		return Figures{}, err
 	}
 	states := <-done
+	ended := <-endedAt
 	werr := <-watchErr
 	wall := time.Since(start)
 	if werr != nil && ctx.Err() != nil {
@@ -135,6 +142,9 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	for _, t := range tasks {
 		e := ends[t.ID]
 		o := outcome{ended: e.found && events.Terminal(e.state.Status), endRecords: e.endRecords, poison: e.poison}
+		if at, ok := ended[t.ID]; ok && o.ended {
+			o.seconds = at.Sub(submitted[t.ID]).Seconds()
+		}
 		if e.found {
 			o.status = string(e.state.Status)
 			o.resolved = e.state.Status == events.StatusSucceeded
@@ -147,7 +157,7 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		outcomes[t.ID] = o
 	}
 	f := figures(RunnerMesh, cfg.Mode, tasks, outcomes, model.Ledger(), model.Unassigned())
-	f.WallSeconds = wall.Seconds()
+	f.setWall(wall)
 	return f, nil
 }
 
@@ -198,36 +208,38 @@ func waitBucket(ctx context.Context, js jetstream.JetStream, stopped <-chan erro
 
 // submit publishes a task on dispatch.submit.<type> like any client.
 func submit(ctx context.Context, js jetstream.JetStream, t Task) error {
-	data, err := json.Marshal(events.Submit{ID: t.ID, Type: t.Scenario, Subject: t.Subject, Payload: t.Payload})
+	data, err := json.Marshal(events.Submit{ID: t.ID, Type: t.TaskType(), Subject: t.Subject, Payload: t.Payload})
 	if err != nil {
 		return err
 	}
-	_, err = js.Publish(ctx, events.SubmitSubject(t.Scenario), data, jetstream.WithMsgID("submit:"+t.ID))
+	_, err = js.Publish(ctx, events.SubmitSubject(t.TaskType()), data, jetstream.WithMsgID("submit:"+t.ID))
 	return err
 }
 
 // waitTerminal watches the task bucket until every task's status is
-// terminal, and returns the last state seen of each. When ctx ends first it
-// returns what it has with ctx's error.
-func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, tasks []Task) (map[string]events.TaskState, error) {
+// terminal, and returns the last state seen of each and when each was
+// last seen becoming terminal. When ctx ends first it returns what it has
+// with ctx's error.
+func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, tasks []Task) (map[string]events.TaskState, map[string]time.Time, error) {
 	want := make(map[string]bool, len(tasks))
 	for _, t := range tasks {
 		want[t.ID] = true
 	}
 	states := make(map[string]events.TaskState, len(tasks))
+	endedAt := make(map[string]time.Time, len(tasks))
 	w, err := follow.WatchAll(ctx, js, kv, follow.WatchOptions{})
 	if err != nil {
-		return states, err
+		return states, endedAt, err
 	}
 	defer func() { _ = w.Stop() }()
 	open := len(want)
 	for open > 0 {
 		select {
 		case <-ctx.Done():
-			return states, ctx.Err()
+			return states, endedAt, ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return states, errors.New("task bucket watcher closed")
+				return states, endedAt, errors.New("task bucket watcher closed")
 			}
 			if e == nil || !want[e.Key()] || e.Operation() != jetstream.KeyValuePut {
 				continue
@@ -240,12 +252,13 @@ func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 			states[e.Key()] = st
 			if events.Terminal(st.Status) && (!seen || !events.Terminal(was.Status)) {
 				open--
+				endedAt[e.Key()] = time.Now()
 			} else if !events.Terminal(st.Status) && seen && events.Terminal(was.Status) {
 				open++ // a terminal task never moves on by itself; count it if it does
 			}
 		}
 	}
-	return states, nil
+	return states, endedAt, nil
 }
 
 // collectEnds reads every task's final state and counts its end records on

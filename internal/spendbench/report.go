@@ -67,16 +67,22 @@ type ModeSummary struct {
 	Statuses   map[string]Stat `json:"mesh_statuses"`
 	Rungs      map[string]Stat `json:"mesh_prompt_tokens_per_call_by_rung"`
 	ByScenario []ScenarioRow   `json:"by_scenario"`
+	// ByClass are the figures per report class, when the workload has
+	// classes.
+	ByClass []ScenarioRow `json:"by_class,omitempty"`
 }
 
 // Summary is the result of a benchmark: a summary per delivery mode, and
 // every run.
 type Summary struct {
+	// Workload is the shape's name, Shape its description.
+	Workload      string        `json:"workload"`
+	Shape         string        `json:"shape"`
 	Tasks         int           `json:"tasks"`
 	ContextTokens int           `json:"context_tokens"`
 	Rate          float64       `json:"steady_rate"`
 	LatencyMS     int64         `json:"latency_ms"`
-	Mix           []Share       `json:"mix"`
+	Mix           []Share       `json:"mix,omitempty"`
 	Modes         []ModeSummary `json:"modes"`
 	Runs          []Comparison  `json:"runs"`
 }
@@ -86,6 +92,8 @@ type figure struct {
 	get      func(Figures) float64
 	meshOnly bool
 	digits   int
+	// ratio: the class table shows mesh / loop too.
+	ratio bool
 }
 
 var figureRows = []figure{
@@ -94,6 +102,8 @@ var figureRows = []figure{
 	{name: "tokens", get: func(f Figures) float64 { return float64(f.Tokens) }},
 	{name: "tokens per resolved", get: func(f Figures) float64 { return float64(f.TokensPerResolved) }},
 	{name: "wasted tokens", get: func(f Figures) float64 { return float64(f.WastedTokens) }},
+	{name: "solvable tasks", get: func(f Figures) float64 { return float64(f.Solvable) }},
+	{name: "solvable tasks unresolved (human, held, gave up)", get: func(f Figures) float64 { return float64(f.SolvableUnresolved) }},
 	{name: "model calls", get: func(f Figures) float64 { return float64(f.Calls) }},
 	{name: "transient answers", get: func(f Figures) float64 { return float64(f.TransientCalls) }},
 	{name: "attempts (non-transient calls)", get: func(f Figures) float64 { return float64(f.Attempts) }},
@@ -110,6 +120,8 @@ var figureRows = []figure{
 	{name: "tasks without exactly one end record", get: func(f Figures) float64 { return float64(f.BadEndRecords) }},
 	{name: "success answers not resolved", get: func(f Figures) float64 { return float64(f.SuccessNotResolved) }},
 	{name: "wall time (s)", get: func(f Figures) float64 { return f.WallSeconds }, digits: 1},
+	{name: "seconds per task (wall / tasks)", get: func(f Figures) float64 { return float64(f.SecondsPerTask) }, digits: 3},
+	{name: "mean seconds from submission to end", get: func(f Figures) float64 { return float64(f.MeanSecondsToEnd) }, digits: 2},
 }
 
 type check struct {
@@ -137,13 +149,29 @@ var scenarioRows = []figure{
 	{name: "retry ok", get: func(f Figures) float64 { return float64(f.RetrySuccessRate) }, digits: 2},
 }
 
+var classRows = []figure{
+	{name: "tasks", get: func(f Figures) float64 { return float64(f.Tasks) }},
+	{name: "resolved", get: func(f Figures) float64 { return float64(f.Resolved) }},
+	{name: "solvable", get: func(f Figures) float64 { return float64(f.Solvable) }},
+	{name: "solvable unresolved", get: func(f Figures) float64 { return float64(f.SolvableUnresolved) }},
+	{name: "tokens", get: func(f Figures) float64 { return float64(f.Tokens) }, ratio: true},
+	{name: "tokens/resolved", get: func(f Figures) float64 { return float64(f.TokensPerResolved) }, ratio: true},
+	{name: "wasted", get: func(f Figures) float64 { return float64(f.WastedTokens) }, ratio: true},
+	{name: "s to end", get: func(f Figures) float64 { return float64(f.MeanSecondsToEnd) }, digits: 1},
+}
+
 // Summarize folds runs (any modes, any number of each) into a summary per
 // mode, in the order the modes first appear.
 func Summarize(cfg Config, runs []Comparison) Summary {
 	cfg = cfg.withDefaults()
+	shape, _ := LookupShape(cfg.Workload.Shape)
 	s := Summary{
+		Workload: cfg.Workload.Shape, Shape: shape.Description,
 		Tasks: cfg.Workload.Tasks, ContextTokens: max(cfg.Workload.ContextTokens, 0), Rate: cfg.Rate,
-		LatencyMS: cfg.Latency.Milliseconds(), Mix: cfg.Workload.Mix, Runs: runs,
+		LatencyMS: cfg.Latency.Milliseconds(), Runs: runs,
+	}
+	if !shape.Fixed {
+		s.Mix = cfg.Workload.Mix
 	}
 	var modes []string
 	byMode := map[string][]Comparison{}
@@ -224,7 +252,31 @@ func summarizeMode(mode string, cs []Comparison) ModeSummary {
 		}
 		ms.ByScenario = append(ms.ByScenario, sr)
 	}
+	for _, cl := range classNames(cs) {
+		side := func(get func(Comparison) Figures) func(Comparison) Figures {
+			return func(c Comparison) Figures {
+				f := get(c)
+				return Figures{Tally: f.ByClass[cl]}
+			}
+		}
+		cr := ScenarioRow{Scenario: cl}
+		for _, fg := range classRows {
+			cr.Rows = append(cr.Rows, row(fg, side(mesh), side(loop)))
+		}
+		ms.ByClass = append(ms.ByClass, cr)
+	}
 	return ms
+}
+
+// classNames are the classes present, in report order.
+func classNames(cs []Comparison) []string {
+	present := map[string]bool{}
+	for _, c := range cs {
+		for k := range c.Mesh.ByClass {
+			present[k] = true
+		}
+	}
+	return inOrder(present, Classes)
 }
 
 // scenarioNames are the scenarios present, in report order.
@@ -235,8 +287,14 @@ func scenarioNames(cs []Comparison) []string {
 			present[k] = true
 		}
 	}
+	return inOrder(present, Scenarios)
+}
+
+// inOrder lists the names present: those of order first, in its order,
+// then the others sorted.
+func inOrder(present map[string]bool, order []string) []string {
 	var out []string
-	for _, s := range Scenarios {
+	for _, s := range order {
 		if present[s] {
 			out = append(out, s)
 			delete(present, s)
@@ -264,11 +322,22 @@ func (s Summary) Report(w io.Writer) error {
 	b := &strings.Builder{}
 	fmt.Fprintf(b, "spend benchmark: %d tasks, prompt context ≈%d tokens, model latency %d ms, steady rate %g tasks/s\n",
 		s.Tasks, s.ContextTokens, s.LatencyMS, s.Rate)
-	var mix []string
-	for _, m := range s.Mix {
-		mix = append(mix, fmt.Sprintf("%s %g%%", m.Scenario, m.Percent))
+	if s.Workload != "" && s.Workload != ShapeDefault {
+		fmt.Fprintf(b, "workload %s: %s\n", s.Workload, s.Shape)
 	}
-	fmt.Fprintf(b, "mix: %s\n", strings.Join(mix, ", "))
+	if len(s.Mix) > 0 {
+		total := 0.0
+		for _, m := range s.Mix {
+			total += max(m.Percent, 0)
+		}
+		var mix []string
+		for _, m := range s.Mix {
+			// Shares are printed as percentages whatever they add up to
+			// (BatchMix's are counts).
+			mix = append(mix, fmt.Sprintf("%s %.3g%%", m.Scenario, 100*max(m.Percent, 0)/total))
+		}
+		fmt.Fprintf(b, "mix: %s\n", strings.Join(mix, ", "))
+	}
 	for _, m := range s.Modes {
 		fmt.Fprintf(b, "\n== delivered %s: %d run(s); median (min–max) ==\n", modeLabel(m.Mode), m.Runs)
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -318,6 +387,33 @@ func (s Summary) Report(w io.Writer) error {
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		if len(m.ByClass) > 0 {
+			fmt.Fprintln(b, "\nper class (medians), mesh | loop (mesh/loop):")
+			tw = tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprint(tw, "class\t")
+			for _, fg := range classRows {
+				fmt.Fprintf(tw, "%s\t", fg.name)
+			}
+			fmt.Fprintln(tw)
+			for _, cr := range m.ByClass {
+				fmt.Fprintf(tw, "%s\t", cr.Scenario)
+				for i, r := range cr.Rows {
+					if r.Name == "tasks" {
+						fmt.Fprintf(tw, "%s\t", formatValue(float64(r.Mesh.Median), 0))
+						continue
+					}
+					cell := fmt.Sprintf("%s | %s", formatValue(float64(r.Mesh.Median), r.digits), formatValue(float64(r.Loop.Median), r.digits))
+					if classRows[i].ratio {
+						cell += " (" + formatRatio(r.Ratio) + ")"
+					}
+					fmt.Fprintf(tw, "%s\t", cell)
+				}
+				fmt.Fprintln(tw)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -64,6 +64,20 @@ var DefaultMix = []Share{
 	{Pivot, 6}, {Coinflip, 8}, {Hopeless, 15}, {BadKey, 4}, {Quota, 3},
 }
 
+// SteadyMix is the steady stream's composition: DefaultMix's eight
+// behaviours that a model answers (no bad key, no exhausted quota).
+var SteadyMix = []Share{
+	{Healthy, 28}, {Flaky, 12}, {RateLimited, 6}, {Fixable, 10}, {History, 12},
+	{Pivot, 8}, {Coinflip, 9}, {Hopeless, 15},
+}
+
+// BatchMix is the small mixed batch: 42 tasks of 9 behaviours (the shares
+// are the counts).
+var BatchMix = []Share{
+	{Healthy, 6}, {Flaky, 5}, {RateLimited, 4}, {Fixable, 5}, {History, 5},
+	{Pivot, 4}, {Coinflip, 5}, {Hopeless, 5}, {BadKey, 3},
+}
+
 // NeedsCarryOver reports whether a scenario is resolved only by a request
 // that carries something from an earlier call (the provider's error or the
 // previous outcome): what a stateless loop cannot do.

@@ -323,22 +323,29 @@ func checkAccounted(t *testing.T, f Figures, tasks []Task) {
 }
 
 var (
-	benchTasks   = flag.Int("spend.tasks", 300, "BenchmarkSpend: tasks per run")
+	benchTasks   = flag.Int("spend.tasks", 0, "BenchmarkSpend: tasks per run (default: the workload's, 300 for default)")
 	benchContext = flag.Int("spend.context", 1000, "BenchmarkSpend: filler context per prompt, in tokens")
 	benchRate    = flag.Float64("spend.rate", 10, "BenchmarkSpend: steady delivery rate, tasks/s")
+	benchShape   = flag.String("spend.workload", ShapeDefault, "BenchmarkSpend: workload shape (default, steady, batch, longtail, regression)")
 )
 
-// BenchmarkSpend runs the workload through the mesh and the naive loop, all
-// at once and at a steady rate, once per b.N, and reports the ratios the
-// targets are stated in (means over b.N) and the whole report in the log:
+// BenchmarkSpend runs the workload through the mesh and the naive loop, in
+// the workload shape's delivery modes (default: all at once and at a
+// steady rate), once per b.N, and reports the ratios the targets are
+// stated in (means over b.N) and the whole report in the log:
 //
 //	go test -run '^$' -bench Spend -benchtime 1x ./internal/spendbench
 //	go test -run '^$' -bench Spend -benchtime 1x ./internal/spendbench -args -spend.tasks 100
+//	go test -run '^$' -bench Spend -benchtime 1x ./internal/spendbench -args -spend.workload longtail
 func BenchmarkSpend(b *testing.B) {
-	cfg := Config{Workload: Workload{Tasks: *benchTasks, ContextTokens: *benchContext}, Rate: *benchRate}
+	shape, ok := LookupShape(*benchShape)
+	if !ok {
+		b.Fatalf("-spend.workload %q: want one of %v", *benchShape, ShapeNames())
+	}
+	cfg := Config{Workload: Workload{Shape: shape.Name, Tasks: *benchTasks, ContextTokens: *benchContext}, Rate: *benchRate}
 	var runs []Comparison
 	for i := range b.N {
-		for _, mode := range []string{ModeOnce, ModeSteady} {
+		for _, mode := range shape.Modes {
 			c := cfg
 			c.Mode = mode
 			c.Workload.Seed = uint64(i + 1)
@@ -365,11 +372,12 @@ func BenchmarkSpend(b *testing.B) {
 		}
 		return sum / float64(n)
 	}
-	for _, mode := range []string{ModeOnce, ModeSteady} {
+	for _, mode := range shape.Modes {
 		b.ReportMetric(mean(mode, func(c Comparison) float64 { return float64(c.TokensPerResolved) }), "tpr-ratio-"+mode)
 		b.ReportMetric(mean(mode, func(c Comparison) float64 { return float64(c.WastedTokens) }), "wasted-ratio-"+mode)
 		b.ReportMetric(mean(mode, func(c Comparison) float64 { return float64(c.Mesh.RetrySuccessRate) }), "retry-ok-"+mode)
 		b.ReportMetric(mean(mode, func(c Comparison) float64 { return float64(c.Mesh.Resolved - c.Loop.Resolved) }), "resolved-vs-loop-"+mode)
+		b.ReportMetric(mean(mode, func(c Comparison) float64 { return float64(c.Mesh.SolvableUnresolved) }), "solvable-unresolved-"+mode)
 	}
 	var out strings.Builder
 	if err := Summarize(cfg, runs).Report(&out); err != nil {
