@@ -38,7 +38,7 @@ func Example() {
 	}
 	fmt.Print(user)
 	// Output:
-	// <task type="css_fix" subject="src/app.css" step="execute">
+	// <task type="css_fix" subject="src/app.css">
 	// <payload>{"selector":".btn","issue":"text overflows"}</payload>
 	// </task>
 	// <previous_attempts>

@@ -113,7 +113,7 @@ func TestHandle(t *testing.T) {
 		t.Errorf("history asked %v, want css_fix|src/app.css (once)", h.asked)
 	}
 	msgs := p.Prompt.Messages
-	if len(msgs) != 2 || msgs[0].Content != SystemPrompt {
+	if len(msgs) != 2 || msgs[0].Content != RecordsPrompt { // it holds previous attempts
 		t.Fatalf("messages = %+v", msgs)
 	}
 	es := parseUser(t, msgs[1].Content)

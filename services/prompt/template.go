@@ -11,9 +11,11 @@ import (
 // no template. A policy template gets the same Data and the same functions:
 // xml escapes a string for XML text or an attribute value (Data's Context,
 // PreviousStep, Note and PreviousAttempts are escaped already; Task fields
-// are not).
+// are not). A task's step is named only in a
+// pipeline: "execute", the one step of every other task, tells the model
+// nothing.
 const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Subject}}"
-{{- with .Run.Step}} step="{{xml .}}"{{end}}>
+{{- with .Run.Step}}{{if ne . "execute"}} step="{{xml .}}"{{end}}{{end}}>
 {{- with .Payload}}
 <payload>{{.}}</payload>
 {{- end}}
