@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -88,7 +89,35 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
+	if err := checkInbox(nc); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// ErrInboxRefused: the server refuses the connection's subscriptions to
+// its inboxes, where every answer comes; nothing would ever be answered.
+var ErrInboxRefused = errors.New("client: the NATS server refuses this connection's inbox")
+
+// checkInbox subscribes to one of nc's inboxes and reports
+// ErrInboxRefused when the server refuses it. A refusal comes back
+// asynchronously, before the answer to the flush that follows: without
+// this check a request would wait out its whole timeout.
+func checkInbox(nc *nats.Conn) error {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return fmt.Errorf("client: subscribe to %s: %w", inbox, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.FlushTimeout(DefaultRequestTimeout); err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if last := nc.LastError(); last != nil && strings.Contains(last.Error(), inbox) {
+		return fmt.Errorf("%w (%v): connect with the inbox prefix your NATS user may read, "+
+			"nats.CustomInboxPrefix(\"_INBOX.<user>\") (the client user of deploy/: _INBOX.client)", ErrInboxRefused, last)
+	}
+	return nil
 }
 
 // Submit validates t and submits it through the mesh's submit API. Without

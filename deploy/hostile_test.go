@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -343,5 +344,27 @@ func checkRejectedJunk(ctx context.Context, t *testing.T, admin *conn, n int) {
 	})
 	if found < n {
 		t.Fatalf("%d rejected submissions, want %d", found, n)
+	}
+}
+
+// A client connected without the inbox prefix its user may read would
+// wait out every request's timeout: client.New says so at once.
+func TestClientWithoutItsInboxPrefix(t *testing.T) {
+	ns, pw := startSingle(t)
+	wrong, err := nats.Connect(ns.ClientURL(), nats.UserInfo("client", pw["client"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if _, err := client.New(wrong); !errors.Is(err, client.ErrInboxRefused) || !strings.Contains(err.Error(), "_INBOX.client") {
+		t.Fatalf("client.New without the inbox prefix: %v, want ErrInboxRefused naming _INBOX.client", err)
+	}
+	right, err := nats.Connect(ns.ClientURL(), nats.UserInfo("client", pw["client"]), nats.CustomInboxPrefix("_INBOX.client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer right.Close()
+	if _, err := client.New(right); err != nil {
+		t.Fatalf("client.New with the inbox prefix: %v", err)
 	}
 }
