@@ -51,6 +51,14 @@ type Config struct {
 	QuotaBody         []string `envconfig:"QUOTA_BODY"`
 	RateLimitBody     []string `envconfig:"RATE_LIMIT_BODY"`
 	ContextLengthBody []string `envconfig:"CONTEXT_LENGTH_BODY"`
+	// AgentEnv and CommandEnv name the environment variables (a trailing *
+	// is a prefix) an agent command, and a command step or verifier, get
+	// besides PATH, HOME, the locale and the like (procgroup.DefaultEnv):
+	// "ANTHROPIC_API_KEY" for an agent CLI, say. Nothing else of the
+	// service's environment reaches a command: not its model key, NATS
+	// password or state key.
+	AgentEnv   []string `envconfig:"AGENT_ENV"`
+	CommandEnv []string `envconfig:"COMMAND_ENV"`
 	// PolicyFile holds per-type policies (JSON) that `up` and `provision`
 	// seed the policy bucket with when it is empty; services read the bucket.
 	PolicyFile string `envconfig:"POLICY_FILE"`

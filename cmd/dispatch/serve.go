@@ -270,7 +270,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Stream:    cfg.streamConfig(),
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
-		Health: checks, Instance: instance(), StateKey: stateKey,
+		Health: checks, Instance: instance(), StateKey: stateKey, AgentEnv: cfg.AgentEnv, CommandEnv: cfg.CommandEnv,
 		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody,
 			ContextLengthBody: cfg.contextLengthBody()},
 	})

@@ -94,6 +94,10 @@ type Options struct {
 	Grace              time.Duration
 	// ErrorRules override how the executor classifies errors.
 	ErrorRules executor.Rules
+	// AgentEnv and CommandEnv name what of the process's environment an
+	// agent command, and a command step or verifier, get besides
+	// procgroup.DefaultEnv (executor.Config).
+	AgentEnv, CommandEnv []string
 	// Version is reported by the micro services.
 	Version string
 	// Health, when set, receives a readiness check per service (its
@@ -397,7 +401,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	case Reaper:
 		return services.ReaperSpec(o.JS), nil
 	case Verifier:
-		s, err := verifier.New(verifier.Config{NC: o.NC, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := verifier.New(verifier.Config{NC: o.NC, CommandEnv: o.CommandEnv, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -427,7 +431,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		}, nil
 	case Executor:
 		s, err := executor.New(executor.Config{
-			Model: o.Model, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
+			Model: o.Model, AgentEnv: o.AgentEnv, CommandEnv: o.CommandEnv, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
 			Tasks: st.tasks().Sealing(o.sealer), NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
 		})
 		if err != nil {

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -13,11 +16,38 @@ import (
 // group may hold them) before giving up on them.
 const WaitDelay = time.Second
 
+// DefaultEnv are the environment variables every command gets from the
+// service that runs it (a name ending in * is a prefix): what a program
+// needs to find its tools, its home and its locale — never the service's
+// secrets (its model API key, NATS password, state key), which would
+// otherwise be inherited by any command a policy names.
+var DefaultEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TERM"}
+
+// Environ is the service's environment cut to DefaultEnv and the names in
+// extra (a name ending in * is a prefix): the whole environment a command
+// gets.
+func Environ(extra []string) []string {
+	allow := slices.Concat(DefaultEnv, extra)
+	env := []string{}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.ContainsFunc(allow, func(a string) bool {
+			prefix, wild := strings.CutSuffix(a, "*")
+			return name == a || (wild && strings.HasPrefix(name, prefix))
+		}) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // Command prepares argv (non-empty) to run in dir with stdin as its input,
-// in its own process group, killed with its children when ctx ends. The
-// caller sets Stdout and Stderr.
-func Command(ctx context.Context, argv []string, dir string, stdin []byte) *exec.Cmd {
+// in its own process group, killed with its children when ctx ends, with
+// the environment Environ(extraEnv): DefaultEnv and the names extraEnv
+// adds, nothing else of the service's. The caller sets Stdout and Stderr.
+func Command(ctx context.Context, argv []string, dir string, stdin []byte, extraEnv []string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = Environ(extraEnv)
 	cmd.Dir = dir
 	cmd.Stdin = bytes.NewReader(stdin)
 	cmd.WaitDelay = WaitDelay

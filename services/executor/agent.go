@@ -30,7 +30,7 @@ func (s *Service) runAgent(ctx context.Context, a *attempt) (events.Result, erro
 	a.endpoint, a.model = name, name
 	return s.run(ctx, a, req, func(probe bool) outcome {
 		o := outcome{hash: RequestHash(req)}
-		run, err := runCommand(ctx, argv, "", []byte(PromptText(a.in.Prompt.Messages)), time.Duration(a.pol.CommandTimeout), true)
+		run, err := runCommand(ctx, argv, "", []byte(PromptText(a.in.Prompt.Messages)), s.cfg.AgentEnv, time.Duration(a.pol.CommandTimeout), true)
 		if err != nil && ctx.Err() != nil {
 			a.br.release(s.cfg.Now(), probe)
 			o.err = ctx.Err()
@@ -122,7 +122,7 @@ func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.S
 		return events.Result{}, err
 	}
 	r := events.Result{Approach: "step " + step.Name + ": " + strings.Join(step.Command, " ")}
-	run, err := runCommand(ctx, step.Command, step.Dir, task, time.Duration(step.Timeout), false)
+	run, err := runCommand(ctx, step.Command, step.Dir, task, s.cfg.CommandEnv, time.Duration(step.Timeout), false)
 	if err != nil && ctx.Err() != nil {
 		return events.Result{}, ctx.Err()
 	}

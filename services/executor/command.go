@@ -30,7 +30,8 @@ type commandRun struct {
 	stderr string // tail, MaxErrorOutput bytes
 }
 
-// runCommand runs argv in dir with stdin, killing its process group after
+// runCommand runs argv in dir with stdin and the environment
+// procgroup.Environ(env) (the default names and those env adds), killing its process group after
 // timeout (default DefaultCommandTimeout). A nil error means exit 0; a run
 // that failed returns a *CommandError, except when ctx itself ended
 // (shutdown): then ctx.Err().
@@ -38,7 +39,7 @@ type commandRun struct {
 // With separate false, stdout and stderr share one pipe, so the combined
 // output keeps the order the command wrote it in (a validator's output); with
 // true they are read apart, for an agent whose stdout carries the result.
-func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, timeout time.Duration, separate bool) (commandRun, error) {
+func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, env []string, timeout time.Duration, separate bool) (commandRun, error) {
 	if timeout <= 0 {
 		timeout = DefaultCommandTimeout
 	}
@@ -47,7 +48,7 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, ti
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := procgroup.Command(cctx, argv, dir, stdin)
+	cmd := procgroup.Command(cctx, argv, dir, stdin, env)
 	stdout, stderr, combined := &tailBuffer{max: maxStdout}, &tailBuffer{max: MaxErrorOutput}, &tailBuffer{max: MaxErrorOutput}
 	if separate {
 		cmd.Stdout = teeWriter{stdout, combined}

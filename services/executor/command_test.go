@@ -146,3 +146,33 @@ func TestCommandStepRuns(t *testing.T) {
 		})
 	}
 }
+
+// An agent command, and a command step, get PATH, HOME and the like and
+// the names the deployment adds for them — never the executor's secrets
+// (its model key, NATS password, state key), whatever the policy runs.
+func TestAgentCommandSeesNoSecrets(t *testing.T) {
+	t.Setenv("DISPATCH_OPENAI_API_KEY", "sk-secret-model-key")
+	t.Setenv("DISPATCH_NATS_PASSWORD", "secret-nats-password")
+	t.Setenv("DISPATCH_STATE_KEY", "secret-state-key")
+	t.Setenv("AGENT_VENDOR_KEY", "vendor-key")
+	out := filepath.Join(t.TempDir(), "env")
+	e := newEnv(t, always(ok("unused")), policy.Type{Executor: executor.ExecutorCommand, Command: []string{"sh", "-c",
+		`env > "$0"; echo '{"status":"success","approach":"env","summary":"printed"}'`, out}},
+		func(c *executor.Config) { c.AgentEnv = []string{"AGENT_VENDOR_*"} })
+	if r := e.handle("t1", 1, testMessages).result(t); r.Outcome != events.OutcomeSuccess {
+		t.Fatalf("result %+v", r)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := string(got)
+	for _, secret := range []string{"sk-secret-model-key", "secret-nats-password", "secret-state-key", "DISPATCH_"} {
+		if strings.Contains(env, secret) {
+			t.Errorf("the agent command saw %q:\n%s", secret, env)
+		}
+	}
+	if !strings.Contains(env, "AGENT_VENDOR_KEY=vendor-key") || !strings.Contains(env, "PATH=") {
+		t.Errorf("the agent command lacks PATH or the name its deployment added:\n%s", env)
+	}
+}

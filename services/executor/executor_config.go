@@ -35,6 +35,12 @@ type Config struct {
 	// Model answers the prompts. Required: an *OpenAI, or Simulated when no
 	// API key is configured.
 	Model Model
+	// AgentEnv names the environment variables an agent command gets
+	// besides procgroup.DefaultEnv (its own API key, say;
+	// DISPATCH_AGENT_ENV), CommandEnv those a command step gets
+	// (DISPATCH_COMMAND_ENV). Nothing else of the executor's environment —
+	// its model key, NATS password, state key — reaches a command.
+	AgentEnv, CommandEnv []string
 	// DefaultModel is the model name asked when neither the prompt nor the
 	// type's policy names one (DISPATCH_MODEL). Default "gpt-4o-mini".
 	DefaultModel string

@@ -26,6 +26,9 @@ const CommandWaitDelay = procgroup.WaitDelay
 // detail. On timeout the whole process group is killed.
 type Command struct {
 	Argv []string
+	// Env names the environment variables the command gets besides
+	// procgroup.DefaultEnv; nothing else of the verifier's.
+	Env []string
 	// Timeout bounds the run. Default DefaultTimeout.
 	Timeout time.Duration
 }
@@ -43,7 +46,7 @@ func (c *Command) Check(ctx context.Context, t events.Task) (events.Verification
 	d := timeout(c.Timeout)
 	cctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	cmd := procgroup.Command(cctx, c.Argv, "", data)
+	cmd := procgroup.Command(cctx, c.Argv, "", data, c.Env)
 	var out headWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = procgroup.Run(cmd)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -54,9 +55,24 @@ func (c *HTTP) Check(ctx context.Context, t events.Task) (events.Verification, e
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(events.HeaderTaskID, t.ID)
-	client := c.Client
-	if client == nil {
-		client = http.DefaultClient
+	base := c.Client
+	if base == nil {
+		base = http.DefaultClient
+	}
+	// A redirect to another host is not followed: the task's body would go
+	// where the policy never said (the host a 307 or 308 names).
+	client := *base
+	client.CheckRedirect = func(next *http.Request, via []*http.Request) error {
+		if next.URL.Host != req.URL.Host {
+			return fmt.Errorf("redirected to another host, %s: not followed", next.URL.Host)
+		}
+		if base.CheckRedirect != nil {
+			return base.CheckRedirect(next, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -104,3 +104,30 @@ func TestHTTPUnreachable(t *testing.T) {
 		t.Fatalf("err = %v, want a connection error", err)
 	}
 }
+
+// A verifier that redirects to another host does not get the task's body
+// sent there: the redirect is an error. One to its own host is followed.
+func TestHTTPRedirectToAnotherHostIsRefused(t *testing.T) {
+	var stolen bool
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stolen = true }))
+	t.Cleanup(other.Close)
+	srv := httpVerifier(t)
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/x", http.StatusTemporaryRedirect) // 307: the body is sent again
+	}))
+	t.Cleanup(redirector.Close)
+	if _, err := (&HTTP{URL: redirector.URL + "/away"}).Check(context.Background(), testTask("t1")); err == nil || !strings.Contains(err.Error(), "another host") || stolen {
+		t.Fatalf("redirect to another host: %v (body sent there: %v), want an error and nothing sent", err, stolen)
+	}
+	same := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/here" {
+			http.Redirect(w, r, "/ok", http.StatusTemporaryRedirect)
+			return
+		}
+		srv.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(same.Close)
+	if v, err := (&HTTP{URL: same.URL + "/here"}).Check(context.Background(), testTask("t1")); err != nil || v.Verdict != events.VerdictExists {
+		t.Fatalf("redirect on its own host: %+v, %v", v, err)
+	}
+}

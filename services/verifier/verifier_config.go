@@ -21,6 +21,10 @@ type Config struct {
 	// NC is the connection nats verifiers are asked on. Default nil: a type
 	// with a nats verifier then gets a verifier error (ErrNoConn).
 	NC *nats.Conn
+	// CommandEnv names the environment variables a command verifier gets
+	// besides procgroup.DefaultEnv (DISPATCH_COMMAND_ENV); nothing else of
+	// the verifier's.
+	CommandEnv []string
 	// HTTPClient sends http verifiers' requests. Default http.DefaultClient;
 	// each check is bounded by its verifier's timeout either way.
 	HTTPClient *http.Client
