@@ -69,11 +69,19 @@ func TestHostileClient(t *testing.T) {
 		return nil
 	})
 
-	// The monitoring port names every service's inboxes.
-	inboxes := serviceInboxes(t, srv.Monitor)
-	if len(inboxes["executor"]) == 0 {
-		t.Fatalf("the monitoring port lists no executor inbox: %v", inboxes)
-	}
+	// The monitoring port names every service's inboxes, once each
+	// service has started.
+	var inboxes map[string][]string
+	proctest.WaitFor(t, patience, "every service's inboxes on the monitoring port", func() error {
+		proctest.CheckRunning(t, running)
+		inboxes = serviceInboxes(t, srv.Monitor)
+		for _, name := range mesh.All {
+			if len(inboxes[name]) == 0 {
+				return fmt.Errorf("none of %s yet", name)
+			}
+		}
+		return nil
+	})
 	executorInbox := inboxes["executor"][0]
 
 	// 1. A push consumer aimed at a service's inbox, a tool or a verifier
