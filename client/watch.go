@@ -70,8 +70,9 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(Event) bool) erro
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, errNoWatcher):
-			// No instance answers (yet): the mesh is starting or restarting.
+		case errors.Is(err, errNoWatcher), errors.Is(err, errBusy):
+			// No instance answers (yet), or it is busy or stopping: the
+			// mesh is starting, restarting or full; ask again, later.
 			if !sleep(ctx, retry) {
 				return ctx.Err()
 			}
@@ -90,8 +91,12 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(Event) bool) erro
 // again from the last event received.
 const watchSpan = 30 * time.Second
 
-// errNoWatcher: no instance answered a watch request.
-var errNoWatcher = errors.New("no dispatch service answers " + events.APIWatch)
+// errNoWatcher: no instance answered a watch request; errBusy: one
+// answered that it is stopping or holds as many waits as it may.
+var (
+	errNoWatcher = errors.New("no dispatch service answers " + events.APIWatch)
+	errBusy      = errors.New("the dispatch service is busy or stopping")
+)
 
 // watchOnce sends one watch request and delivers its events to fn,
 // advancing *after. more is false when fn asked to stop.
@@ -131,7 +136,7 @@ func (c *Client) watchOnce(ctx context.Context, id string, after *uint64, fn fun
 		}
 		if e := answerError(msg); e != nil {
 			if e.Code == events.CodeUnavailable {
-				return true, nil // the instance is stopping: ask again
+				return false, errBusy // ask again after a pause
 			}
 			return false, e
 		}

@@ -108,11 +108,42 @@ func TestHostileClient(t *testing.T) {
 	} {
 		attacker.denyPublish(t, s)
 	}
+	// 5. Any subject a stream captures, a submission included: the server
+	// sends the PubAck of a captured publish to whatever reply the
+	// publisher names, unchecked ($KV.dispatch_tasks.<id>, a stage event).
+	attacker.denyPublish(t, events.SubmitSubject("css_fix"))
 	attacker.noViolations(t)
+	// 6. An API request whose reply is not an inbox: intake would answer
+	// there with its own grants (task state, a queued event, a rejection,
+	// another task's events on a stage subject). It is dropped.
+	for _, r := range []struct{ api, reply, body string }{
+		{events.APIStatus, "$KV." + services.BucketTasks + ".victim-9", `{"id":"victim-9"}`},
+		{events.APIWatch, events.TaskSubject("victim-9", events.StageVerified), `{"id":"victim-1","timeout":"1s"}`},
+		{events.SubmitAPI, events.ReviewSubject(events.ReviewRejected, "victim-9"), `{"type":"css_fix"}`},
+	} {
+		if err := attacker.nc.PublishRequest(r.api, r.reply, []byte(r.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proctest.WaitFor(t, patience, "intake to drop the three requests with a forged reply", func() error {
+		if n := strings.Count(running[mesh.Intake].Output(), "reply subject outside _INBOX. dropped"); n < 3 {
+			return fmt.Errorf("%d dropped", n)
+		}
+		return nil
+	})
+	tasksKV, err := admin.js.KeyValue(ctx, services.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := tasksKV.Get(ctx, "victim-9"); err == nil {
+		t.Fatalf("a forged reply wrote task state: %s", e.Value())
+	}
 
-	// 5. Squatting the ids a service or the API will publish under, before
-	// the victims are submitted, with junk that also carries headers naming
-	// another task and a service.
+	// 7. Insider squatting: web may publish submissions (a reviewer's
+	// resubmit). It squats the ids a service or the API will publish under,
+	// before the victims are submitted, with junk that also carries headers
+	// naming another task and a service.
+	web := connect(t, url, "web", pw["web"], "_INBOX.web")
 	victimTask := client.Task{ID: "victim-2", Type: "css_fix", Subject: "src/victim2.css"}
 	victimBody, err := json.Marshal(victimTask)
 	if err != nil {
@@ -130,21 +161,20 @@ func TestHostileClient(t *testing.T) {
 		m.Header.Set(jetstream.MsgIDHeader, id)
 		m.Header.Set(events.HeaderTaskID, "victim-1")
 		m.Header.Set(events.HeaderService, "recorder@forged")
-		ack, err := attacker.js.PublishMsg(ctx, m)
+		ack, err := web.js.PublishMsg(ctx, m)
 		if err != nil {
 			t.Fatalf("squat %s: %v", id, err)
 		}
 		if ack.Stream != services.SubmitStream {
-			t.Fatalf("a client's message is stored on %s, want %s", ack.Stream, services.SubmitStream)
+			t.Fatalf("a submission is stored on %s, want %s", ack.Stream, services.SubmitStream)
 		}
 	}
 
-	// 6. Insider: web may create consumers on DISPATCH. It aims push
+	// 8. Insider: web may create consumers on DISPATCH. It aims push
 	// consumers at every inbox of every service, delivering a forged policy
 	// that would run a command as the executor.
 	marker := filepath.Join(t.TempDir(), "pwned")
 	forged := fmt.Sprintf(`{"types": {"pwn_fix": {"executor": "command", "command": ["/bin/sh", "-c", "touch %s"]}}}`, marker)
-	web := connect(t, url, "web", pw["web"], "_INBOX.web")
 	pwnSubject := events.ReviewSubject(events.ReviewAction, "pwn")
 	var aimed []string
 	for user, list := range inboxes {

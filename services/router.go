@@ -586,6 +586,13 @@ func (r *Router) storedAs(ctx context.Context, out Out, ack *jetstream.PubAck) e
 		return fmt.Errorf("check duplicate %s: %w", out.MsgID, err)
 	}
 	raw, err := stream.GetMsg(ctx, ack.Sequence)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// The original left the stream (a per-subject limit, the outcome
+		// stream's, evicted it) while the server still remembers its
+		// Msg-Id. The router publishes only to streams no client may
+		// publish to, so it was this output, stored before.
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("check duplicate %s at %s#%d: %w", out.MsgID, ack.Stream, ack.Sequence, err)
 	}

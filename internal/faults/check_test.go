@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
 	"github.com/dispatchmesh/dispatchmesh/internal/faults"
@@ -65,7 +66,11 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 	}
 	defer stop()
 	proctest.WaitFor(t, patience, "the mesh to provision", func() error { _, err := srv.JS.KeyValue(ctx, services.BucketTasks); return err })
-	tasks := submit(ctx, srv.JS, w, 0).wait(t)
+	cl, err := client.New(srv.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := submit(ctx, cl, w, 0).wait(t)
 	if n := waitEnded(t, srv.JS, tasks, patience); n != len(tasks) {
 		t.Fatalf("%d of %d tasks ended", n, len(tasks))
 	}

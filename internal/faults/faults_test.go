@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/faults"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
@@ -96,7 +97,7 @@ type run struct {
 	model      *model
 	work       *workload
 	admin      jetstream.JetStream
-	client     jetstream.JetStream
+	client     *client.Client // the client user: submits through the API
 	policy     *policy.Source
 	historyHit *hookSlot
 }
@@ -365,7 +366,12 @@ func newRun(t *testing.T, s suite, prefix string, tasks int, dispatch, url strin
 		return nil
 	})
 	_, r.admin = connect(t, url, "admin", pw["admin"])
-	_, r.client = connect(t, url, "client", pw["client"])
+	cnc, _ := connect(t, url, "client", pw["client"])
+	cl, err := client.New(cnc, client.WithRequestTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.client = cl
 	r.pm = newProcMesh(t, dispatch, env, r.model)
 	r.pm.start()
 	return r

@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/faults"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
@@ -145,7 +144,7 @@ type submitter struct {
 	err   error
 }
 
-func submit(ctx context.Context, js jetstream.JetStream, w *workload, over time.Duration) *submitter {
+func submit(ctx context.Context, c *client.Client, w *workload, over time.Duration) *submitter {
 	s := &submitter{done: make(chan struct{}), acked: map[string]faults.Plan{}}
 	go func() {
 		defer close(s.done)
@@ -160,11 +159,13 @@ func submit(ctx context.Context, js jetstream.JetStream, w *workload, over time.
 					return
 				}
 			}
-			data, _ := json.Marshal(events.Submit{ID: t.id, Type: t.typ, Subject: t.subject,
-				Payload: json.RawMessage(fmt.Sprintf(`{"issue":"fault suite task %d"}`, i))})
+			task := events.Submit{ID: t.id, Type: t.typ, Subject: t.subject,
+				Payload: json.RawMessage(fmt.Sprintf(`{"issue":"fault suite task %d"}`, i))}
 			for {
+				// Through the submit API, as the client user does: the same
+				// id submitted again (a lost answer) makes one task.
 				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				_, err := js.Publish(pctx, events.SubmitSubject(t.typ), data, jetstream.WithMsgID("submit:"+t.id))
+				_, err := c.Submit(pctx, task)
 				cancel()
 				if err == nil {
 					s.mu.Lock()

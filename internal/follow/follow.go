@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -227,6 +228,13 @@ func (f *Follower) take(m *nats.Msg) bool {
 		f.reject(m, meta.Stream, meta.Consumer, "a subject outside the filters")
 		return false
 	}
+	if meta.Sequence.Stream <= f.sseq {
+		// A follower's stream positions only go forward: an older message
+		// under this consumer's name is a consumer re-created by someone
+		// else to replay old messages.
+		f.reject(m, meta.Stream, meta.Consumer, "a stream position already passed")
+		return false
+	}
 	if meta.Sequence.Consumer != f.dseq+1 {
 		f.replace(fmt.Sprintf("delivery %d after %d", meta.Sequence.Consumer, f.dseq))
 		return true
@@ -253,6 +261,13 @@ func (f *Follower) control(m *nats.Msg, status string) bool {
 		fc = m.Header.Get("Nats-Consumer-Stalled") // a heartbeat of a consumer waiting for an answer
 	}
 	if fc == "" {
+		// An idle heartbeat names the last delivery of the consumer that
+		// sent it: one of another consumer (aimed at this inbox) is no sign
+		// of life, so it cannot keep a deleted consumer from being
+		// replaced.
+		if last := m.Header.Get("Nats-Last-Consumer"); last != "" && last != strconv.FormatUint(f.dseq, 10) {
+			return false
+		}
 		return true
 	}
 	if stream, consumer := flowControlOf(fc); stream != f.cfg.Stream || consumer != f.name {

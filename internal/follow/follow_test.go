@@ -208,3 +208,75 @@ func TestSubjectMatches(t *testing.T) {
 		}
 	}
 }
+
+// Someone who learns the follower's consumer name (listing consumers) and
+// re-creates that consumer on the same inbox from the stream's start
+// replays old messages under the right name with the right delivery
+// sequence: a follower never goes back to a stream position it passed.
+// Nor do another consumer's heartbeats keep it from replacing a consumer
+// that was deleted.
+func TestStreamNeverGoesBack(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := t.Context()
+	if _, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		if _, err := srv.JS.Publish(ctx, "s.x", fmt.Appendf(nil, "v%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, js := srv.Connect(t)
+	var got seen
+	f, err := follow.Stream(ctx, js, follow.Config{Stream: "S", Heartbeat: 100 * time.Millisecond}, got.add)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+
+	eventually(t, "the three messages", func() bool { return len(got.all()) == 3 })
+
+	// The follower's consumer, as a consumer listing shows it; deleted,
+	// and re-created by its replacement's name from the start.
+	current := func() *jetstream.ConsumerInfo {
+		var info *jetstream.ConsumerInfo
+		eventually(t, "the follower's consumer", func() bool {
+			s, err := srv.JS.Stream(ctx, "S")
+			if err != nil {
+				return false
+			}
+			for ci := range s.ListConsumers(ctx).Info() {
+				info = ci
+			}
+			return info != nil
+		})
+		return info
+	}
+	first := current()
+	if err := srv.JS.DeleteConsumer(ctx, "S", first.Name); err != nil {
+		t.Fatal(err)
+	}
+	var second *jetstream.ConsumerInfo
+	eventually(t, "a replacement consumer", func() bool {
+		second = current()
+		return second.Name != first.Name
+	})
+	if err := srv.JS.DeleteConsumer(ctx, "S", second.Name); err != nil {
+		t.Fatal(err)
+	}
+	forged := f.Forged()
+	if _, err := srv.JS.CreatePushConsumer(ctx, "S", jetstream.ConsumerConfig{
+		Name: second.Name, DeliverSubject: second.Config.DeliverSubject, AckPolicy: jetstream.AckNonePolicy,
+		IdleHeartbeat: 100 * time.Millisecond,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the replayed messages to be refused", func() bool { return f.Forged() >= forged+3 })
+	if _, err := srv.JS.Publish(ctx, "s.x", []byte("v4")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the next real message", func() bool { return len(got.all()) == 4 })
+	if all := got.all(); !slices.Equal(all, []string{"s.x=v1@1", "s.x=v2@2", "s.x=v3@3", "s.x=v4@4"}) {
+		t.Fatalf("passed on %v, want each message once, in order", all)
+	}
+}

@@ -426,6 +426,15 @@ func (s *Source) start(ctx context.Context, js jetstream.JetStream, kv jetstream
 
 // apply takes one change; false when it was refused.
 func (s *Source) apply(e jetstream.KeyValueEntry) bool {
+	if seen := s.seenRev(); e.Revision() <= seen {
+		// Revisions only go forward: the one in force delivered again (the
+		// watch's first value) changes nothing, and an older one (a
+		// replayed consumer) never takes the place of a newer one.
+		if e.Revision() < seen {
+			s.log.Warn("older policy revision ignored", "rev", e.Revision(), "seen", seen)
+		}
+		return false
+	}
 	f, err := entryFile(e)
 	if err != nil {
 		s.log.Error("policy change refused: the previous policy stays in force",

@@ -68,6 +68,13 @@ func (s *Source) Rev() uint64 { return s.Snapshot().Rev }
 
 // store puts p in force (nil: keep the one in force) and records that
 // revision seen was handled.
+// seenRev is the newest revision the source has handled.
+func (s *Source) seenRev() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen
+}
+
 func (s *Source) store(p *Snapshot, seen uint64) {
 	if p != nil {
 		s.current.Store(p)

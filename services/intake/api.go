@@ -82,12 +82,32 @@ func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
 		{"wait", WaitAPI, a.wait},
 		{"watch", events.APIWatch, a.watch},
 	} {
-		if err := svc.AddEndpoint(e.name, e.handler, micro.WithEndpointSubject(e.subject)); err != nil {
+		if err := svc.AddEndpoint(e.name, a.inboxOnly(e.handler), micro.WithEndpointSubject(e.subject)); err != nil {
 			_ = svc.Stop()
 			return nil, err
 		}
 	}
 	return svc, nil
+}
+
+// inboxOnly serves only requests whose reply subject is an inbox
+// (_INBOX.…). The server checks no permission on a reply subject: a
+// requester naming $KV.dispatch_tasks.<id> or dispatch.task.<id>.verified
+// as its reply would have intake publish its answer there, with intake's
+// grants. Such a request is dropped unanswered (there is nowhere safe to
+// answer) and logged.
+func (a *API) inboxOnly(h micro.HandlerFunc) micro.HandlerFunc {
+	return func(req micro.Request) {
+		if !strings.HasPrefix(req.Reply(), "_INBOX.") {
+			log := a.Log
+			if log == nil {
+				log = slog.Default()
+			}
+			log.Warn("API request with a reply subject outside _INBOX. dropped", "subject", req.Subject(), "reply", req.Reply())
+			return
+		}
+		h(req)
+	}
 }
 
 // Stop answers the waits in progress with 503 (ask again: another instance
