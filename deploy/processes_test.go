@@ -169,6 +169,14 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
 	}
 
+	// The operator tools as the read-only auditor: a task's audit trail
+	// and its status with every stage, read from the stream.
+	if out := proctest.RunToEnd(t, patience, "audit-as-auditor", as("auditor"), dispatch, "audit", "e2e-0"); !strings.Contains(out, events.StageSucceeded) {
+		t.Fatalf("dispatch audit e2e-0 as auditor:\n%s", out)
+	}
+	if out := proctest.RunToEnd(t, patience, "status-v-as-auditor", as("auditor"), dispatch, "status", "-v", "e2e-0"); !strings.Contains(out, events.StageSucceeded) {
+		t.Fatalf("dispatch status -v e2e-0 as auditor:\n%s", out)
+	}
 	// The task explorer as the auditor and the web users: intake filed
 	// every task in the index (as its own user), both may read it.
 	for _, user := range []string{"auditor", "web"} {
