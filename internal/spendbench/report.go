@@ -367,57 +367,46 @@ func (s Summary) Report(w io.Writer) error {
 			}
 			fmt.Fprintln(b)
 		}
-		fmt.Fprintln(b, "\nper scenario (medians), mesh | loop:")
-		tw = tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprint(tw, "scenario\t")
-		for _, fg := range scenarioRows {
-			fmt.Fprintf(tw, "%s\t", fg.name)
-		}
-		fmt.Fprintln(tw)
-		for _, sr := range m.ByScenario {
-			fmt.Fprintf(tw, "%s\t", sr.Scenario)
-			for _, r := range sr.Rows {
-				if r.Name == "tasks" {
-					fmt.Fprintf(tw, "%s\t", formatValue(float64(r.Mesh.Median), 0))
-					continue
-				}
-				fmt.Fprintf(tw, "%s | %s\t", formatValue(float64(r.Mesh.Median), r.digits), formatValue(float64(r.Loop.Median), r.digits))
-			}
-			fmt.Fprintln(tw)
-		}
-		if err := tw.Flush(); err != nil {
+		if err := writeGroups(b, "\nper scenario (medians), mesh | loop:", "scenario", scenarioRows, m.ByScenario); err != nil {
 			return err
 		}
 		if len(m.ByClass) > 0 {
-			fmt.Fprintln(b, "\nper class (medians), mesh | loop (mesh/loop):")
-			tw = tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprint(tw, "class\t")
-			for _, fg := range classRows {
-				fmt.Fprintf(tw, "%s\t", fg.name)
-			}
-			fmt.Fprintln(tw)
-			for _, cr := range m.ByClass {
-				fmt.Fprintf(tw, "%s\t", cr.Scenario)
-				for i, r := range cr.Rows {
-					if r.Name == "tasks" {
-						fmt.Fprintf(tw, "%s\t", formatValue(float64(r.Mesh.Median), 0))
-						continue
-					}
-					cell := fmt.Sprintf("%s | %s", formatValue(float64(r.Mesh.Median), r.digits), formatValue(float64(r.Loop.Median), r.digits))
-					if classRows[i].ratio {
-						cell += " (" + formatRatio(r.Ratio) + ")"
-					}
-					fmt.Fprintf(tw, "%s\t", cell)
-				}
-				fmt.Fprintln(tw)
-			}
-			if err := tw.Flush(); err != nil {
+			if err := writeGroups(b, "\nper class (medians), mesh | loop (mesh/loop):", "class", classRows, m.ByClass); err != nil {
 				return err
 			}
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeGroups writes one table of groups (scenarios, classes): a row a
+// group, a column a figure, each cell "mesh | loop" (the task count once),
+// with the ratio where the figure asks for it.
+func writeGroups(b *strings.Builder, title, kind string, figures []figure, groups []ScenarioRow) error {
+	fmt.Fprintln(b, title)
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%s\t", kind)
+	for _, fg := range figures {
+		fmt.Fprintf(tw, "%s\t", fg.name)
+	}
+	fmt.Fprintln(tw)
+	for _, g := range groups {
+		fmt.Fprintf(tw, "%s\t", g.Scenario)
+		for i, r := range g.Rows {
+			if r.Name == "tasks" {
+				fmt.Fprintf(tw, "%s\t", formatValue(float64(r.Mesh.Median), 0))
+				continue
+			}
+			cell := fmt.Sprintf("%s | %s", formatValue(float64(r.Mesh.Median), r.digits), formatValue(float64(r.Loop.Median), r.digits))
+			if figures[i].ratio {
+				cell += " (" + formatRatio(r.Ratio) + ")"
+			}
+			fmt.Fprintf(tw, "%s\t", cell)
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
 }
 
 func modeLabel(mode string) string {

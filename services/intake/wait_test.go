@@ -13,17 +13,23 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
+// newAPI is an API on a fresh embedded server with the mesh provisioned.
+func newAPI(t *testing.T) (*natstest.Server, *services.Stores, *API) {
+	t.Helper()
+	srv := natstest.Start(t)
+	stores, err := services.Provision(context.Background(), srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, stores, &API{JS: srv.JS, Tasks: services.NewTaskStore(stores.Tasks)}
+}
+
 // A wait answers the state it ends on, whole: a field an earlier state had
 // and the final one leaves out (omitempty) is not carried over. Here the
 // first attempt failed (last_error, reason) and the second succeeded.
 func TestWaitAnswersTheFinalStateOnly(t *testing.T) {
 	ctx := context.Background()
-	srv := natstest.Start(t)
-	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &API{JS: srv.JS, Tasks: services.NewTaskStore(stores.Tasks)}
+	srv, stores, a := newAPI(t)
 	a.ctx, a.stop = context.WithCancel(ctx)
 	defer a.Stop()
 	put := func(st events.TaskState) uint64 {

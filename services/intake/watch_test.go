@@ -9,8 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // A watch sends a task's events in order — its own, not another task's —
@@ -18,12 +16,7 @@ import (
 // end message once its span is over, so the client asks again from there.
 func TestWatchSendsTheTasksEventsFromWhereAsked(t *testing.T) {
 	ctx := context.Background()
-	srv := natstest.Start(t)
-	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &API{JS: srv.JS, Tasks: services.NewTaskStore(stores.Tasks)}
+	srv, _, a := newAPI(t)
 	if _, err := a.Start(srv.NC, "0.0.1"); err != nil {
 		t.Fatal(err)
 	}
