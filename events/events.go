@@ -26,6 +26,9 @@ const (
 	EventAction    = "review.action.v1"
 )
 
+// StepExecute is the one step of a task whose type has no pipeline.
+const StepExecute = "execute"
+
 // Run is the dispatch context that travels with a task from stage to stage.
 type Run struct {
 	// Pass counts trips through the pipeline (1-based). It is part of every
@@ -36,7 +39,7 @@ type Run struct {
 	Attempt int `json:"attempt"`
 	// Rung is the escalation rung of this attempt (REFINE, PIVOT, RESEARCH).
 	Rung Rung `json:"rung,omitempty"`
-	// Step is the pipeline step this pass runs ("execute" without a pipeline).
+	// Step is the pipeline step this pass runs (StepExecute without a pipeline).
 	Step string `json:"step,omitempty"`
 	// Context is error output carried into this pass (the last failure, or a
 	// later step's output when a pipeline went back).

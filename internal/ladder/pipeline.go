@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // Step routing actions.
@@ -62,7 +64,7 @@ func gotoMax(g policy.Goto) int {
 // FirstStep is where a pipeline starts ("execute" without one).
 func FirstStep(steps []policy.Step) string {
 	if len(steps) == 0 {
-		return "execute"
+		return events.StepExecute
 	}
 	return steps[0].Name
 }

@@ -15,15 +15,11 @@ import (
 )
 
 // watch answers dispatch.api.watch: the task's events, one message each,
-// to the request's reply subject. Clients follow a task through it instead
-// of reading the stream, which they may not. Like a wait it holds one of
-// the MaxWaits slots.
+// to the request's reply subject (an inbox: inboxOnly). Clients follow a
+// task through it instead of reading the stream, which they may not. Like
+// a wait it holds one of the MaxWaits slots.
 func (a *API) watch(req micro.Request) {
 	reply := req.Reply()
-	if reply == "" {
-		answer(req, nil, events.NewAPIError(events.CodeBadRequest, "a watch needs a reply subject to send the events to"))
-		return
-	}
 	a.hold(req, func(ctx context.Context, r events.TaskRequest) {
 		nc := a.JS.Conn()
 		err := a.Watch(ctx, r.ID, r.After, r.WaitTimeout(), func(m *nats.Msg) error {

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"sync"
 	"text/template"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // DefaultTemplate renders the user message of a task type whose policy sets
@@ -15,7 +17,7 @@ import (
 // pipeline: "execute", the one step of every other task, tells the model
 // nothing.
 const DefaultTemplate = `<task type="{{xml .Task.Type}}" subject="{{xml .Task.Subject}}"
-{{- with .Run.Step}}{{if ne . "execute"}} step="{{xml .}}"{{end}}{{end}}>
+{{- with .Run.Step}}{{if ne . "` + events.StepExecute + `"}} step="{{xml .}}"{{end}}{{end}}>
 {{- with .Payload}}
 <payload>{{.}}</payload>
 {{- end}}
