@@ -788,6 +788,7 @@ var serviceSpecs = map[string]serviceSpec{
 	services.ConsumerGate: {
 		outputs: []string{
 			events.TaskSubject("s1", events.StageAdmitted), events.ReviewSubject(events.ReviewGated, "s1"),
+			events.TaskSubject("s1", events.StageHeld),         // held for trust, waiting for canaries
 			events.ReviewSubject(events.ReviewEscalated, "s1"), // a handoff before a retry (rung_rate)
 		},
 		foreign: events.TaskSubject("s1", events.StageSucceeded),

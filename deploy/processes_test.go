@@ -28,7 +28,6 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/intake"
-	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // verifiedType is the type with a verifier (a command that always answers
@@ -258,11 +257,11 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	}
 
 	// The gate's user, on a connection of its own: the refusals reach the
-	// error handler. It follows the trust outcomes but may neither publish
-	// one nor bind the history bucket the prompt builder reads.
+	// error handler. It follows the trust outcomes (and publishes the end
+	// marker of a handoff) but may neither submit nor bind the history
+	// bucket the prompt builder reads.
 	gate := connect(t, url, "gate", pw["gate"], "_INBOX.gate")
 	gate.denyPublish(t, events.SubmitSubject("x"))
-	gate.denyPublish(t, trust.OutcomeSubject("css_fix"))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // how long the refused call waits
 	defer cancel()
 	if _, err := gate.js.KeyValue(ctx, services.BucketHistory); err == nil {

@@ -15,6 +15,7 @@ const (
 	EventVerified  = "task.verified.v1"
 	EventCancelled = "task.cancelled.v1"
 	EventAdmitted  = "task.admitted.v1"
+	EventHeld      = "task.held.v1"
 	EventPrompted  = "task.prompted.v1"
 	EventExecuted  = "task.executed.v1"
 	EventSucceeded = "task.succeeded.v1"
@@ -307,6 +308,31 @@ type TrustDecision struct {
 type Admitted struct {
 	Base
 	Trust TrustDecision `json:"trust"`
+	// Sealed is relayed from the Verified event (optional; see Sealed).
+	Sealed *Sealed `json:"sealed,omitempty"`
+}
+
+// Hold is why the gate holds a pass back instead of admitting it.
+type Hold string
+
+const (
+	// HoldTrust: its type scores below its trust threshold (status held).
+	HoldTrust Hold = "trust"
+	// HoldCanary: its type is unproven and every canary place is taken;
+	// the task's status does not change while it waits.
+	HoldCanary Hold = "canary"
+)
+
+// Held is published by the gate on dispatch.task.<id>.held when it holds a
+// pass back — for its type's trust or for its canaries' results — instead
+// of keeping it in its own consumer: the gate's held consumer looks at it
+// again until it is admitted, probed, or (held for trust past the hold
+// time) sent to a human. It carries what the admission needs.
+type Held struct {
+	Base
+	Hold   Hold          `json:"hold"`
+	Trust  TrustDecision `json:"trust"`
+	Reason string        `json:"reason"`
 	// Sealed is relayed from the Verified event (optional; see Sealed).
 	Sealed *Sealed `json:"sealed,omitempty"`
 }

@@ -22,12 +22,16 @@ const (
 	StatusBlocked          Status = "blocked"
 	StatusFailed           Status = "failed"
 	StatusParked           Status = "parked"
+	// StatusHeld: the trust gate holds the task for its type's low trust —
+	// no tokens spent, not terminal: re-admitted on its own when its type
+	// recovers, to a human after the hold time (SPEC §2, §4).
+	StatusHeld Status = "held"
 )
 
 // Statuses are all task statuses, in a task's usual order.
 var Statuses = []Status{
 	StatusPending, StatusVerifying, StatusRunning, StatusSucceeded, StatusCancelled,
-	StatusNeedsHumanReview, StatusBlocked, StatusFailed, StatusParked,
+	StatusNeedsHumanReview, StatusBlocked, StatusFailed, StatusParked, StatusHeld,
 }
 
 // Valid reports whether s is one of the Status constants.
@@ -79,6 +83,11 @@ func Terminal(status Status) bool {
 	}
 	return false
 }
+
+// Settled reports whether a wait for the task is over: it ended
+// (Terminal), or the gate holds it (StatusHeld) — nothing happens to it
+// until its type recovers or a human acts.
+func Settled(status Status) bool { return Terminal(status) || status == StatusHeld }
 
 // StateAt is a task's state as the service that wrote it last stored it,
 // with the revision of that write (in dispatch_tasks). An event carries it

@@ -30,6 +30,7 @@ const (
 	StageRetry     = "retry"     // recorder → verifier (next attempt)
 	StageVerified  = "verified"  // verifier → gate
 	StageAdmitted  = "admitted"  // gate → prompt builder
+	StageHeld      = "held"      // gate → gate's held consumer (trust, canaries)
 	StagePrompted  = "prompted"  // prompt builder → executor
 	StageExecuted  = "executed"  // executor → recorder
 	StageSucceeded = "succeeded" // recorder: terminal

@@ -37,6 +37,7 @@ var messages = []struct {
 	{events.EventVerified, events.Verified{}},
 	{events.EventCancelled, events.Cancelled{}},
 	{events.EventAdmitted, events.Admitted{}},
+	{events.EventHeld, events.Held{}},
 	{events.EventPrompted, events.Prompted{}},
 	{events.EventExecuted, events.Executed{}},
 	{events.EventSucceeded, events.Succeeded{}},

@@ -85,6 +85,7 @@ var populated = []struct {
 	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
 	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust, Sealed: sealed}},
+	{events.EventHeld, events.Held{Base: base, Hold: events.HoldTrust, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15", Sealed: sealed}},
 	{events.EventPrompted, events.Prompted{Base: base, Prompt: events.Prompt{
 		Model: "gpt-4o", Messages: []events.Message{{Role: "system", Content: "You fix CSS."}},
 	}, Sealed: sealed}},
@@ -112,7 +113,7 @@ var populated = []struct {
 		Attempts: 3, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Result: &result, UpdatedAt: at,
 	}},
 	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
-	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true}},
+	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Task: "t-42", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true, End: true, Probe: true, Marker: true}},
 }
 
 func TestPopulatedValuesAreComplete(t *testing.T) {

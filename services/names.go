@@ -34,6 +34,7 @@ const (
 	ConsumerIntake   = "intake"
 	ConsumerVerifier = "verifier"
 	ConsumerGate     = "gate"
+	ConsumerGateHeld = "gate_held"
 	ConsumerPrompt   = "prompt"
 	ConsumerExecutor = "executor"
 	ConsumerRecorder = "recorder"

@@ -29,13 +29,13 @@ func TestPolicyAdmitCanary(t *testing.T) {
 		admit, change bool
 		left          int // places held afterwards
 	}{
-		{"a free place", trust.Policy{}, held("a", "b"), "c", true, true, 3},
-		{"every place held", trust.Policy{}, held("a", "b", "c"), "d", false, false, 3},
-		{"a redelivery keeps its place", trust.Policy{}, held("a", "b", "c"), "b", true, false, 3},
-		{"a scored type has no canaries", trust.Policy{MinOutcomes: 1}, trust.Stats{Outcomes: []trust.Outcome{{Key: "o"}}}, "d", true, false, 0},
+		{"a free place", trust.Policy{Canary: 3}, held("a", "b"), "c", true, true, 3},
+		{"every place held", trust.Policy{Canary: 3}, held("a", "b", "c"), "d", false, false, 3},
+		{"a redelivery keeps its place", trust.Policy{Canary: 3}, held("a", "b", "c"), "b", true, false, 3},
+		{"a scored type has no canaries", trust.Policy{MinOutcomes: 1}, trust.Stats{Outcomes: []trust.Outcome{{Key: "o", End: true}}}, "d", true, false, 0},
 		{"a bigger canary", trust.Policy{Canary: 5}, held("a", "b", "c"), "d", true, true, 4},
 		{"no canaries", trust.Policy{Canary: -1}, held("a", "b", "c"), "d", true, false, 3},
-		{"expired places are given up", trust.Policy{CanaryTTL: 30 * time.Second}, held("a", "b", "c"), "d", true, true, 1},
+		{"expired places are given up", trust.Policy{Canary: 3, CanaryTTL: 30 * time.Second}, held("a", "b", "c"), "d", true, true, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,7 +66,7 @@ func TestCanaryReleased(t *testing.T) {
 		t.Fatalf("release: changed=%v %+v", changed, s.Canaries)
 	}
 	for i := range 3 {
-		s, _ = p.Record(s, trust.Outcome{Key: fmt.Sprint(i), At: now})
+		s, _ = p.Record(s, trust.Outcome{Key: fmt.Sprint(i), End: true, At: now})
 	}
 	if s.Canaries != nil {
 		t.Fatalf("a scored type keeps canary places: %+v", s.Canaries)
@@ -138,8 +138,9 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if admitted != trust.DefaultCanary || len(st.Canaries) != trust.DefaultCanary {
-		t.Fatalf("%d admitted, %d places held, want %d", admitted, len(st.Canaries), trust.DefaultCanary)
+	places := trust.Policy{}.WithDefaults().Canary // one round: MinOutcomes
+	if admitted != places || len(st.Canaries) != places {
+		t.Fatalf("%d admitted, %d places held, want %d", admitted, len(st.Canaries), places)
 	}
 	if _, err := store.Release(ctx, "css_fix", st.Canaries[0].Key); err != nil {
 		t.Fatal(err)

@@ -16,9 +16,10 @@ const (
 	DefaultRecencyWeight = 0.4
 	DefaultDecay         = 0.9
 	DefaultProbeAfter    = 5
-	// DefaultCanary is how many passes of a type with fewer than MinOutcomes
-	// outcomes may be in flight at once; the rest wait for their outcomes.
-	DefaultCanary = 3
+	// DefaultCanary is how many tasks of a type with fewer than MinOutcomes
+	// settled tasks may be in flight at once, 0 meaning MinOutcomes: one
+	// round of canaries reaches the scoring sample; the rest wait for it.
+	DefaultCanary = 0
 	// DefaultCanaryTTL is how long a canary holds its place without an
 	// outcome (a lost or very slow pass), and how long a task waits for one.
 	DefaultCanaryTTL = 10 * time.Minute
@@ -28,6 +29,20 @@ const (
 	// that the task goes to a human instead.
 	DefaultRungFloor      = 0.25
 	DefaultRungMinSamples = 8
+	// DefaultRungExplore: one retry in 5 climbs a rung that only the
+	// pooled evidence (not yet the type's own) advises against.
+	DefaultRungExplore = 5
+	// DefaultHoldTime is how long a task the gate holds for low trust
+	// waits to be re-admitted before it goes to a human.
+	DefaultHoldTime = 24 * time.Hour
+	// DefaultProbeInterval is the least time between two probes taken from
+	// a type's held tasks; it doubles with each probe that fails in a row,
+	// up to MaxProbeInterval.
+	DefaultProbeInterval = 10 * time.Second
+	// DefaultRunAlpha: a run of failed tasks less likely than 1% at the
+	// type's own rate before it stops the type (a regression).
+	DefaultRunAlpha  = 0.01
+	MaxProbeInterval = 10 * time.Minute
 )
 
 // DefaultExempt lists the task types that are never gated unless
@@ -64,11 +79,11 @@ type Policy struct {
 	// the next task of that type is let through as a probe to re-measure it.
 	// Default 5.
 	ProbeAfter int
-	// Canary is how many passes of a type with fewer than MinOutcomes
-	// outcomes in its window may be in flight (admitted, outcome not yet
-	// recorded) at once: a burst of a new type sends a few canaries first and
-	// the rest wait, unspent, until the outcomes can score the type. Default
-	// 3; negative admits every pass at once.
+	// Canary is how many tasks of a type with fewer than MinOutcomes
+	// settled tasks in its window may be in flight (admitted, not ended) at
+	// once: a burst of a new type sends one round of canaries and the rest
+	// wait, unspent, until the canaries' results can score the type.
+	// Default MinOutcomes; negative admits every pass at once.
 	Canary int
 	// CanaryTTL is how long an admitted canary holds its place without an
 	// outcome, and how long a pass waits for a place before it goes anyway.
@@ -82,6 +97,26 @@ type Policy struct {
 	// RungMinSamples is how many retries on a rung the window must hold
 	// before RungFloor applies. Default 8.
 	RungMinSamples int
+	// RungExplore: one retry in RungExplore (a hash of the task) climbs a
+	// rung below the floor on pooled evidence alone, so the pool keeps
+	// measuring it. Default 5; negative never.
+	RungExplore int
+	// PriorWeight is how many of a type's own tasks the mesh's pooled
+	// evidence counts for while the type has fewer than MinOutcomes
+	// settled tasks. 0 (default): fitted from how alike the types are
+	// (Pool.Prior); negative: no pooling, a new type is never gated before
+	// MinOutcomes.
+	PriorWeight float64
+	// RunAlpha: the type is below when its newest settled tasks failed in
+	// a run less likely than RunAlpha at its success rate before the run
+	// (a regression, seen in a few tasks). Default 0.01; negative never.
+	RunAlpha float64
+	// HoldTime is how long a task held for low trust waits to be
+	// re-admitted before it goes to a human. Default 24h.
+	HoldTime time.Duration
+	// ProbeInterval is the least time between two probes taken from a
+	// type's held tasks (doubling per failed probe in a row). Default 10s.
+	ProbeInterval time.Duration
 	// Exempt lists task types that are never gated. Default triage_fix,
 	// security_fix and service_restart: nil means the defaults, an explicit
 	// empty slice means no exempt types.
@@ -109,7 +144,7 @@ func (p Policy) WithDefaults() Policy {
 		p.ProbeAfter = DefaultProbeAfter
 	}
 	if p.Canary == 0 {
-		p.Canary = DefaultCanary
+		p.Canary = p.MinOutcomes
 	}
 	if p.CanaryTTL == 0 {
 		p.CanaryTTL = DefaultCanaryTTL
@@ -119,6 +154,18 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.RungMinSamples == 0 {
 		p.RungMinSamples = DefaultRungMinSamples
+	}
+	if p.RungExplore == 0 {
+		p.RungExplore = DefaultRungExplore
+	}
+	if p.HoldTime == 0 {
+		p.HoldTime = DefaultHoldTime
+	}
+	if p.RunAlpha == 0 {
+		p.RunAlpha = DefaultRunAlpha
+	}
+	if p.ProbeInterval == 0 {
+		p.ProbeInterval = DefaultProbeInterval
 	}
 	if p.Exempt == nil {
 		p.Exempt = DefaultExempt()
@@ -155,6 +202,9 @@ func (p Policy) Validate() error {
 	}
 	if p.RungFloor > 1 {
 		errs = append(errs, fmt.Errorf("trust: rung floor %g must be at most 1", p.RungFloor))
+	}
+	if p.HoldTime < 0 || p.ProbeInterval < 0 {
+		errs = append(errs, fmt.Errorf("trust: hold time %s and probe interval %s must not be negative", p.HoldTime, p.ProbeInterval))
 	}
 	if p.RungMinSamples < 0 {
 		errs = append(errs, fmt.Errorf("trust: rung min samples %d must not be negative", p.RungMinSamples))

@@ -10,12 +10,13 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
-// seq builds outcomes from a pattern of S (success) and F (failure), oldest first.
+// seq builds outcomes from a pattern of S (success) and F (failure), oldest
+// first: each one a task of one attempt, which ended.
 func seq(pattern string) []trust.Outcome {
 	base := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
 	out := make([]trust.Outcome, len(pattern))
 	for i, c := range pattern {
-		out[i] = trust.Outcome{Key: "t" + strconv.Itoa(i) + ":1", Success: c == 'S', At: base.Add(time.Duration(i) * time.Minute)}
+		out[i] = trust.Outcome{Key: "t" + strconv.Itoa(i) + ":1", Success: c == 'S', End: true, At: base.Add(time.Duration(i) * time.Minute)}
 	}
 	return out
 }
@@ -80,39 +81,41 @@ func TestEvaluate(t *testing.T) {
 	}{
 		{
 			name: "below threshold", taskType: "css_fix", outcomes: lowTrust,
-			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.08 below 0.15"},
+			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Settled: 12, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.08 below 0.15"},
 		},
 		{
 			name: "below min outcomes never gated", taskType: "css_fix", outcomes: seq(strings.Repeat("F", 9)),
-			want: trust.Verdict{Outcomes: 9, Failures: 9, Threshold: 0.15},
+			want: trust.Verdict{Outcomes: 9, Failures: 9, Settled: 9, Unproven: true, Threshold: 0.15},
 		},
 		{
 			name: "exactly min outcomes gated", taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Failures: 10, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.00 below 0.15"},
+			want: trust.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.00 below 0.15"},
 		},
 		{
 			name: "default exempt never gated", taskType: "security_fix", outcomes: seq(strings.Repeat("F", 30)),
-			want: trust.Verdict{Outcomes: 30, Failures: 30, Threshold: 0.15, Exempt: true},
+			want: trust.Verdict{Outcomes: 30, Failures: 30, Settled: 30, Threshold: 0.15, Exempt: true},
 		},
 		{
 			name: "custom exempt", policy: trust.Policy{Exempt: []string{"css_fix"}}, taskType: "css_fix", outcomes: lowTrust,
-			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Threshold: 0.15, Exempt: true},
+			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Settled: 12, Threshold: 0.15, Exempt: true},
 		},
 		{
 			name: "empty exempt list gates defaults", policy: trust.Policy{Exempt: []string{}}, taskType: "triage_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Failures: 10, Threshold: 0.15, Below: true, Reason: "Blocked: triage_fix trust score 0.00 below 0.15"},
+			want: trust.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: 0.15, Below: true, Reason: "Blocked: triage_fix trust score 0.00 below 0.15"},
 		},
 		{
 			name: "negative threshold never gates", policy: trust.Policy{Threshold: -1}, taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Failures: 10, Threshold: -1},
+			want: trust.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: -1},
 		},
 		{
 			name: "healthy", taskType: "css_fix", outcomes: seq(strings.Repeat("S", 60)),
-			want: trust.Verdict{Score: 1, Outcomes: 50, Successes: 50, Threshold: 0.15},
+			want: trust.Verdict{Score: 1, Outcomes: 50, Successes: 50, Settled: 50, Threshold: 0.15},
 		},
 		{
 			name: "counts the window only", taskType: "css_fix", outcomes: seq(strings.Repeat("S", 100) + strings.Repeat("F", 20)),
-			want: trust.Verdict{Outcomes: 50, Successes: 30, Failures: 20, Threshold: 0.15},
+			// 20 failures in a row after 30 successes: a regression.
+			want: trust.Verdict{Outcomes: 50, Successes: 30, Failures: 20, Settled: 50, Threshold: 0.15, Run: 20, Below: true,
+				Reason: "Blocked: css_fix trust score 0.41: its last 20 tasks failed, unlikely at its rate before (a regression?)"},
 		},
 	}
 	for _, tt := range tests {

@@ -22,10 +22,13 @@ type Stats struct {
 	// GateMemory), so a redelivered gate call gets the same answer even after
 	// other tasks of the type went through the gate.
 	Gates []GateMark `json:"gates,omitempty"`
-	// Canaries are the tasks admitted while the type had too few outcomes
-	// to score and not ended yet (at most Policy.Canary); cleared once the
-	// window holds MinOutcomes outcomes.
+	// Canaries are the tasks admitted while the type had too few settled
+	// tasks to score and not ended yet (at most Policy.Canary); cleared
+	// once the window holds MinOutcomes settled tasks.
 	Canaries []Canary `json:"canaries,omitempty"`
+	// ProbeAt is when the newest probe was taken from the type's held
+	// tasks (Policy.HeldProbe).
+	ProbeAt time.Time `json:"probe_at,omitzero"`
 }
 
 // Canary is one admitted task of an unproven type: Key is the task's id, At
@@ -86,7 +89,7 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 	}
 	next = s
 	next.Outcomes = window
-	if len(next.Outcomes) >= p.MinOutcomes {
+	if p.settled(next.Outcomes) >= p.MinOutcomes {
 		next.Canaries = nil // scored from now on: the canary phase is over
 	}
 	return next, true
@@ -98,7 +101,7 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 //   - key is a remembered gate key: a redelivery, the stored decision is
 //     returned and nothing changes;
 //   - not below: the block streak is reset (changed=false when it already
-//     was 0, so the hot path needs no write);
+//     was 0, so the hot path needs no write), with no mark remembered;
 //   - below, after ProbeAfter consecutive blocks: probe=true, streak reset;
 //   - below otherwise: the streak grows by one.
 //
@@ -115,7 +118,11 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 	case !below && s.BlockStreak == 0:
 		return s, false, false
 	case !below:
+		// A reset is remembered by no mark: deciding it again changes
+		// nothing that matters, and concurrent gates store their events
+		// in an order no replay can know.
 		next.BlockStreak = 0
+		return next, false, true
 	case s.BlockStreak >= p.ProbeAfter:
 		next.BlockStreak = 0
 		probe = true
@@ -134,7 +141,7 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 // changed reports whether next differs from s. s is not modified.
 func (p Policy) AdmitCanary(s Stats, key string, now time.Time) (next Stats, admit, changed bool) {
 	p = p.WithDefaults()
-	if p.Canary < 0 || len(lastN(s.Outcomes, p.Window)) >= p.MinOutcomes ||
+	if p.Canary < 0 || p.settled(s.Outcomes) >= p.MinOutcomes ||
 		slices.ContainsFunc(s.Canaries, func(c Canary) bool { return c.Key == key }) {
 		return s, true, false
 	}
@@ -171,7 +178,7 @@ func Release(s Stats, key string) (next Stats, changed bool) {
 // how many of them succeeded.
 func (p Policy) RungRate(s Stats, rung events.Rung) (tries, successes int) {
 	p = p.WithDefaults()
-	for _, o := range lastN(s.Outcomes, p.Window) {
+	for _, o := range p.windowOutcomes(s.Outcomes) {
 		if o.Retry && o.Rung == rung {
 			tries++
 			if o.Success {
@@ -183,11 +190,9 @@ func (p Policy) RungRate(s Stats, rung events.Rung) (tries, successes int) {
 }
 
 // RungBelow reports whether retries on rung are measured to succeed less
-// often than p.RungFloor: at least p.RungMinSamples of them in the window
-// and successes/tries below the floor. Until there are enough samples the
-// ladder applies unchanged. A rung that stops being climbed gets no new
-// samples, so its old ones leave the window as the type's other outcomes
-// come in, and the rung is measured again.
+// often than p.RungFloor on the type's own evidence: at least
+// p.RungMinSamples of them in the window and successes/tries below the
+// floor. RungBelowWith adds the mesh's.
 func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, successes int) {
 	p = p.WithDefaults()
 	tries, successes = p.RungRate(s, rung)
@@ -195,6 +200,96 @@ func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, success
 		return false, tries, successes
 	}
 	return float64(successes) < p.RungFloor*float64(tries), tries, successes
+}
+
+// RungBelowWith reports whether a retry should not climb onto rung:
+// with p.RungMinSamples retries of the type on it in the window or more,
+// when their success rate is below p.RungFloor; with fewer, when that rate
+// shrunk toward the other types' (Pool.Rung, once two types measured the
+// rung, else their retries on any rung; that pulled toward the type's own
+// retries on every rung is the prior, counting for RungMinSamples/2
+// retries; with nothing pooled, the type's own retries on every rung once
+// it has RungMinSamples of them) is below the floor — except, when explore is
+// set (the retry's own rung), for one retry in RungExplore (a hash of
+// explore), which climbs anyway so the rung keeps being measured: a floor
+// on pooled evidence alone would otherwise lock itself shut. A rung that stops being climbed gets no
+// new samples, so its old ones leave the window as the type's other
+// outcomes come in, and the rung is measured again.
+func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore string) (below bool, tries, successes int) {
+	p = p.WithDefaults()
+	tries, successes = p.RungRate(s, rung)
+	switch {
+	case rung == "" || p.RungFloor < 0:
+		return false, tries, successes
+	case tries >= p.RungMinSamples:
+		return float64(successes) < p.RungFloor*float64(tries), tries, successes
+	}
+	// Two levels: the type's retries on every rung, pulled toward the
+	// pool's, are the prior of its retries on this one — a type whose
+	// retries fail on two rungs is not presumed to succeed on a third.
+	// With nothing pooled, the type's own retries on every rung stand in
+	// once there are RungMinSamples of them (pulled toward an even
+	// chance); fewer, and the ladder applies as it is.
+	k := float64(p.RungMinSamples) / 2
+	allTries, allSuccesses := p.retries(s)
+	mean, types := pool.Rung(s.Type, rung)
+	if types < 2 {
+		if allTries < p.RungMinSamples {
+			return false, tries, successes
+		}
+		mean = 0.5
+	}
+	mean = (k*mean + float64(allSuccesses)) / (k + float64(allTries))
+	est := (k*mean + float64(successes)) / (k + float64(tries))
+	if est >= p.RungFloor || (explore != "" && explores(explore, p.RungExplore)) {
+		return false, tries, successes
+	}
+	return true, tries, successes
+}
+
+// retries counts the retries on every rung among the window's outcomes
+// and how many of them succeeded.
+func (p Policy) retries(s Stats) (tries, successes int) {
+	for _, o := range p.windowOutcomes(s.Outcomes) {
+		if o.Retry && o.Rung != "" {
+			tries++
+			if o.Success {
+				successes++
+			}
+		}
+	}
+	return tries, successes
+}
+
+// settled counts the tasks of the window whose result is final.
+func (p Policy) settled(outcomes []Outcome) int {
+	return len(p.tasks(outcomes, true))
+}
+
+// HeldProbe decides whether a held task of the type goes through as a
+// probe now: when the probe interval has passed — doubled for every probe
+// that failed in a row, up to MaxProbeInterval — since the type's last
+// probe and its newest outcome (a type that has just failed is not probed
+// at once); the probe then takes the type's probe time. A backlog of held
+// tasks thus sends one probe per interval, not one per look. s is not
+// modified.
+func (p Policy) HeldProbe(s Stats, now time.Time) (next Stats, probe bool) {
+	p = p.WithDefaults()
+	rs := p.tasks(s.Outcomes, false)
+	wait := p.ProbeInterval
+	for range min(failedProbes(rs), 16) {
+		wait = min(2*wait, MaxProbeInterval)
+	}
+	since := s.ProbeAt
+	if len(rs) > 0 && rs[len(rs)-1].At.After(since) {
+		since = rs[len(rs)-1].At
+	}
+	if !since.IsZero() && now.Sub(since) < wait {
+		return s, false
+	}
+	next = s
+	next.ProbeAt = now
+	return next, true
 }
 
 func outcomeAfter(a, b Outcome) bool {

@@ -75,6 +75,21 @@ func (s *Store) GateUnder(ctx context.Context, p Policy, taskType, key string, b
 	return probe, st.BlockStreak, nil
 }
 
+// HeldProbe decides, under p, whether a held task of taskType goes through
+// as a probe now (Policy.HeldProbe), and records the probe's time when it
+// does. A look redelivered after it decided a probe finds the time taken
+// and waits: a probe is delayed by a crash, never doubled.
+// outcomes are the type's (View.Stats): how many probes failed in a row.
+func (s *Store) HeldProbe(ctx context.Context, p Policy, taskType string, now time.Time, outcomes []Outcome) (probe bool, err error) {
+	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		cur.Outcomes = outcomes
+		next, pr := p.HeldProbe(cur, now)
+		probe = pr
+		return next, pr
+	})
+	return probe, err
+}
+
 // Canary asks for a canary place for task key (its id) under p, the
 // policy of its type (see Policy.AdmitCanary: a type may set its own number
 // of canaries, or none), given the type's outcomes (View.Stats), and

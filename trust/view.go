@@ -38,8 +38,34 @@ type View struct {
 	windows map[string]*window // by type
 	facts   map[string]Stats   // by type: the bucket's value, Outcomes nil
 	applied chan struct{}      // closed (and replaced) whenever an outcome is applied
+	version uint64             // counts the outcomes applied
+
+	poolMu      sync.Mutex
+	pool        *Pool
+	poolVersion uint64
+	poolAt      time.Time
 
 	stop func()
+}
+
+// PoolEvery is how often, at most, the View measures the pool again while
+// outcomes come in: a prior a fraction of a second old is as good as a
+// fresh one, and measuring reads every type's window.
+const PoolEvery = 25 * time.Millisecond
+
+// Pool is the mesh's pooled evidence (NewPool) under p, measured again when
+// outcomes were applied since, at most every PoolEvery.
+func (v *View) Pool(p Policy) *Pool {
+	v.mu.RLock()
+	version := v.version
+	v.mu.RUnlock()
+	v.poolMu.Lock()
+	defer v.poolMu.Unlock()
+	if v.pool != nil && (v.poolVersion == version || time.Since(v.poolAt) < PoolEvery) {
+		return v.pool
+	}
+	v.pool, v.poolVersion, v.poolAt = NewPool(v.All(), p), version, time.Now()
+	return v.pool
 }
 
 // DefaultSyncWait is how long Sync waits, by default, for an outcome the
@@ -151,6 +177,7 @@ func (v *View) apply(subject string, data []byte, seq uint64) {
 		return
 	}
 	w.seq = seq
+	v.version++
 	close(v.applied)
 	v.applied = make(chan struct{})
 	if err != nil {

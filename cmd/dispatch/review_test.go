@@ -70,9 +70,9 @@ func TestAuditOfGatedRequeuedTask(t *testing.T) {
 	m := reviewtest.Start(t, script, reviewtest.Options{Scoring: trust.Policy{MinOutcomes: 1}})
 	c := newCLI(t, m)
 	m.Submit(events.Submit{ID: "warm-1", Type: "css_fix", Subject: "a.css", MaxRetries: 1})
-	m.WaitStage("warm-1", "review.escalated", 1) // css_fix now scores 0: the gate blocks it
+	m.WaitStage("warm-1", "review.escalated", 1) // css_fix now scores 0: the gate holds it
 	m.Submit(events.Submit{ID: "aud-1", Type: "css_fix", Subject: "b.css", MaxRetries: 3})
-	m.WaitStage("aud-1", "review.gated", 1)
+	m.WaitStage("aud-1", events.StageHeld, 1) // a human may act on a held task at once
 
 	out := c.ok("review", "requeue", "aud-1", "-note", "the selector is right, try again", "-by", "alice@desk")
 	if !strings.Contains(out, "aud-1: requeue by alice@desk (status pending)") {
@@ -84,7 +84,7 @@ func TestAuditOfGatedRequeuedTask(t *testing.T) {
 	// Every event, in order, with who handled it. css_fix has no verifier:
 	// intake and the recorder send its passes straight to the gate
 	// (verified); a human's requeue goes through the verifier (retry).
-	want := []string{"verified", "review.gated", "retry", "verified", "admitted", "prompted", "executed",
+	want := []string{"verified", "held", "retry", "verified", "admitted", "prompted", "executed",
 		"verified", "admitted", "prompted", "executed", "succeeded"}
 	var got []string
 	line := regexp.MustCompile(`(?m)^(\d+)\s+(\d{4}-\S+)\s+(\S+)\s+(\S+)\s+(.*)$`)

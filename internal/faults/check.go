@@ -104,6 +104,9 @@ const (
 // Report is what Check found.
 type Report struct {
 	Submitted, Terminal, Lost, Duplicated, Stranded int
+	// Held counts tasks held for their type's trust at the end: settled,
+	// neither terminal nor stranded.
+	Held int
 	// Ends counts the tasks by how they ended.
 	Ends map[string]int
 	// Attempts is every attempt recorded; Admitted the passes the gate
@@ -134,8 +137,8 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 func (r *Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "submitted %d, terminal %d, lost %d, duplicated %d, stranded %d\n",
-		r.Submitted, r.Terminal, r.Lost, r.Duplicated, r.Stranded)
+	fmt.Fprintf(&b, "submitted %d, terminal %d, held %d, lost %d, duplicated %d, stranded %d\n",
+		r.Submitted, r.Terminal, r.Held, r.Lost, r.Duplicated, r.Stranded)
 	fmt.Fprintf(&b, "  ended: %s; %d attempts, %d events on the stream\n", counts(r.Ends), r.Attempts, r.Events)
 	fmt.Fprintf(&b, "  gate let through: %s\n", counts(r.Admitted))
 	fmt.Fprintf(&b, "  kills %d; faults: %s\n", r.Kills, counts(r.Faults))
@@ -290,8 +293,12 @@ func (c *checker) task(id string, plan Plan) {
 	}
 
 	var end ending
-	switch len(te.endings) {
-	case 0:
+	switch {
+	case len(te.endings) == 0 && hasState && st.Status == events.StatusHeld && te.held > 0:
+		// Held for its type's trust: settled, not stranded — it waits in
+		// the gate's held consumer for its type to recover (SPEC §2).
+		c.r.Held++
+	case len(te.endings) == 0:
 		c.r.Stranded++
 		c.problem(id, KindStranded, "no terminal record: state %s at pass %d after %d attempts (reason %q); events %s",
 			st.Status, st.Pass, st.Attempts, st.Reason, strings.Join(te.trail, " "))
@@ -616,6 +623,18 @@ func (c *checker) trust(ctx context.Context, windows map[string][]trust.Outcome,
 	want := map[[2]string]trust.DaySpend{}
 	for _, id := range slices.Sorted(maps.Keys(c.states)) {
 		st := c.states[id]
+		// The gate's handoff before an attempt marks the task ended on its
+		// type's outcomes (trust.EndMarker), dated by the handoff.
+		if te := c.v.tasks[id]; te != nil {
+			for _, e := range te.endings {
+				if e.Kind == EndEscalated && e.Cause == events.CauseRungRate {
+					o := trust.EndMarker(id, e.Pass, e.At)
+					recorded[o.Key] = o
+					implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
+					total[st.Type]++
+				}
+			}
+		}
 		for _, rec := range st.History {
 			if task.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
 				o := trust.Outcome{Key: services.MsgID(id, rec.Pass, "outcome"), Success: rec.Outcome == events.OutcomeSuccess, At: rec.At}

@@ -36,6 +36,7 @@ type ending struct {
 	Seq   uint64
 	Pass  int
 	Cause events.Cause
+	At    time.Time // the record's time (Base.At)
 }
 
 func (e ending) String() string {
@@ -55,6 +56,7 @@ type taskEvents struct {
 	executed   map[int][]events.Executed
 	executedAt map[int]time.Time
 	endings    []ending
+	held       int // held events (the gate held a pass)
 	// last is the stage of the task's latest event and when it was stored.
 	last     string
 	lastTime time.Time
@@ -138,6 +140,8 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 			if json.Unmarshal(data, &ev) == nil {
 				v.admitted[string(ev.Trust.Cause)]++
 			}
+		case events.StageHeld:
+			te.held++
 		case events.StageSucceeded, events.StageCancelled:
 			te.endings = append(te.endings, ending{Kind: stage, Seq: md.Sequence.Stream, Pass: base.Run.Pass})
 		}
@@ -157,10 +161,11 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		var ev struct {
 			Run   events.Run   `json:"run"`
 			Cause events.Cause `json:"cause"`
+			At    time.Time    `json:"at"`
 		}
 		_ = json.Unmarshal(data, &ev) // a poison or rejected record keeps the original bytes
 		te.trail = append(te.trail, fmt.Sprintf("review.%s/%d#%d", reason, ev.Run.Pass, md.Sequence.Stream))
-		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause})
+		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause, At: ev.At})
 		return nil
 	}
 	if strings.HasPrefix(subject, events.IndexRoot+".") {
@@ -255,6 +260,7 @@ var consumerStage = map[string][]string{
 	services.ConsumerIntake:   {"submit"},
 	services.ConsumerVerifier: {events.StageQueued, events.StageRetry},
 	services.ConsumerGate:     {events.StageVerified},
+	services.ConsumerGateHeld: {events.StageHeld},
 	services.ConsumerPrompt:   {events.StageAdmitted},
 	services.ConsumerExecutor: {events.StagePrompted},
 	services.ConsumerRecorder: {events.StageExecuted, "review." + events.ReviewAction}, // and the human actions it counts
@@ -262,7 +268,7 @@ var consumerStage = map[string][]string{
 
 // Durables are the stage consumers of DISPATCH, in pipeline order.
 var Durables = []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
-	services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+	services.ConsumerGateHeld, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
 
 // redeliveries is, per durable, how many deliveries went beyond each
 // message's first: the consumer's delivery sequence counts every delivery,
@@ -307,7 +313,11 @@ func Idle(ctx context.Context, js jetstream.JetStream) (bool, string, error) {
 		if err != nil {
 			return false, "", fmt.Errorf("consumer %s: %w", name, err)
 		}
-		if info.NumPending > 0 || info.NumAckPending > 0 {
+		unacked := info.NumAckPending
+		if name == services.ConsumerGateHeld {
+			unacked = 0 // held passes wait there, looked at again and again: settled, not in flight
+		}
+		if info.NumPending > 0 || unacked > 0 {
 			busy = append(busy, fmt.Sprintf("%s: %d pending, %d unacked", name, info.NumPending, info.NumAckPending))
 		}
 	}

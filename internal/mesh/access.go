@@ -43,7 +43,7 @@ var Buckets = map[string]Access{
 	Intake:   {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}}, // the submit/status API too
 	Verifier: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
 	Gate: {Writes: []string{services.BucketTrust, services.BucketTasks}, Reads: []string{services.BucketPolicy},
-		Follows: []string{services.OutcomeStream}},
+		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}}, // a handoff's end marker
 	Prompt:   {Reads: []string{services.BucketHistory, services.BucketPolicy}},
 	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
 	Recorder: {Writes: []string{services.BucketTasks, services.BucketHistory}, Reads: []string{services.BucketPolicy},

@@ -148,6 +148,23 @@ func (e *env) waitEnd(id string) []timeline.Entry {
 	return all
 }
 
+// waitStage waits for the task's first event of stage and returns every
+// event up to it.
+func (e *env) waitStage(id, stage string) []timeline.Entry {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	var all []timeline.Entry
+	err := timeline.Follow(ctx, e.srv.JS, id, true, func(en timeline.Entry) bool {
+		all = append(all, en)
+		return en.Stage != stage
+	})
+	if err != nil {
+		e.t.Fatalf("task %s never reached %s (%v); events: %v", id, stage, err, stages(all))
+	}
+	return all
+}
+
 // events returns every event of the task stored so far.
 func (e *env) events(id string) []timeline.Entry {
 	e.t.Helper()

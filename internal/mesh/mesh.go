@@ -198,7 +198,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		o.Log.Debug("task states sealed for the executor", "key", key)
 	}
-	specs, err := o.build(ctx, stores)
+	specs, owners, err := o.build(ctx, stores)
 	if err != nil {
 		return startError(o.NC, err)
 	}
@@ -225,28 +225,40 @@ func Run(ctx context.Context, o Options) error {
 
 	// Every service answers $SRV.PING|INFO|STATS as dispatch-<service>
 	// with its counters and readiness (`nats micro ls`).
+	// A service with a second consumer (the gate's held passes) is one
+	// micro service, ready while both consume; it counts its first's.
 	stats := make([]*services.RunStats, len(specs))
+	for i := range specs {
+		stats[i] = &services.RunStats{}
+	}
 	for i, spec := range specs {
-		st := &services.RunStats{}
-		stats[i] = st
+		if i > 0 && owners[i] == owners[i-1] {
+			continue
+		}
+		var mine []int
+		for j := i; j < len(specs) && owners[j] == owners[i]; j++ {
+			mine = append(mine, j)
+		}
 		ready := func() error {
-			if !st.Running() {
-				return fmt.Errorf("not consuming (durable %s)", spec.Name)
+			for _, j := range mine {
+				if !stats[j].Running() {
+					return fmt.Errorf("not consuming (durable %s)", specs[j].Name)
+				}
 			}
 			return nil
 		}
 		svc, err := services.StartOps(o.NC, services.OpsConfig{
-			Service: o.Services[i], Version: o.Version, Instance: o.Instance,
-			Description: "dispatchmesh " + o.Services[i] + ": messages handled, errors, in flight; readiness",
+			Service: owners[i], Version: o.Version, Instance: o.Instance,
+			Description: "dispatchmesh " + owners[i] + ": messages handled, errors, in flight; readiness",
 			Metadata:    map[string]string{"consumer": spec.Name, "stream": orDefault(spec.Stream, services.Stream)},
-			Counts:      st.Counts, Ready: ready,
+			Counts:      stats[i].Counts, Ready: ready,
 		})
 		if err != nil {
-			return fmt.Errorf("micro service %s: %w", services.OpsName(o.Services[i]), err)
+			return fmt.Errorf("micro service %s: %w", services.OpsName(owners[i]), err)
 		}
 		defer svc.Stop()
 		if o.Health != nil {
-			o.Health.Add(o.Services[i], ready)
+			o.Health.Add(owners[i], ready)
 		}
 	}
 	if err := checkSubscribed(o, "micro services"); err != nil {
@@ -359,23 +371,35 @@ func orDefault[T comparable](v, def T) T {
 	return def
 }
 
-// build makes the router spec of every selected service, each with the
-// stores of its own buckets.
-func (o Options) build(ctx context.Context, all *services.Stores) ([]services.Spec, error) {
-	var specs []services.Spec
+// build makes the router specs of every selected service, each with the
+// stores of its own buckets, and names the service of each (owners).
+func (o Options) build(ctx context.Context, all *services.Stores) (specs []services.Spec, owners []string, err error) {
 	for _, name := range o.Services {
 		st := newStoresOf(name, all)
-		spec, err := o.spec(ctx, name, st)
+		var built []services.Spec
+		if name == Gate { // two consumers: verified passes, and held ones
+			var g *gate.Service
+			if g, err = o.gate(ctx, st); err == nil {
+				built = []services.Spec{g.Spec(), g.HeldSpec()}
+			}
+		} else {
+			var spec services.Spec
+			spec, err = o.spec(ctx, name, st)
+			built = []services.Spec{spec}
+		}
 		if st.err != nil { // a bucket the service may not use: say that first
 			err = st.err
 		}
 		if err != nil {
-			stopSpecs(append(specs, spec))
-			return nil, err
+			stopSpecs(append(specs, built...))
+			return nil, nil, err
 		}
-		specs = append(specs, spec)
+		specs = append(specs, built...)
+		for range built {
+			owners = append(owners, name)
+		}
 	}
-	return specs, nil
+	return specs, owners, nil
 }
 
 // stopSpecs releases what built services hold (Spec.Stop) when their
@@ -386,6 +410,15 @@ func stopSpecs(specs []services.Spec) {
 			spec.Stop()
 		}
 	}
+}
+
+// gate makes the gate, whose two consumers (Spec, HeldSpec) share it.
+func (o Options) gate(ctx context.Context, st *storesOf) (*gate.Service, error) {
+	view, err := st.view(ctx, o.JS, o.Log)
+	if err != nil {
+		return nil, err
+	}
+	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: Gate + "@" + o.Instance, Log: o.Log})
 }
 
 // spec makes the router spec of service name.
@@ -411,11 +444,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 			Handler: s.Handle, Concurrency: 8,
 		}, nil
 	case Gate:
-		view, err := st.view(ctx, o.JS, o.Log)
-		if err != nil {
-			return services.Spec{}, err
-		}
-		s, err := gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := o.gate(ctx, st)
 		if err != nil {
 			return services.Spec{}, err
 		}

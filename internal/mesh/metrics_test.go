@@ -106,9 +106,9 @@ var pricedModel = executor.Price{InputPerMTok: 10_000, OutputPerMTok: 20_000}
 //	stale_fix   its verifier says the problem is gone: cancelled by the verifier
 //	slow_fix    cancelled by a human while its model call runs
 //	flaky_fix   a 503 first (a snooze: one redelivery at the executor), then succeeds
-//	doomed_fix  10 failures seeded: the first task is gated (trust), the
-//	            second goes as a probe (probe after 1 block) and succeeds;
-//	            a human resolves the first
+//	doomed_fix  10 failed tasks seeded: the first task is held (trust), the
+//	            second goes as a probe (probe after 1 block) and succeeds,
+//	            which re-opens the type: the first is re-admitted and succeeds
 //	budget_fix  daily budget 100 tokens: the first task (150) succeeds, the
 //	            next two are gated (budget); a human rejects one and
 //	            requeues the other (reviewed), which succeeds
@@ -128,6 +128,7 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		"bad_fix":    {MaxRetries: 2},
 		"stale_fix":  {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
 		"budget_fix": {DailyBudget: &policy.Budget{Tokens: 100}},
+		"doomed_fix": {ProbeInterval: policy.Duration(2 * time.Hour)}, // its held task waits for the new task's probe
 	}})
 	ctx := context.Background()
 	if _, err := services.Provision(ctx, e.srv.JS, services.StreamConfig{}); err != nil {
@@ -135,7 +136,7 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 	}
 	seed := func(typ string, n int, success bool) {
 		for i := range n {
-			m, err := trust.OutcomeMsg(typ, trust.Outcome{Key: fmt.Sprintf("seed-%s-%d", typ, i), Success: success, At: time.Now().Add(-time.Hour)})
+			m, err := trust.OutcomeMsg(typ, trust.Outcome{Key: fmt.Sprintf("seed-%s-%d", typ, i), Success: success, End: true, At: time.Now().Add(-time.Hour)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,9 +190,10 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 	}
 	act(rc.Cancel, "slow0")
 	run("flaky0", "flaky_fix")
-	run("doomed0", "doomed_fix") // gated: trust
-	run("doomed1", "doomed_fix") // the probe
-	act(rc.Resolve, "doomed0")
+	e.submit(events.Submit{ID: "doomed0", Type: "doomed_fix", Subject: "doomed0.go"})
+	e.waitStage("doomed0", events.StageHeld) // held: trust
+	run("doomed1", "doomed_fix")             // the probe: succeeds
+	e.waitStatus("doomed0", events.StatusSucceeded)
 	run("budget0", "budget_fix")
 	run("budget1", "budget_fix") // gated: budget
 	run("budget2", "budget_fix") // gated: budget
@@ -209,9 +211,7 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		"by=verifier,status=cancelled,type=stale_fix":       1,
 		"by=human,status=cancelled,type=slow_fix":           1,
 		"by=recorder,status=succeeded,type=flaky_fix":       1,
-		"by=gate,status=needs_human_review,type=doomed_fix": 1,
-		"by=recorder,status=succeeded,type=doomed_fix":      1,
-		"by=human,status=succeeded,type=doomed_fix":         1,
+		"by=recorder,status=succeeded,type=doomed_fix":      2,
 		"by=recorder,status=succeeded,type=budget_fix":      2,
 		"by=gate,status=needs_human_review,type=budget_fix": 2,
 		"by=human,status=failed,type=budget_fix":            1,
@@ -239,8 +239,9 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 			"cause=unproven,type=bad_fix":    2,
 			"cause=unproven,type=slow_fix":   1,
 			"cause=unproven,type=flaky_fix":  1,
-			"cause=trust,type=doomed_fix":    1,
+			"cause=trust,type=doomed_fix":    1, // held
 			"cause=probe,type=doomed_fix":    1,
+			"cause=trusted,type=doomed_fix":  1, // re-admitted: the probe's success re-opened the type
 			"cause=unproven,type=budget_fix": 1,
 			"cause=budget,type=budget_fix":   2,
 			"cause=reviewed,type=budget_fix": 1,
@@ -256,8 +257,8 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 			"direction=out,model=unpriced-model,type=bad_fix":    100,
 			"direction=in,model=unpriced-model,type=flaky_fix":   100, // the 503 reported no usage
 			"direction=out,model=unpriced-model,type=flaky_fix":  50,
-			"direction=in,model=unpriced-model,type=doomed_fix":  100,
-			"direction=out,model=unpriced-model,type=doomed_fix": 50,
+			"direction=in,model=unpriced-model,type=doomed_fix":  200,
+			"direction=out,model=unpriced-model,type=doomed_fix": 100,
 			"direction=in,model=unpriced-model,type=budget_fix":  200,
 			"direction=out,model=unpriced-model,type=budget_fix": 100,
 		}},
@@ -275,9 +276,9 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 			"service=intake":   14, // one per task
 			"service=verifier": 2,  // stale0's queued, budget2's requeue
 			"service=gate":     15, // bad0 twice, budget2 twice, one pass for each other task
-			"service=prompt":   12, // the admitted passes
-			"service=executor": 13, // the same, and flaky0's second delivery
-			"service=recorder": 11, // the attempts (it hears the review actions on a subscription)
+			"service=prompt":   13, // the admitted passes
+			"service=executor": 14, // the same, and flaky0's second delivery
+			"service=recorder": 12, // the attempts (it hears the review actions on a subscription)
 		}},
 		{"dispatch_redeliveries_total", map[string]float64{"service=executor": 1}},
 		// Every stage idle (waitIdle): nothing queued, nothing in flight.
@@ -286,7 +287,15 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 		{"dispatch_review_queue_up", map[string]float64{"": 1}},
 	}
 	for _, c := range checks {
-		if got := metricstest.Family(t, reg, c.name); !maps.Equal(got, c.want) {
+		got := metricstest.Family(t, reg, c.name)
+		if c.name == "dispatch_handler_seconds" || c.name == "dispatch_redeliveries_total" {
+			// doomed0's looks while held: as many as the probe took.
+			if c.name == "dispatch_handler_seconds" && got["service="+services.ConsumerGateHeld] < 1 {
+				t.Errorf("%s: no look at the held doomed0", c.name)
+			}
+			delete(got, "service="+services.ConsumerGateHeld)
+		}
+		if !maps.Equal(got, c.want) {
 			t.Errorf("%s:\n got %v\nwant %v", c.name, sorted(got), sorted(c.want))
 		}
 	}
@@ -299,11 +308,14 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 
 	// Trust, read from the gate's view at the scrape: the view follows
 	// the outcome stream, so wait until it holds the last outcome.
-	doomed := slices.Repeat([]trust.Outcome{{Success: false}}, 10)
-	doomedScore, _, _ := trust.Score(append(doomed, trust.Outcome{Success: true}), trust.Policy{})
+	var doomed []trust.Outcome
+	for i := range 10 {
+		doomed = append(doomed, trust.Outcome{Key: fmt.Sprintf("f%d", i), End: true})
+	}
+	doomedScore, _, _ := trust.Score(append(doomed, trust.Outcome{Key: "s1", Success: true}, trust.Outcome{Key: "s2", Success: true}), trust.Policy{})
 	outcomes := map[string]float64{
-		"type=ok_fix": 13, "type=sim_fix": 1, "type=triage_fix": 1, "type=bad_fix": 2, "type=flaky_fix": 1,
-		"type=doomed_fix": 11, "type=budget_fix": 2,
+		"type=ok_fix": 13, "type=sim_fix": 1, "type=triage_fix": 1, "type=bad_fix": 1, "type=flaky_fix": 1, // tasks: bad0's two attempts count once
+		"type=doomed_fix": 12, "type=budget_fix": 2,
 		"type=slow_fix": 0, // a canary place, no outcome
 	}
 	proctest.WaitFor(t, patience, "the trust view to hold every outcome", func() error {
@@ -333,7 +345,7 @@ func (e *env) waitStatus(id string, status events.Status) {
 
 // stageDurables are the six stages' consumers.
 var stageDurables = []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
-	services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+	services.ConsumerGateHeld, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
 
 // waitIdle waits until no stage consumer has anything pending or unacked.
 func (e *env) waitIdle() {

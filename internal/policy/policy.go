@@ -108,11 +108,29 @@ type Type struct {
 	Exempt *bool `json:"exempt,omitempty"`
 	// Threshold is the trust score below which the type is gated. Default 0.15.
 	Threshold *float64 `json:"threshold,omitempty"`
-	// Canary is how many passes of the type may be in flight at once while
-	// it has too few outcomes to be scored (fewer than 10): a burst of a new
-	// type sends a few first and the rest wait, unspent, for their outcomes.
-	// Default 3; 0 lets every pass go at once.
+	// Canary is how many tasks of the type may be in flight at once while
+	// it has too few settled tasks to be scored (fewer than min_outcomes):
+	// a burst of a new type sends one round of canaries and the rest wait,
+	// unspent, for their results. Default: min_outcomes, or fewer when the
+	// mesh's pooled evidence decides a new type sooner (trust.Prior.Sample);
+	// 0 lets every pass go at once.
 	Canary *int `json:"canary,omitempty"`
+	// HoldTime is how long a task held for its type's low trust waits to
+	// be re-admitted before it goes to a human. Default 24h.
+	HoldTime Duration `json:"hold_time,omitempty"`
+	// ProbeInterval is the least time between two probes taken from the
+	// type's held tasks, doubling per probe that fails in a row (at most
+	// 10m). Default 10s.
+	ProbeInterval Duration `json:"probe_interval,omitempty"`
+	// PriorWeight is how many of the type's own tasks the mesh's pooled
+	// evidence counts for while the type has fewer than min_outcomes
+	// settled tasks. Default 0: fitted from how alike the types are;
+	// negative: no pooling.
+	PriorWeight float64 `json:"prior_weight,omitempty"`
+	// RunAlpha: the type is held when its newest tasks failed in a run
+	// less likely than run_alpha at its success rate before (a
+	// regression). Default 0.01; negative: never.
+	RunAlpha float64 `json:"run_alpha,omitempty"`
 	// RungFloor is the share of the type's retries on a rung that must
 	// succeed for a task to climb onto that rung, once RungMinSamples of them
 	// are in the trust window; below it the task goes to a human (HANDOFF)
@@ -556,6 +574,12 @@ func (f *File) problems() []error {
 		if t.Canary != nil && *t.Canary < 0 {
 			errs = append(errs, fmt.Errorf("%s: canary must not be negative", where))
 		}
+		if t.HoldTime < 0 || t.ProbeInterval < 0 {
+			errs = append(errs, fmt.Errorf("%s: hold_time and probe_interval must not be negative", where))
+		}
+		if t.RunAlpha >= 1 {
+			errs = append(errs, fmt.Errorf("%s: run_alpha %g must be below 1", where, t.RunAlpha))
+		}
 		if t.RungFloor != nil && (*t.RungFloor < 0 || *t.RungFloor > 1) {
 			errs = append(errs, fmt.Errorf("%s: rung_floor must be within [0, 1]", where))
 		}
@@ -699,6 +723,10 @@ func (f *File) For(taskType string) Type {
 	fill(&t.Exempt, d.Exempt)
 	fill(&t.Threshold, d.Threshold)
 	fill(&t.Canary, d.Canary)
+	fill(&t.HoldTime, d.HoldTime)
+	fill(&t.ProbeInterval, d.ProbeInterval)
+	fill(&t.PriorWeight, d.PriorWeight)
+	fill(&t.RunAlpha, d.RunAlpha)
 	fill(&t.RungFloor, d.RungFloor)
 	fill(&t.RungMinSamples, d.RungMinSamples)
 	fill(&t.TrustWindow, d.TrustWindow)
@@ -786,6 +814,18 @@ func (t Type) Scoring(p trust.Policy) trust.Policy {
 	}
 	if t.RungMinSamples > 0 {
 		p.RungMinSamples = t.RungMinSamples
+	}
+	if t.HoldTime > 0 {
+		p.HoldTime = time.Duration(t.HoldTime)
+	}
+	if t.ProbeInterval > 0 {
+		p.ProbeInterval = time.Duration(t.ProbeInterval)
+	}
+	if t.PriorWeight != 0 {
+		p.PriorWeight = t.PriorWeight
+	}
+	if t.RunAlpha != 0 {
+		p.RunAlpha = t.RunAlpha
 	}
 	if t.TrustWindow > 0 {
 		p.Window = t.TrustWindow

@@ -264,6 +264,8 @@ func TestForMergesEveryField(t *testing.T) {
 			f.SetString("x")
 		case reflect.Int, reflect.Int64:
 			f.SetInt(3)
+		case reflect.Float64:
+			f.SetFloat(0.5)
 		case reflect.Pointer:
 			f.Set(reflect.New(f.Type().Elem()))
 		case reflect.Slice:

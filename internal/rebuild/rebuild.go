@@ -368,6 +368,18 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 			return err
 		}
 		r.gate(ev.Base, ev.Trust, false)
+	case events.StageHeld:
+		var ev events.Held
+		if err := json.Unmarshal(data, &ev); err != nil {
+			return err
+		}
+		if ev.Hold != events.HoldTrust {
+			return nil // waiting for canaries: neither the state nor the streak changes
+		}
+		r.gate(ev.Base, ev.Trust, false)
+		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Hold(st, found, ev.Base, ev.Reason)
+		})
 	case events.StageExecuted:
 		var ev events.Executed
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -400,6 +412,8 @@ func (r *replayer) review(reason string, data []byte) error {
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.HandOff(st, found, ev.Base, ev.Reason)
 		})
+		s := r.stats(ev.Task.Type) // the gate's mark that the task ended (trust.EndMarker)
+		s.Outcomes, _ = trust.Insert(s.Outcomes, trust.EndMarker(ev.Task.ID, ev.Run.Pass, ev.At), trust.Keep)
 	case events.ReviewAction:
 		var a events.Action
 		if err := json.Unmarshal(data, &a); err != nil {
@@ -430,8 +444,8 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 		}
 		below = true
 	case events.CauseProbe:
-		if !d.Probe {
-			return // a probe's retry: the gate did not weigh trust
+		if !d.Probe || b.Run.Attempt > 1 {
+			return // a probe's retry, or a held retry's probe: the streak is not touched
 		}
 		below = true
 	case events.CauseTrusted:
@@ -498,7 +512,7 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 	}
 	if task.CountsForTrust(res) {
 		s := r.stats(t.Type)
-		s.Outcomes, _ = trust.Insert(s.Outcomes, task.TrustOutcome(key, b.Run, res, stored), trust.Keep)
+		s.Outcomes, _ = trust.Insert(s.Outcomes, task.TrustOutcome(key, next, b.Run, res, stored), trust.Keep)
 	}
 	*st = next
 }

@@ -351,13 +351,13 @@ func TestBulkRequeueByTypeAndReason(t *testing.T) {
 
 // Needs the lead's gate change: the gate admits a task whose Run.Reviewed is
 // set, and the recorder carries Reviewed through the round's retries.
-func TestRequeueOfGatedTask(t *testing.T) {
+func TestRequeueOfHeldTask(t *testing.T) {
 	const note = "checked the selector by hand, go ahead"
 	m := reviewtest.Start(t, reviewtest.FailUnless(note), reviewtest.Options{Scoring: trust.Policy{MinOutcomes: 1}})
 	escalate(m, "warm-1", "css_fix") // one failure: css_fix now scores 0 over 1 outcome
 	m.Submit(events.Submit{ID: "g-1", Type: "css_fix", Subject: "a.css", MaxRetries: 3})
-	m.WaitStage("g-1", "review.gated", 1)
-	if st := m.State("g-1"); st.Status != events.StatusNeedsHumanReview {
+	m.WaitStage("g-1", events.StageHeld, 1) // held: a human may act at once
+	if st := m.State("g-1"); st.Status != events.StatusHeld {
 		t.Fatalf("status = %s", st.Status)
 	}
 	if _, err := m.Review.Requeue(bg, "g-1", note, "alice"); err != nil {
@@ -365,8 +365,8 @@ func TestRequeueOfGatedTask(t *testing.T) {
 	}
 	all := m.WaitStage("g-1", events.StageSucceeded, 1)
 	t.Logf("stages: %v", reviewtest.Stages(all))
-	if got := reviewtest.Count(all, "review.gated"); got != 1 {
-		t.Fatalf("gated %d times: %v", got, reviewtest.Stages(all))
+	if got := reviewtest.Count(all, events.StageHeld); got != 1 {
+		t.Fatalf("held %d times: %v", got, reviewtest.Stages(all))
 	}
 }
 

@@ -39,7 +39,7 @@ const (
 
 // Statuses are the task statuses a query may filter by.
 var Statuses = []events.Status{
-	events.StatusPending, events.StatusVerifying, events.StatusRunning, events.StatusParked,
+	events.StatusPending, events.StatusVerifying, events.StatusRunning, events.StatusParked, events.StatusHeld,
 	events.StatusSucceeded, events.StatusCancelled, events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed,
 }
 

@@ -18,7 +18,7 @@ import (
 // (see Tasks). They are rare: a scan of the index newest first would read
 // far to find them.
 var RecordStatuses = []events.Status{
-	events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled,
+	events.StatusHeld, events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled,
 }
 
 // statusSubjects are the subjects of the records that put a task with id
@@ -31,6 +31,8 @@ var RecordStatuses = []events.Status{
 // became a task.
 func statusSubjects(status events.Status, id string) []string {
 	switch status {
+	case events.StatusHeld: // held for trust (a wait for canaries leaves the status alone)
+		return []string{events.TaskSubject(id, events.StageHeld)}
 	case events.StatusNeedsHumanReview:
 		return []string{events.ReviewSubject(events.ReviewGated, id)}
 	case events.StatusBlocked:
@@ -48,7 +50,7 @@ func recordTask(subject string) string {
 	id := ""
 	if _, key, ok := events.ParseReviewSubject(subject); ok {
 		id = key
-	} else if tid, stage, ok := events.ParseTaskSubject(subject); ok && stage == events.StageCancelled {
+	} else if tid, stage, ok := events.ParseTaskSubject(subject); ok && (stage == events.StageCancelled || stage == events.StageHeld) {
 		id = tid
 	}
 	if !events.ValidID(id) {

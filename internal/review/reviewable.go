@@ -13,6 +13,8 @@ import (
 // ReviewStatuses are the task statuses a human can resolve, reject or
 // requeue: the task stopped and nothing of it is in flight.
 //
+//	held                the gate holds it for its type's trust: it comes back by
+//	                    itself when the type recovers, but a human may act first
 //	needs_human_review  the gate blocked it (review.gated)
 //	blocked             the ladder gave up (review.escalated) or the skip budget ran out (review.stuck)
 //	failed              a human rejected it, or a pipeline failed it
@@ -25,7 +27,7 @@ import (
 // router cannot, and a second writer would be a second truth to rebuild). pending, verifying, running
 // and parked tasks are in flight (parked ones come back by themselves) and
 // succeeded ones are done: acting on them is refused with a StateError.
-var ReviewStatuses = []events.Status{events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled}
+var ReviewStatuses = []events.Status{events.StatusHeld, events.StatusNeedsHumanReview, events.StatusBlocked, events.StatusFailed, events.StatusCancelled}
 
 // StateError says why a task cannot be acted on now. It matches ErrNotReviewable.
 // DecidedError is a decision refused because another human decided on the

@@ -183,7 +183,7 @@ func TestShowTrustAndRecords(t *testing.T) {
 	// The type's outcomes, published to the outcome stream as the recorder
 	// publishes them.
 	for i := range 12 {
-		msg, err := trust.OutcomeMsg("css_fix", trust.Outcome{Key: "k" + string(rune('a'+i)), Success: i == 5, At: s.now})
+		msg, err := trust.OutcomeMsg("css_fix", trust.Outcome{Key: "k" + string(rune('a'+i)), Success: i == 5, End: true, At: s.now})
 		if err != nil {
 			t.Fatal(err)
 		}

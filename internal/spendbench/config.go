@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -90,7 +91,13 @@ func (c Config) withDefaults() Config {
 		c.Wait = 15 * time.Minute
 	}
 	if c.Log == nil {
-		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		var w io.Writer = io.Discard
+		if path := os.Getenv("DISPATCH_BENCH_LOG"); path != "" { // the mesh's log, to read a run
+			if f, err := os.Create(path); err == nil {
+				w = f
+			}
+		}
+		c.Log = slog.New(slog.NewTextHandler(w, nil))
 	}
 	c.Workload = c.Workload.withDefaults()
 	return c

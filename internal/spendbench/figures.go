@@ -117,7 +117,10 @@ type Figures struct {
 	// Poison tasks with a poison record.
 	NotEnded      int `json:"not_ended"`
 	BadEndRecords int `json:"bad_end_records"`
-	Poison        int `json:"poison"`
+	// Held counts tasks the mesh holds for their type's trust at the end
+	// (settled, not ended: no end record yet).
+	Held   int `json:"held"`
+	Poison int `json:"poison"`
 	// SuccessNotResolved counts tasks the server gave a success answer that
 	// did not end resolved; ResolvedWithoutSuccess the reverse.
 	SuccessNotResolved     int `json:"success_not_resolved"`
@@ -214,10 +217,13 @@ func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, led
 		res.Attempts, res.Tokens = tt.Attempts, tt.Tokens
 
 		f.Statuses[o.status]++
-		if !o.ended {
+		switch {
+		case o.status == string(events.StatusHeld):
+			f.Held++
+		case !o.ended:
 			f.NotEnded++
 		}
-		if o.endRecords != 1 {
+		if o.endRecords != 1 && o.status != string(events.StatusHeld) {
 			f.BadEndRecords++
 		}
 		if o.poison {

@@ -216,10 +216,17 @@ func submit(ctx context.Context, js jetstream.JetStream, t Task) error {
 	return err
 }
 
+// Quiet is how long every task must have stayed settled — terminal, or
+// held for its type's trust — before the mesh run counts them so: a held
+// task whose type a probe re-opens is re-admitted within the gate's
+// MaxHeldDelay, so a task held at one moment may still be resolved.
+const Quiet = 12 * time.Second
+
 // waitTerminal watches the task bucket until every task's status is
-// terminal, and returns the last state seen of each and when each was
-// last seen becoming terminal. When ctx ends first it returns what it has
-// with ctx's error.
+// settled (events.Settled: terminal or held) and nothing changed for
+// Quiet, and returns the last state seen of each and when each was last
+// seen becoming terminal. When ctx ends first it returns what it has with
+// ctx's error.
 func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, tasks []Task) (map[string]events.TaskState, map[string]time.Time, error) {
 	want := make(map[string]bool, len(tasks))
 	for _, t := range tasks {
@@ -232,11 +239,23 @@ func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 		return states, endedAt, err
 	}
 	defer func() { _ = w.Stop() }()
-	open := len(want)
-	for open > 0 {
+	open, held := len(want), 0
+	quiet := time.NewTimer(Quiet)
+	defer quiet.Stop()
+	for {
+		var timeout <-chan time.Time
+		switch {
+		case open > 0:
+		case held == 0:
+			return states, endedAt, nil // all terminal: nothing can change by itself
+		default:
+			timeout = quiet.C
+		}
 		select {
 		case <-ctx.Done():
 			return states, endedAt, ctx.Err()
+		case <-timeout:
+			return states, endedAt, nil
 		case e, ok := <-w.Updates():
 			if !ok {
 				return states, endedAt, errors.New("task bucket watcher closed")
@@ -250,15 +269,25 @@ func waitTerminal(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 			}
 			was, seen := states[e.Key()]
 			states[e.Key()] = st
-			if events.Terminal(st.Status) && (!seen || !events.Terminal(was.Status)) {
+			settled, wasSettled := events.Settled(st.Status), seen && events.Settled(was.Status)
+			switch {
+			case settled && !wasSettled:
 				open--
-				endedAt[e.Key()] = time.Now()
-			} else if !events.Terminal(st.Status) && seen && events.Terminal(was.Status) {
-				open++ // a terminal task never moves on by itself; count it if it does
+			case !settled && wasSettled:
+				open++ // a held task re-admitted, or a human moved a task on
 			}
+			if st.Status == events.StatusHeld {
+				held++
+			}
+			if seen && was.Status == events.StatusHeld {
+				held--
+			}
+			if events.Terminal(st.Status) && (!seen || !events.Terminal(was.Status)) {
+				endedAt[e.Key()] = time.Now()
+			}
+			quiet.Reset(Quiet)
 		}
 	}
-	return states, endedAt, nil
 }
 
 // collectEnds reads every task's final state and counts its end records on

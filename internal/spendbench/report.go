@@ -117,6 +117,7 @@ var figureRows = []figure{
 	{name: "requests refused (not sent)", get: func(f Figures) float64 { return float64(f.Refused) }, meshOnly: true},
 	{name: "tokens in the mesh's task states", get: func(f Figures) float64 { return float64(f.MeshTokens) }, meshOnly: true},
 	{name: "tasks not ended", get: func(f Figures) float64 { return float64(f.NotEnded) }},
+	{name: "tasks held (settled, not ended)", get: func(f Figures) float64 { return float64(f.Held) }},
 	{name: "tasks without exactly one end record", get: func(f Figures) float64 { return float64(f.BadEndRecords) }},
 	{name: "success answers not resolved", get: func(f Figures) float64 { return float64(f.SuccessNotResolved) }},
 	{name: "wall time (s)", get: func(f Figures) float64 { return f.WallSeconds }, digits: 1},

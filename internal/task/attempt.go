@@ -27,6 +27,9 @@ func Begin(st events.TaskState, found bool, b events.Base) (events.TaskState, Ca
 	if stale {
 		st.Resume = nil
 	}
+	if st.Status == events.StatusHeld { // re-admitted: the hold is over
+		st.Reason, st.Cause = "", ""
+	}
 	st.Status, st.Pass, st.UpdatedAt = events.StatusRunning, b.Run.Pass, b.At
 	return st, CauseApplied
 }

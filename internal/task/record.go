@@ -61,6 +61,7 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 	st.Cost += res.Cost
 	st.UpdatedAt = now
 	st.WakeAt = time.Time{}
+	st.Cause = "" // the gate let the attempt through: whatever it stopped before is over
 	if success {
 		st.LastError = ""
 	} else {
@@ -251,13 +252,26 @@ func MaxRetries(t events.Task, pol policy.Type) int {
 	return policy.DefaultMaxRetries
 }
 
-// TrustOutcome is what an attempt adds to its type's trust stats.
-func TrustOutcome(key string, run events.Run, res events.Result, at time.Time) trust.Outcome {
+// TrustOutcome is what an attempt adds to its type's trust stats: st is
+// the task's state once the attempt is recorded (Record), which says
+// whether the attempt ended the task.
+func TrustOutcome(key string, st events.TaskState, run events.Run, res events.Result, at time.Time) trust.Outcome {
 	return trust.Outcome{
-		Key: key, Success: res.Outcome == events.OutcomeSuccess, At: at,
+		Key: key, Task: st.ID, Success: res.Outcome == events.OutcomeSuccess, At: at,
 		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-		Rung: run.Rung, Retry: run.Attempt > 1,
+		Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe,
+		End: Ends(st.Decision),
 	}
+}
+
+// Ends reports whether decision ends the task: it succeeded, or its ladder
+// or pipeline gave up. A retry or a park goes on.
+func Ends(d events.Decision) bool {
+	switch d {
+	case events.DecisionSucceeded, events.DecisionHandoff, events.DecisionFail, events.DecisionStuck:
+		return true
+	}
+	return false
 }
 
 // CountsForTrust reports whether an outcome says something about how well

@@ -83,6 +83,30 @@ func Block(st events.TaskState, found bool, b events.Base, reason string, cause 
 	})
 }
 
+// Hold: the gate holds the task for its type's low trust (SPEC §4):
+// status held, with the gate's reason — not terminal, its pass goes on
+// when the gate re-admits it. A pass already held changes nothing.
+func Hold(st events.TaskState, found bool, b events.Base, reason string) (events.TaskState, Cause) {
+	if found {
+		if c, ok := guard(st, b.Run.Pass); !ok {
+			return st, c
+		}
+		if st.Status == events.StatusHeld && st.Pass == b.Run.Pass {
+			return st, CauseRedelivered
+		}
+	} else {
+		st = New(b.Task)
+	}
+	st.Status, st.Reason, st.Cause = events.StatusHeld, reason, events.CauseTrust
+	st.Pass, st.UpdatedAt = b.Run.Pass, b.At
+	return st, CauseApplied
+}
+
+// Held reports whether st shows pass held by the gate.
+func Held(st events.TaskState, pass int) bool {
+	return st.Status == events.StatusHeld && st.Pass == pass
+}
+
 // HandOff: the gate stopped the task before an attempt that would rarely
 // succeed: status blocked, the end of its ladder (cause rung_rate).
 func HandOff(st events.TaskState, found bool, b events.Base, reason string) (events.TaskState, Cause) {

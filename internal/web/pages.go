@@ -54,7 +54,7 @@ func kind(v any) string {
 		s = rv.String()
 	}
 	switch s {
-	case events.ReviewGated, string(events.StatusNeedsHumanReview), string(events.StatusParked):
+	case events.ReviewGated, string(events.StatusNeedsHumanReview), string(events.StatusParked), string(events.StatusHeld):
 		return "warn"
 	case events.ReviewEscalated, events.ReviewStuck, string(events.StatusBlocked), string(events.StatusFailed), events.OutcomeFailure:
 		return "bad"

@@ -31,6 +31,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -41,16 +42,30 @@ import (
 )
 
 // ErrCanaryWait is the snooze cause of a pass waiting for its type's
-// canaries.
-var ErrCanaryWait = errors.New("gate: waiting for the outcomes of the type's canaries")
+// canaries; ErrHeld of one held for its type's trust.
+var (
+	ErrCanaryWait = errors.New("gate: waiting for the outcomes of the type's canaries")
+	ErrHeld       = errors.New("gate: held for its type's trust")
+)
 
-// MaxDeliver bounds the deliveries of one gate message: every canary wait
-// is a delivery, and a pass waits up to the canary TTL (default 10m) with
-// delays of at most MaxCanaryDelay.
-const MaxDeliver = 200
+// MaxDeliver bounds the deliveries of one verified pass: the gate decides
+// it at once (admitted, held, stopped), so only failures redeliver it.
+const MaxDeliver = 20
 
-// MaxCanaryDelay caps the delay between two looks of a waiting pass.
-const MaxCanaryDelay = 8 * time.Second
+// MaxHeldDeliver bounds the looks at one held pass: every look is a
+// delivery, a pass held for trust is looked at every MaxHeldDelay at most
+// for the hold time (default 24h: 2,880 looks), and one waiting for
+// canaries every MaxCanaryDelay for the canary TTL (default 10m: 600).
+const MaxHeldDeliver = 10_000
+
+// MaxCanaryDelay caps the delay between two looks of a pass waiting for
+// canaries: a burst of a new type is admitted about this long after its
+// canaries' results score the type.
+const MaxCanaryDelay = time.Second
+
+// MaxHeldDelay caps the delay between two looks of a pass held for trust:
+// a type re-opened by a probe gets its held tasks back within it.
+const MaxHeldDelay = 30 * time.Second
 
 // Service is the gate handler.
 type Service struct {
@@ -74,21 +89,62 @@ func (s *Service) Spec() services.Spec {
 		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxDeliver}
 }
 
+// HeldSpec is the gate's second consumer: the passes it holds back. A held
+// pass waits here, not in the verified consumer, so a flood of one type
+// waiting for its canaries or its trust never holds the verified
+// consumer's pending slots: every other type's passes keep being decided.
+func (s *Service) HeldSpec() services.Spec {
+	return services.Spec{Name: services.ConsumerGateHeld, Filters: []string{events.StageFilter(events.StageHeld)},
+		Handler: s.HandleHeld, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
+}
+
 // Handle decides whether one verified pass may go on to the model.
 func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, error) {
 	var ev events.Verified
 	if err := services.Decode(m, &ev); err != nil {
 		return nil, err
 	}
-	b := ev.Base
+	return s.decide(ctx, m, ev.Base, ev.Sealed, nil)
+}
+
+// HandleHeld looks again at a pass the gate held back: admitted when its
+// type's canaries have scored it or its trust recovered (or as a probe of
+// its held tasks), looked at later while it must still wait, and sent to
+// a human once held for trust past the hold time.
+func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+	var ev events.Held
+	if err := services.Decode(m, &ev); err != nil {
+		return nil, err
+	}
+	if st, found, err := s.taskState(ctx, ev.Task.ID); err != nil {
+		return nil, err
+	} else if found && (st.Pass > ev.Run.Pass || (events.Terminal(st.Status) && !stoppedHere(st, ev.Run.Pass))) {
+		s.log.Info("held pass dropped: the task moved on or ended", "task", ev.Task.ID, "pass", ev.Run.Pass, "status", st.Status)
+		return nil, nil
+	}
+	return s.decide(ctx, m, ev.Base, ev.Sealed, &ev)
+}
+
+// stoppedHere reports whether st is a stop of pass by the gate (a held
+// pass sent to a human, whose record may still have to be republished).
+func stoppedHere(st events.TaskState, pass int) bool {
+	return st.Pass == pass && st.Status == events.StatusNeedsHumanReview
+}
+
+// decide is the gate's decision on a pass, verified (held nil) or held.
+func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, sealed *events.Sealed, held *events.Held) ([]services.Out, error) {
 	snap := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
 	pol := snap.For(t.Type)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	scoring.Exempt = []string{} // the policy says which types are exempt
-	stats := s.cfg.View.Stats(t.Type)
-	v := scoring.Evaluate(t.Type, stats)
+	retry := b.Run.Attempt > 1
+	evaluate := func() (trust.Stats, trust.Verdict) {
+		stats := s.cfg.View.Stats(t.Type)
+		return stats, scoring.EvaluateWith(t.Type, stats, scoring.PriorOf(s.cfg.View.Pool(scoring), t.Type), retry)
+	}
+	stats, v := evaluate()
 	if mayHinge(b.Run, v, scoring, pol.IsExempt()) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
@@ -97,8 +153,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if err := s.cfg.View.Sync(ctx, t.Type); err != nil {
 			return nil, err
 		}
-		stats = s.cfg.View.Stats(t.Type)
-		v = scoring.Evaluate(t.Type, stats)
+		stats, v = evaluate()
 	}
 	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
 	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
@@ -116,7 +171,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	// A redelivered pass that an earlier delivery stopped stays stopped (a
 	// human's requeue too: the daily budget may have stopped it).
-	if m.Delivered > 1 {
+	if m.Delivered > 1 || held != nil {
 		if outs, ok, err := s.stopped(ctx, b, d); ok || err != nil {
 			return outs, err
 		}
@@ -145,33 +200,33 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return s.block(ctx, b, d, release)
 	case b.Run.Reviewed:
 		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
-		return s.admit(ctx, b, d, ev.Sealed)
+		return s.admit(ctx, b, d, sealed)
 	case d.Exempt:
 		d.Cause = events.CauseExempt
 	case b.Run.Probe:
 		d.Cause = events.CauseProbe // a probe's retries go on: it re-measures the type
-	case v.Below && b.Run.Attempt > 1:
-		// A ladder in flight whose type's trust collapsed stops here. Only
-		// new tasks count towards the block streak and become probes.
-		d.Blocked, d.Cause, d.Reason = true, events.CauseTrust, v.Reason
-		s.log.Info("retry gated", "task", t.ID, "type", t.Type, "attempt", b.Run.Attempt, "reason", v.Reason)
-		return s.block(ctx, b, d, release)
 	case v.Below:
+		// Held, not handed to a human: the type may recover (a probe
+		// succeeds, the score climbs back) and take its held tasks back.
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
 			return nil, err
 		}
-		probe, streak, err := s.cfg.Trust.GateUnder(ctx, scoring, t.Type, gateKey, true)
+		probe, err := s.probe(ctx, m, b, scoring, held, gateKey)
 		if err != nil {
 			return nil, err
 		}
 		if !probe {
-			d.Blocked, d.Cause, d.Reason = true, events.CauseTrust, v.Reason
-			s.log.Info("task gated", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "reason", v.Reason, "streak", streak)
-			return s.block(ctx, b, d, release)
+			d.Cause, d.Reason = events.CauseTrust, v.Reason
+			if held != nil && held.Hold == events.HoldTrust && b.At.Sub(m.Time) >= scoring.HoldTime {
+				d.Blocked = true
+				d.Reason = fmt.Sprintf("%s; held %s without recovering", v.Reason, scoring.HoldTime)
+				return s.block(ctx, b, d, release)
+			}
+			return s.hold(ctx, m, b, d, sealed, held, release)
 		}
 		d.Probe, d.Cause, b.Run.Probe = true, events.CauseProbe, true
-		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", v.Score)
-	case v.Outcomes < scoring.MinOutcomes && scoring.Threshold >= 0:
+		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", v.Score, "held", held != nil)
+	case v.Unproven && scoring.Threshold >= 0:
 		d.Cause = events.CauseUnproven
 	default:
 		d.Cause = events.CauseTrusted
@@ -182,12 +237,25 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
-	if retry := b.Run.Attempt > 1; retry && b.Run.Rung != "" {
-		below := func(rung events.Rung) bool { low, _, _ := scoring.RungBelow(stats, rung); return low }
-		_, tries, successes := scoring.RungBelow(stats, b.Run.Rung)
+	if retry && b.Run.Rung != "" {
+		pool := s.cfg.View.Pool(scoring)
+		explore := services.MsgID(t.ID, b.Run.Pass, "explore") // the retry's own rung may be explored
+		below := func(rung events.Rung) bool {
+			key := ""
+			if rung == b.Run.Rung {
+				key = explore
+			}
+			low, _, _ := scoring.RungBelowWith(stats, rung, pool, key)
+			return low
+		}
+		_, tries, successes := scoring.RungBelowWith(stats, b.Run.Rung, pool, explore)
 		d.RungTries, d.RungSuccesses = tries, successes
 		measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
 			b.Run.Rung, t.Type, successes, tries, 100*scoring.RungFloor)
+		if tries < scoring.RungMinSamples {
+			measured = fmt.Sprintf("%s retries of %s succeeded %d of %d times: too few to judge alone, and with its retries on every rung and %s below the floor of %.0f%%",
+				b.Run.Rung, t.Type, successes, tries, pooledRungs(pool, t.Type, b.Run.Rung), 100*scoring.RungFloor)
+		}
 		switch next := ladder.Skip(b.Run.Rung, ladder.ResearchUsed(b.Run.DeadEnds), below); next {
 		case b.Run.Rung:
 		case events.RungHandoff:
@@ -201,10 +269,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		}
 	}
 
-	if d.Cause == events.CauseUnproven {
+	if v.Unproven && !d.Exempt && !b.Run.Probe && scoring.Threshold >= 0 {
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
 			return nil, err
 		}
+		// One round: as many canaries as the type's evidence needs to be
+		// decided with the mesh's (the prior's Sample), MinOutcomes without.
+		scoring.Canary = scoring.CanariesWith(scoring.PriorOf(s.cfg.View.Pool(scoring), t.Type))
 		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes)
 		if err != nil {
 			return nil, err
@@ -218,10 +289,17 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 				}
 			}
 		}
-		waited := b.At.Sub(m.Time)
+		waited := b.At.Sub(m.Time) // since it reached the gate's stream position
+		if held != nil {
+			waited = b.At.Sub(held.At) // since the gate first held it
+		}
 		if !admit && waited < scoring.CanaryTTL {
-			delay := canaryDelay(m.Delivered)
 			s.metrics.waits.WithLabelValues(t.Type).Inc()
+			if held == nil { // to the held consumer: this one decides the others
+				d.Cause, d.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
+				return s.park(b, events.HoldCanary, d, sealed)
+			}
+			delay := canaryDelay(m.Delivered)
 			s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", v.Outcomes, "delay", delay)
 			return nil, services.Snooze(delay, ErrCanaryWait)
 		}
@@ -229,7 +307,94 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 			d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
 		}
 	}
-	return s.admit(ctx, b, d, ev.Sealed)
+	return s.admit(ctx, b, d, sealed)
+}
+
+// pooledRungs says what the other types' retries on rung tell.
+func pooledRungs(pool *trust.Pool, taskType string, rung events.Rung) string {
+	mean, types := pool.Rung(taskType, rung)
+	if types < 2 {
+		return "nothing pooled from other types"
+	}
+	return fmt.Sprintf("%.0f%% for %d other types", 100*mean, types)
+}
+
+// probe decides whether a pass of a type below its threshold goes through
+// as an exploration probe: a new task after ProbeAfter consecutive blocks
+// of new tasks (the block streak, SPEC §4; a task that waited for its
+// canaries counts as new); a task held for trust once the type's probe
+// interval has passed since its last probe of held tasks (doubled per
+// failed probe in a row), so a backlog of held tasks sends one probe per
+// interval however often they are looked at. A retry held on arrival
+// takes no step of the streak.
+func (s *Service) probe(ctx context.Context, m *services.Msg, b events.Base, p trust.Policy, held *events.Held, gateKey string) (bool, error) {
+	t := b.Task
+	switch {
+	case held != nil && held.Hold == events.HoldTrust:
+		return s.cfg.Trust.HeldProbe(ctx, p, t.Type, b.At, s.cfg.View.Stats(t.Type).Outcomes)
+	case b.Run.Attempt > 1:
+		return false, nil
+	}
+	probe, streak, err := s.cfg.Trust.GateUnder(ctx, p, t.Type, gateKey, true)
+	if err == nil && !probe {
+		s.log.Info("task held", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "streak", streak)
+	}
+	return probe, err
+}
+
+// hold holds the pass for its type's trust: the task's status is held
+// (SPEC §2), and the pass waits in the held consumer, looked at again
+// every few seconds (held: snoozed; verified: handed over as a held event).
+func (s *Service) hold(ctx context.Context, m *services.Msg, b events.Base, d events.TrustDecision, sealed *events.Sealed, held *events.Held, release string) ([]services.Out, error) {
+	if err := s.release(ctx, b.Task.Type, release); err != nil {
+		return nil, err
+	}
+	if s.cfg.Tasks != nil {
+		_, cause, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
+			return task.Hold(st, found, b, d.Reason)
+		})
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case cause == task.CauseMovedOn, cause == task.CauseEnded:
+			return nil, nil // a human acted on it meanwhile
+		case cause.Changed():
+			s.metrics.held.WithLabelValues(b.Task.Type).Inc()
+			s.log.Info("task held for its type's trust", "task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "reason", d.Reason)
+			sealed = nil // the state changed since it was sealed: the executor reads
+		}
+	}
+	if held == nil || held.Hold != events.HoldTrust { // a new hold: its event, and this message is done
+		return s.park(b, events.HoldTrust, d, sealed)
+	}
+	return nil, services.Snooze(heldDelay(m.Delivered), ErrHeld)
+}
+
+// park hands a pass to the held consumer, held for hold: one held event
+// per pass and hold (its Nats-Msg-Id names both), so a pass that waited for
+// its canaries and is then held for trust is held anew.
+func (s *Service) park(b events.Base, hold events.Hold, d events.TrustDecision, sealed *events.Sealed) ([]services.Out, error) {
+	if hold == events.HoldTrust { // a wait for canaries is no decision: dispatch_gate_waits_total counts it
+		s.decided(context.Background(), b, d)
+	}
+	out, err := services.Emit(events.TaskSubject(b.Task.ID, events.StageHeld), services.MsgID(b.Task.ID, b.Run.Pass, events.StageHeld+"-"+string(hold)),
+		events.EventHeld, b.Task.ID, events.Held{Base: b, Hold: hold, Trust: d, Reason: d.Reason, Sealed: sealed})
+	if err == nil {
+		out.Header.Set(events.HeaderPass, strconv.Itoa(b.Run.Pass))
+	}
+	return []services.Out{out}, err
+}
+
+// heldDelay is how long a held pass sleeps before it is looked at again:
+// 1s doubling per look up to MaxHeldDelay, with jitter.
+func heldDelay(delivered int) time.Duration {
+	d := time.Second
+	for i := 1; i < delivered && d < MaxHeldDelay; i++ {
+		d *= 2
+	}
+	d = min(d, MaxHeldDelay)
+	return d/2 + rand.N(d/2+1)
 }
 
 // SyncMargin is how close to its threshold a type's score must be, at
@@ -271,7 +436,7 @@ func mayHinge(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool
 		return true
 	case exempt || p.Threshold < 0:
 		return false
-	case v.Outcomes < p.MinOutcomes:
+	case v.Unproven:
 		return true
 	}
 	return math.Abs(v.Score-p.Threshold) < syncMargin(p)
@@ -355,10 +520,10 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 }
 
 // canaryDelay is how long a waiting pass sleeps before it looks again:
-// 1s doubling per delivery up to MaxCanaryDelay, with jitter so that a
+// 250ms doubling per look up to MaxCanaryDelay, with jitter so that a
 // burst does not come back all at once.
 func canaryDelay(delivered int) time.Duration {
-	d := time.Second
+	d := 250 * time.Millisecond
 	for i := 1; i < delivered && d < MaxCanaryDelay; i++ {
 		d *= 2
 	}
@@ -426,11 +591,17 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 		}
 	}
 	s.log.Info("task handed off before a retry", "task", b.Task.ID, "type", b.Task.Type, "reason", d.Reason)
+	// The task ended without an attempt: its type's trust counts it as
+	// settled (trust.EndMarker), published before its record.
+	marker, err := trust.OutcomeMsg(b.Task.Type, trust.EndMarker(b.Task.ID, b.Run.Pass, b.At))
+	if err != nil {
+		return nil, err
+	}
 	out, err := services.ToReview(b, events.ReviewEscalated, events.EventEscalated, d.Reason, events.Escalated{
 		Base: b, Reason: d.Reason, Cause: d.Cause, TrustScore: d.Score, Attempts: st.History,
 		TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
 	})
-	return []services.Out{out}, err
+	return []services.Out{services.OutMsg(marker), out}, err
 }
 
 // decided counts the gate's decision on the pass once the event carrying it

@@ -20,6 +20,8 @@ import (
 type View interface {
 	Stats(taskType string) trust.Stats
 	Sync(ctx context.Context, taskType string) error
+	// Pool is the mesh's pooled evidence a type's is shrunk toward.
+	Pool(p trust.Policy) *trust.Pool
 }
 
 // Config of the gate.

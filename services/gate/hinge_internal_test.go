@@ -10,7 +10,7 @@ import (
 func TestMayHinge(t *testing.T) {
 	p := trust.Policy{}.WithDefaults()
 	first, retry := events.Run{Pass: 1, Attempt: 1}, events.Run{Pass: 2, Attempt: 2}
-	scored := func(score float64) trust.Verdict { return trust.Verdict{Score: score, Outcomes: 50} }
+	scored := func(score float64) trust.Verdict { return trust.Verdict{Score: score, Outcomes: 50, Settled: 50} }
 	tests := []struct {
 		name   string
 		run    events.Run
@@ -20,9 +20,9 @@ func TestMayHinge(t *testing.T) {
 		want   bool
 	}{
 		{"a retry", retry, scored(1), p, false, true},
-		{"an unproven type", first, trust.Verdict{Score: 0, Outcomes: 9}, p, false, true},
-		{"an exempt unproven type (no canaries)", first, trust.Verdict{Outcomes: 3}, p, true, false},
-		{"an unproven type never gated (no canaries)", first, trust.Verdict{Outcomes: 3}, trust.Policy{Threshold: -1}.WithDefaults(), false, false},
+		{"an unproven type", first, trust.Verdict{Score: 0, Outcomes: 9, Unproven: true}, p, false, true},
+		{"an exempt unproven type (no canaries)", first, trust.Verdict{Outcomes: 3, Unproven: true}, p, true, false},
+		{"an unproven type never gated (no canaries)", first, trust.Verdict{Outcomes: 3, Unproven: true}, trust.Policy{Threshold: -1}.WithDefaults(), false, false},
 		{"a retry of an exempt type (its rung's rate)", retry, scored(1), p, true, true},
 		{"a human's requeue", events.Run{Pass: 3, Attempt: 2, Reviewed: true}, scored(0.15), p, false, false},
 		{"far above the threshold", first, scored(0.9), p, false, false},

@@ -16,12 +16,14 @@ import (
 //	  the event carrying the decision is stored, not again when a
 //	  redelivered pass republishes it (services.OnStored)
 //	dispatch_gate_waits_total{type}            looks of a pass waiting for its type's canaries
+//	dispatch_gate_held_total{type}             tasks held for their type's trust (status held)
 //	dispatch_trust_score{type}                 the type's trust score now, read at each
 //	  scrape from the gate's view of the outcome stream (trustCollector)
 //	dispatch_trust_outcomes{type}              the outcomes in the type's window now (idem)
 type metrics struct {
 	decisions *prometheus.CounterVec // type, cause
 	waits     *prometheus.CounterVec // type
+	held      *prometheus.CounterVec // type
 	tasks     *services.TaskMetrics
 }
 
@@ -36,11 +38,16 @@ func newMetrics(cfg Config) *metrics {
 			Name: "dispatch_gate_waits_total",
 			Help: "Looks of a pass held back while its type's canaries decide, by type (each is a snooze: no tokens, not an attempt).",
 		}, []string{"type"}),
+		held: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_gate_held_total",
+			Help: "Passes held for their type's low trust (status held: no tokens, re-admitted when the type recovers), by type; a pass counts once.",
+		}, []string{"type"}),
 		tasks: services.NewTaskMetrics(reg),
 	}
 	if reg != nil {
 		m.decisions = services.Register(reg, m.decisions)
 		m.waits = services.Register(reg, m.waits)
+		m.held = services.Register(reg, m.held)
 		if all, ok := cfg.View.(allStats); ok {
 			services.Register(reg, newTrustCollector(all, cfg.Policy, cfg.Scoring))
 		}

@@ -108,12 +108,19 @@ func TestGateCountsEachDecisionOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	r := &services.Router{JS: e.js, Instance: "gate@test", Log: quiet, Grace: 10 * time.Second, Metrics: services.NewMetrics(reg)}
+	m := services.NewMetrics(reg)
+	r := &services.Router{JS: e.js, Instance: "gate@test", Log: quiet, Grace: 10 * time.Second, Metrics: m}
+	rh := &services.Router{JS: e.js, Instance: "gate@test", Log: quiet, Grace: 10 * time.Second, Metrics: m}
+	heldDone := make(chan error, 1)
 	go func() { done <- r.Run(ctx, g.Spec()) }()
+	go func() { heldDone <- rh.Run(ctx, g.HeldSpec()) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("router: %v", err)
+		}
+		if err := <-heldDone; err != nil {
+			t.Errorf("held router: %v", err)
 		}
 	})
 	verified := func(id string) events.Base {
@@ -180,8 +187,8 @@ func TestGateCountsEachDecisionOnce(t *testing.T) {
 	if got, want := metricstest.Family(t, reg, "dispatch_gate_decisions_total"), map[string]float64{"cause=unproven,type=careful": 2}; !maps.Equal(got, want) {
 		t.Errorf("dispatch_gate_decisions_total = %v, want %v (c0 and w1 once each; d2 was counted when its decision was first stored)", got, want)
 	}
-	if got := metricstest.Family(t, reg, "dispatch_redeliveries_total")["service="+services.ConsumerGate]; got < 1 {
-		t.Errorf("dispatch_redeliveries_total{service=gate} = %v, want w1's looks", got)
+	if got := metricstest.Family(t, reg, "dispatch_redeliveries_total")["service="+services.ConsumerGateHeld]; got < 1 {
+		t.Errorf("dispatch_redeliveries_total{service=gate_held} = %v, want w1's looks", got)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // stopped republishes the stop of a pass that an earlier delivery of the
@@ -39,7 +40,10 @@ func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDeci
 	}
 	b.At = st.UpdatedAt // when the stop was decided (SetStatus and HandOff keep it)
 	d.Reason, d.Probe = st.Reason, false
-	var out services.Out
+	var (
+		out  services.Out
+		outs []services.Out
+	)
 	switch {
 	case st.Status == events.StatusNeedsHumanReview:
 		d.Blocked, d.Cause = true, st.Cause
@@ -56,6 +60,11 @@ func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDeci
 		if err := s.release(ctx, b.Task.Type, b.Task.ID); err != nil {
 			return nil, false, err
 		}
+		marker, err := trust.OutcomeMsg(b.Task.Type, trust.EndMarker(b.Task.ID, b.Run.Pass, b.At))
+		if err != nil {
+			return nil, false, err
+		}
+		outs = append(outs, services.OutMsg(marker))
 		out, err = services.ToReview(b, events.ReviewEscalated, events.EventEscalated, st.Reason, events.Escalated{
 			Base: b, Reason: st.Reason, Cause: d.Cause, TrustScore: d.Score, Attempts: st.History,
 			TokensIn: st.TokensIn, TokensOut: st.TokensOut, Cost: st.Cost,
@@ -64,5 +73,5 @@ func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDeci
 		return nil, false, nil
 	}
 	s.log.Info("redelivered pass stays stopped", "task", b.Task.ID, "pass", b.Run.Pass, "cause", d.Cause, "reason", st.Reason)
-	return []services.Out{out}, true, err
+	return append(outs, out), true, err
 }

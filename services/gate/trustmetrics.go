@@ -21,7 +21,7 @@ type allStats interface {
 //	dispatch_trust_score{type}     the score, for a type with at least
 //	                               MinOutcomes outcomes in its window (a
 //	                               type too new to be scored has none)
-//	dispatch_trust_outcomes{type}  the outcomes in its window (0 for a type
+//	dispatch_trust_outcomes{type}  the tasks in its window (0 for a type
 //	                               with gate facts and no outcome yet)
 //
 // Nothing is set at a decision: a type reports its score from the start
@@ -43,7 +43,7 @@ func newTrustCollector(view allStats, pol *policy.Source, scoring trust.Policy) 
 			"A task type's trust score now (0.6 × overall + 0.4 × recency-weighted success over its window), as the gate scores it; only types with enough outcomes to be scored.",
 			[]string{"type"}, nil),
 		outcomes: prometheus.NewDesc("dispatch_trust_outcomes",
-			"Outcomes in a task type's trust window now (at most its window, 50 by default), as the gate sees them.",
+			"Tasks in a task type's trust window now (at most its window, 50 by default; a task's attempts count once), as the gate sees them.",
 			[]string{"type"}, nil),
 	}
 }
@@ -61,7 +61,7 @@ func (c *trustCollector) Collect(ch chan<- prometheus.Metric) {
 		p := snap.For(st.Type).Scoring(c.scoring).WithDefaults()
 		v := p.Evaluate(st.Type, st)
 		ch <- prometheus.MustNewConstMetric(c.outcomes, prometheus.GaugeValue, float64(v.Outcomes), st.Type)
-		if v.Outcomes >= p.MinOutcomes {
+		if !v.Unproven {
 			ch <- prometheus.MustNewConstMetric(c.score, prometheus.GaugeValue, v.Score, st.Type)
 		}
 	}

@@ -117,7 +117,7 @@ func (a *API) Wait(ctx context.Context, id string, timeout time.Duration) (event
 					return events.WaitReply{}, fmt.Errorf("task %s: state: %w", id, err)
 				}
 				st, found = next, true
-				if events.Terminal(st.Status) {
+				if events.Settled(st.Status) { // ended, or held: nothing happens until its type recovers
 					return a.outcome(ctx, st, false), nil
 				}
 			}

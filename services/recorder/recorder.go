@@ -130,7 +130,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	outs, counted, err := s.recorded(t, b.Run, res, key, now, pol.DailyBudget)
+	outs, counted, err := s.recorded(t, st, b.Run, res, key, now, pol.DailyBudget)
 	if err != nil {
 		return nil, err
 	}
@@ -177,13 +177,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 // recorded is what an attempt's outcome adds to its type's trust window and
 // to its spend of the day (the units its daily budget caps: task.DailySpend),
 // as messages to publish, and the trust outcome it counts (nil: none).
-func (s *Service) recorded(t events.Task, run events.Run, res events.Result, key string, now time.Time, daily *policy.Budget) ([]services.Out, *trust.Outcome, error) {
+func (s *Service) recorded(t events.Task, st events.TaskState, run events.Run, res events.Result, key string, now time.Time, daily *policy.Budget) ([]services.Out, *trust.Outcome, error) {
 	var (
 		msgs    []*nats.Msg
 		counted *trust.Outcome
 	)
 	if task.CountsForTrust(res) {
-		o := task.TrustOutcome(key, run, res, now)
+		o := task.TrustOutcome(key, st, run, res, now)
 		m, err := trust.OutcomeMsg(t.Type, o)
 		if err != nil {
 			return nil, nil, services.Dead(events.ReviewPoison, err)

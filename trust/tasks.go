@@ -1,0 +1,393 @@
+package trust
+
+import (
+	"hash/fnv"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+)
+
+// TaskResult is one task as its type's trust sees it: the attempts of the
+// task among the outcomes, folded into one result. A task weighs one in a
+// type's score however many attempts it took: a hard task climbing its
+// ladder is one failure of its type, not seven.
+type TaskResult struct {
+	Task string
+	// Success: one of its attempts succeeded.
+	Success bool
+	// Ended: it succeeded, or its ladder ended without success (the
+	// recorder's handoff, a pipeline's failure, the gate's handoff).
+	Ended bool
+	// Probe: it went through the gate as an exploration probe.
+	Probe bool
+	// Failures counts its failed attempts.
+	Failures int
+	// At is when its newest outcome was recorded: tasks are ordered by it,
+	// so a task that has just ended weighs as the newest.
+	At time.Time
+}
+
+// Settled reports whether the task's result is final: it succeeded or it
+// ended. A task still climbing its ladder has failed so far, but may yet
+// succeed.
+func (r TaskResult) Settled() bool { return r.Success || r.Ended }
+
+// TaskID is the task an outcome belongs to: Task, or for an outcome
+// recorded before outcomes named their task, the id in its key
+// ("<id>:<pass>:outcome").
+func (o Outcome) TaskID() string {
+	if o.Task != "" {
+		return o.Task
+	}
+	if i := strings.Index(o.Key, ":"); i > 0 {
+		return o.Key[:i]
+	}
+	return o.Key
+}
+
+// Tasks folds outcomes (in window order: Insert's, by time) into one
+// result per task, ordered by each task's newest outcome, oldest first.
+func Tasks(outcomes []Outcome) []TaskResult {
+	idx := make(map[string]int, len(outcomes))
+	var rs []TaskResult
+	last := make([]int, 0, len(outcomes)) // by result: its newest outcome's index
+	for n, o := range outcomes {
+		id := o.TaskID()
+		i, ok := idx[id]
+		if !ok {
+			i = len(rs)
+			idx[id] = i
+			rs = append(rs, TaskResult{Task: id})
+			last = append(last, n)
+		}
+		r := &rs[i]
+		if !o.At.Before(r.At) {
+			r.At = o.At
+		}
+		last[i] = n
+		if o.Marker {
+			r.Ended = true
+			continue
+		}
+		r.Success = r.Success || o.Success
+		r.Ended = r.Ended || o.End || o.Success
+		r.Probe = r.Probe || o.Probe
+		if !o.Success {
+			r.Failures++
+		}
+	}
+	order := make([]int, len(rs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return last[a] - last[b] })
+	sorted := make([]TaskResult, len(rs))
+	for i, j := range order {
+		sorted[i] = rs[j]
+	}
+	return sorted
+}
+
+// window is the newest p.Window tasks of outcomes; settled keeps only
+// those whose result is final.
+func (p Policy) tasks(outcomes []Outcome, settled bool) []TaskResult {
+	rs := Tasks(outcomes)
+	if settled {
+		rs = slices.DeleteFunc(rs, func(r TaskResult) bool { return !r.Settled() })
+	}
+	return lastN(rs, p.Window)
+}
+
+// scoreTasks is the SPEC §4 score over task results, oldest first: a task
+// that succeeded counts 1, any other 0.
+func scoreTasks(rs []TaskResult, p Policy) (score, overall, recency float64) {
+	if len(rs) == 0 {
+		return 0, 0, 0
+	}
+	var successes, weighted, total float64
+	w := 1.0
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i].Success {
+			successes++
+			weighted += w
+		}
+		total += w
+		w *= p.Decay
+	}
+	overall = successes / float64(len(rs))
+	recency = weighted / total
+	return p.OverallWeight*overall + p.RecencyWeight*recency, overall, recency
+}
+
+// openedByProbe reports whether a probe's success has re-opened the type:
+// the newest probe among the settled tasks succeeded and no task settled
+// since has failed. A run of wins after a probe keeps the type open while
+// its score climbs back; the first failure closes it again.
+func openedByProbe(rs []TaskResult) bool {
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
+		switch {
+		case !r.Settled():
+		case !r.Success:
+			return false
+		case r.Probe:
+			return true
+		}
+	}
+	return false
+}
+
+// failedRun tests whether the type has just changed for the worse: its
+// newest settled tasks all failed, k of them, where a run that long would
+// happen less than alpha of the time at the success rate of the settled
+// tasks before it (Laplace-smoothed: (successes+1)/(tasks+2)). A type that
+// always succeeded is stopped after two failed tasks in a row, one that
+// succeeds half the time after seven: a regression shows in a few tasks
+// instead of the dozens the window's score needs, and a type whose tasks
+// sometimes fail is not stopped for a streak its rate explains.
+// The run is tested only once minBefore settled tasks precede it: a type
+// needs a known rate to change from.
+func failedRun(rs []TaskResult, alpha float64, minBefore int) (k int, stopped bool) {
+	var settled []TaskResult
+	for _, r := range rs {
+		if r.Settled() {
+			settled = append(settled, r)
+		}
+	}
+	for k < len(settled) && !settled[len(settled)-1-k].Success {
+		k++
+	}
+	if k == 0 || alpha <= 0 {
+		return k, false
+	}
+	before := settled[:len(settled)-k]
+	if len(before) < max(minBefore, 1) {
+		return k, false
+	}
+	ok := 0
+	for _, r := range before {
+		if r.Success {
+			ok++
+		}
+	}
+	fail := 1 - float64(ok+1)/float64(len(before)+2)
+	return k, math.Pow(fail, float64(k)) < alpha
+}
+
+// failedProbes counts the probes that failed since the newest probe that
+// succeeded: each one doubles the time before the next probe of held tasks.
+func failedProbes(rs []TaskResult) int {
+	n := 0
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
+		if !r.Probe || !r.Settled() {
+			continue
+		}
+		if r.Success {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Prior is what the mesh knows of task types before it knows a given one:
+// the mean task success rate of the other types and how many tasks of a
+// type's own that knowledge is worth (Weight). Types differ little → a
+// large weight: a new type is presumed to be like the others until it
+// shows otherwise; types that are either healthy or hopeless → a small
+// one: a new type is judged on its own first tasks. The zero Prior knows
+// nothing.
+type Prior struct {
+	Mean   float64
+	Weight float64
+	// Types is how many types it was learned from.
+	Types int
+}
+
+// Known reports whether the prior says anything.
+func (pr Prior) Known() bool { return pr.Types > 0 && pr.Weight > 0 }
+
+// Shrink is the type's own rate own, over n tasks, pulled toward the
+// prior in proportion to how little the type has seen (a beta-binomial
+// posterior mean).
+func (pr Prior) Shrink(own float64, n int) float64 {
+	if !pr.Known() {
+		return own
+	}
+	return (pr.Weight*pr.Mean + float64(n)*own) / (pr.Weight + float64(n))
+}
+
+// Prior bounds: a prior never counts for more than MaxPriorWeight tasks of
+// a type's own, nor for less than MinPriorWeight; it is learned once
+// PoolMinTypes types have PoolMinTasks settled tasks each.
+const (
+	MinPriorWeight = 0.5
+	MaxPriorWeight = 10
+	PoolMinTypes   = 3
+	PoolMinTasks   = 3
+)
+
+// Pool is the mesh-wide evidence every type's estimate is shrunk toward:
+// each type's settled task success rate and each rung's retry success
+// rate, per type, so that a type with many tasks counts once, like any
+// other. It is computed from every type's Stats (View.All).
+type Pool struct {
+	tasks map[string]float64              // by type: settled task success rate
+	rungs map[events.Rung]map[string]rate // by rung, by type: retry successes
+}
+
+type rate struct{ tries, successes int }
+
+// NewPool measures all under p (each type's window as p scores it).
+func NewPool(all []Stats, p Policy) *Pool {
+	p = p.WithDefaults()
+	pool := &Pool{tasks: map[string]float64{}, rungs: map[events.Rung]map[string]rate{}}
+	for _, s := range all {
+		rs := p.tasks(s.Outcomes, true)
+		if len(rs) >= PoolMinTasks {
+			ok := 0
+			for _, r := range rs {
+				if r.Success {
+					ok++
+				}
+			}
+			pool.tasks[s.Type] = float64(ok) / float64(len(rs))
+		}
+		for _, o := range p.windowOutcomes(s.Outcomes) {
+			if !o.Retry || o.Rung == "" {
+				continue
+			}
+			m := pool.rungs[o.Rung]
+			if m == nil {
+				m = map[string]rate{}
+				pool.rungs[o.Rung] = m
+			}
+			r := m[s.Type]
+			r.tries++
+			if o.Success {
+				r.successes++
+			}
+			m[s.Type] = r
+		}
+	}
+	return pool
+}
+
+// Prior is the prior of taskType: the other types' task success rates'
+// mean, weighted by how alike they are (a method-of-moments beta fit:
+// weight = mean × (1 − mean) / variance − 1, within [MinPriorWeight,
+// MaxPriorWeight]). A nil Pool, or one with fewer than PoolMinTypes other
+// types, knows nothing.
+func (pool *Pool) Prior(taskType string) Prior {
+	if pool == nil {
+		return Prior{}
+	}
+	var n, sum, sq float64
+	for t, r := range pool.tasks {
+		if t == taskType {
+			continue
+		}
+		n++
+		sum += r
+		sq += r * r
+	}
+	if n < PoolMinTypes {
+		return Prior{}
+	}
+	mean := sum / n
+	variance := max(sq/n-mean*mean, 0)
+	weight := float64(MaxPriorWeight)
+	if variance > 0 {
+		weight = min(max(mean*(1-mean)/variance-1, MinPriorWeight), MaxPriorWeight)
+	}
+	return Prior{Mean: mean, Weight: weight, Types: int(n)}
+}
+
+// Rung is the other types' retry success rate on rung — the mean of their
+// rates, each type counting once — and how many types measured it. A rung
+// fewer than two other types measured takes their retries on every rung
+// instead: how often a retry pays in this mesh at all.
+func (pool *Pool) Rung(taskType string, rung events.Rung) (mean float64, types int) {
+	if pool == nil {
+		return 0, 0
+	}
+	if mean, types = pool.rate(taskType, func(r events.Rung) bool { return r == rung }); types >= 2 {
+		return mean, types
+	}
+	return pool.rate(taskType, func(events.Rung) bool { return true })
+}
+
+func (pool *Pool) rate(taskType string, rungs func(events.Rung) bool) (mean float64, types int) {
+	by := map[string]rate{}
+	for rung, m := range pool.rungs {
+		if !rungs(rung) {
+			continue
+		}
+		for t, r := range m {
+			if t == taskType {
+				continue
+			}
+			sum := by[t]
+			sum.tries += r.tries
+			sum.successes += r.successes
+			by[t] = sum
+		}
+	}
+	var total float64
+	for _, r := range by {
+		if r.tries > 0 {
+			total += float64(r.successes) / float64(r.tries)
+			types++
+		}
+	}
+	if types == 0 {
+		return 0, 0
+	}
+	return total / float64(types), types
+}
+
+// windowOutcomes is the outcomes of the newest p.Window tasks.
+func (p Policy) windowOutcomes(outcomes []Outcome) []Outcome {
+	rs := p.tasks(outcomes, false)
+	if len(rs) == len(Tasks(outcomes)) {
+		return outcomes
+	}
+	keep := make(map[string]struct{}, len(rs))
+	for _, r := range rs {
+		keep[r.Task] = struct{}{}
+	}
+	out := make([]Outcome, 0, len(outcomes))
+	for _, o := range outcomes {
+		if _, ok := keep[o.TaskID()]; ok {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// explores reports whether the retry named key is one of the share 1/every
+// that climb a rung only the pooled evidence advises against, so that the
+// pool keeps measuring it (a rung nobody climbs is never measured again).
+// It is a hash of key: a redelivery decides the same.
+func explores(key string, every int) bool {
+	if every <= 1 {
+		return every == 1
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return h.Sum32()%uint32(every) == 0
+}
+
+// Sample is how many settled tasks of a type's own, all failed, take its
+// shrunk score below threshold: the canaries a new type needs at once to
+// be decided in one round. 0 when the prior knows nothing.
+func (pr Prior) Sample(threshold float64) int {
+	if !pr.Known() || threshold <= 0 {
+		return 0
+	}
+	return int(math.Floor(pr.Weight*max(pr.Mean-threshold, 0)/threshold)) + 1
+}

@@ -1,0 +1,277 @@
+package trust_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/trust"
+)
+
+var t0 = time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
+
+// ladder is one task's attempts, oldest first: S succeeds, F fails; end
+// marks the last failure as the end of its ladder.
+func ladder(id string, start int, pattern string, end bool) []trust.Outcome {
+	var out []trust.Outcome
+	for i, c := range pattern {
+		o := trust.Outcome{
+			Key: fmt.Sprintf("%s:%d:outcome", id, i+1), Task: id, Success: c == 'S',
+			At: t0.Add(time.Duration(start+i) * time.Second), Retry: i > 0, Rung: events.RungRefine,
+		}
+		o.End = end && i == len(pattern)-1 && c != 'S'
+		out = append(out, o)
+	}
+	return out
+}
+
+// window orders outcomes as a type's window keeps them (by time, then key).
+func window(outcomes []trust.Outcome) []trust.Outcome {
+	var w []trust.Outcome
+	for _, o := range outcomes {
+		w, _ = trust.Insert(w, o, 1000)
+	}
+	return w
+}
+
+func TestTasksFoldAttempts(t *testing.T) {
+	var all []trust.Outcome
+	all = append(all, ladder("a", 0, "FFS", false)...)
+	all = append(all, ladder("b", 1, "FFFFFFF", true)...)
+	all = append(all, ladder("c", 2, "FF", false)...)
+	all = append(all, trust.EndMarker("c", 3, t0.Add(time.Minute)))
+	got := trust.Tasks(window(all))
+	want := []trust.TaskResult{
+		{Task: "a", Success: true, Ended: true, Failures: 2, At: t0.Add(2 * time.Second)},
+		{Task: "b", Ended: true, Failures: 7, At: t0.Add(7 * time.Second)},
+		{Task: "c", Ended: true, Failures: 2, At: t0.Add(time.Minute)},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d tasks, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("task %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+// The SPEC §4 rule that motivated task weighing: one hard task climbing 7
+// rungs is one failure of its type, not seven.
+func TestAHardTaskIsOneFailure(t *testing.T) {
+	var all []trust.Outcome
+	for i := range 10 {
+		all = append(all, ladder(fmt.Sprintf("ok%d", i), i, "S", false)...)
+	}
+	all = append(all, ladder("hard", 20, "FFFFFFF", true)...)
+	v := trust.Policy{}.Evaluate("css_fix", trust.Stats{Outcomes: all})
+	if v.Below || v.Outcomes != 11 || v.Failures != 1 {
+		t.Fatalf("%+v: want 11 tasks, 1 failure, not below", v)
+	}
+	// Per attempt the same window would score 10 of 17.
+}
+
+func TestEvaluateWith(t *testing.T) {
+	healthyMesh := trust.Prior{Mean: 0.9, Weight: 10, Types: 8}
+	splitMesh := trust.Prior{Mean: 0.7, Weight: 0.5, Types: 30}
+	failed := func(n int) []trust.Outcome {
+		var out []trust.Outcome
+		for i := range n {
+			out = append(out, ladder(fmt.Sprintf("f%d", i), i*10, "FF", true)...)
+		}
+		return out
+	}
+	climbing := func(n int) []trust.Outcome { // first attempts failed, ladders in flight
+		var out []trust.Outcome
+		for i := range n {
+			out = append(out, ladder(fmt.Sprintf("c%d", i), i, "F", false)...)
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		outcomes []trust.Outcome
+		prior    trust.Prior
+		settled  bool
+		below    bool
+		reason   string
+	}{
+		{"no prior: a new type is never gated on its own evidence", failed(5), trust.Prior{}, false, false, ""},
+		{"types either healthy or hopeless: 2 failed tasks gate", failed(2), splitMesh, false, true, "pooled with 30 types' rate 0.70"},
+		{"  but 1 does not", failed(1), splitMesh, false, false, ""},
+		{"a healthy mesh presumes a new type healthy", failed(5), healthyMesh, false, false, ""},
+		{"  until its own evidence says otherwise (10 settled)", failed(10), healthyMesh, false, true, "trust score 0.00 below"},
+		{"a retry is judged on settled tasks: siblings climbing do not stop it", climbing(10), splitMesh, true, false, ""},
+		{"a new task counts them as failed so far", climbing(10), splitMesh, false, true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(strings.TrimSpace(tt.name), func(t *testing.T) {
+			v := trust.Policy{}.EvaluateWith("css_fix", trust.Stats{Outcomes: tt.outcomes}, tt.prior, tt.settled)
+			if v.Below != tt.below || !strings.Contains(v.Reason, tt.reason) {
+				t.Fatalf("%+v; want below=%v with %q", v, tt.below, tt.reason)
+			}
+		})
+	}
+}
+
+// A run of failures a type's history makes unlikely stops it at once: a
+// regression after 40 successes in 2 tasks; a type that fails half the
+// time only after a run its rate does not explain.
+func TestARegressionStopsTheTypeInAFewTasks(t *testing.T) {
+	var all []trust.Outcome
+	for i := range 40 {
+		all = append(all, ladder(fmt.Sprintf("ok%d", i), i, "S", false)...)
+	}
+	p := trust.Policy{}
+	one := append(append([]trust.Outcome{}, all...), ladder("r1", 100, "F", true)...)
+	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: one}); v.Below {
+		t.Fatalf("one failure after 40 successes stopped the type: %+v", v)
+	}
+	two := append(one, ladder("r2", 101, "F", true)...)
+	v := p.Evaluate("css_fix", trust.Stats{Outcomes: two})
+	if !v.Below || v.Run != 2 || !strings.Contains(v.Reason, "its last 2 tasks failed") {
+		t.Fatalf("two failures after 40 successes: %+v", v)
+	}
+	// Half of 40 succeeded: 4 failures in a row are likely (6%), 7 are not.
+	var half []trust.Outcome
+	for i := range 40 {
+		half = append(half, ladder(fmt.Sprintf("h%d", i), i, map[bool]string{true: "S", false: "F"}[i%2 == 1], true)...)
+	}
+	for i := range 7 {
+		half = append(half, ladder(fmt.Sprintf("x%d", i), 100+i, "F", true)...)
+		v := p.Evaluate("css_fix", trust.Stats{Outcomes: half})
+		if want := i+1 >= 7; v.Below != want {
+			t.Fatalf("%d failures in a row at a 50%% rate: below=%v, want %v (%+v)", i+1, v.Below, want, v)
+		}
+	}
+}
+
+// A probe's success re-opens a gated type; the next failure closes it.
+func TestAProbeWinReopensTheType(t *testing.T) {
+	all := failedTasks(12)
+	p := trust.Policy{}
+	if !p.Evaluate("css_fix", trust.Stats{Outcomes: all}).Below {
+		t.Fatal("12 failed tasks: not below")
+	}
+	win := trust.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, At: t0.Add(time.Hour)}
+	all = append(all, win)
+	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); v.Below || !v.Opened {
+		t.Fatalf("after a probe's win: %+v", v)
+	}
+	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: append(all, ladder("ok", 3700, "S", false)...)}); v.Below {
+		t.Fatalf("a success after the probe closed it: %+v", v)
+	}
+	all = append(all, ladder("bad", 3800, "F", true)...)
+	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); !v.Below || v.Opened {
+		t.Fatalf("a failure right after the probe kept it open: %+v", v)
+	}
+}
+
+func failedTasks(n int) []trust.Outcome {
+	var out []trust.Outcome
+	for i := range n {
+		out = append(out, ladder(fmt.Sprintf("f%d", i), i, "F", true)...)
+	}
+	return out
+}
+
+// Held tasks send one probe per interval, the interval doubling with each
+// probe that failed, counted from the type's newest outcome.
+func TestHeldProbeSpacing(t *testing.T) {
+	p := trust.Policy{ProbeInterval: 10 * time.Second}
+	s := trust.Stats{Outcomes: failedTasks(12)} // newest at t0+11s
+	newest := t0.Add(11 * time.Second)
+	if _, probe := p.HeldProbe(s, newest.Add(5*time.Second)); probe {
+		t.Fatal("probed 5s after the type's newest failure")
+	}
+	s, probe := p.HeldProbe(s, newest.Add(10*time.Second))
+	if !probe || !s.ProbeAt.Equal(newest.Add(10*time.Second)) {
+		t.Fatalf("no probe 10s after: %v %+v", probe, s.ProbeAt)
+	}
+	if _, probe := p.HeldProbe(s, newest.Add(15*time.Second)); probe {
+		t.Fatal("a second probe within the interval")
+	}
+	// The probe failed: the next waits twice as long.
+	s.Outcomes = append(s.Outcomes, trust.Outcome{Key: "p:1:outcome", Task: "p", Probe: true, End: true, At: newest.Add(11 * time.Second)})
+	if _, probe := p.HeldProbe(s, newest.Add(25*time.Second)); probe {
+		t.Fatal("probed 14s after a failed probe (want 20s)")
+	}
+	if _, probe := p.HeldProbe(s, newest.Add(32*time.Second)); !probe {
+		t.Fatal("no probe 21s after a failed probe")
+	}
+}
+
+func TestPoolPrior(t *testing.T) {
+	rate := func(typ string, ok, n int) trust.Stats {
+		var out []trust.Outcome
+		for i := range n {
+			c := "F"
+			if i < ok {
+				c = "S"
+			}
+			out = append(out, ladder(fmt.Sprintf("%s%d", typ, i), i, c, true)...)
+		}
+		return trust.Stats{Type: typ, Outcomes: out}
+	}
+	alike := trust.NewPool([]trust.Stats{rate("a", 9, 10), rate("b", 8, 10), rate("c", 9, 10), rate("d", 8, 10)}, trust.Policy{})
+	split := trust.NewPool([]trust.Stats{rate("a", 10, 10), rate("b", 0, 10), rate("c", 10, 10), rate("d", 10, 10), rate("e", 0, 10)}, trust.Policy{})
+	few := trust.NewPool([]trust.Stats{rate("a", 10, 10), rate("b", 10, 10)}, trust.Policy{})
+	if pr := alike.Prior("new"); !pr.Known() || pr.Weight < 5 || pr.Mean < 0.8 {
+		t.Errorf("types alike: %+v, want a strong prior near 0.85", pr)
+	}
+	if pr := split.Prior("new"); !pr.Known() || pr.Weight != trust.MinPriorWeight {
+		t.Errorf("types healthy or hopeless: %+v, want the weakest prior", pr)
+	}
+	if pr := few.Prior("new"); pr.Known() {
+		t.Errorf("two types: %+v, want no prior", pr)
+	}
+	if pr := alike.Prior("a"); pr.Types != 3 {
+		t.Errorf("a type's own rate is left out of its prior: %+v", pr)
+	}
+	if n := split.Prior("new").Sample(0.15); n != 2 {
+		t.Errorf("split mesh: %d canaries decide a new type, want 2", n)
+	}
+}
+
+// A type with few retries of its own borrows the other types' rate: in a
+// mesh where retries never pay, its first retries are handed off — but one
+// in RungExplore climbs anyway, so the rung keeps being measured.
+func TestRungBelowWithPool(t *testing.T) {
+	retries := func(typ string, rung events.Rung, ok, n int) trust.Stats {
+		var out []trust.Outcome
+		for i := range n {
+			out = append(out, trust.Outcome{Key: fmt.Sprintf("%s%d:2:outcome", typ, i), Task: fmt.Sprintf("%s%d", typ, i), Retry: true, Rung: rung, Success: i < ok, At: t0})
+		}
+		return trust.Stats{Type: typ, Outcomes: out}
+	}
+	never := trust.NewPool([]trust.Stats{retries("a", events.RungRefine, 0, 6), retries("b", events.RungRefine, 0, 6)}, trust.Policy{})
+	often := trust.NewPool([]trust.Stats{retries("a", events.RungRefine, 5, 6), retries("b", events.RungRefine, 4, 6)}, trust.Policy{})
+	p := trust.Policy{}
+	fresh := trust.Stats{Type: "new"}
+	if below, _, _ := p.RungBelowWith(fresh, events.RungRefine, often, ""); below {
+		t.Error("retries pay elsewhere: a new type's retry was stopped")
+	}
+	if below, _, _ := p.RungBelowWith(fresh, events.RungRefine, never, ""); !below {
+		t.Error("retries never pay elsewhere: a new type's retry went")
+	}
+	// PIVOT nobody measured: the pool's retries on every rung stand in.
+	if below, _, _ := p.RungBelowWith(fresh, events.RungPivot, never, ""); !below {
+		t.Error("an unmeasured rung in a mesh where retries never pay: went")
+	}
+	explored := 0
+	for i := range 100 {
+		if below, _, _ := p.RungBelowWith(fresh, events.RungRefine, never, fmt.Sprintf("t%d:2:explore", i)); !below {
+			explored++
+		}
+	}
+	if explored < 10 || explored > 30 {
+		t.Errorf("%d of 100 retries explored, want about 1 in %d", explored, trust.DefaultRungExplore)
+	}
+	// The type's own evidence, once it has enough, decides alone.
+	own := retries("new", events.RungRefine, 8, 8)
+	if below, _, _ := p.RungBelowWith(own, events.RungRefine, never, ""); below {
+		t.Error("8 of 8 own retries succeeded: stopped on the pool's word")
+	}
+}
