@@ -39,10 +39,12 @@ const (
 	// a type's held tasks; it doubles with each probe that fails in a row,
 	// up to MaxProbeInterval.
 	DefaultProbeInterval = 10 * time.Second
-	// DefaultRunAlpha: a run of failed tasks less likely than 1% at the
-	// type's own rate before it stops the type (a regression).
-	DefaultRunAlpha  = 0.01
-	MaxProbeInterval = 10 * time.Minute
+	// DefaultRunAlpha: a run of failed tasks less likely than 1 in 1,000
+	// at the type's own rate before it stops the type (a regression): a
+	// type that always succeeded stops after two failed tasks, a 95 % one
+	// after three, a 50 % one after ten.
+	DefaultRunAlpha  = 0.001
+	MaxProbeInterval = time.Hour
 )
 
 // DefaultExempt lists the task types that are never gated unless
@@ -109,7 +111,7 @@ type Policy struct {
 	PriorWeight float64
 	// RunAlpha: the type is below when its newest settled tasks failed in
 	// a run less likely than RunAlpha at its success rate before the run
-	// (a regression, seen in a few tasks). Default 0.01; negative never.
+	// (a regression, seen in a few tasks). Default 0.001; negative never.
 	RunAlpha float64
 	// HoldTime is how long a task held for low trust waits to be
 	// re-admitted before it goes to a human. Default 24h.

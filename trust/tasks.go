@@ -16,7 +16,7 @@ import (
 // ladder is one failure of its type, not seven.
 type TaskResult struct {
 	Task string
-	// Success: one of its attempts succeeded.
+	// Success: the task succeeded (an attempt that succeeded and ended it).
 	Success bool
 	// Ended: it succeeded, or its ladder ended without success (the
 	// recorder's handoff, a pipeline's failure, the gate's handoff).
@@ -72,8 +72,13 @@ func Tasks(outcomes []Outcome) []TaskResult {
 			r.Ended = true
 			continue
 		}
-		r.Success = r.Success || o.Success
-		r.Ended = r.Ended || o.End || o.Success
+		// A success ends the task only when it says so (End): a pipeline
+		// step that passed is no success of its task. An outcome without
+		// a task (recorded before outcomes named theirs) is a task of its
+		// own, ended.
+		legacy := o.Task == ""
+		r.Success = r.Success || (o.Success && (o.End || legacy))
+		r.Ended = r.Ended || o.End || legacy || r.Success
 		r.Probe = r.Probe || o.Probe
 		if !o.Success {
 			r.Failures++
@@ -143,9 +148,10 @@ func openedByProbe(rs []TaskResult) bool {
 // failedRun tests whether the type has just changed for the worse: its
 // newest settled tasks all failed, k of them, where a run that long would
 // happen less than alpha of the time at the success rate of the settled
-// tasks before it (Laplace-smoothed: (successes+1)/(tasks+2)). A type that
-// always succeeded is stopped after two failed tasks in a row, one that
-// succeeds half the time after seven: a regression shows in a few tasks
+// tasks before it (Laplace-smoothed: (successes+1)/(tasks+2)). With the
+// default alpha a type that always succeeded is stopped after two failed
+// tasks in a row, one that succeeds half the time after ten: a regression
+// shows in a few tasks
 // instead of the dozens the window's score needs, and a type whose tasks
 // sometimes fail is not stopped for a streak its rate explains.
 // The run is tested only once minBefore settled tasks precede it: a type

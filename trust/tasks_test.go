@@ -21,7 +21,7 @@ func ladder(id string, start int, pattern string, end bool) []trust.Outcome {
 			Key: fmt.Sprintf("%s:%d:outcome", id, i+1), Task: id, Success: c == 'S',
 			At: t0.Add(time.Duration(start+i) * time.Second), Retry: i > 0, Rung: events.RungRefine,
 		}
-		o.End = end && i == len(pattern)-1 && c != 'S'
+		o.End = c == 'S' || (end && i == len(pattern)-1) // a success ends the task
 		out = append(out, o)
 	}
 	return out
@@ -71,6 +71,34 @@ func TestAHardTaskIsOneFailure(t *testing.T) {
 		t.Fatalf("%+v: want 11 tasks, 1 failure, not below", v)
 	}
 	// Per attempt the same window would score 10 of 17.
+}
+
+// A pipeline step that passed is no success of its task: the task succeeds
+// when the attempt that succeeded ended it.
+func TestAPassedStepIsNoTaskSuccess(t *testing.T) {
+	var all []trust.Outcome
+	for i := range 12 {
+		id := fmt.Sprintf("p%d", i)
+		all = append(all,
+			trust.Outcome{Key: id + ":1:outcome", Task: id, Success: true, At: t0.Add(time.Duration(3*i) * time.Second)}, // plan passed
+			trust.Outcome{Key: id + ":2:outcome", Task: id, At: t0.Add(time.Duration(3*i+1) * time.Second)},              // implement failed
+			trust.Outcome{Key: id + ":3:outcome", Task: id, End: true, At: t0.Add(time.Duration(3*i+2) * time.Second)})   // and the task failed
+	}
+	if v := (trust.Policy{}).Evaluate("pipe", trust.Stats{Outcomes: all}); !v.Below || v.Successes != 0 {
+		t.Fatalf("12 pipelines that failed after their first step: %+v", v)
+	}
+}
+
+// Outcomes recorded before they named their task are tasks of their own,
+// ended: a type gated before the upgrade stays gated.
+func TestOutcomesWithoutTaskAreEndedTasks(t *testing.T) {
+	var all []trust.Outcome
+	for i := range 12 {
+		all = append(all, trust.Outcome{Key: fmt.Sprintf("old%d:1:outcome", i), At: t0.Add(time.Duration(i) * time.Second)})
+	}
+	if v := (trust.Policy{}).Evaluate("old", trust.Stats{Outcomes: all}); !v.Below || v.Settled != 12 {
+		t.Fatalf("12 old failures: %+v", v)
+	}
 }
 
 func TestEvaluateWith(t *testing.T) {
@@ -134,15 +162,16 @@ func TestARegressionStopsTheTypeInAFewTasks(t *testing.T) {
 	if !v.Below || v.Run != 2 || !strings.Contains(v.Reason, "its last 2 tasks failed") {
 		t.Fatalf("two failures after 40 successes: %+v", v)
 	}
-	// Half of 40 succeeded: 4 failures in a row are likely (6%), 7 are not.
+	// Half of 40 succeeded: 9 failures in a row happen more than 1 in
+	// 1,000 times, 10 do not.
 	var half []trust.Outcome
 	for i := range 40 {
 		half = append(half, ladder(fmt.Sprintf("h%d", i), i, map[bool]string{true: "S", false: "F"}[i%2 == 1], true)...)
 	}
-	for i := range 7 {
+	for i := range 10 {
 		half = append(half, ladder(fmt.Sprintf("x%d", i), 100+i, "F", true)...)
 		v := p.Evaluate("css_fix", trust.Stats{Outcomes: half})
-		if want := i+1 >= 7; v.Below != want {
+		if want := i+1 >= 10; v.Below != want {
 			t.Fatalf("%d failures in a row at a 50%% rate: below=%v, want %v (%+v)", i+1, v.Below, want, v)
 		}
 	}
@@ -155,7 +184,7 @@ func TestAProbeWinReopensTheType(t *testing.T) {
 	if !p.Evaluate("css_fix", trust.Stats{Outcomes: all}).Below {
 		t.Fatal("12 failed tasks: not below")
 	}
-	win := trust.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, At: t0.Add(time.Hour)}
+	win := trust.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
 	all = append(all, win)
 	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); v.Below || !v.Opened {
 		t.Fatalf("after a probe's win: %+v", v)

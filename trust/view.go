@@ -44,6 +44,7 @@ type View struct {
 	pool        *Pool
 	poolVersion uint64
 	poolAt      time.Time
+	poolWindow  int
 
 	stop func()
 }
@@ -59,12 +60,13 @@ func (v *View) Pool(p Policy) *Pool {
 	v.mu.RLock()
 	version := v.version
 	v.mu.RUnlock()
+	window := p.WithDefaults().Window
 	v.poolMu.Lock()
 	defer v.poolMu.Unlock()
-	if v.pool != nil && (v.poolVersion == version || time.Since(v.poolAt) < PoolEvery) {
+	if v.pool != nil && v.poolWindow == window && (v.poolVersion == version || time.Since(v.poolAt) < PoolEvery) {
 		return v.pool
 	}
-	v.pool, v.poolVersion, v.poolAt = NewPool(v.All(), p), version, time.Now()
+	v.pool, v.poolVersion, v.poolAt, v.poolWindow = NewPool(v.All(), p), version, time.Now(), window
 	return v.pool
 }
 

@@ -623,11 +623,12 @@ func (c *checker) trust(ctx context.Context, windows map[string][]trust.Outcome,
 	want := map[[2]string]trust.DaySpend{}
 	for _, id := range slices.Sorted(maps.Keys(c.states)) {
 		st := c.states[id]
-		// The gate's handoff before an attempt marks the task ended on its
-		// type's outcomes (trust.EndMarker), dated by the handoff.
+		// The gate's handoff before an attempt, and its stop of a retry,
+		// mark the task ended on its type's outcomes (trust.EndMarker),
+		// dated by the gate's decision.
 		if te := c.v.tasks[id]; te != nil {
 			for _, e := range te.endings {
-				if e.Kind == EndEscalated && e.Cause == events.CauseRungRate {
+				if (e.Kind == EndEscalated && e.Cause == events.CauseRungRate) || (e.Kind == EndGated && e.Attempt > 1) {
 					o := trust.EndMarker(id, e.Pass, e.At)
 					recorded[o.Key] = o
 					implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)

@@ -37,6 +37,8 @@ type ending struct {
 	Pass  int
 	Cause events.Cause
 	At    time.Time // the record's time (Base.At)
+	// Attempt is the record's run's attempt.
+	Attempt int
 }
 
 func (e ending) String() string {
@@ -165,7 +167,7 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		}
 		_ = json.Unmarshal(data, &ev) // a poison or rejected record keeps the original bytes
 		te.trail = append(te.trail, fmt.Sprintf("review.%s/%d#%d", reason, ev.Run.Pass, md.Sequence.Stream))
-		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause, At: ev.At})
+		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause, At: ev.At, Attempt: ev.Run.Attempt})
 		return nil
 	}
 	if strings.HasPrefix(subject, events.IndexRoot+".") {

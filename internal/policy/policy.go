@@ -120,7 +120,7 @@ type Type struct {
 	HoldTime Duration `json:"hold_time,omitempty"`
 	// ProbeInterval is the least time between two probes taken from the
 	// type's held tasks, doubling per probe that fails in a row (at most
-	// 10m). Default 10s.
+	// 1h). Default 10s.
 	ProbeInterval Duration `json:"probe_interval,omitempty"`
 	// PriorWeight is how many of the type's own tasks the mesh's pooled
 	// evidence counts for while the type has fewer than min_outcomes
@@ -129,7 +129,7 @@ type Type struct {
 	PriorWeight float64 `json:"prior_weight,omitempty"`
 	// RunAlpha: the type is held when its newest tasks failed in a run
 	// less likely than run_alpha at its success rate before (a
-	// regression). Default 0.01; negative: never.
+	// regression). Default 0.001; negative: never.
 	RunAlpha float64 `json:"run_alpha,omitempty"`
 	// RungFloor is the share of the type's retries on a rung that must
 	// succeed for a task to climb onto that rung, once RungMinSamples of them

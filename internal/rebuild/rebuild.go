@@ -401,6 +401,10 @@ func (r *replayer) review(reason string, data []byte) error {
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Block(st, found, ev.Base, ev.Reason, ev.Trust.Cause)
 		})
+		if ev.Run.Attempt > 1 { // a retry stopped: the gate's end marker
+			s := r.stats(ev.Task.Type)
+			s.Outcomes, _ = trust.Insert(s.Outcomes, trust.EndMarker(ev.Task.ID, ev.Run.Pass, ev.At), trust.Keep)
+		}
 	case events.ReviewEscalated:
 		var ev events.Escalated
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -435,6 +439,11 @@ func (r *replayer) review(reason string, data []byte) error {
 // streak and the remembered decisions (trust.Policy.Gate). Its canary
 // places are not mirrored (see Stores.Trust).
 func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
+	if st, ok := r.out.Tasks[b.Task.ID]; ok && task.Held(*st, b.Run.Pass) && (blocked || d.Cause == events.CauseProbe) {
+		// A held pass's later stop or probe — its hold run out, a probe of
+		// the held — is no step of the block streak: its hold was.
+		return
+	}
 	s := r.stats(b.Task.Type)
 	var below bool
 	switch d.Cause {

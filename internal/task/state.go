@@ -94,6 +94,9 @@ func Hold(st events.TaskState, found bool, b events.Base, reason string) (events
 		if st.Status == events.StatusHeld && st.Pass == b.Run.Pass {
 			return st, CauseRedelivered
 		}
+		if st.Pass == b.Run.Pass && (st.Status == events.StatusRunning || recordOfPass(st, b.Run.Pass)) {
+			return st, CauseMovedOn // admitted already: a redelivery of what decided so
+		}
 	} else {
 		st = New(b.Task)
 	}
@@ -114,4 +117,9 @@ func HandOff(st events.TaskState, found bool, b events.Base, reason string) (eve
 		st.Status, st.Decision, st.Reason, st.Rung = events.StatusBlocked, events.DecisionHandoff, reason, events.RungHandoff
 		st.Cause = events.CauseRungRate
 	})
+}
+
+func recordOfPass(st events.TaskState, pass int) bool {
+	_, ok := recordOf(&st, pass)
+	return ok
 }

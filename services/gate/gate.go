@@ -2,24 +2,28 @@
 // pass and each of its retries — it decides whether the call is worth making
 // (SPEC §4):
 //
-//   - a type scoring below its trust threshold is not dispatched: the task
-//     goes to dispatch.review.gated (status needs_human_review) with the
-//     reason and what was tried, so ladders in flight stop when their type's
-//     trust collapses; after ProbeAfter consecutive blocks of new tasks the
-//     next new task goes through as an exploration probe, and the probe's
-//     own retries go on re-measuring the type;
-//   - a type with too few outcomes to be scored sends a few canary tasks at
-//     a time (Policy.Canary), each keeping its place until it ends so its
-//     whole ladder is measured; the other tasks wait, snoozed and unspent,
-//     until the canaries' outcomes can score the type;
+//   - a type scoring below its trust threshold over its last tasks (a
+//     task's attempts count once; a type with few tasks is scored with the
+//     mesh's pooled evidence; a run of failures its history makes unlikely
+//     is a regression) is not dispatched: the task is held (status held,
+//     no tokens) in the gate's second consumer, gate_held, and re-admitted
+//     when a probe of its type succeeds or its score recovers — after
+//     ProbeAfter consecutive blocks of new tasks the next goes as a probe,
+//     and held tasks send one probe per probe interval; held past the hold
+//     time it goes to dispatch.review.gated (needs_human_review);
+//   - a type with too few settled tasks to be scored sends one round of
+//     canaries (Policy.Canary, or fewer when the pooled evidence decides it
+//     sooner), each keeping its place until it ends; the other tasks wait
+//     in gate_held, unspent, until the canaries' results score the type;
 //   - a retry climbs onto a rung only while the type's retries on that rung
-//     succeed often enough (Policy.RungFloor, measured after RungMinSamples):
-//     otherwise it moves up to the next rung that does (ladder.Skip), and when
-//     none does the task is handed to a human now (dispatch.review.escalated,
-//     status blocked) instead of paying for an attempt that rarely succeeds;
+//     — its own, or pooled with its other rungs' and the other types' while
+//     it has few — succeed often enough (Policy.RungFloor): otherwise it
+//     moves up to the next rung that does (ladder.Skip), and when none does
+//     the task is handed to a human now (dispatch.review.escalated, status
+//     blocked) instead of paying for an attempt that rarely succeeds;
 //   - a type over its daily budget is blocked with cause budget.
 //
-// Exempt types are never gated nor held back as canaries (the rung floor
+// Exempt types are never held nor held back as canaries (the rung floor
 // still applies to their retries); a task a human requeued goes through.
 package gate
 
@@ -53,9 +57,10 @@ var (
 const MaxDeliver = 20
 
 // MaxHeldDeliver bounds the looks at one held pass: every look is a
-// delivery, a pass held for trust is looked at every MaxHeldDelay at most
-// for the hold time (default 24h: 2,880 looks), and one waiting for
-// canaries every MaxCanaryDelay for the canary TTL (default 10m: 600).
+// delivery; a pass held for trust is looked at every 15–30s once the
+// backoff reached MaxHeldDelay (the default 24h hold: at most 5,760
+// looks), one waiting for canaries every 0.5–1s (the default 10m TTL: at
+// most 1,200). A longer hold time or TTL stretches the delay to fit.
 const MaxHeldDeliver = 10_000
 
 // MaxCanaryDelay caps the delay between two looks of a pass waiting for
@@ -118,17 +123,29 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 	}
 	if st, found, err := s.taskState(ctx, ev.Task.ID); err != nil {
 		return nil, err
-	} else if found && (st.Pass > ev.Run.Pass || (events.Terminal(st.Status) && !stoppedHere(st, ev.Run.Pass))) {
+	} else if found && movedOn(st, ev.Run.Pass) {
 		s.log.Info("held pass dropped: the task moved on or ended", "task", ev.Task.ID, "pass", ev.Run.Pass, "status", st.Status)
 		return nil, nil
 	}
 	return s.decide(ctx, m, ev.Base, ev.Sealed, &ev)
 }
 
-// stoppedHere reports whether st is a stop of pass by the gate (a held
-// pass sent to a human, whose record may still have to be republished).
-func stoppedHere(st events.TaskState, pass int) bool {
-	return st.Pass == pass && st.Status == events.StatusNeedsHumanReview
+// movedOn reports whether a held look at pass is stale: the task is at a
+// later pass (a human's requeue), a human ended it, or the pass was
+// admitted already (running, or its attempt recorded: a look redelivered
+// after the admission it decided). A stop of the pass by the gate (a
+// handoff, a hold past its time) is not: the look goes on to republish
+// its record (stopped).
+func movedOn(st events.TaskState, pass int) bool {
+	switch {
+	case st.Pass > pass:
+		return true
+	case events.Terminal(st.Status) && task.EndedByHuman(st):
+		return true
+	case st.Pass == pass && st.Status == events.StatusRunning:
+		return true
+	}
+	return slices.ContainsFunc(st.History, func(r events.AttemptRecord) bool { return r.Pass == pass })
 }
 
 // decide is the gate's decision on a pass, verified (held nil) or held.
@@ -142,7 +159,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	retry := b.Run.Attempt > 1
 	evaluate := func() (trust.Stats, trust.Verdict) {
 		stats := s.cfg.View.Stats(t.Type)
-		return stats, scoring.EvaluateWith(t.Type, stats, scoring.PriorOf(s.cfg.View.Pool(scoring), t.Type), retry)
+		return stats, scoring.EvaluateWith(t.Type, stats, scoring.PriorOf(s.pool(), t.Type), retry)
 	}
 	stats, v := evaluate()
 	if mayHinge(b.Run, v, scoring, pol.IsExempt()) {
@@ -222,7 +239,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 				d.Reason = fmt.Sprintf("%s; held %s without recovering", v.Reason, scoring.HoldTime)
 				return s.block(ctx, b, d, release)
 			}
-			return s.hold(ctx, m, b, d, sealed, held, release)
+			return s.hold(ctx, m, scoring, b, d, sealed, held, release)
 		}
 		d.Probe, d.Cause, b.Run.Probe = true, events.CauseProbe, true
 		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", v.Score, "held", held != nil)
@@ -238,7 +255,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	}
 
 	if retry && b.Run.Rung != "" {
-		pool := s.cfg.View.Pool(scoring)
+		pool := s.pool()
 		explore := services.MsgID(t.ID, b.Run.Pass, "explore") // the retry's own rung may be explored
 		below := func(rung events.Rung) bool {
 			key := ""
@@ -275,7 +292,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 		// One round: as many canaries as the type's evidence needs to be
 		// decided with the mesh's (the prior's Sample), MinOutcomes without.
-		scoring.Canary = scoring.CanariesWith(scoring.PriorOf(s.cfg.View.Pool(scoring), t.Type))
+		scoring.Canary = scoring.CanariesWith(scoring.PriorOf(s.pool(), t.Type))
 		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes)
 		if err != nil {
 			return nil, err
@@ -299,7 +316,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 				d.Cause, d.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
 				return s.park(b, events.HoldCanary, d, sealed)
 			}
-			delay := canaryDelay(m.Delivered)
+			delay := canaryDelay(m.Delivered, scoring.CanaryTTL)
 			s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", v.Outcomes, "delay", delay)
 			return nil, services.Snooze(delay, ErrCanaryWait)
 		}
@@ -309,6 +326,11 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	}
 	return s.admit(ctx, b, d, sealed)
 }
+
+// pool is the mesh's pooled evidence, every type's window as the
+// mesh-wide scoring takes it (a type's own window may differ: the pool is
+// what the mesh knows, the same for every type).
+func (s *Service) pool() *trust.Pool { return s.cfg.View.Pool(s.cfg.Scoring) }
 
 // pooledRungs says what the other types' retries on rung tell.
 func pooledRungs(pool *trust.Pool, taskType string, rung events.Rung) string {
@@ -345,7 +367,7 @@ func (s *Service) probe(ctx context.Context, m *services.Msg, b events.Base, p t
 // hold holds the pass for its type's trust: the task's status is held
 // (SPEC §2), and the pass waits in the held consumer, looked at again
 // every few seconds (held: snoozed; verified: handed over as a held event).
-func (s *Service) hold(ctx context.Context, m *services.Msg, b events.Base, d events.TrustDecision, sealed *events.Sealed, held *events.Held, release string) ([]services.Out, error) {
+func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b events.Base, d events.TrustDecision, sealed *events.Sealed, held *events.Held, release string) ([]services.Out, error) {
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
@@ -368,7 +390,7 @@ func (s *Service) hold(ctx context.Context, m *services.Msg, b events.Base, d ev
 	if held == nil || held.Hold != events.HoldTrust { // a new hold: its event, and this message is done
 		return s.park(b, events.HoldTrust, d, sealed)
 	}
-	return nil, services.Snooze(heldDelay(m.Delivered), ErrHeld)
+	return nil, services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
 }
 
 // park hands a pass to the held consumer, held for hold: one held event
@@ -387,13 +409,24 @@ func (s *Service) park(b events.Base, hold events.Hold, d events.TrustDecision, 
 }
 
 // heldDelay is how long a held pass sleeps before it is looked at again:
-// 1s doubling per look up to MaxHeldDelay, with jitter.
-func heldDelay(delivered int) time.Duration {
-	d := time.Second
-	for i := 1; i < delivered && d < MaxHeldDelay; i++ {
+// 1s doubling per look up to MaxHeldDelay, with jitter — longer for a hold
+// time so long that MaxHeldDeliver looks would not cover it.
+func heldDelay(delivered int, holdTime time.Duration) time.Duration {
+	return backoff(delivered, time.Second, max(MaxHeldDelay, spread(holdTime)))
+}
+
+// spread is the longest delay between looks for MaxHeldDeliver looks to
+// cover d, with the jitter's shortest (half the delay) taken at each.
+func spread(d time.Duration) time.Duration { return 2 * d / MaxHeldDeliver }
+
+// backoff is base doubling per delivery up to limit, with jitter (half to
+// all of it) so that a burst does not come back all at once.
+func backoff(delivered int, base, limit time.Duration) time.Duration {
+	d := base
+	for i := 1; i < delivered && d < limit; i++ {
 		d *= 2
 	}
-	d = min(d, MaxHeldDelay)
+	d = min(d, limit)
 	return d/2 + rand.N(d/2+1)
 }
 
@@ -520,15 +553,10 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 }
 
 // canaryDelay is how long a waiting pass sleeps before it looks again:
-// 250ms doubling per look up to MaxCanaryDelay, with jitter so that a
-// burst does not come back all at once.
-func canaryDelay(delivered int) time.Duration {
-	d := 250 * time.Millisecond
-	for i := 1; i < delivered && d < MaxCanaryDelay; i++ {
-		d *= 2
-	}
-	d = min(d, MaxCanaryDelay)
-	return d/2 + rand.N(d/2+1)
+// 250ms doubling per look up to MaxCanaryDelay (longer for a canary TTL
+// that MaxHeldDeliver looks would not cover), with jitter.
+func canaryDelay(delivered int, ttl time.Duration) time.Duration {
+	return backoff(delivered, 250*time.Millisecond, max(MaxCanaryDelay, spread(ttl)))
 }
 
 // admit lets the pass through to the prompt builder, with the task's state
@@ -563,7 +591,13 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	}
 	out, err := services.ToReview(b, events.ReviewGated, events.EventGated, d.Reason,
 		events.Gated{Base: b, Trust: d, Reason: d.Reason, Attempts: attempts})
-	return []services.Out{out}, err
+	if err != nil || b.Run.Attempt <= 1 {
+		return []services.Out{out}, err
+	}
+	// A retry stopped ends a task that made attempts: its type's trust
+	// counts it as settled (trust.EndMarker).
+	marker, err := trust.OutcomeMsg(b.Task.Type, trust.EndMarker(b.Task.ID, b.Run.Pass, b.At))
+	return []services.Out{services.OutMsg(marker), out}, err
 }
 
 // handoff stops the task before an attempt that would rarely succeed: one

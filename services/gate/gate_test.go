@@ -61,7 +61,12 @@ func (e *env) outcomes(typ string, n, successes int, rung events.Rung) {
 	e.t.Helper()
 	var all []trust.Outcome
 	for i := range n {
-		all = append(all, trust.Outcome{Key: fmt.Sprintf("%s-%s-%d", typ, rung, i), Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != "", End: rung == ""})
+		key := fmt.Sprintf("%s-%s-%d", typ, rung, i)
+		o := trust.Outcome{Key: key, Task: key, Success: i < successes, At: now.Add(-time.Hour), Rung: rung, Retry: rung != "", End: rung == ""}
+		if rung != "" && o.Success {
+			o.End = true // a retry that succeeded ended its task
+		}
+		all = append(all, o)
 	}
 	e.publish(typ, all...)
 }
@@ -169,7 +174,7 @@ func TestGateDecisions(t *testing.T) {
 		{"a collapsed type holds a ladder in flight", func(e *env) { e.outcomes("css_fix", 10, 0, "") }, "d", "css_fix", retry(events.RungPivot), events.StageHeld, events.CauseTrust},
 		{"a regression holds a new task", func(e *env) {
 			e.outcomes("css_fix", 30, 30, "")
-			e.publish("css_fix", trust.Outcome{Key: "r1", End: true, At: now}, trust.Outcome{Key: "r2", End: true, At: now})
+			e.publish("css_fix", trust.Outcome{Key: "r1", Task: "r1", End: true, At: now}, trust.Outcome{Key: "r2", Task: "r2", End: true, At: now})
 		}, "c2", "css_fix", first(), events.StageHeld, events.CauseTrust},
 		{"a hard task climbing its ladder does not stop its type", func(e *env) {
 			e.outcomes("css_fix", 12, 12, "")
@@ -419,7 +424,7 @@ func TestHeldTasksReadmittedWhenAProbeSucceeds(t *testing.T) {
 		t.Fatalf("a second look in the interval: %v", err)
 	}
 	// The probe succeeds: the type is open again, h2 goes.
-	e.publish("css_fix", trust.Outcome{Key: "h1:1:outcome", Task: "h1", Success: true, Probe: true, At: now})
+	e.publish("css_fix", trust.Outcome{Key: "h1:1:outcome", Task: "h1", Success: true, Probe: true, End: true, At: now})
 	if outs, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 3); err != nil || to(outs) != events.StageAdmitted {
 		t.Fatalf("after the probe's success h2 went to %s (%v)", to(outs), err)
 	}

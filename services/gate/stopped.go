@@ -53,6 +53,13 @@ func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDeci
 		if err := s.release(ctx, b.Task.Type, b.Task.ID); err != nil {
 			return nil, false, err
 		}
+		if b.Run.Attempt > 1 { // as block: the end marker of a stopped retry
+			marker, err := trust.OutcomeMsg(b.Task.Type, trust.EndMarker(b.Task.ID, b.Run.Pass, b.At))
+			if err != nil {
+				return nil, false, err
+			}
+			outs = append(outs, services.OutMsg(marker))
+		}
 		out, err = services.ToReview(b, events.ReviewGated, events.EventGated, st.Reason,
 			events.Gated{Base: b, Trust: d, Reason: st.Reason, Attempts: st.History})
 	case st.Status == events.StatusBlocked && st.Decision == events.DecisionHandoff && st.Rung == events.RungHandoff:

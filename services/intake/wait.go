@@ -69,8 +69,10 @@ func (a *API) release() {
 }
 
 // Wait watches the task's state — a KV watch of its key, no polling —
-// until its status is terminal, then answers its outcome (with the final
-// answer of a succeeded task). When timeout passes first the answer has
+// until its status is settled — terminal, or held by the gate for its
+// type's trust (events.Settled: nothing happens to it until the type
+// recovers) — then answers its outcome (with the final answer of a
+// succeeded task; a held one says so: status held, terminal false). When timeout passes first the answer has
 // TimedOut set and says where the task is (status and stage). An id
 // without a task is answered with its rejection (events.CodeRejected) as
 // soon as one is kept, else with events.CodeNotFound at the timeout. When
@@ -131,7 +133,7 @@ func (a *API) Wait(ctx context.Context, id string, timeout time.Duration) (event
 	}
 }
 
-// unfinished answers a wait that ended before the task was terminal.
+// unfinished answers a wait that ended before the task was settled.
 func (a *API) unfinished(ctx, wctx context.Context, id string, st events.TaskState, found bool, timeout time.Duration) (events.WaitReply, error) {
 	switch {
 	case ctx.Err() != nil:
