@@ -2,6 +2,7 @@ package task
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -86,6 +87,7 @@ func applyLadder(st *events.TaskState, t events.Task, run events.Run, res events
 	cfg := ladder.Config{MaxRetries: MaxRetries(t, pol), RefineAttempts: pol.RefineAttempts, PivotAttempts: pol.PivotAttempts}
 	d := cfg.Next(ladder.State{
 		Failed: failedInRound(st, run.Pass), Rung: run.Rung, PivotCount: st.PivotCount, DeadEnds: st.DeadEnds,
+		RoundStart: st.RoundStart,
 	}, ladder.Outcome{
 		Attempt: run.Attempt, Success: res.Outcome == events.OutcomeSuccess,
 		Approach: res.Approach, Reason: res.Error, ErrorClass: res.ErrorClass,
@@ -132,7 +134,16 @@ func applyStep(st *events.TaskState, run events.Run, res events.Result, pol poli
 	case ladder.ActionDone:
 		st.Step = step
 		st.Status, st.Decision, st.Reason = events.StatusSucceeded, events.DecisionSucceeded, ""
-	case ladder.ActionNext, ladder.ActionRetry, ladder.ActionGoto:
+	case ladder.ActionNext:
+		// What the step hands the next is kept: a go-back to that one
+		// later gives it the same input.
+		st.StepInputs = maps.Clone(st.StepInputs)
+		if st.StepInputs == nil {
+			st.StepInputs = map[string]string{}
+		}
+		st.StepInputs[r.Step] = stepOutput(step, res)
+		st.Status, st.Decision, st.Reason = events.StatusPending, events.DecisionRetry, ""
+	case ladder.ActionRetry, ladder.ActionGoto:
 		st.Status, st.Decision, st.Reason = events.StatusPending, events.DecisionRetry, ""
 	case ladder.ActionFail:
 		st.Step = step
@@ -154,7 +165,7 @@ func applyStep(st *events.TaskState, run events.Run, res events.Result, pol poli
 			delay = DefaultSkipDelay
 		}
 		st.Skips++
-		st.Step, st.StepRetries, st.Loops = ladder.FirstStep(pol.Steps), nil, nil
+		st.Step, st.StepRetries, st.Loops, st.StepInputs = ladder.FirstStep(pol.Steps), nil, nil, nil
 		st.Status, st.Decision, st.WakeAt = events.StatusParked, events.DecisionPark, now.Add(delay)
 		st.Reason = fmt.Sprintf("parked (skip %d of %d): %s", st.Skips, budget, r.Reason)
 	}
@@ -193,8 +204,12 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 	case len(pol.Steps) > 0:
 		next.Rung = ""
 		next.Context = fmt.Sprintf("step %s failed:\n%s", run.Step, res.Error)
-		if next.Step == run.Step {
-			next.StepInput = run.StepInput // a retry of the step keeps its input
+		// A retry of the step, or a go-back to an earlier one, runs with
+		// the input that step was handed: the error comes with its input,
+		// never instead of it.
+		next.StepInput = StepInput(*st, next.Step)
+		if next.StepInput == "" && next.Step == run.Step {
+			next.StepInput = run.StepInput // a state kept before StepInputs
 		}
 	default:
 		next.Context = res.Error
@@ -304,6 +319,7 @@ func lastRecord(st events.TaskState) (events.AttemptRecord, bool) {
 func cloneState(st events.TaskState) events.TaskState {
 	st.History = slices.Clone(st.History)
 	st.DeadEnds = slices.Clone(st.DeadEnds)
+	st.StepInputs = maps.Clone(st.StepInputs)
 	return st
 }
 
@@ -324,3 +340,7 @@ func DailySpend(res events.Result, budget *policy.Budget) (tokens int, cost floa
 	}
 	return tokens, cost
 }
+
+// StepInput is the input a pipeline step was last handed by the step
+// before it ("" for the first step, or before it was reached).
+func StepInput(st events.TaskState, step string) string { return st.StepInputs[step] }

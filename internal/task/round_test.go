@@ -1,0 +1,90 @@
+package task_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+)
+
+// climbRound fails attempts from st until the ladder hands off and
+// returns the rung each attempt ran on.
+func climbRound(t *testing.T, st *events.TaskState) []events.Rung {
+	t.Helper()
+	var rungs []events.Rung
+	for range 20 {
+		run := events.Run{Pass: st.Pass, Attempt: st.Attempts + 1, Rung: st.Rung}
+		rungs = append(rungs, run.Rung)
+		task.Apply(st, events.Task{ID: "t"}, run, failed(events.ErrorClassTask, "broken"), policy.Type{}, now)
+		if st.Decision == events.DecisionHandoff {
+			return rungs
+		}
+	}
+	t.Fatalf("no handoff after %v", rungs)
+	return nil
+}
+
+// A human's requeue starts a new round that climbs the whole ladder again:
+// its PIVOT attempts are counted from zero and its RESEARCH pass is its
+// own (the first round's is no reason to skip it).
+func TestRequeueClimbsTheWholeLadderAgain(t *testing.T) {
+	want := []events.Rung{events.RungRefine, events.RungRefine, events.RungPivot, events.RungPivot,
+		events.RungResearch, events.RungPivot, events.RungPivot}
+	st := events.TaskState{ID: "t", Status: events.StatusRunning, Pass: 1, Rung: events.RungRefine}
+	if rungs := climbRound(t, &st); !slices.Equal(rungs, want) {
+		t.Fatalf("first round %v, want %v", rungs, want)
+	}
+	st = task.Act(st, events.Action{TaskID: "t", Action: events.ActionRequeue, By: "alice", Note: "try the parser", At: now})
+	if st.PivotCount != 0 {
+		t.Errorf("pivot_count %d after the requeue, want 0", st.PivotCount)
+	}
+	if rungs := climbRound(t, &st); !slices.Equal(rungs, want) {
+		t.Fatalf("second round %v, want %v", rungs, want)
+	}
+	if len(st.DeadEnds) != 14 {
+		t.Errorf("%d dead ends, want both rounds' 14: what failed before is still a dead end", len(st.DeadEnds))
+	}
+}
+
+// A pipeline that goes back to an earlier step gives that step the input
+// it ran with — implement gets its plan again, with the validator's error
+// as context (seed 004: back "with the error as context", not without the
+// plan) — and a task a human requeues resumes its step with it too.
+func TestGotoStepKeepsTheStepsInput(t *testing.T) {
+	pol := policy.Type{Steps: []policy.Step{
+		{Name: "plan"},
+		{Name: "implement"},
+		{Name: "validate", Run: "command", OnFail: policy.OnFail{Goto: []policy.Goto{{Step: "implement", Max: 2}}}},
+		{Name: "test", Run: "command", OnFail: policy.OnFail{Goto: []policy.Goto{{Step: "implement", Max: 1}, {Step: "plan", Max: 1}}}},
+	}}
+	st := events.TaskState{ID: "t", Pass: 1, Step: "plan"}
+	run := events.Run{Pass: 1, Attempt: 1, Step: "plan"}
+	step := func(res events.Result) events.Run {
+		t.Helper()
+		task.Apply(&st, events.Task{ID: "t"}, run, res, pol, now)
+		run = task.NextRun(&st, run, res, pol)
+		return run
+	}
+	plan := events.Result{Outcome: events.OutcomeSuccess, Approach: "two phases", Summary: "parse, then render"}
+	if next := step(plan); next.Step != "implement" || next.StepInput == "" {
+		t.Fatalf("after plan: %+v", next)
+	}
+	planned := run.StepInput
+	step(events.Result{Outcome: events.OutcomeSuccess, Approach: "wrote it", Summary: "render.go"})
+	next := step(failed(events.ErrorClassStep, "vet: render.go:3: unused variable"))
+	if next.Step != "implement" || next.StepInput != planned || next.Context == "" {
+		t.Fatalf("back to implement: step %q input %q context %q; want the plan %q and the error", next.Step, next.StepInput, next.Context, planned)
+	}
+	step(events.Result{Outcome: events.OutcomeSuccess, Approach: "fixed it", Summary: "render.go"})
+	step(events.Result{Outcome: events.OutcomeSuccess, Summary: "vet ok"})
+	next = step(failed(events.ErrorClassStep, "--- FAIL: TestRender"))
+	if next.Step != "implement" || next.StepInput != planned {
+		t.Fatalf("test back to implement: step %q input %q; want the plan %q", next.Step, next.StepInput, planned)
+	}
+	st = task.Act(st, events.Action{TaskID: "t", Action: events.ActionRequeue, By: "alice", Note: "n", At: now})
+	if got := task.StepInput(st, st.Step); st.Step != "implement" || got != planned {
+		t.Fatalf("requeued on step %q with input %q; want implement with the plan %q", st.Step, got, planned)
+	}
+}
