@@ -13,7 +13,8 @@
 // The HANDOFF guard is checked first, so the machine always ends. The
 // deployment's faults (auth, quota, config, a tool that does not answer) and
 // command timeouts short-circuit to HANDOFF. A task whose subject failed 3+
-// times in the last 7 days starts on PIVOT.
+// times in the last 7 days starts on PIVOT, its subject's failed approaches
+// its first dead ends.
 package ladder
 
 import (

@@ -37,7 +37,10 @@ func Record(st events.TaskState, found bool, b events.Base, res events.Result, p
 	if c, ok := guard(st, b.Run.Pass); !ok {
 		return st, res, c
 	}
-	res = Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)
+	// PIVOT judges against the dead ends the attempt's prompt showed (the
+	// run carries them): the model is refused only for repeating what it
+	// was told.
+	res = Judge(b.Run, res, b.Run.DeadEnds, len(pol.Steps) > 0)
 	st = cloneState(st)
 	Apply(&st, b.Task, b.Run, res, pol, now)
 	return st, res, CauseApplied
@@ -82,8 +85,11 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 	}
 }
 
-// applyLadder climbs the escalation ladder (SPEC §8).
+// applyLadder climbs the escalation ladder (SPEC §8). The dead ends of
+// earlier tasks on the subject that the run was shown (a recurring start
+// on PIVOT) become the task's too, so its later attempts are shown them.
 func applyLadder(st *events.TaskState, t events.Task, run events.Run, res events.Result, pol policy.Type) {
+	st.DeadEnds = withEarlier(st.DeadEnds, run.DeadEnds)
 	cfg := ladder.Config{MaxRetries: MaxRetries(t, pol), RefineAttempts: pol.RefineAttempts, PivotAttempts: pol.PivotAttempts}
 	d := cfg.Next(ladder.State{
 		Failed: failedInRound(st, run.Pass), Rung: run.Rung, PivotCount: st.PivotCount, DeadEnds: st.DeadEnds,
@@ -171,6 +177,24 @@ func applyStep(st *events.TaskState, run events.Run, res events.Result, pol poli
 	}
 }
 
+// withEarlier is ends with the dead ends of earlier tasks (attempt 0)
+// among shown that it lacks put first.
+func withEarlier(ends, shown []events.DeadEnd) []events.DeadEnd {
+	var earlier []events.DeadEnd
+	for _, d := range shown {
+		if d.Attempt > 0 || slices.ContainsFunc(ends, func(e events.DeadEnd) bool {
+			return ladder.Normalize(e.Approach) == ladder.Normalize(d.Approach)
+		}) {
+			continue
+		}
+		earlier = append(earlier, d)
+	}
+	if len(earlier) == 0 {
+		return ends
+	}
+	return append(earlier, ends...)
+}
+
 // failedInRound counts the failed attempts of the current round recorded
 // before pass.
 func failedInRound(st *events.TaskState, pass int) int {
@@ -242,7 +266,8 @@ func oneLine(s string) string {
 }
 
 // Judge applies the PIVOT rule: an answer whose declared approach repeats a
-// dead end is rejected — a failed attempt, not progress.
+// dead end is rejected — a failed attempt, not progress. deadEnds are those
+// the attempt's prompt showed (Run.DeadEnds).
 func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipeline bool) events.Result {
 	if pipeline || run.Rung != events.RungPivot {
 		return res

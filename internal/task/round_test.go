@@ -88,3 +88,45 @@ func TestGotoStepKeepsTheStepsInput(t *testing.T) {
 		t.Fatalf("requeued on step %q with input %q; want implement with the plan %q", st.Step, got, planned)
 	}
 }
+
+// PIVOT judges an answer against the dead ends its prompt showed (the run
+// carries them): not against older ones the budget left out — the model
+// was never told of those — and, for a task that starts on PIVOT because
+// its subject keeps failing, against the subject's failed approaches,
+// which the task then keeps for its later attempts.
+func TestPivotJudgesTheDeadEndsItWasShown(t *testing.T) {
+	pivot := func(attempt int, shown ...events.DeadEnd) events.Base {
+		return events.Base{Task: cssTask(), Run: events.Run{Pass: attempt, Attempt: attempt, Rung: events.RungPivot, DeadEnds: shown}, At: t1}
+	}
+	answer := func(approach string) events.Result {
+		return events.Result{Outcome: events.OutcomeSuccess, Approach: approach, Summary: "done"}
+	}
+	old := events.DeadEnd{Approach: "bump the timeout", Reason: "still slow", Attempt: 1, Rung: events.RungRefine}
+	newer := []events.DeadEnd{
+		{Approach: "cache the result", Reason: "stale", Attempt: 2, Rung: events.RungRefine},
+		{Approach: "retry the call", Reason: "same error", Attempt: 3, Rung: events.RungPivot},
+	}
+	st := at(events.StatusRunning, 4)
+	st.Attempts, st.DeadEnds = 3, append([]events.DeadEnd{old}, newer...)
+
+	if _, res, _ := task.Record(st, true, pivot(4, newer...), answer("Bump the timeout"), policy.Type{}, t1); res.Outcome != events.OutcomeSuccess {
+		t.Errorf("an approach the prompt did not show was rejected: %s", res.Error)
+	}
+	if _, res, _ := task.Record(st, true, pivot(4, newer...), answer("cache the result!"), policy.Type{}, t1); res.ErrorClass != events.ErrorClassDeadEnd {
+		t.Errorf("a shown dead end repeated: %+v, want it rejected", res)
+	}
+
+	// a recurring start: the subject's failed approaches, an earlier task's
+	earlier := events.DeadEnd{Approach: "add !important", Reason: "still overlaps", Rung: events.RungRefine}
+	fresh := at(events.StatusRunning, 1)
+	next, res, _ := task.Record(fresh, true, pivot(1, earlier), answer("Add !important"), policy.Type{}, t1)
+	if res.ErrorClass != events.ErrorClassDeadEnd || next.Decision != events.DecisionRetry {
+		t.Fatalf("a recurring start repeated the subject's dead end: %+v, decision %s; want it rejected", res, next.Decision)
+	}
+	if len(next.DeadEnds) != 1 || next.DeadEnds[0] != earlier {
+		t.Errorf("dead ends %+v, want the subject's one kept (the repeat is no new dead end)", next.DeadEnds)
+	}
+	if run := task.NextRun(&next, pivot(1, earlier).Run, res, policy.Type{}); len(run.DeadEnds) != 1 || run.DeadEnds[0] != earlier {
+		t.Errorf("the next run carries %+v, want the subject's dead end", run.DeadEnds)
+	}
+}

@@ -332,10 +332,11 @@ func TestBans(t *testing.T) {
 }
 
 func TestRecordTransitions(t *testing.T) {
+	ends := []events.DeadEnd{{Approach: "add a null check", Reason: "wrong place", Attempt: 1, Rung: events.RungRefine}}
 	pivot := base(3)
-	pivot.Run.Rung = events.RungPivot
+	pivot.Run.Rung, pivot.Run.DeadEnds = events.RungPivot, ends // as its prompt showed them
 	withEnds := func(st events.TaskState) events.TaskState {
-		st.DeadEnds = []events.DeadEnd{{Approach: "add a null check", Reason: "wrong place", Attempt: 1, Rung: events.RungRefine}}
+		st.DeadEnds = ends
 		return st
 	}
 	recorded := func(st events.TaskState) events.TaskState {
