@@ -273,9 +273,17 @@ func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipelin
 		return res
 	}
 	if d, ok := ladder.RepeatsDeadEnd(res.Approach, deadEnds); ok {
-		res.Outcome, res.ErrorClass = events.OutcomeFailure, events.ErrorClassDeadEnd
-		res.Error = fmt.Sprintf("rejected: approach %q repeats the dead end of attempt %d (%s); PIVOT requires a different approach",
-			res.Approach, d.Attempt, oneLine(d.Reason))
+		which := fmt.Sprintf("the dead end of attempt %d", d.Attempt)
+		if d.Attempt == 0 {
+			which = "the dead end of an earlier task on this subject"
+		}
+		why := fmt.Sprintf("rejected: approach %q repeats %s (%s); PIVOT requires a different approach",
+			res.Approach, which, oneLine(d.Reason))
+		if res.Outcome == events.OutcomeFailure && res.Error != "" {
+			// What the attempt found out stays for the next prompt.
+			why += "; the attempt itself failed: " + res.Error
+		}
+		res.Outcome, res.ErrorClass, res.Error = events.OutcomeFailure, events.ErrorClassDeadEnd, why
 	}
 	return res
 }

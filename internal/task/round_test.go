@@ -2,6 +2,7 @@ package task_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -123,10 +124,27 @@ func TestPivotJudgesTheDeadEndsItWasShown(t *testing.T) {
 	if res.ErrorClass != events.ErrorClassDeadEnd || next.Decision != events.DecisionRetry {
 		t.Fatalf("a recurring start repeated the subject's dead end: %+v, decision %s; want it rejected", res, next.Decision)
 	}
+	if !strings.Contains(res.Error, "an earlier task on this subject") {
+		t.Errorf("rejection %q, want it to say whose dead end it repeats", res.Error)
+	}
 	if len(next.DeadEnds) != 1 || next.DeadEnds[0] != earlier {
 		t.Errorf("dead ends %+v, want the subject's one kept (the repeat is no new dead end)", next.DeadEnds)
 	}
 	if run := task.NextRun(&next, pivot(1, earlier).Run, res, policy.Type{}); len(run.DeadEnds) != 1 || run.DeadEnds[0] != earlier {
 		t.Errorf("the next run carries %+v, want the subject's dead end", run.DeadEnds)
+	}
+}
+
+// A failed answer rejected for repeating a dead end keeps what it found
+// out: the next prompt's last error carries the attempt's own report after
+// the rejection, not the rejection alone.
+func TestPivotRejectionKeepsTheAttemptsOwnError(t *testing.T) {
+	shown := events.DeadEnd{Approach: "patch the handler", Reason: "not the cause", Attempt: 1, Rung: events.RungRefine}
+	run := events.Run{Pass: 2, Attempt: 2, Rung: events.RungPivot, DeadEnds: []events.DeadEnd{shown}}
+	res := task.Judge(run, events.Result{Outcome: events.OutcomeFailure, Approach: "Patch the handler",
+		Error: "the crash comes from a stale cache entry in the loader"}, run.DeadEnds, false)
+	if res.ErrorClass != events.ErrorClassDeadEnd || !strings.HasPrefix(res.Error, "rejected:") ||
+		!strings.HasSuffix(res.Error, "the attempt itself failed: the crash comes from a stale cache entry in the loader") {
+		t.Fatalf("judged %+v, want the rejection followed by the attempt's own error", res)
 	}
 }
