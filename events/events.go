@@ -56,7 +56,8 @@ type Run struct {
 	// it changes before it acts.
 	LastErrorClass ErrorClass `json:"last_error_class,omitempty"`
 	// DeadEnds are the approaches that already failed; the PIVOT rung must
-	// not repeat them.
+	// not repeat them. On a prompted attempt (and its outcome) they are
+	// the dead ends its prompt showed: those the PIVOT rule enforces.
 	DeadEnds []DeadEnd `json:"dead_ends,omitempty"`
 	// Reviewed is set when a human requeued the task: the gate lets it through.
 	Reviewed bool `json:"reviewed,omitempty"`
@@ -66,6 +67,9 @@ type Run struct {
 }
 
 // DeadEnd is an approach that failed, kept so later attempts avoid it.
+// Attempt is the task's attempt that failed with it; 0 for an earlier
+// task's failure on the same subject (shown to a task that starts on
+// PIVOT because its subject keeps failing).
 type DeadEnd struct {
 	Approach string `json:"approach"`
 	Reason   string `json:"reason"`

@@ -160,6 +160,10 @@ type TaskState struct {
 	StepRetries map[string]int `json:"step_retries,omitempty"`
 	Loops       map[string]int `json:"loops,omitempty"`
 	Skips       int            `json:"skips,omitempty"`
+	// StepInputs is what each pipeline step was handed by the step before
+	// it when that one passed (Run.StepInput), by step name: a go-back to
+	// a step, or a requeue on it, gives it the input it ran with.
+	StepInputs map[string]string `json:"step_inputs,omitempty"`
 	// Decision is what the recorder decided after the latest attempt: one of
 	// the Decision* constants.
 	Decision Decision `json:"decision,omitempty"`

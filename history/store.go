@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -153,6 +154,20 @@ func Failures(entries []Entry, since time.Time) int {
 		}
 	}
 	return n
+}
+
+// DeadEnds are the failures among entries at or after since that name
+// their approach, oldest first, as dead ends of an earlier task (attempt
+// 0): a task that starts on PIVOT because its subject keeps failing is
+// shown them, and must not repeat them.
+func DeadEnds(entries []Entry, since time.Time) []events.DeadEnd {
+	var ends []events.DeadEnd
+	for _, e := range entries {
+		if e.Outcome == events.OutcomeFailure && !e.At.Before(since) && strings.TrimSpace(e.Approach) != "" {
+			ends = append(ends, events.DeadEnd{Approach: e.Approach, Reason: e.Error, Rung: e.Rung})
+		}
+	}
+	return ends
 }
 
 func validKey(taskType, subject string) (string, error) {

@@ -62,7 +62,7 @@ var (
 			Pending: []events.ToolCall{toolCall},
 		},
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
-		Skips: 1, Decision: events.DecisionHandoff, Cause: events.CauseRungRate, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
+		StepInputs: map[string]string{"implement": "step plan passed: two phases"}, Skips: 1, Decision: events.DecisionHandoff, Cause: events.CauseRungRate, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
 		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}
 	stateAt = &events.StateAt{Rev: 9, State: state}

@@ -135,3 +135,58 @@ func TestHeartbeatStopsWithTheHandler(t *testing.T) {
 		}
 	})
 }
+
+// A beat that fails is tried again well before the next interval; while
+// none gets through the ack window runs out, and before it does the
+// handler's context is cancelled (cause ErrHeartbeatLost): the server is
+// about to give the message to another worker, and this one stops rather
+// than pay for the same pass beside it. A beat that gets through again in
+// time keeps the handler running.
+func TestHeartbeatThatFailsStopsTheHandlerBeforeTheWindowLapses(t *testing.T) {
+	const every = time.Second // the router's AckWait/3: the window is 3s
+	for _, tt := range []struct {
+		name      string
+		failFirst int32 // beats that fail before they get through
+		lost      bool
+	}{
+		{"every beat fails", 1 << 30, true},
+		{"two beats fail, the third gets through", 2, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var beats atomic.Int32
+				var firstThrough time.Duration // since the start; 0: none
+				start := time.Now()
+				m := &services.Msg{InProgress: func() error {
+					if beats.Add(1) <= tt.failFirst {
+						return nats.ErrConnectionReconnecting
+					}
+					if firstThrough == 0 {
+						firstThrough = time.Since(start)
+					}
+					return nil
+				}}
+				var stoppedAfter time.Duration
+				h := services.Heartbeat(every)(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+					select {
+					case <-ctx.Done(): // the model call is cut short
+						stoppedAfter = time.Since(start)
+						return nil, context.Cause(ctx)
+					case <-time.After(10 * every): // a long model call
+						return nil, nil
+					}
+				})
+				_, err := h(context.Background(), m)
+				if lost := errors.Is(err, services.ErrHeartbeatLost); lost != tt.lost {
+					t.Fatalf("err = %v after %d beats; lost = %v, want %v", err, beats.Load(), lost, tt.lost)
+				}
+				if tt.lost && stoppedAfter >= 3*every {
+					t.Errorf("stopped after %s: the window of 3s had lapsed", stoppedAfter)
+				}
+				if !tt.lost && firstThrough >= 3*every {
+					t.Errorf("the first beat got through after %s: the window of 3s had lapsed; a failed beat must be tried again sooner", firstThrough)
+				}
+			})
+		})
+	}
+}

@@ -286,13 +286,24 @@ func parseErrorClasses(s string) (map[int]events.ErrorClass, error) {
 	return m, nil
 }
 
-// contextLengthBody is what marks a 400 as a context-length error: the
-// built-in markers plus DISPATCH_CONTEXT_LENGTH_BODY's.
-func (c Config) contextLengthBody() []string {
-	if len(c.ContextLengthBody) == 0 {
-		return nil // the built-in markers
+// errorRules is how the executor classifies errors: DISPATCH_ERROR_CLASSES,
+// and the built-in body markers plus those DISPATCH_QUOTA_BODY,
+// DISPATCH_RATE_LIMIT_BODY and DISPATCH_CONTEXT_LENGTH_BODY add.
+func (c Config) errorRules() executor.Rules {
+	classes, _ := parseErrorClasses(c.ErrorClasses) // validated with the config
+	return executor.Rules{Status: classes,
+		QuotaBody:         withBuiltIn(executor.DefaultQuotaBody, c.QuotaBody),
+		RateLimitBody:     withBuiltIn(executor.DefaultRateLimitBody, c.RateLimitBody),
+		ContextLengthBody: withBuiltIn(executor.DefaultContextLengthBody, c.ContextLengthBody)}
+}
+
+// withBuiltIn is the built-in markers plus extra; nil (the built-in
+// markers) without extra.
+func withBuiltIn(builtIn, extra []string) []string {
+	if len(extra) == 0 {
+		return nil
 	}
-	return append(slices.Clone(executor.DefaultContextLengthBody), c.ContextLengthBody...)
+	return append(slices.Clone(builtIn), extra...)
 }
 
 // streamConfig is what provisioning creates, from the environment.

@@ -2,9 +2,14 @@ package main
 
 import (
 	"encoding/base64"
-	"slices"
+	"errors"
 	"strings"
 	"testing"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 func TestParseErrorClasses(t *testing.T) {
@@ -44,13 +49,41 @@ func TestConfigRefusesBadDurations(t *testing.T) {
 	}
 }
 
-func TestContextLengthBodyAddsToTheBuiltIn(t *testing.T) {
-	if got := (Config{}).contextLengthBody(); got != nil {
-		t.Errorf("unset: %q, want nil (the built-in markers)", got)
+// DISPATCH_QUOTA_BODY, DISPATCH_RATE_LIMIT_BODY and
+// DISPATCH_CONTEXT_LENGTH_BODY add markers to the built-in ones: naming a
+// provider's own wording never unlearns OpenAI's.
+func TestErrorBodiesAddToTheBuiltIn(t *testing.T) {
+	t.Setenv("DISPATCH_QUOTA_BODY", "monthly")
+	t.Setenv("DISPATCH_RATE_LIMIT_BODY", "slow down please")
+	t.Setenv("DISPATCH_CONTEXT_LENGTH_BODY", "prompt is too long")
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
 	}
-	got := Config{ContextLengthBody: []string{"prompt is too long"}}.contextLengthBody()
-	if !slices.Contains(got, "prompt is too long") || !slices.Contains(got, "context_length_exceeded") {
-		t.Errorf("set: %q, want the built-in markers and the extra one", got)
+	rules := cfg.errorRules()
+	if unset := (Config{}).errorRules(); unset.QuotaBody != nil || unset.RateLimitBody != nil || unset.ContextLengthBody != nil {
+		t.Errorf("unset: %+v, want nil markers (the built-in ones)", unset)
+	}
+	answer := func(status int, body string) error {
+		return &executor.ProviderError{Model: "gpt-4o", StatusCode: status,
+			Err: &openai.RequestError{HTTPStatusCode: status, Body: []byte(body), Err: errors.New("error status")}}
+	}
+	for _, tt := range []struct {
+		name   string
+		status int
+		body   string
+		class  events.ErrorClass
+	}{
+		{"built-in quota", 429, `{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}`, events.ErrorClassQuota},
+		{"added quota", 429, "the monthly allowance is spent", events.ErrorClassQuota},
+		{"built-in rate limit", 429, "rate_limit_exceeded on the monthly plan", events.ErrorClassTransient},
+		{"added rate limit", 429, "slow down please, your monthly plan is fine", events.ErrorClassTransient},
+		{"built-in context length", 400, "context_length_exceeded", events.ErrorClassConfig},
+		{"added context length", 400, "prompt is too long: 210000 tokens", events.ErrorClassConfig},
+	} {
+		if c := executor.Classify(answer(tt.status, tt.body), rules); c.Class != tt.class {
+			t.Errorf("%s: %d %q is %s (%s), want %s", tt.name, tt.status, tt.body, c.Class, c.Reason, tt.class)
+		}
 	}
 }
 

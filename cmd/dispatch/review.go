@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -276,7 +277,11 @@ func printDetail(out io.Writer, d review.Detail) {
 		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ATTEMPT\tRUNG\tAPPROACH\tREASON")
 		for _, de := range d.DeadEnds {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", de.Attempt, dash(string(de.Rung)), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
+			attempt := strconv.Itoa(de.Attempt)
+			if de.Attempt == 0 {
+				attempt = "earlier task"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", attempt, dash(string(de.Rung)), oneLine(de.Approach, 60), oneLine(de.Reason, 80))
 		}
 		_ = w.Flush()
 	}

@@ -262,8 +262,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		}
 		defer stop()
 	}
-	classes, _ := parseErrorClasses(cfg.ErrorClasses) // validated with the config
-	stateKey, _ := cfg.stateKey()                     // validated with the config
+	stateKey, _ := cfg.stateKey() // validated with the config
 	err = mesh.Run(ctx, mesh.Options{
 		NC: nc, Services: names, Model: model, DefaultModel: cfg.Model, Prices: table, // Policy: from the bucket
 		Provision: provisioning,
@@ -271,8 +270,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
 		Health: checks, Instance: instance(), StateKey: stateKey, AgentEnv: cfg.AgentEnv, CommandEnv: cfg.CommandEnv,
-		ErrorRules: executor.Rules{Status: classes, QuotaBody: cfg.QuotaBody, RateLimitBody: cfg.RateLimitBody,
-			ContextLengthBody: cfg.contextLengthBody()},
+		ErrorRules: cfg.errorRules(),
 	})
 	if err == nil || errors.Is(err, context.Canceled) {
 		log.Info("stopped cleanly")

@@ -472,7 +472,8 @@ func (c *checker) explained(instance string, from, to time.Time) bool {
 }
 
 // histories checks each (type, subject)'s history record against the
-// attempts its tasks made. The record keeps the last history.Keep outcomes
+// attempts its tasks made that count for history (task.CountsForHistory:
+// not an outage, a refusal or the deployment's fault). The record keeps the last history.Keep outcomes
 // of a (type, subject), and apart the last Keep of its failures, each
 // ordered by (At, Key) whatever order recorders appended them in
 // (history.Record.Add): every entry kept is an attempt on the stream, of a
@@ -488,8 +489,12 @@ func (c *checker) histories() {
 		te := c.v.tasks[id]
 		for _, pass := range slices.Sorted(maps.Keys(te.executed)) {
 			ex := te.executed[pass][0] // a second executed event is a problem of its own
+			judged := c.judged(id, ex)
+			if !task.CountsForHistory(judged) { // an outage, a refusal, the deployment's fault
+				continue
+			}
 			e := history.Entry{Key: services.MsgID(id, pass, "outcome"), TaskID: id, Attempt: ex.Run.Attempt,
-				Outcome: c.judged(id, ex), At: te.executedAt[pass]}
+				Outcome: judged.Outcome, At: te.executedAt[pass]}
 			attempts[e.Key] = e
 			k := history.Key(ex.Task.Type, ex.Task.Subject)
 			rec := implied[k]
@@ -565,15 +570,16 @@ func (c *checker) historyKind(where, kind string, kept, want []history.Entry, at
 	}
 }
 
-// judged is the outcome the recorder recorded for the attempt of ex (the
-// task state's record of its pass), or else the one it was executed with.
-func (c *checker) judged(id string, ex events.Executed) string {
+// judged is the outcome and class the recorder recorded for the attempt of
+// ex (the task state's record of its pass), or else the Result it was
+// executed with.
+func (c *checker) judged(id string, ex events.Executed) events.Result {
 	for _, rec := range c.states[id].History {
 		if rec.Pass == ex.Run.Pass {
-			return rec.Outcome
+			return events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}
 		}
 	}
-	return ex.Result.Outcome
+	return ex.Result
 }
 
 func keyList(entries []history.Entry) string {

@@ -33,7 +33,9 @@ func Get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (v T, re
 // with found false) and writes the result only if nobody wrote in between,
 // retrying on conflict. mutate may run several times and must only change the
 // value it is given. Returning ErrNoChange skips the write; any other error
-// aborts. Update returns the value as stored.
+// aborts. Update returns the value as stored. A conflict is retried at
+// once, then with a growing delay; after MaxConflicts in a row Update
+// gives up with ErrContended.
 func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, mutate func(v *T, found bool) error) (T, error) {
 	v, _, err := UpdateFrom(ctx, kv, key, nil, 0, mutate)
 	return v, err
@@ -54,6 +56,7 @@ func UpdateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, k
 	if rev == 0 {
 		known = nil
 	}
+	lost := 0 // compare-and-sets lost in a row
 	for {
 		var (
 			v       T
@@ -89,10 +92,14 @@ func UpdateFrom[T any](ctx context.Context, kv jetstream.KeyValue, key string, k
 		case err == nil:
 			return v, next, nil
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
-			if ctx.Err() != nil {
-				return v, 0, ctx.Err()
+			// Someone wrote first: read again and reapply — at once the
+			// first time, then after a growing delay, at most MaxConflicts
+			// times in a row.
+			lost++
+			if err := conflicted(ctx, kv.Bucket(), key, lost); err != nil {
+				return v, 0, err
 			}
-			continue // someone wrote first: read again and reapply
+			continue
 		default:
 			return v, 0, err
 		}

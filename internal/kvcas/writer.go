@@ -23,7 +23,8 @@ import (
 //   - It remembers the value and revision it last wrote for each key (a
 //     bounded number of keys), so the next batch needs no read. A write
 //     that finds the key changed by someone else (another instance, the
-//     gate) reads it and reapplies the batch, exactly like Update. With
+//     gate) reads it and reapplies the batch, exactly like Update (with its
+//     backoff, and ErrContended after MaxConflicts in a row). With
 //     Clone set it remembers the value itself, not its encoding, so a batch
 //     costs no decode either.
 //
@@ -134,6 +135,7 @@ func (w *Writer[T]) write(ctx context.Context, key string, batch []*op[T]) {
 		}
 	}
 	remembered, fromMemory := w.remembered(key)
+	lost := 0 // compare-and-sets lost in a row
 	for {
 		var (
 			v     T
@@ -197,11 +199,13 @@ func (w *Writer[T]) write(ctx context.Context, key string, batch []*op[T]) {
 			w.setAll(batch, v)
 			return
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
-			if ctx.Err() != nil {
-				fail(ctx.Err())
+			// Someone else wrote: read it and reapply (see conflicted).
+			lost++
+			if err := conflicted(ctx, w.kv.Bucket(), key, lost); err != nil {
+				fail(err)
 				return
 			}
-			fromMemory = false // someone else wrote: read it and reapply
+			fromMemory = false
 			w.forget(key)
 		default:
 			fail(err)

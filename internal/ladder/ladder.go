@@ -8,11 +8,13 @@
 //	next rung        REFINE PIVOT  PIVOT  RESEARCH PIVOT … HANDOFF at max_retries
 //
 // REFINE retries the same approach adjusted; PIVOT requires an approach not in
-// the dead-ends log; RESEARCH (once — its used flag is read from the dead-ends
-// log) offers research tools; HANDOFF stops and asks a human. The HANDOFF
-// guard is checked first, so the machine always ends. Auth, quota and command
-// timeouts short-circuit to HANDOFF. A task whose subject failed 3+ times in
-// the last 7 days starts on PIVOT.
+// the dead-ends log; RESEARCH (once a round — its used flag is read from the
+// round's dead ends) offers research tools; HANDOFF stops and asks a human.
+// The HANDOFF guard is checked first, so the machine always ends. The
+// deployment's faults (auth, quota, config, a tool that does not answer) and
+// command timeouts short-circuit to HANDOFF. A task whose subject failed 3+
+// times in the last 7 days starts on PIVOT, its subject's failed approaches
+// its first dead ends.
 package ladder
 
 import (
@@ -71,10 +73,17 @@ func (c Config) StartRung(recentFailures int) events.Rung {
 // State is the ladder's part of a task's state.
 type State struct {
 	// Failed counts failed attempts in the current round, this one excluded.
-	Failed     int
-	Rung       events.Rung
+	Failed int
+	Rung   events.Rung
+	// PivotCount counts the round's attempts made on PIVOT.
 	PivotCount int
-	DeadEnds   []events.DeadEnd
+	// DeadEnds are the task's dead ends, of every round; an entry of
+	// attempt 0 is an earlier task's failure on the subject.
+	DeadEnds []events.DeadEnd
+	// RoundStart is the attempt count when the round began (a human's
+	// requeue starts one): only the round's own dead ends use its RESEARCH
+	// pass.
+	RoundStart int
 }
 
 // Outcome is one attempt's result as the ladder sees it.
@@ -126,7 +135,7 @@ func (c Config) Next(s State, o Outcome) Decision {
 		s.Rung = events.RungRefine
 	case s.PivotCount < c.PivotAttempts:
 		s.Rung = events.RungPivot
-	case !ResearchUsed(s.DeadEnds):
+	case !ResearchUsedSince(s.DeadEnds, s.RoundStart):
 		s.Rung = events.RungResearch
 	default:
 		s.Rung = events.RungPivot
@@ -135,10 +144,19 @@ func (c Config) Next(s State, o Outcome) Decision {
 }
 
 // ResearchUsed reports whether the one RESEARCH pass has been made: derived
-// from the dead-ends log, never from a counter that can drift.
+// from the dead-ends log, never from a counter that can drift. A dead end
+// of attempt 0 — an earlier task's, shown to this one — uses nothing.
+// Within a task a human requeued, ResearchUsedSince says it of the round.
 func ResearchUsed(deadEnds []events.DeadEnd) bool {
+	return ResearchUsedSince(deadEnds, 0)
+}
+
+// ResearchUsedSince reports whether the RESEARCH pass of the round that
+// began after attempt roundStart (TaskState.RoundStart) has been made: a
+// dead end on RESEARCH of an attempt after roundStart.
+func ResearchUsedSince(deadEnds []events.DeadEnd, roundStart int) bool {
 	for _, d := range deadEnds {
-		if d.Rung == events.RungResearch {
+		if d.Rung == events.RungResearch && d.Attempt > roundStart {
 			return true
 		}
 	}

@@ -47,7 +47,11 @@ func TestLadderSequence(t *testing.T) {
 }
 
 func TestLadderTransitions(t *testing.T) {
-	research1 := []events.DeadEnd{{Approach: "look it up", Rung: research}}
+	research1 := []events.DeadEnd{{Approach: "look it up", Attempt: 5, Rung: research}}
+	// the first round's RESEARCH (attempt 5), then a requeue after attempt 7
+	round2 := ladder.State{Rung: pivot, Failed: 3, PivotCount: 1, RoundStart: 7, DeadEnds: research1}
+	// an earlier task's RESEARCH failure, shown to a task starting on PIVOT
+	earlier := ladder.State{Rung: pivot, Failed: 1, PivotCount: 1, DeadEnds: []events.DeadEnd{{Approach: "look it up", Rung: research}}}
 	cases := []struct {
 		name string
 		cfg  ladder.Config
@@ -63,6 +67,8 @@ func TestLadderTransitions(t *testing.T) {
 		{"two PIVOT attempts lead to RESEARCH", ladder.Config{}, ladder.State{Rung: pivot, Failed: 3, PivotCount: 1}, fail(4, "c"), research, 2},
 		{"RESEARCH is one pass", ladder.Config{}, ladder.State{Rung: research, Failed: 4, PivotCount: 2}, fail(5, "d"), pivot, 2},
 		{"used flag comes from the dead-ends log", ladder.Config{}, ladder.State{Rung: pivot, Failed: 5, PivotCount: 2, DeadEnds: research1}, fail(6, "e"), pivot, 3},
+		{"a new round has a RESEARCH pass of its own", ladder.Config{}, round2, fail(11, "e"), research, 2},
+		{"an earlier task's RESEARCH is not this task's", ladder.Config{}, earlier, fail(2, "e"), research, 2},
 		{"HANDOFF guard first", ladder.Config{MaxRetries: 3}, ladder.State{Rung: refine, Failed: 2}, fail(3, "a"), handoff, 0},
 		{"HANDOFF guard beats everything", ladder.Config{MaxRetries: 1}, ladder.State{Rung: refine}, fail(1, "a"), handoff, 0},
 		{"auth short-circuits", ladder.Config{}, ladder.State{Rung: refine}, ladder.Outcome{Attempt: 1, ErrorClass: events.ErrorClassAuth}, handoff, 0},

@@ -8,8 +8,11 @@ import (
 	"testing"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/history"
 	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
@@ -83,5 +86,42 @@ func TestDeploymentFaultsReachAHumanWithTheFix(t *testing.T) {
 	defer view.Stop()
 	if stats := view.Stats("bug_fix"); len(stats.Outcomes) != 0 {
 		t.Errorf("trust of bug_fix %+v, want no outcome recorded", stats)
+	}
+}
+
+// An agent command that cannot start is the deployment's fault, end to
+// end: one attempt, then a human, with the fix first — never seven rungs
+// of a command that will never run, never an outcome of its type's trust
+// nor an entry of its subject's history.
+func TestAnAgentThatCannotStartReachesAHuman(t *testing.T) {
+	e := newEnv(t, func(int, openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{Content: openaitest.Success("never asked")}
+	}, &policy.File{Types: map[string]policy.Type{
+		"agent_fix": {Executor: executor.ExecutorCommand, Command: []string{"no-such-agent-cli", "--json"}},
+	}})
+	e.start()
+	e.submit(events.Submit{ID: "agent", Type: "agent_fix", Subject: "a.go"})
+	if got := last(e.waitEnd("agent")).Stage; got != "review.escalated" {
+		t.Fatalf("ended with %s, want review.escalated", got)
+	}
+	st := e.state("agent")
+	const fix = `deployment: the command "no-such-agent-cli --json" cannot run`
+	if st.Status != events.StatusBlocked || st.Attempts != 1 || !strings.HasPrefix(st.Reason, fix) {
+		t.Errorf("%s after %d attempts, reason %q; want blocked after 1, the fix first", st.Status, st.Attempts, st.Reason)
+	}
+	view, err := trust.NewView(context.Background(), e.srv.JS, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer view.Stop()
+	if stats := view.Stats("agent_fix"); len(stats.Outcomes) != 0 {
+		t.Errorf("trust of agent_fix %+v, want no outcome recorded", stats)
+	}
+	kv, err := e.srv.JS.KeyValue(context.Background(), services.BucketHistory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := history.NewStore(kv).Recent(context.Background(), "agent_fix", "a.go"); err != nil || len(rec.Outcomes) != 0 {
+		t.Errorf("history of a.go %+v (%v), want nothing", rec, err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/health"
+	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
@@ -221,6 +222,9 @@ func Run(ctx context.Context, o Options) error {
 			}
 		}
 		o.Registry.MustRegister(services.NewConsumerStats(o.JS, stages...))
+		for _, c := range kvcas.Collectors() { // the process's compare-and-set conflicts
+			services.Register(o.Registry, c)
+		}
 	}
 
 	// Every service answers $SRV.PING|INFO|STATS as dispatch-<service>

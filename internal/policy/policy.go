@@ -103,8 +103,11 @@ type Type struct {
 	// MaxRetries is the attempt at which the escalation ladder hands the
 	// task to a human (HANDOFF). Default 7; a task's own max_retries wins.
 	MaxRetries int `json:"max_retries,omitempty"`
-	// Exempt types are never gated. Default: triage_fix, security_fix,
-	// service_restart are exempt.
+	// Exempt types are never gated by trust, nor held back as canaries;
+	// the daily budget and the rung floor still apply to them (SPEC §4).
+	// Default: triage_fix, security_fix and service_restart are exempt. In
+	// the defaults, true exempts every type and false changes nothing: a
+	// self-repair type is gated only by its own "exempt": false.
 	Exempt *bool `json:"exempt,omitempty"`
 	// Threshold is the trust score below which the type is gated. Default 0.15.
 	Threshold *float64 `json:"threshold,omitempty"`
@@ -296,7 +299,8 @@ type File struct {
 // the attempt at which the escalation ladder hands off to a human.
 const DefaultMaxRetries = 7
 
-// DefaultExempt are the self-repair types the gate never blocks.
+// DefaultExempt are the self-repair types the gate never blocks for trust
+// (Type.Exempt).
 var DefaultExempt = []string{"triage_fix", "security_fix", "service_restart"}
 
 // Parse reads a policy file's bytes and validates them. It reports every
@@ -720,7 +724,12 @@ func (f *File) For(taskType string) Type {
 	fill(&t.Template, d.Template)
 	fill(&t.Verifier, d.Verifier)
 	fill(&t.MaxRetries, d.MaxRetries)
-	fill(&t.Exempt, d.Exempt)
+	if t.Exempt == nil && d.Exempt != nil && *d.Exempt {
+		// The defaults may exempt every type, never take the built-in
+		// exemptions away: a false there is every other type's default
+		// already. Only a type's own "exempt": false gates a self-repair type.
+		t.Exempt = d.Exempt
+	}
 	fill(&t.Threshold, d.Threshold)
 	fill(&t.Canary, d.Canary)
 	fill(&t.HoldTime, d.HoldTime)
@@ -857,7 +866,8 @@ func (t Type) Verifies() bool {
 	return t.Verifier != nil && t.Verifier.Kind != "" && t.Verifier.Kind != VerifierNone
 }
 
-// IsExempt reports whether the gate lets every task of this type through.
+// IsExempt reports whether the gate lets every task of this type past
+// trust (its daily budget and rung floor still apply).
 func (t Type) IsExempt() bool { return t.Exempt != nil && *t.Exempt }
 
 // SuccessRate is the simulated model's success rate (default 1).

@@ -285,3 +285,33 @@ func TestForMergesEveryField(t *testing.T) {
 		}
 	}
 }
+
+// The defaults' exempt cannot take the built-in exemptions away:
+// "defaults": {"exempt": false} is every other type's default already, and
+// the self-repair types stay exempt; "defaults": {"exempt": true} exempts
+// every type. Only a type's own "exempt": false gates a self-repair type.
+func TestDefaultsExemptKeepsTheBuiltInExemptions(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		policy string
+		exempt map[string]bool
+	}{
+		{"no setting", `{"types": {}}`, map[string]bool{"security_fix": true, "triage_fix": true, "service_restart": true, "css_fix": false}},
+		{"defaults false", `{"defaults": {"exempt": false}}`, map[string]bool{"security_fix": true, "triage_fix": true, "service_restart": true, "css_fix": false}},
+		{"defaults true", `{"defaults": {"exempt": true}}`, map[string]bool{"security_fix": true, "css_fix": true}},
+		{"a type's own false", `{"defaults": {"exempt": true}, "types": {"security_fix": {"exempt": false}}}`, map[string]bool{"security_fix": false, "triage_fix": true, "css_fix": true}},
+		{"a type's own true", `{"defaults": {"exempt": false}, "types": {"css_fix": {"exempt": true}}}`, map[string]bool{"security_fix": true, "css_fix": true, "go_fix": false}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := policy.Parse([]byte(tt.policy))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for typ, want := range tt.exempt {
+				if got := f.For(typ).IsExempt(); got != want {
+					t.Errorf("%s exempt = %v, want %v", typ, got, want)
+				}
+			}
+		})
+	}
+}

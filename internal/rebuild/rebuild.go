@@ -482,7 +482,8 @@ func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
 }
 
 // executed mirrors the executor's and the recorder's writes for one
-// attempt: the task state, its entry in the subject's history record, and
+// attempt: the task state, its entry in the subject's history record (when
+// it counts for history), and
 // what the recorder publishes for it — its trust outcome when it counts,
 // its spend.
 func (r *replayer) executed(ev events.Executed, stored time.Time) {
@@ -501,16 +502,18 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 		return // already recorded; or, as the recorder, an old pass or a task a human cancelled meanwhile
 	}
 	key := events.MsgID(t.ID, b.Run.Pass, "outcome")
-	hk := history.Key(t.Type, t.Subject)
-	rec := r.out.History[hk]
-	if rec == nil {
-		rec = &history.Record{Type: t.Type, Subject: t.Subject}
-		r.out.History[hk] = rec
+	if task.CountsForHistory(res) {
+		hk := history.Key(t.Type, t.Subject)
+		rec := r.out.History[hk]
+		if rec == nil {
+			rec = &history.Record{Type: t.Type, Subject: t.Subject}
+			r.out.History[hk] = rec
+		}
+		*rec, _ = rec.Add(history.Entry{
+			Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
+			Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
+		})
 	}
-	*rec, _ = rec.Add(history.Entry{
-		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
-		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: stored,
-	})
 	if tokens, cost := task.DailySpend(res, pol.DailyBudget); tokens != 0 || cost != 0 {
 		k := [2]string{t.Type, trust.Day(stored)}
 		d := r.out.Spend[k]

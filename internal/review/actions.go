@@ -294,7 +294,8 @@ func (c *Client) publishRetry(ctx context.Context, st events.TaskState, task eve
 		Task: task,
 		Run: events.Run{
 			Pass: st.Pass, Attempt: st.Attempts + 1, Rung: events.RungRefine, Step: st.Step,
-			Context: st.LastError, Note: a.Note, Reviewed: true, DeadEnds: st.DeadEnds,
+			StepInput: st.StepInputs[st.Step], // the step resumes with the input it ran with
+			Context:   st.LastError, Note: a.Note, Reviewed: true, DeadEnds: st.DeadEnds,
 		},
 		At: a.At, By: a.By, PolicyRev: c.cfg.Policy.Rev(),
 	}

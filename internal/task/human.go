@@ -9,8 +9,10 @@ import (
 // Act folds a human review action into a task's state (SPEC §9): resolve
 // (succeeded), reject (failed), cancel (cancelled) or requeue. Requeue
 // starts a new round: the task gets a full attempt allowance again, on
-// REFINE, with fresh pipeline budgets. The review commands check whether
-// the action is allowed; Act only applies it.
+// REFINE, with no PIVOT attempts counted, its own RESEARCH pass (the
+// ladder reads the round's dead ends for it) and fresh pipeline budgets;
+// the dead ends stay, what failed before still failed. The review commands
+// check whether the action is allowed; Act only applies it.
 func Act(st events.TaskState, a events.Action) events.TaskState {
 	st.Actions = append(st.Actions[:len(st.Actions):len(st.Actions)], a)
 	st.UpdatedAt = a.At
@@ -28,7 +30,7 @@ func Act(st events.TaskState, a events.Action) events.TaskState {
 		st.Resume, st.WakeAt = nil, time.Time{}
 	case events.ActionRequeue:
 		st.Status, st.Reason, st.Decision, st.Cause = events.StatusPending, "", "", ""
-		st.RoundStart, st.Pass, st.Rung = st.Attempts, st.Pass+1, events.RungRefine
+		st.RoundStart, st.Pass, st.Rung, st.PivotCount = st.Attempts, st.Pass+1, events.RungRefine, 0
 		st.WakeAt = time.Time{}
 		st.Skips, st.StepRetries, st.Loops = 0, nil, nil // fresh pipeline budgets too
 	}

@@ -2,6 +2,7 @@ package task
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -36,7 +37,10 @@ func Record(st events.TaskState, found bool, b events.Base, res events.Result, p
 	if c, ok := guard(st, b.Run.Pass); !ok {
 		return st, res, c
 	}
-	res = Judge(b.Run, res, st.DeadEnds, len(pol.Steps) > 0)
+	// PIVOT judges against the dead ends the attempt's prompt showed (the
+	// run carries them): the model is refused only for repeating what it
+	// was told.
+	res = Judge(b.Run, res, b.Run.DeadEnds, len(pol.Steps) > 0)
 	st = cloneState(st)
 	Apply(&st, b.Task, b.Run, res, pol, now)
 	return st, res, CauseApplied
@@ -82,11 +86,15 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 	}
 }
 
-// applyLadder climbs the escalation ladder (SPEC §8).
+// applyLadder climbs the escalation ladder (SPEC §8). The dead ends of
+// earlier tasks on the subject that the run was shown (a recurring start
+// on PIVOT) become the task's too, so its later attempts are shown them.
 func applyLadder(st *events.TaskState, t events.Task, run events.Run, res events.Result, pol policy.Type) {
+	st.DeadEnds = withEarlier(st.DeadEnds, run.DeadEnds)
 	cfg := ladder.Config{MaxRetries: MaxRetries(t, pol), RefineAttempts: pol.RefineAttempts, PivotAttempts: pol.PivotAttempts}
 	d := cfg.Next(ladder.State{
 		Failed: failedInRound(st, run.Pass), Rung: run.Rung, PivotCount: st.PivotCount, DeadEnds: st.DeadEnds,
+		RoundStart: st.RoundStart,
 	}, ladder.Outcome{
 		Attempt: run.Attempt, Success: res.Outcome == events.OutcomeSuccess,
 		Approach: res.Approach, Reason: res.Error, ErrorClass: res.ErrorClass,
@@ -133,7 +141,16 @@ func applyStep(st *events.TaskState, run events.Run, res events.Result, pol poli
 	case ladder.ActionDone:
 		st.Step = step
 		st.Status, st.Decision, st.Reason = events.StatusSucceeded, events.DecisionSucceeded, ""
-	case ladder.ActionNext, ladder.ActionRetry, ladder.ActionGoto:
+	case ladder.ActionNext:
+		// What the step hands the next is kept: a go-back to that one
+		// later gives it the same input.
+		st.StepInputs = maps.Clone(st.StepInputs)
+		if st.StepInputs == nil {
+			st.StepInputs = map[string]string{}
+		}
+		st.StepInputs[r.Step] = stepOutput(step, res)
+		st.Status, st.Decision, st.Reason = events.StatusPending, events.DecisionRetry, ""
+	case ladder.ActionRetry, ladder.ActionGoto:
 		st.Status, st.Decision, st.Reason = events.StatusPending, events.DecisionRetry, ""
 	case ladder.ActionFail:
 		st.Step = step
@@ -155,10 +172,28 @@ func applyStep(st *events.TaskState, run events.Run, res events.Result, pol poli
 			delay = DefaultSkipDelay
 		}
 		st.Skips++
-		st.Step, st.StepRetries, st.Loops = ladder.FirstStep(pol.Steps), nil, nil
+		st.Step, st.StepRetries, st.Loops, st.StepInputs = ladder.FirstStep(pol.Steps), nil, nil, nil
 		st.Status, st.Decision, st.WakeAt = events.StatusParked, events.DecisionPark, now.Add(delay)
 		st.Reason = fmt.Sprintf("parked (skip %d of %d): %s", st.Skips, budget, r.Reason)
 	}
+}
+
+// withEarlier is ends with the dead ends of earlier tasks (attempt 0)
+// among shown that it lacks put first.
+func withEarlier(ends, shown []events.DeadEnd) []events.DeadEnd {
+	var earlier []events.DeadEnd
+	for _, d := range shown {
+		if d.Attempt > 0 || slices.ContainsFunc(ends, func(e events.DeadEnd) bool {
+			return ladder.Normalize(e.Approach) == ladder.Normalize(d.Approach)
+		}) {
+			continue
+		}
+		earlier = append(earlier, d)
+	}
+	if len(earlier) == 0 {
+		return ends
+	}
+	return append(earlier, ends...)
 }
 
 // failedInRound counts the failed attempts of the current round recorded
@@ -194,8 +229,12 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 	case len(pol.Steps) > 0:
 		next.Rung = ""
 		next.Context = fmt.Sprintf("step %s failed:\n%s", run.Step, res.Error)
-		if next.Step == run.Step {
-			next.StepInput = run.StepInput // a retry of the step keeps its input
+		// A retry of the step, or a go-back to an earlier one, runs with
+		// the input that step was handed: the error comes with its input,
+		// never instead of it.
+		next.StepInput = StepInput(*st, next.Step)
+		if next.StepInput == "" && next.Step == run.Step {
+			next.StepInput = run.StepInput // a state kept before StepInputs
 		}
 	default:
 		next.Context = res.Error
@@ -228,15 +267,24 @@ func oneLine(s string) string {
 }
 
 // Judge applies the PIVOT rule: an answer whose declared approach repeats a
-// dead end is rejected — a failed attempt, not progress.
+// dead end is rejected — a failed attempt, not progress. deadEnds are those
+// the attempt's prompt showed (Run.DeadEnds).
 func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipeline bool) events.Result {
 	if pipeline || run.Rung != events.RungPivot {
 		return res
 	}
 	if d, ok := ladder.RepeatsDeadEnd(res.Approach, deadEnds); ok {
-		res.Outcome, res.ErrorClass = events.OutcomeFailure, events.ErrorClassDeadEnd
-		res.Error = fmt.Sprintf("rejected: approach %q repeats the dead end of attempt %d (%s); PIVOT requires a different approach",
-			res.Approach, d.Attempt, oneLine(d.Reason))
+		which := fmt.Sprintf("the dead end of attempt %d", d.Attempt)
+		if d.Attempt == 0 {
+			which = "the dead end of an earlier task on this subject"
+		}
+		why := fmt.Sprintf("rejected: approach %q repeats %s (%s); PIVOT requires a different approach",
+			res.Approach, which, oneLine(d.Reason))
+		if res.Outcome == events.OutcomeFailure && res.Error != "" {
+			// What the attempt found out stays for the next prompt.
+			why += "; the attempt itself failed: " + res.Error
+		}
+		res.Outcome, res.ErrorClass, res.Error = events.OutcomeFailure, events.ErrorClassDeadEnd, why
 	}
 	return res
 }
@@ -318,6 +366,7 @@ func lastRecord(st events.TaskState) (events.AttemptRecord, bool) {
 func cloneState(st events.TaskState) events.TaskState {
 	st.History = slices.Clone(st.History)
 	st.DeadEnds = slices.Clone(st.DeadEnds)
+	st.StepInputs = maps.Clone(st.StepInputs)
 	return st
 }
 
@@ -338,3 +387,7 @@ func DailySpend(res events.Result, budget *policy.Budget) (tokens int, cost floa
 	}
 	return tokens, cost
 }
+
+// StepInput is the input a pipeline step was last handed by the step
+// before it ("" for the first step, or before it was reached).
+func StepInput(st events.TaskState, step string) string { return st.StepInputs[step] }

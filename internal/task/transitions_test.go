@@ -4,6 +4,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,6 +86,7 @@ func clone(st events.TaskState) events.TaskState {
 	st.Actions = slices.Clone(st.Actions)
 	st.StepRetries = maps.Clone(st.StepRetries)
 	st.Loops = maps.Clone(st.Loops)
+	st.StepInputs = maps.Clone(st.StepInputs)
 	if st.Resume != nil {
 		r := *st.Resume
 		r.Turns, r.Pending = slices.Clone(r.Turns), slices.Clone(r.Pending)
@@ -330,10 +332,11 @@ func TestBans(t *testing.T) {
 }
 
 func TestRecordTransitions(t *testing.T) {
+	ends := []events.DeadEnd{{Approach: "add a null check", Reason: "wrong place", Attempt: 1, Rung: events.RungRefine}}
 	pivot := base(3)
-	pivot.Run.Rung = events.RungPivot
+	pivot.Run.Rung, pivot.Run.DeadEnds = events.RungPivot, ends // as its prompt showed them
 	withEnds := func(st events.TaskState) events.TaskState {
-		st.DeadEnds = []events.DeadEnd{{Approach: "add a null check", Reason: "wrong place", Attempt: 1, Rung: events.RungRefine}}
+		st.DeadEnds = ends
 		return st
 	}
 	recorded := func(st events.TaskState) events.TaskState {
@@ -361,6 +364,7 @@ func TestRecordTransitions(t *testing.T) {
 		st.Step = step
 		st.StepRetries = map[string]int{"implement": 1}
 		st.Loops = map[string]int{"other>implement": 1}
+		st.StepInputs = map[string]string{"implement": "step plan passed"}
 		return st
 	}
 	stepBase := func(pass int, step string) events.Base {
@@ -437,7 +441,7 @@ func TestRecordTransitions(t *testing.T) {
 		{"a pipeline step passes", inPipeline(at(events.StatusRunning, 2), "implement"), true,
 			recordIn(pipeline, stepBase(2, "implement"), ok()), task.CauseApplied,
 			func(t *testing.T, st events.TaskState) {
-				if st.Step != "validate" {
+				if st.Step != "validate" || !strings.HasPrefix(st.StepInputs["validate"], "step implement passed") || st.StepInputs["implement"] != "step plan passed" {
 					t.Errorf("state %+v", st)
 				}
 			}},

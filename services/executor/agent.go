@@ -16,7 +16,9 @@ import (
 // runAgent runs the type's agent command (policy executor "command") with
 // the prompt as text on stdin and reads the structured result from its
 // stdout. Exit 0 is parsed like a model answer; exit 75 (EX_TEMPFAIL) is
-// transient; a timeout is ErrorClassTimeout; any other exit is
+// transient; a timeout is ErrorClassTimeout; a command that cannot run
+// (not installed, not executable, exit 126 or 127 from a shell) is
+// ErrorClassConfig, the deployment's fault; any other exit is
 // deterministic, with the output's tail as the error.
 func (s *Service) runAgent(ctx context.Context, a *attempt) (events.Result, error) {
 	argv := a.pol.Command
@@ -115,7 +117,9 @@ func commandStep(pol policy.Type, name string) (policy.Step, bool) {
 // the task JSON on stdin. Exit 0 passes (Summary: the output's tail); any
 // other exit fails with ErrorClassStep and the combined output's last
 // MaxErrorOutput bytes as Error, to be carried back to an earlier step; a
-// timeout is ErrorClassTimeout.
+// timeout is ErrorClassTimeout; a command that cannot run (not installed,
+// not executable, exit 126 or 127 from a shell) is ErrorClassConfig, with
+// the fix first: the deployment's to mend, not an earlier step's.
 func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.Step) (events.Result, error) {
 	task, err := json.Marshal(in.Task)
 	if err != nil {
@@ -133,6 +137,10 @@ func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.S
 		r.Outcome, r.Summary = events.OutcomeSuccess, out
 	case c.Class == events.ErrorClassTimeout:
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassTimeout, err.Error()
+	case c.Class == events.ErrorClassConfig:
+		// The step's command cannot run here: no go-back can fix that.
+		r.Outcome, r.ErrorClass = events.OutcomeFailure, events.ErrorClassConfig
+		r.Error = s.rules.deploymentError(c.Class, err, "step "+step.Name)
 	case out != "":
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassStep, out
 	default:

@@ -2,11 +2,14 @@ package executor
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -19,12 +22,16 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
-// Default body markers of a 429 answer, and of a 400 saying the prompt is
-// longer than the model's context (Rules).
+// Default body markers of a 429 answer, of a 400 saying the prompt is
+// longer than the model's context, and of a 400 saying the endpoint does
+// not support the request's shape (Rules). A quota marker says the
+// account's quota is spent — "quota" alone does not: "Quota exceeded for
+// requests per minute" is a window that reopens.
 var (
 	DefaultRateLimitBody     = []string{"rate_limit_exceeded", "rate limit"}
-	DefaultQuotaBody         = []string{"insufficient_quota", "quota"}
+	DefaultQuotaBody         = []string{"insufficient_quota", "exceeded your current quota", "quota exhausted", "quota has been exhausted", "quota used up", "daily quota", "monthly quota", "billing"}
 	DefaultContextLengthBody = []string{"context_length_exceeded", "maximum context length"}
+	DefaultRequestShapeBody  = []string{"unsupported_parameter", "unsupported_value", "unknown_parameter", "unrecognized request argument", "not supported", "does not support", "tool choice requires"}
 )
 
 // Rules tune Classify. The zero value is the built-in mapping.
@@ -33,7 +40,8 @@ type Rules struct {
 	// Nats-Service-Error-Code), overriding the built-in mapping: 401 and 403
 	// auth; 408 and 5xx transient; 429 read from its body and headers; a
 	// model's 404 (no such model or endpoint) config, and its 400 config
-	// when the body says the context is exceeded (ContextLengthBody); other
+	// when the body says the context is exceeded (ContextLengthBody) or the
+	// request's shape is not supported (RequestShapeBody, 422 too); other
 	// 4xx deterministic. Default: no overrides.
 	Status map[int]events.ErrorClass
 	// RateLimitBody are substrings (case-insensitive) of a 429 answer that
@@ -42,7 +50,9 @@ type Rules struct {
 	RateLimitBody []string
 	// QuotaBody are substrings (case-insensitive) of a 429 answer saying the
 	// quota is exhausted: ErrorClassQuota. Default DefaultQuotaBody. A 429
-	// matching neither is transient.
+	// matching neither is transient, and so is one with a Retry-After
+	// unless its body says insufficient_quota. The body markers given here
+	// replace the defaults (dispatch adds DISPATCH_*_BODY to them).
 	QuotaBody []string
 	// ContextLengthBody are substrings (case-insensitive) of a model's 400
 	// answer saying the prompt exceeds the model's context: ErrorClassConfig.
@@ -50,14 +60,34 @@ type Rules struct {
 	ContextLengthBody []string
 	// Now is the clock a Retry-After HTTP date is read against. Default time.Now.
 	Now func() time.Time
+	// MaxRetryAfter caps the delay a Retry-After (or retry-after-ms) asks
+	// for: a task waits at most this long for the provider before trying
+	// again (a later answer asks again). Default DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
+	// RequestShapeBody are substrings (case-insensitive) of a model's 400 or
+	// 422 answer saying the endpoint does not support something every
+	// request of the type carries — a parameter, the JSON response format,
+	// tools: ErrorClassConfig. Default DefaultRequestShapeBody.
+	RequestShapeBody []string
 }
+
+// DefaultMaxRetryAfter is the longest Retry-After a task waits (Rules).
+const DefaultMaxRetryAfter = 15 * time.Minute
+
+// Exit statuses with which a shell says the command it was asked to run
+// cannot be run: not executable (126), not found (127).
+const (
+	ExitCannotExecute = 126
+	ExitNotFound      = 127
+)
 
 // Classification is what Classify found.
 type Classification struct {
 	// Class is an events.ErrorClass*: transient, deterministic, auth, quota,
-	// config (the model or endpoint does not exist, the prompt exceeds the
-	// context), timeout (an agent command timed out), or model when nothing
-	// is known.
+	// config (the model or endpoint does not exist or cannot be called, the
+	// prompt exceeds the context, the endpoint rejects the request's shape,
+	// an agent command cannot start), timeout (an agent command timed out),
+	// or model when nothing is known.
 	Class events.ErrorClass
 	// RetryAfter is the delay the answer asked for (Retry-After,
 	// retry-after-ms); zero when it gave none.
@@ -81,6 +111,9 @@ func Classify(err error, rules Rules) Classification {
 	}
 	if status, header, body, tool := errorDetails(err); status != 0 {
 		return rules.byStatus(status, header, body, !tool)
+	}
+	if c, ok := unusableEndpoint(err); ok {
+		return c
 	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
@@ -116,10 +149,61 @@ func classifyCommand(e *CommandError) Classification {
 		return Classification{Class: events.ErrorClassTimeout, Reason: "command timed out"}
 	case e.ExitCode == ExitTempFail:
 		return transient("command exited with EX_TEMPFAIL (75)")
+	case e.ExitCode == ExitCannotExecute:
+		return Classification{Class: events.ErrorClassConfig, Reason: "command exited with status 126: the shell cannot execute it"}
+	case e.ExitCode == ExitNotFound:
+		return Classification{Class: events.ErrorClassConfig, Reason: "command exited with status 127: the shell cannot find it"}
 	case e.ExitCode >= 0:
 		return Classification{Class: events.ErrorClassDeterministic, Reason: fmt.Sprintf("command exited with status %d", e.ExitCode)}
 	}
-	return Classification{Class: events.ErrorClassDeterministic, Reason: "command could not run"}
+	// It never ran: not installed, not executable, not configured. The
+	// deployment's to fix; no retry of the task can.
+	return Classification{Class: events.ErrorClassConfig, Reason: "command could not start"}
+}
+
+// unusableEndpoint recognises a call that failed because the endpoint, as
+// configured, cannot be called at all — a URL that is not http(s) or has
+// no host, a certificate the executor does not trust, HTTPS spoken to an
+// HTTP server: every call fails alike until the deployment changes.
+func unusableEndpoint(err error) (Classification, bool) {
+	config := func(reason string) (Classification, bool) {
+		return Classification{Class: events.ErrorClassConfig, Reason: reason}, true
+	}
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		roots    x509.SystemRootsError
+	)
+	switch {
+	case errors.Is(err, http.ErrSchemeMismatch):
+		return config("the endpoint answers HTTP, not HTTPS")
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &roots):
+		return config("the endpoint's TLS certificate is not trusted")
+	}
+	if u, bad := badURL(err); bad {
+		return config(fmt.Sprintf("the endpoint URL %q cannot be called", u))
+	}
+	return Classification{}, false
+}
+
+// badURL reports the URL of a request that could not be sent because of
+// its URL: one that does not parse, or is not http(s) with a host.
+func badURL(err error) (string, bool) {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return "", false
+	}
+	if ue.Op == "parse" {
+		return ue.URL, true
+	}
+	u, perr := url.Parse(ue.URL)
+	if perr != nil {
+		return ue.URL, true
+	}
+	return ue.URL, (u.Scheme != "http" && u.Scheme != "https") || u.Host == ""
 }
 
 // errorDetails digs the status, headers and body text out of err; tool
@@ -175,6 +259,8 @@ func (r Rules) byStatus(status int, header http.Header, body string, model bool)
 			c.Class, c.Reason = events.ErrorClassConfig, "status 404: no such model or endpoint"
 		case model && status == http.StatusBadRequest && r.contextExceeded(body):
 			c.Class, c.Reason = events.ErrorClassConfig, "status 400: the prompt exceeds the model's context"
+		case model && (status == http.StatusBadRequest || status == http.StatusUnprocessableEntity) && r.shapeRejected(body):
+			c.Class, c.Reason = events.ErrorClassConfig, reason+": the endpoint does not support the request's shape"
 		case status >= 400 && status < 500:
 			c.Class = events.ErrorClassDeterministic
 		default:
@@ -182,12 +268,23 @@ func (r Rules) byStatus(status int, header http.Header, body string, model bool)
 		}
 	}
 	if c.Class == events.ErrorClassTransient {
-		c.RetryAfter = r.retryAfter(header)
-		if c.RetryAfter > 0 {
+		asked := r.retryAfter(header)
+		c.RetryAfter = min(asked, r.maxRetryAfter())
+		switch {
+		case asked > c.RetryAfter:
+			c.Reason += fmt.Sprintf(", retry after %s (asked %s)", c.RetryAfter, asked)
+		case c.RetryAfter > 0:
 			c.Reason += fmt.Sprintf(", retry after %s", c.RetryAfter)
 		}
 	}
 	return c
+}
+
+func (r Rules) maxRetryAfter() time.Duration {
+	if r.MaxRetryAfter > 0 {
+		return r.MaxRetryAfter
+	}
+	return DefaultMaxRetryAfter
 }
 
 // tooManyRequests reads a 429: a rate-limit body is transient; with a
@@ -221,6 +318,16 @@ func (r Rules) contextExceeded(body string) bool {
 	markers := r.ContextLengthBody
 	if markers == nil {
 		markers = DefaultContextLengthBody
+	}
+	return containsAny(strings.ToLower(body), markers)
+}
+
+// shapeRejected reports whether a 400's body says the endpoint does not
+// support the request's shape.
+func (r Rules) shapeRejected(body string) bool {
+	markers := r.RequestShapeBody
+	if markers == nil {
+		markers = DefaultRequestShapeBody
 	}
 	return containsAny(strings.ToLower(body), markers)
 }

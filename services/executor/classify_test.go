@@ -2,13 +2,17 @@ package executor_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -110,7 +114,7 @@ func TestClassify(t *testing.T) {
 		{"command timeout", &executor.CommandError{ExitCode: -1, TimedOut: true}, nil, events.ErrorClassTimeout, 0},
 		{"command exit 75", &executor.CommandError{ExitCode: 75}, nil, T, 0},
 		{"command exit 2", &executor.CommandError{ExitCode: 2}, nil, D, 0},
-		{"command not found", &executor.CommandError{ExitCode: -1, Err: errors.New("executable file not found")}, nil, D, 0},
+		{"command not found", &executor.CommandError{ExitCode: -1, Err: errors.New("executable file not found")}, nil, C, 0},
 		// nothing known
 		{"200 without choices", &executor.ProviderError{Model: "m", StatusCode: 200, Err: errors.New("the answer has no choices")}, nil, events.ErrorClassModel, 0},
 		{"other", errors.New("something odd"), nil, events.ErrorClassModel, 0},
@@ -128,6 +132,88 @@ func TestClassify(t *testing.T) {
 			}
 			if tt.err != nil && c.Reason == "" {
 				t.Errorf("no reason given")
+			}
+		})
+	}
+}
+
+// The deployment's faults are config — a human fixes them, the type's
+// trust never sees them — however they reach the executor: an agent
+// command that cannot start, a request shape the endpoint rejects on every
+// call, an endpoint URL that cannot be called, a certificate that is not
+// trusted. A tool's 400 stays the model's mistake.
+func TestClassifyDeploymentFaults(t *testing.T) {
+	C, D := events.ErrorClassConfig, events.ErrorClassDeterministic
+	notFound := &exec.Error{Name: "claude", Err: exec.ErrNotFound}
+	tests := []struct {
+		name  string
+		err   error
+		class events.ErrorClass
+	}{
+		{"agent not on PATH", &executor.CommandError{Argv: []string{"claude"}, ExitCode: -1, Err: notFound}, C},
+		{"agent path missing", &executor.CommandError{Argv: []string{"/opt/agent"}, ExitCode: -1, Err: &fs.PathError{Op: "fork/exec", Path: "/opt/agent", Err: syscall.ENOENT}}, C},
+		{"agent not executable", &executor.CommandError{Argv: []string{"./agent"}, ExitCode: -1, Err: &fs.PathError{Op: "fork/exec", Path: "./agent", Err: syscall.EACCES}}, C},
+		{"no command configured", &executor.CommandError{ExitCode: -1, Err: errors.New("no command configured")}, C},
+		{"shell: command not found (127)", &executor.CommandError{Argv: []string{"sh", "-c", "claude"}, ExitCode: 127, Output: "sh: 1: claude: not found"}, C},
+		{"shell: cannot execute (126)", &executor.CommandError{Argv: []string{"sh", "-c", "./agent"}, ExitCode: 126}, C},
+		{"unsupported parameter", provider(400, "unsupported_parameter", "invalid_request_error", "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."), C},
+		{"unsupported value", provider(400, "unsupported_value", "invalid_request_error", "Unsupported value: 'temperature' does not support 0.2 with this model."), C},
+		{"json mode unsupported", provider(400, nil, "invalid_request_error", "'response_format' of type 'json_object' is not supported with this model."), C},
+		{"ollama without tools", rawProvider(400, `{"error":"registry.ollama.ai/library/gemma:2b does not support tools"}`), C},
+		{"vllm without tool parser", rawProvider(400, `{"object":"error","message":"\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set","type":"BadRequestError","code":400}`), C},
+		{"unknown argument", provider(400, nil, "invalid_request_error", "Unrecognized request argument supplied: tool_choice"), C},
+		{"bad URL scheme", &executor.ProviderError{Model: "m", Err: &url.Error{Op: "Post", URL: "htps://api.example/v1/chat/completions", Err: errors.New("unsupported protocol scheme \"htps\"")}}, C},
+		{"URL without a host", &executor.ProviderError{Model: "m", Err: &url.Error{Op: "Post", URL: "http:///v1/chat/completions", Err: errors.New("http: no Host in request URL")}}, C},
+		{"unknown authority", &executor.ProviderError{Model: "m", Err: &url.Error{Op: "Post", URL: "https://llm.internal/v1/chat/completions", Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}}}, C},
+		{"wrong host name", &executor.ProviderError{Model: "m", Err: &url.Error{Op: "Post", URL: "https://10.0.0.7/v1/chat/completions", Err: x509.HostnameError{Certificate: &x509.Certificate{}, Host: "10.0.0.7"}}}, C},
+		{"expired certificate", &executor.ProviderError{Model: "m", Err: &url.Error{Op: "Post", URL: "https://llm.internal/v1", Err: x509.CertificateInvalidError{Reason: x509.Expired}}}, C},
+		{"https to an http server", &executor.ProviderError{Model: "m", Err: &url.Error{Op: "Post", URL: "https://localhost:11434/v1", Err: http.ErrSchemeMismatch}}, C},
+		{"tool 400 not supported", &executor.ToolError{Tool: "x", Code: 400, Description: "sorting is not supported"}, D},
+		{"plain 400", provider(400, "invalid_value", "invalid_request_error", "Invalid value for 'content'"), D},
+		{"agent exit 1", &executor.CommandError{Argv: []string{"claude"}, ExitCode: 1}, D},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if c := executor.Classify(tt.err, executor.Rules{}); c.Class != tt.class || c.Reason == "" {
+				t.Errorf("Classify = %+v, want class %q with a reason", c, tt.class)
+			}
+		})
+	}
+}
+
+// A 429 is a spent quota only when its body says so (insufficient_quota,
+// "exceeded your current quota", "quota exhausted", a daily or monthly
+// quota, billing): the word "quota" alone — a per-minute quota — is a
+// window that reopens. A Retry-After is honoured up to MaxRetryAfter.
+func TestClassify429AndRetryAfter(t *testing.T) {
+	T, Q := events.ErrorClassTransient, events.ErrorClassQuota
+	tests := []struct {
+		name       string
+		err        error
+		rules      executor.Rules
+		class      events.ErrorClass
+		retryAfter time.Duration
+	}{
+		{"per-minute quota, no Retry-After", provider(429, nil, "", "Quota exceeded for quota metric 'Generate Content API requests per minute'"), executor.Rules{}, T, 0},
+		{"bare quota word", rawProvider(429, `{"error":"quota"}`), executor.Rules{}, T, 0},
+		{"insufficient_quota", provider(429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota, please check your plan and billing details."), executor.Rules{}, Q, 0},
+		{"exceeded your current quota", rawProvider(429, "You exceeded your current quota"), executor.Rules{}, Q, 0},
+		{"daily quota", rawProvider(429, `{"error":"daily quota used up"}`), executor.Rules{}, Q, 0},
+		{"monthly quota", provider(429, nil, "", "Monthly quota exhausted"), executor.Rules{}, Q, 0},
+		{"billing hard limit", provider(429, "billing_hard_limit_reached", "", "Billing hard limit has been reached"), executor.Rules{}, Q, 0},
+		{"a long Retry-After is capped", provider(503, nil, "", "maintenance", "Retry-After", "86400"), executor.Rules{}, T, executor.DefaultMaxRetryAfter},
+		{"a long Retry-After date is capped", provider(503, nil, "", "maintenance", "Retry-After", "Tue, 19 May 2026 14:00:00 GMT"), executor.Rules{}, T, executor.DefaultMaxRetryAfter},
+		{"a long retry-after-ms is capped", provider(429, nil, "", "slow down", "Retry-After-Ms", "7200000"), executor.Rules{}, T, executor.DefaultMaxRetryAfter},
+		{"the type's own cap", provider(429, nil, "", "slow down", "Retry-After", "120"), executor.Rules{MaxRetryAfter: time.Minute}, T, time.Minute},
+		{"a short Retry-After stands", provider(429, nil, "", "slow down", "Retry-After", "30"), executor.Rules{}, T, 30 * time.Second},
+	}
+	now := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules := tt.rules
+			rules.Now = func() time.Time { return now }
+			if c := executor.Classify(tt.err, rules); c.Class != tt.class || c.RetryAfter != tt.retryAfter {
+				t.Errorf("Classify = %+v, want class %q retry after %v", c, tt.class, tt.retryAfter)
 			}
 		})
 	}

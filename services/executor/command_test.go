@@ -134,8 +134,8 @@ func TestCommandStepRuns(t *testing.T) {
 			}
 		}},
 		{"missing binary", []string{"/nonexistent/validator"}, 0, func(t *testing.T, r events.Result) {
-			if r.ErrorClass != events.ErrorClassStep || !strings.Contains(r.Error, "/nonexistent/validator") {
-				t.Errorf("result %+v, want a step failure naming the command", r)
+			if r.ErrorClass != events.ErrorClassConfig || !strings.Contains(r.Error, "/nonexistent/validator") {
+				t.Errorf("result %+v, want a config failure (the deployment's) naming the command", r)
 			}
 		}},
 	}

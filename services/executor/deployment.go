@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -15,6 +16,9 @@ import (
 // what to fix first — the reason a human reads — then everything the
 // provider said.
 func (r Rules) deploymentError(class events.ErrorClass, err error, endpoint string) string {
+	if ce := (*CommandError)(nil); errors.As(err, &ce) {
+		return r.fix(class, err, endpoint) + "; " + errorText(err)
+	}
 	return r.fix(class, err, endpoint) + "; the provider said: " + errorText(err)
 }
 
@@ -24,6 +28,19 @@ func (r Rules) fix(class events.ErrorClass, err error, endpoint string) string {
 	model := ""
 	if pe := (*ProviderError)(nil); errors.As(err, &pe) {
 		model = pe.Model
+	}
+	if ce := (*CommandError)(nil); class == events.ErrorClassConfig && errors.As(err, &ce) {
+		why := classifyCommand(ce).Reason
+		if ce.ExitCode < 0 && ce.Err != nil {
+			why = ce.Err.Error()
+		}
+		return fmt.Sprintf("deployment: the command %q cannot run (%s) — install it where the executor runs (on its PATH) or fix the command in the type's policy",
+			excerpt(strings.Join(ce.Argv, " "), 120), why)
+	}
+	if status == 0 && class == events.ErrorClassConfig {
+		if fix, ok := endpointFix(err, endpoint); ok {
+			return fix
+		}
 	}
 	switch {
 	case class == events.ErrorClassAuth && status == 401:
@@ -42,8 +59,27 @@ func (r Rules) fix(class events.ErrorClass, err error, endpoint string) string {
 		prompt, limit := contextTokens(body)
 		return fmt.Sprintf("deployment: the prompt%s exceeds the context%s of model %q — choose a model with a larger context or shorten the type's prompt (its template, the history it includes)",
 			inParens(prompt), inParens(limit), model)
+	case class == events.ErrorClassConfig && (status == 400 || status == 422) && r.shapeRejected(body):
+		return fmt.Sprintf("deployment: %s does not support the request's shape for model %q (%s) — choose a model that supports what the mesh sends (JSON answers; tools, when the type offers some) for the type or in DISPATCH_MODEL, or drop the type's tools",
+			endpoint, model, statusText(status))
 	}
 	return fmt.Sprintf("deployment: %s answered %s for model %q, a configuration error (DISPATCH_ERROR_CLASSES) — fix what the provider names below", endpoint, statusText(status), model)
+}
+
+// endpointFix says what to change when the endpoint cannot be called at
+// all (unusableEndpoint).
+func endpointFix(err error, endpoint string) (string, bool) {
+	c, ok := unusableEndpoint(err)
+	switch {
+	case !ok:
+		return "", false
+	case errors.Is(err, http.ErrSchemeMismatch):
+		return fmt.Sprintf("deployment: %s answers HTTP, not HTTPS — use an http:// URL in DISPATCH_OPENAI_BASE_URL", endpoint), true
+	}
+	if u, bad := badURL(err); bad {
+		return fmt.Sprintf("deployment: the endpoint URL %q cannot be called — set DISPATCH_OPENAI_BASE_URL to an http:// or https:// URL with a host", u), true
+	}
+	return fmt.Sprintf("deployment: %s at %s — check the host name in DISPATCH_OPENAI_BASE_URL, or add its CA to the executor's trust store (SSL_CERT_FILE)", c.Reason, endpoint), true
 }
 
 var (

@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -184,5 +185,65 @@ func TestRefusalBillsTheAttemptsEarlierSpend(t *testing.T) {
 	}
 	if n := e.model.Calls(); n != 1 {
 		t.Fatalf("%d calls, want 1", n)
+	}
+}
+
+// The deployment's faults that are not an HTTP status — an agent command
+// or a command step that cannot start, an endpoint URL that cannot be
+// called, a certificate the executor does not trust — and a request shape
+// the endpoint rejects on every call: one try, class config (a human, the
+// type's trust untouched), and an error that leads with what to fix.
+func TestUnusableDeploymentIsConfigWithTheFix(t *testing.T) {
+	tlsServer := httptest.NewTLSServer(http.NotFoundHandler()) // its certificate is nobody's
+	t.Cleanup(tlsServer.Close)
+	openAI := func(baseURL string) func(*executor.Config) {
+		return func(c *executor.Config) {
+			c.Model = executor.NewOpenAI(executor.OpenAIConfig{BaseURL: baseURL, APIKey: "sk-test"})
+		}
+	}
+	tests := []struct {
+		name  string
+		pol   policy.Type
+		cfg   func(*executor.Config)
+		reply openaitest.Reply
+		run   events.Run
+		fix   string
+		calls int
+	}{
+		{name: "agent not installed", pol: policy.Type{Executor: executor.ExecutorCommand, Command: []string{"no-such-agent-cli", "--print"}},
+			fix: `deployment: the command "no-such-agent-cli --print" cannot run (exec: "no-such-agent-cli": executable file not found in $PATH) — install it where the executor runs`},
+		{name: "agent the shell cannot find", pol: agent("cat >/dev/null; no-such-agent-cli --print", 0),
+			fix: `deployment: the command "sh -c cat >/dev/null; no-such-agent-cli --print" cannot run (command exited with status 127: the shell cannot find it) — install it`},
+		{name: "validator not installed", pol: pipeline("", 0, "/nonexistent/validator"), run: events.Run{Pass: 1, Attempt: 1, Step: "validate"},
+			fix: `deployment: the command "/nonexistent/validator" cannot run (fork/exec /nonexistent/validator: no such file or directory) — install it`},
+		{name: "bad URL scheme", cfg: openAI("htps://api.example/v1"),
+			fix: `deployment: the endpoint URL "htps://api.example/v1/chat/completions" cannot be called — set DISPATCH_OPENAI_BASE_URL to an http:// or https:// URL with a host`},
+		{name: "untrusted certificate", cfg: openAI(tlsServer.URL + "/v1"),
+			fix: "deployment: the endpoint's TLS certificate is not trusted at " + tlsServer.URL + "/v1 — check the host name in DISPATCH_OPENAI_BASE_URL"},
+		{name: "request shape", reply: status(http.StatusBadRequest, `{"error":{"message":"'response_format' of type 'json_object' is not supported with this model.","type":"invalid_request_error","param":"response_format","code":null}}`),
+			fix: `deployment: {url} does not support the request's shape for model "gpt-4o" (400 Bad Request) — choose a model`, calls: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reply := tt.reply
+			if reply.Status == 0 {
+				reply = ok("never asked")
+			}
+			e := newEnv(t, always(reply), tt.pol, tt.cfg)
+			run := tt.run
+			if run.Pass == 0 {
+				run = events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Step: "execute"}
+			}
+			r := e.handleRun("t1", run, testMessages).result(t)
+			if r.Outcome != events.OutcomeFailure || r.ErrorClass != events.ErrorClassConfig || !events.DeploymentFault(r.ErrorClass) {
+				t.Errorf("result %+v, want a config failure (the deployment's)", r)
+			}
+			if fix := strings.ReplaceAll(tt.fix, "{url}", e.model.BaseURL()); !strings.HasPrefix(r.Error, fix) {
+				t.Errorf("error\n%s\nwant it to start with\n%s", r.Error, fix)
+			}
+			if n := e.model.Calls(); n != tt.calls {
+				t.Errorf("%d model calls, want %d", n, tt.calls)
+			}
+		})
 	}
 }

@@ -29,8 +29,10 @@ const (
 // past is what a prompt carries of the past, fitted to a budget.
 type past struct {
 	note, lastError string
-	deadEnds        []events.DeadEnd
-	previous        []history.Entry
+	// deadEnds are the dead ends shown, clipped; enforced are the same
+	// dead ends whole, as the run carries them to the PIVOT judgement.
+	deadEnds, enforced []events.DeadEnd
+	previous           []history.Entry
 }
 
 // fitPast chooses what of the past goes into the prompt of run, most
@@ -40,7 +42,8 @@ type past struct {
 //  2. the last error, at most half of what is left — what the next attempt
 //     must fix, kept from its start and its end when it is long;
 //  3. on PIVOT and RESEARCH, the dead ends, newest first, one line each,
-//     the same approach once;
+//     the same approach once — these, and only these, are the dead ends a
+//     PIVOT answer is judged against (past.enforced);
 //  4. the previous attempts on the subject, newest first, one line each:
 //     failures whose approach is not already a listed dead end (without
 //     their error when it is the last error), and the newest success, which
@@ -70,6 +73,7 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			if shown[key] {
 				continue
 			}
+			whole := d
 			d.Approach = clip(d.Approach, maxLineChars/2)
 			d.Reason = clip(oneLine(d.Reason), maxLineChars-len(d.Approach))
 			cost := len(FormatDeadEnds([]events.DeadEnd{d})) // wrapper included: an upper bound
@@ -78,9 +82,10 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			}
 			left -= cost
 			shown[key] = true
-			p.deadEnds = append(p.deadEnds, d)
+			p.deadEnds, p.enforced = append(p.deadEnds, d), append(p.enforced, whole)
 		}
 		slices.Reverse(p.deadEnds)
+		slices.Reverse(p.enforced)
 	}
 
 	if !slices.ContainsFunc(previous, func(e history.Entry) bool { return e.Outcome != events.OutcomeSuccess }) {

@@ -74,12 +74,16 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		if pol.RecurringWindow > 0 {
 			lad.RecurringWindow = time.Duration(pol.RecurringWindow)
 		}
-		n := history.Failures(kept.Failures, t.SubmittedAt.Add(-lad.Window()))
+		since := t.SubmittedAt.Add(-lad.Window())
+		n := history.Failures(kept.Failures, since)
 		if in.Run.Rung = lad.StartRung(n); in.Run.Rung == events.RungPivot {
-			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n)
+			// PIVOT demands an approach not yet tried: those the subject's
+			// recent failures tried are its dead ends.
+			in.Run.DeadEnds = history.DeadEnds(kept.Failures, since)
+			s.cfg.Log.Info("recurring failure: task starts on PIVOT", "task", t.ID, "failures", n, "dead_ends", len(in.Run.DeadEnds))
 		}
 	}
-	data := fit(in.Base, previous, pol.PromptBudget, offersTools(pol, in.Run.Rung))
+	data, deadEnds := fit(in.Base, previous, pol.PromptBudget, offersTools(pol, in.Run.Rung))
 	msgs, err := Build(tmpl, data)
 	if err != nil {
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
@@ -90,6 +94,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	base := in.Base
 	base.At, base.By, base.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
+	if usesDeadEnds(base.Run.Rung) {
+		// The dead ends the run carries on are those the prompt shows: the
+		// recorder judges a PIVOT answer against these alone, so the model
+		// is never refused for repeating what it was not shown.
+		base.Run.DeadEnds = deadEnds
+	}
 	ev := events.Prompted{
 		Base:   base,
 		Prompt: events.Prompt{Model: model, Messages: msgs},

@@ -95,7 +95,11 @@ func FormatDeadEnds(ends []events.DeadEnd) string {
 	var b strings.Builder
 	b.WriteString("<dead_ends>\n")
 	for _, d := range ends {
-		fmt.Fprintf(&b, "  <dead_end attempt=\"%d\" rung=\"%s\">%s", d.Attempt, escape(string(d.Rung)), escape(d.Approach))
+		if d.Attempt > 0 {
+			fmt.Fprintf(&b, "  <dead_end attempt=\"%d\" rung=\"%s\">%s", d.Attempt, escape(string(d.Rung)), escape(d.Approach))
+		} else { // an earlier task's, on the same subject
+			fmt.Fprintf(&b, "  <dead_end task=\"earlier\" rung=\"%s\">%s", escape(string(d.Rung)), escape(d.Approach))
+		}
 		if d.Reason != "" {
 			b.WriteString(" -- failed: " + escape(d.Reason))
 		}
@@ -120,12 +124,14 @@ const MaxStepInput = 16 << 10
 // error, the dead ends and the previous attempts — fitted to budget tokens,
 // most informative first (fitPast).
 func Fit(b events.Base, previous []history.Entry, budget int) Data {
-	return fit(b, previous, budget, true)
+	data, _ := fit(b, previous, budget, true)
+	return data
 }
 
 // fit is Fit for an attempt that is offered tools, or not (tools): its
-// RESEARCH instruction says so.
-func fit(b events.Base, previous []history.Entry, budget int, tools bool) Data {
+// RESEARCH instruction says so. It also returns the dead ends the prompt
+// shows, whole: on PIVOT the ones an answer is judged against.
+func fit(b events.Base, previous []history.Entry, budget int, tools bool) (Data, []events.DeadEnd) {
 	p := fitPast(b.Run, previous, budget)
 	run := b.Run
 	run.Note, run.Context = p.note, p.lastError
@@ -144,7 +150,7 @@ func fit(b events.Base, previous []history.Entry, budget int, tools bool) Data {
 		RungInstructions: rungInstructionsFor(run, tools),
 		DeadEnds:         deadEndsFor(run),
 		PreCommit:        preCommitFor(run),
-	}
+	}, p.enforced
 }
 
 // rungInstructionsFor is the rung's instruction, none on a first attempt on

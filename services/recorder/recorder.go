@@ -119,16 +119,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, nil
 	}
 	// What the attempt adds to the subject's history (a compare-and-set
-	// on its record), to its type's trust and to its spend of the day
-	// (messages published before the task moves on, each with the
-	// attempt's key in its Msg-Id): a redelivery stores nothing twice.
+	// on its record; only what the model did there: task.CountsForHistory),
+	// to its type's trust and to its spend of the day (messages published
+	// before the task moves on, each with the attempt's key in its
+	// Msg-Id): a redelivery stores nothing twice.
 	key := services.MsgID(t.ID, b.Run.Pass, "outcome")
-	err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
-		Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
-		Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("history: %w", err)
+	if task.CountsForHistory(res) {
+		err = s.cfg.History.Append(ctx, t.Type, t.Subject, history.Entry{
+			Key: key, TaskID: t.ID, Attempt: b.Run.Attempt, Rung: b.Run.Rung, Step: b.Run.Step,
+			Outcome: res.Outcome, Approach: res.Approach, Summary: res.Summary, Error: res.Error, At: now,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("history: %w", err)
+		}
 	}
 	outs, counted, err := s.recorded(t, st, b.Run, res, key, now, pol.DailyBudget)
 	if err != nil {

@@ -1,0 +1,22 @@
+package task
+
+import "github.com/dispatchmesh/dispatchmesh/events"
+
+// CountsForHistory reports whether an attempt's outcome enters its (type,
+// subject) history: what the model did on the subject — a success, a
+// failure it reported, an answer that was rejected. A provider that stayed
+// unavailable, a request refused before it was sent and every fault of the
+// deployment (events.DeploymentFault) say nothing about the subject: in
+// the history they would start its next task on PIVOT (the recurring-failure
+// rule counts them) and crowd its real failures out of the prompt.
+func CountsForHistory(res events.Result) bool {
+	if res.Outcome == events.OutcomeSuccess {
+		return true
+	}
+	switch {
+	case res.ErrorClass == events.ErrorClassTransient, res.ErrorClass == events.ErrorClassRefused,
+		events.DeploymentFault(res.ErrorClass):
+		return false
+	}
+	return true
+}
