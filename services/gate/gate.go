@@ -59,14 +59,14 @@ const MaxDeliver = 20
 // MaxHeldDeliver bounds the looks at one held pass: every look is a
 // delivery; a pass held for trust is looked at every 15–30s once the
 // backoff reached MaxHeldDelay (the default 24h hold: at most 5,760
-// looks), one waiting for canaries every 0.5–1s (the default 10m TTL: at
-// most 1,200). A longer hold time or TTL stretches the delay to fit.
+// looks), one waiting for canaries every 0.25–0.5s (the default 10m TTL: at
+// most 2,400). A longer hold time or TTL stretches the delay to fit.
 const MaxHeldDeliver = 10_000
 
 // MaxCanaryDelay caps the delay between two looks of a pass waiting for
 // canaries: a burst of a new type is admitted about this long after its
 // canaries' results score the type.
-const MaxCanaryDelay = time.Second
+const MaxCanaryDelay = 500 * time.Millisecond
 
 // MaxHeldDelay caps the delay between two looks of a pass held for trust:
 // a type re-opened by a probe gets its held tasks back within it.
