@@ -134,33 +134,28 @@ func (e *env) submit(s events.Submit) string {
 // waitEnd follows the task's events until it ends and returns them all.
 func (e *env) waitEnd(id string) []timeline.Entry {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), patience)
-	defer cancel()
-	var all []timeline.Entry
-	err := timeline.Follow(ctx, e.srv.JS, id, true, func(en timeline.Entry) bool {
-		all = append(all, en)
-		final, _ := en.Final()
-		return !final
-	})
-	if err != nil {
-		e.t.Fatalf("task %s never ended (%v); events: %v", id, err, stages(all))
-	}
-	return all
+	return e.follow(id, "ended", func(en timeline.Entry) bool { final, _ := en.Final(); return final })
 }
 
 // waitStage waits for the task's first event of stage and returns every
 // event up to it.
 func (e *env) waitStage(id, stage string) []timeline.Entry {
 	e.t.Helper()
+	return e.follow(id, "reached "+stage, func(en timeline.Entry) bool { return en.Stage == stage })
+}
+
+// follow returns the task's events up to the first that done accepts.
+func (e *env) follow(id, what string, done func(timeline.Entry) bool) []timeline.Entry {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	var all []timeline.Entry
 	err := timeline.Follow(ctx, e.srv.JS, id, true, func(en timeline.Entry) bool {
 		all = append(all, en)
-		return en.Stage != stage
+		return !done(en)
 	})
 	if err != nil {
-		e.t.Fatalf("task %s never reached %s (%v); events: %v", id, stage, err, stages(all))
+		e.t.Fatalf("task %s never %s (%v); events: %v", id, what, err, stages(all))
 	}
 	return all
 }

@@ -9,14 +9,4 @@ import "github.com/dispatchmesh/dispatchmesh/events"
 // deployment (events.DeploymentFault) say nothing about the subject: in
 // the history they would start its next task on PIVOT (the recurring-failure
 // rule counts them) and crowd its real failures out of the prompt.
-func CountsForHistory(res events.Result) bool {
-	if res.Outcome == events.OutcomeSuccess {
-		return true
-	}
-	switch {
-	case res.ErrorClass == events.ErrorClassTransient, res.ErrorClass == events.ErrorClassRefused,
-		events.DeploymentFault(res.ErrorClass):
-		return false
-	}
-	return true
-}
+func CountsForHistory(res events.Result) bool { return modelsOwn(res) }

@@ -328,7 +328,12 @@ func Ends(d events.Decision) bool {
 // of the deployment (events.DeploymentFault: a bad API key, an exhausted
 // quota, a misconfigured model, a tool that does not answer) — must not get
 // a type gated.
-func CountsForTrust(res events.Result) bool {
+func CountsForTrust(res events.Result) bool { return modelsOwn(res) }
+
+// modelsOwn reports whether an outcome is the model's own doing: a success,
+// or a failure that is neither a provider that stayed unavailable, nor a
+// request refused before it was sent, nor a fault of the deployment.
+func modelsOwn(res events.Result) bool {
 	if res.Outcome == events.OutcomeSuccess {
 		return true
 	}
