@@ -80,6 +80,9 @@ type Verdict struct {
 	// Opened: a probe of the type succeeded and no task failed since, so
 	// the type is let through while its score climbs back.
 	Opened bool
+	// Probation: Opened alone keeps the type from Below — its held tasks
+	// come back a few at a time (Policy.TrialPlaces).
+	Probation bool
 	// Below is true when gating applies and the score is below the threshold:
 	// the task must not be dispatched (unless Store.Gate makes it a probe).
 	Below bool
@@ -144,7 +147,8 @@ func (p Policy) EvaluateWith(taskType string, s Stats, prior Prior, settledOnly 
 		v.Prior, v.Score, scored = prior, prior.Shrink(own, len(rs)), true
 	}
 	run, changed := failedRun(all, p.RunAlpha, p.MinOutcomes)
-	v.Below = !v.Exempt && !v.Opened && p.Threshold >= 0 && ((scored && v.Score < p.Threshold) || changed)
+	low := !v.Exempt && p.Threshold >= 0 && ((scored && v.Score < p.Threshold) || changed)
+	v.Below, v.Probation = low && !v.Opened, low && v.Opened
 	switch {
 	case !v.Below:
 	case scored && v.Score < p.Threshold:

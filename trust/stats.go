@@ -134,19 +134,33 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 }
 
 // AdmitCanary decides whether task key (its id) may go while its type is
-// unproven (fewer than MinOutcomes outcomes): it may when it already holds a
-// place (a retry or a redelivery: a canary keeps its place until it ends, so
-// its whole ladder is measured), or when fewer than p.Canary places are held;
-// places older than p.CanaryTTL are given up first (a task lost or stuck).
-// changed reports whether next differs from s. s is not modified.
+// unproven (fewer than MinOutcomes settled tasks): it may when it already
+// holds a place (a retry or a redelivery: a canary keeps its place until it
+// ends, so its whole ladder is measured), or when fewer than p.Canary
+// places are held; places older than p.CanaryTTL are given up first (a
+// task lost or stuck). changed reports whether next differs from s. s is
+// not modified.
 func (p Policy) AdmitCanary(s Stats, key string, now time.Time) (next Stats, admit, changed bool) {
 	p = p.WithDefaults()
-	if p.Canary < 0 || p.settled(s.Outcomes) >= p.MinOutcomes ||
-		slices.ContainsFunc(s.Canaries, func(c Canary) bool { return c.Key == key }) {
+	if p.Canary < 0 || p.settled(s.Outcomes) >= p.MinOutcomes {
+		return s, true, false
+	}
+	return p.AdmitTrial(s, key, now, p.Canary)
+}
+
+// AdmitTrial decides whether task key may go as one of at most places
+// tasks on trial (the canary places): when it holds a place already, or
+// when fewer than places are held, places older than p.CanaryTTL given up
+// first. The gate puts a type's canaries on trial, and the held tasks it
+// re-admits while a probe's success alone keeps the type open
+// (TrialPlaces). s is not modified.
+func (p Policy) AdmitTrial(s Stats, key string, now time.Time, places int) (next Stats, admit, changed bool) {
+	p = p.WithDefaults()
+	if slices.ContainsFunc(s.Canaries, func(c Canary) bool { return c.Key == key }) {
 		return s, true, false
 	}
 	held := slices.DeleteFunc(slices.Clone(s.Canaries), func(c Canary) bool { return now.Sub(c.At) >= p.CanaryTTL })
-	if len(held) >= p.Canary {
+	if len(held) >= places {
 		if len(held) == len(s.Canaries) {
 			return s, false, false
 		}
@@ -157,6 +171,29 @@ func (p Policy) AdmitCanary(s Stats, key string, now time.Time) (next Stats, adm
 	next = s
 	next.Canaries = append(held, Canary{Key: key, At: now})
 	return next, true, true
+}
+
+// TrialPlaces is how many held tasks may be re-admitted at once while a
+// probe's success alone keeps the type open (Verdict.Probation): 2 after
+// the win, doubling with each task that succeeded since, up to
+// MinOutcomes — a slow start, so a lucky probe of a type that still fails
+// does not send its whole backlog before the first of them fails.
+func (p Policy) TrialPlaces(s Stats) int {
+	p = p.WithDefaults()
+	rs := p.tasks(s.Outcomes, true)
+	wins := 0
+	for i := len(rs) - 1; i >= 0 && rs[i].Success; i-- {
+		wins++
+		if rs[i].Probe {
+			break
+		}
+	}
+	limit := max(p.MinOutcomes, 2)
+	places := 1
+	for range min(wins, 16) {
+		places = min(2*places, limit)
+	}
+	return max(places, 2)
 }
 
 // Release returns s without the canary place of key; changed is false when

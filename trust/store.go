@@ -107,6 +107,20 @@ func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time,
 	return admit, err
 }
 
+// Trial asks for one of places trial places for task key (Policy.AdmitTrial):
+// a held task re-admitted while its type is on probation.
+func (s *Store) Trial(ctx context.Context, taskType, key string, now time.Time, p Policy, places int) (admit bool, err error) {
+	if key == "" {
+		return false, fmt.Errorf("%w: trial call without a key", ErrInvalid)
+	}
+	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		next, a, changed := p.AdmitTrial(cur, key, now, places)
+		admit = a
+		return next, changed
+	})
+	return admit, err
+}
+
 // Release gives up the canary place of task key, if it holds one: the task
 // ended, or the gate stopped it.
 func (s *Store) Release(ctx context.Context, taskType, key string) (Stats, error) {

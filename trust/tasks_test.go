@@ -304,3 +304,25 @@ func TestRungBelowWithPool(t *testing.T) {
 		t.Error("8 of 8 own retries succeeded: stopped on the pool's word")
 	}
 }
+
+// After a probe's win the held come back two at a time, doubling with
+// every task that succeeds, up to MinOutcomes.
+func TestTrialPlaces(t *testing.T) {
+	base := failedTasks(12)
+	win := trust.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
+	p := trust.Policy{}
+	for _, tt := range []struct {
+		successes, want int
+	}{{0, 2}, {1, 4}, {2, 8}, {3, 10}, {6, 10}} {
+		all := append(append([]trust.Outcome{}, base...), win)
+		for i := range tt.successes {
+			all = append(all, ladder(fmt.Sprintf("ok%d", i), 3700+i, "S", false)...)
+		}
+		if got := p.TrialPlaces(trust.Stats{Outcomes: all}); got != tt.want {
+			t.Errorf("%d successes after the win: %d places, want %d", tt.successes, got, tt.want)
+		}
+		if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); tt.successes == 0 && !v.Probation {
+			t.Errorf("right after the win: not on probation: %+v", v)
+		}
+	}
+}

@@ -254,6 +254,20 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 	}
 
+	if held != nil && held.Hold == events.HoldTrust && v.Probation && !b.Run.Probe {
+		// Re-admitted on a probe's word alone: a few at a time, more with
+		// every success (a slow start), so a lucky probe of a type that
+		// still fails does not send the whole backlog.
+		ok, err := s.trial(ctx, t, b.At, scoring, stats)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, services.Snooze(heldDelay(m.Delivered, scoring.HoldTime), ErrHeld)
+		}
+		d.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, scoring.TrialPlaces(stats))
+	}
+
 	if retry && b.Run.Rung != "" {
 		pool := s.pool()
 		explore := services.MsgID(t.ID, b.Run.Pass, "explore") // the retry's own rung may be explored
@@ -550,6 +564,20 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 		freed = true
 	}
 	return freed, nil
+}
+
+// trial asks for a trial place for a held task of a type on probation,
+// freeing the places of tasks that ended when every place is taken.
+func (s *Service) trial(ctx context.Context, t events.Task, now time.Time, p trust.Policy, stats trust.Stats) (bool, error) {
+	places := p.TrialPlaces(stats)
+	ok, err := s.cfg.Trust.Trial(ctx, t.Type, t.ID, now, p, places)
+	if ok || err != nil {
+		return ok, err
+	}
+	if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil || !freed {
+		return false, err
+	}
+	return s.cfg.Trust.Trial(ctx, t.Type, t.ID, now, p, places)
 }
 
 // canaryDelay is how long a waiting pass sleeps before it looks again:

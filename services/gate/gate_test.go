@@ -400,12 +400,13 @@ func TestHeldRetryGoesToReviewAfterTheHoldTime(t *testing.T) {
 }
 
 // Held tasks come back on their own: a probe of the held (one per probe
-// interval however many look), and once a probe succeeded, the others.
+// interval however many look), and once a probe succeeded, the others — a
+// few at a time until the type's score recovers.
 func TestHeldTasksReadmittedWhenAProbeSucceeds(t *testing.T) {
 	e := newEnv(t, nil)
 	e.outcomes("css_fix", 10, 0, "")
 	ctx := context.Background()
-	for _, id := range []string{"h1", "h2"} {
+	for _, id := range []string{"h1", "h2", "h3", "h4"} {
 		if to, _, err := e.pass(id, "css_fix", first(), 0); err != nil || to != events.StageHeld {
 			t.Fatalf("%s went to %s (%v)", id, to, err)
 		}
@@ -423,16 +424,30 @@ func TestHeldTasksReadmittedWhenAProbeSucceeds(t *testing.T) {
 	if _, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 2); !errors.Is(err, gate.ErrHeld) {
 		t.Fatalf("a second look in the interval: %v", err)
 	}
-	// The probe succeeds: the type is open again, h2 goes.
+	// The probe succeeds: the type is open again, on probation — two of
+	// the held come back at once, the third waits for one of them.
 	e.publish("css_fix", trust.Outcome{Key: "h1:1:outcome", Task: "h1", Success: true, Probe: true, End: true, At: now})
-	if outs, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 3); err != nil || to(outs) != events.StageAdmitted {
-		t.Fatalf("after the probe's success h2 went to %s (%v)", to(outs), err)
+	for _, id := range []string{"h2", "h3"} {
+		if outs, err := e.held(id, "css_fix", first(), events.HoldTrust, time.Minute, 3); err != nil || to(outs) != events.StageAdmitted {
+			t.Fatalf("after the probe's success %s went to %s (%v)", id, to(outs), err)
+		}
+	}
+	if _, err := e.held("h4", "css_fix", first(), events.HoldTrust, time.Minute, 3); !errors.Is(err, gate.ErrHeld) {
+		t.Fatalf("a third re-admission while two are on trial: %v", err)
+	}
+	// h3 succeeds (its place is freed once it ended): four places now.
+	e.publish("css_fix", trust.Outcome{Key: "h3:1:outcome", Task: "h3", Success: true, End: true, At: now})
+	if _, err := e.tasks.Update(ctx, "h3", func(st *events.TaskState, _ bool) error { st.Status = events.StatusSucceeded; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if outs, err := e.held("h4", "css_fix", first(), events.HoldTrust, time.Minute, 4); err != nil || to(outs) != events.StageAdmitted {
+		t.Fatalf("after a success on trial h4 went to %s (%v)", to(outs), err)
 	}
 	// A held pass of a task a human requeued meanwhile is dropped.
 	if _, err := e.tasks.Update(ctx, "h2", func(st *events.TaskState, _ bool) error { st.Pass = 4; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if outs, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 4); err != nil || len(outs) != 0 {
+	if outs, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 5); err != nil || len(outs) != 0 {
 		t.Fatalf("a held pass of a task that moved on: %d outputs, %v", len(outs), err)
 	}
 }
