@@ -162,7 +162,12 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		return stats, scoring.EvaluateWith(t.Type, stats, scoring.PriorOf(s.pool(), t.Type), retry)
 	}
 	stats, v := evaluate()
-	if mayHinge(b.Run, v, scoring, pol.IsExempt()) {
+	// Most looks at a pass waiting for canaries find every place still
+	// taken: they read nothing from the server (quickLook); one in
+	// FullLookEvery does the full look, which also frees the places of
+	// canaries a human ended.
+	quickLook := held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
+	if !quickLook && mayHinge(b.Run, v, scoring, pol.IsExempt()) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
 		// end before it submitted this task — and the view may not have
@@ -301,12 +306,18 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	}
 
 	if v.Unproven && !d.Exempt && !b.Run.Probe && scoring.Threshold >= 0 {
-		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
-			return nil, err
-		}
 		// One round: as many canaries as the type's evidence needs to be
 		// decided with the mesh's (the prior's Sample), MinOutcomes without.
 		scoring.Canary = scoring.CanariesWith(scoring.PriorOf(s.pool(), t.Type))
+		if quickLook && b.At.Sub(held.At) < scoring.CanaryTTL && placesTaken(stats, scoring, b.At, t.ID) {
+			s.metrics.waits.WithLabelValues(t.Type).Inc()
+			return nil, services.Snooze(canaryDelay(m.Delivered, scoring.CanaryTTL), ErrCanaryWait)
+		}
+		if held == nil { // a held look read the state already (HandleHeld)
+			if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
+				return nil, err
+			}
+		}
 		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes)
 		if err != nil {
 			return nil, err
@@ -339,6 +350,32 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 	}
 	return s.admit(ctx, b, d, sealed)
+}
+
+// FullLookEvery: one look in this many at a pass waiting for canaries
+// reads the server whatever the view shows (see quickLook).
+const FullLookEvery = 8
+
+// placesTaken reports whether the view shows every canary place of the
+// type taken by another task still in flight — unexpired, with no final
+// result among the type's outcomes — so a look would be refused.
+func placesTaken(stats trust.Stats, p trust.Policy, now time.Time, self string) bool {
+	if p.Canary < 0 {
+		return false
+	}
+	ended := map[string]bool{}
+	for _, r := range trust.Tasks(stats.Outcomes) {
+		if r.Settled() {
+			ended[r.Task] = true
+		}
+	}
+	taken := 0
+	for _, c := range stats.Canaries {
+		if c.Key != self && now.Sub(c.At) < p.CanaryTTL && !ended[c.Key] {
+			taken++
+		}
+	}
+	return taken >= p.Canary
 }
 
 // pool is the mesh's pooled evidence, every type's window as the
