@@ -87,7 +87,13 @@ func Emit(subject, msgID, name, taskID string, v any) (Out, error) {
 // name the task and the pass, so whoever cannot decode the body (a
 // dead-letter, a reviewer) still knows where it belongs.
 func Next(b events.Base, stage, name string, v any) (Out, error) {
-	out, err := Emit(events.TaskSubject(b.Task.ID, stage), MsgID(b.Task.ID, b.Run.Pass, stage), name, b.Task.ID, v)
+	return NextAs(b, stage, stage, name, v)
+}
+
+// NextAs is Next with the Nats-Msg-Id of key instead of the stage: for a
+// stage a pass may reach more than once, each time for another reason.
+func NextAs(b events.Base, stage, key, name string, v any) (Out, error) {
+	out, err := Emit(events.TaskSubject(b.Task.ID, stage), MsgID(b.Task.ID, b.Run.Pass, key), name, b.Task.ID, v)
 	if err == nil {
 		out.Header.Set(events.HeaderPass, strconv.Itoa(b.Run.Pass))
 	}

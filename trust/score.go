@@ -116,10 +116,11 @@ func (p Policy) Evaluate(taskType string, s Stats) Verdict {
 // as failed so far: a regression shows at once.
 func (p Policy) EvaluateWith(taskType string, s Stats, prior Prior, settledOnly bool) Verdict {
 	p = p.WithDefaults()
-	all := p.tasks(s.Outcomes, false)
+	folded := Tasks(s.Outcomes) // once: the window, its settled tasks and the run test read it
+	all := p.window(folded, false)
 	rs := all
 	if settledOnly {
-		rs = p.tasks(s.Outcomes, true)
+		rs = p.window(folded, true)
 	}
 	own, _, _ := scoreTasks(rs, p)
 	v := Verdict{

@@ -96,12 +96,17 @@ func Tasks(outcomes []Outcome) []TaskResult {
 	return sorted
 }
 
-// window is the newest p.Window tasks of outcomes; settled keeps only
+// tasks is the newest p.Window tasks of outcomes; settled keeps only
 // those whose result is final.
 func (p Policy) tasks(outcomes []Outcome, settled bool) []TaskResult {
-	rs := Tasks(outcomes)
+	return p.window(Tasks(outcomes), settled)
+}
+
+// window is the newest p.Window of the folded tasks rs; settled keeps only
+// those whose result is final. rs is not modified.
+func (p Policy) window(rs []TaskResult, settled bool) []TaskResult {
 	if settled {
-		rs = slices.DeleteFunc(rs, func(r TaskResult) bool { return !r.Settled() })
+		rs = slices.DeleteFunc(slices.Clone(rs), func(r TaskResult) bool { return !r.Settled() })
 	}
 	return lastN(rs, p.Window)
 }
@@ -358,12 +363,12 @@ func (pool *Pool) rate(taskType string, rungs func(events.Rung) bool) (mean floa
 
 // windowOutcomes is the outcomes of the newest p.Window tasks.
 func (p Policy) windowOutcomes(outcomes []Outcome) []Outcome {
-	rs := p.tasks(outcomes, false)
-	if len(rs) == len(Tasks(outcomes)) {
+	folded := Tasks(outcomes)
+	if len(folded) <= p.Window {
 		return outcomes
 	}
-	keep := make(map[string]struct{}, len(rs))
-	for _, r := range rs {
+	keep := make(map[string]struct{}, p.Window)
+	for _, r := range lastN(folded, p.Window) {
 		keep[r.Task] = struct{}{}
 	}
 	out := make([]Outcome, 0, len(outcomes))

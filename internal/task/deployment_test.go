@@ -39,36 +39,12 @@ func TestDeploymentFaultHandsOffWithTheFixFirst(t *testing.T) {
 	}
 }
 
-func TestCountsForTrust(t *testing.T) {
-	tests := []struct {
-		res  events.Result
-		want bool
-	}{
-		{ok(), true},
-		{failed(events.ErrorClassTask, "x"), true},
-		{failed(events.ErrorClassInvalidOutput, "x"), true},
-		{failed(events.ErrorClassDeterministic, "x"), true},
-		{failed(events.ErrorClassTimeout, "x"), true},
-		{failed(events.ErrorClassTransient, "provider unavailable"), false},
-		{failed(events.ErrorClassRefused, "refused"), false},
-		{failed(events.ErrorClassAuth, "401"), false},
-		{failed(events.ErrorClassQuota, "quota"), false},
-		{failed(events.ErrorClassConfig, "404 model"), false},
-		{failed(events.ErrorClassToolUnavailable, "no responders"), false},
-	}
-	for _, tt := range tests {
-		if got := task.CountsForTrust(tt.res); got != tt.want {
-			t.Errorf("CountsForTrust(%s) = %v, want %v", tt.res.ErrorClass, got, tt.want)
-		}
-	}
-}
-
-// Only what the model did on a subject enters its history: a provider
-// that stayed unavailable, a refused request and the deployment's faults
-// say nothing about the subject — in the history they would start its
-// next task on PIVOT (three "failures") and crowd its real failures out
-// of the prompt.
-func TestCountsForHistory(t *testing.T) {
+// Only what the model did counts for its type's trust and enters its
+// subject's history: a provider that stayed unavailable, a refused request
+// and the deployment's faults say nothing about either — in the history
+// they would start the subject's next task on PIVOT (three "failures") and
+// crowd its real failures out of the prompt.
+func TestCountsForTrustAndHistory(t *testing.T) {
 	tests := []struct {
 		res  events.Result
 		want bool
@@ -89,6 +65,9 @@ func TestCountsForHistory(t *testing.T) {
 		{failed(events.ErrorClassToolUnavailable, "no responders"), false},
 	}
 	for _, tt := range tests {
+		if got := task.CountsForTrust(tt.res); got != tt.want {
+			t.Errorf("CountsForTrust(%s) = %v, want %v", tt.res.ErrorClass, got, tt.want)
+		}
 		if got := task.CountsForHistory(tt.res); got != tt.want {
 			t.Errorf("CountsForHistory(%s) = %v, want %v", tt.res.ErrorClass, got, tt.want)
 		}

@@ -94,7 +94,7 @@ func Hold(st events.TaskState, found bool, b events.Base, reason string) (events
 		if st.Status == events.StatusHeld && st.Pass == b.Run.Pass {
 			return st, CauseRedelivered
 		}
-		if st.Pass == b.Run.Pass && (st.Status == events.StatusRunning || recordOfPass(st, b.Run.Pass)) {
+		if st.Pass == b.Run.Pass && (st.Status == events.StatusRunning || Attempted(st, b.Run.Pass)) {
 			return st, CauseMovedOn // admitted already: a redelivery of what decided so
 		}
 	} else {
@@ -119,7 +119,9 @@ func HandOff(st events.TaskState, found bool, b events.Base, reason string) (eve
 	})
 }
 
-func recordOfPass(st events.TaskState, pass int) bool {
+// Attempted reports whether st records an attempt of pass: the gate let
+// that pass through and its attempt ran.
+func Attempted(st events.TaskState, pass int) bool {
 	_, ok := recordOf(&st, pass)
 	return ok
 }

@@ -35,7 +35,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -145,7 +144,7 @@ func movedOn(st events.TaskState, pass int) bool {
 	case st.Pass == pass && st.Status == events.StatusRunning:
 		return true
 	}
-	return slices.ContainsFunc(st.History, func(r events.AttemptRecord) bool { return r.Pass == pass })
+	return task.Attempted(st, pass)
 }
 
 // decide is the gate's decision on a pass, verified (held nil) or held.
@@ -233,7 +232,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
 			return nil, err
 		}
-		probe, err := s.probe(ctx, m, b, scoring, held, gateKey)
+		probe, err := s.probe(ctx, b, scoring, held, gateKey, stats.Outcomes)
 		if err != nil {
 			return nil, err
 		}
@@ -400,11 +399,12 @@ func pooledRungs(pool *trust.Pool, taskType string, rung events.Rung) string {
 // failed probe in a row), so a backlog of held tasks sends one probe per
 // interval however often they are looked at. A retry held on arrival
 // takes no step of the streak.
-func (s *Service) probe(ctx context.Context, m *services.Msg, b events.Base, p trust.Policy, held *events.Held, gateKey string) (bool, error) {
+// outcomes are the type's, as the decision read them.
+func (s *Service) probe(ctx context.Context, b events.Base, p trust.Policy, held *events.Held, gateKey string, outcomes []trust.Outcome) (bool, error) {
 	t := b.Task
 	switch {
 	case held != nil && held.Hold == events.HoldTrust:
-		return s.cfg.Trust.HeldProbe(ctx, p, t.Type, b.At, s.cfg.View.Stats(t.Type).Outcomes)
+		return s.cfg.Trust.HeldProbe(ctx, p, t.Type, b.At, outcomes)
 	case b.Run.Attempt > 1:
 		return false, nil
 	}
@@ -451,11 +451,8 @@ func (s *Service) park(b events.Base, hold events.Hold, d events.TrustDecision, 
 	if hold == events.HoldTrust { // a wait for canaries is no decision: dispatch_gate_waits_total counts it
 		s.decided(context.Background(), b, d)
 	}
-	out, err := services.Emit(events.TaskSubject(b.Task.ID, events.StageHeld), services.MsgID(b.Task.ID, b.Run.Pass, events.StageHeld+"-"+string(hold)),
-		events.EventHeld, b.Task.ID, events.Held{Base: b, Hold: hold, Trust: d, Reason: d.Reason, Sealed: sealed})
-	if err == nil {
-		out.Header.Set(events.HeaderPass, strconv.Itoa(b.Run.Pass))
-	}
+	out, err := services.NextAs(b, events.StageHeld, events.StageHeld+"-"+string(hold), events.EventHeld,
+		events.Held{Base: b, Hold: hold, Trust: d, Reason: d.Reason, Sealed: sealed})
 	return []services.Out{out}, err
 }
 

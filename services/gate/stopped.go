@@ -3,9 +3,9 @@ package gate
 import (
 	"context"
 	"errors"
-	"slices"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
@@ -34,8 +34,7 @@ func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDeci
 	if err != nil {
 		return nil, false, err
 	}
-	attempted := slices.ContainsFunc(st.History, func(r events.AttemptRecord) bool { return r.Pass == b.Run.Pass })
-	if st.Pass != b.Run.Pass || attempted {
+	if st.Pass != b.Run.Pass || task.Attempted(st, b.Run.Pass) {
 		return nil, false, nil // the recorder's handoff, or not this pass
 	}
 	b.At = st.UpdatedAt // when the stop was decided (SetStatus and HandOff keep it)
