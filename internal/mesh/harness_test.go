@@ -144,6 +144,19 @@ func (e *env) waitStage(id, stage string) []timeline.Entry {
 	return e.follow(id, "reached "+stage, func(en timeline.Entry) bool { return en.Stage == stage })
 }
 
+// waitSettled waits until the task ended, or is held for its type's
+// trust (its held event seen with its state held: the gate writes the
+// state first), and returns its events up to then.
+func (e *env) waitSettled(id string) []timeline.Entry {
+	e.t.Helper()
+	return e.follow(id, "settled", func(en timeline.Entry) bool {
+		if final, _ := en.Final(); final {
+			return true
+		}
+		return en.Stage == events.StageHeld && e.state(id).Status == events.StatusHeld
+	})
+}
+
 // follow returns the task's events up to the first that done accepts.
 func (e *env) follow(id, what string, done func(timeline.Entry) bool) []timeline.Entry {
 	e.t.Helper()

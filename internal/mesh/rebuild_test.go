@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
@@ -17,12 +18,14 @@ import (
 )
 
 // After a run with concurrent recorders — successes, ladder climbs,
-// escalations, gated and stale tasks — rebuilding every store from the
+// escalations, held and stale tasks — rebuilding every store from the
 // stream finds no difference; a tampered store is found and restored:
 // a task state, the gate's facts, an outcome lost from the outcome stream
 // and a subject's history record lost from the history bucket.
 func TestRebuildAgreesWithLiveStores(t *testing.T) {
-	pol := &policy.File{Types: map[string]policy.Type{
+	// Held tasks stay held while the stores are compared: no probe of the
+	// held for an hour.
+	pol := &policy.File{Defaults: policy.Type{ProbeInterval: policy.Duration(time.Hour)}, Types: map[string]policy.Type{
 		"stale_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
 		"bug_fix":   {MaxRetries: 3},
 	}}
@@ -56,7 +59,7 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	}
 	wg.Wait()
 	for _, id := range ids {
-		e.waitEnd(id)
+		e.waitSettled(id) // ended, or held for bug_fix's trust
 	}
 
 	ctx := context.Background()
