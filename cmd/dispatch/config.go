@@ -67,9 +67,10 @@ type Config struct {
 	// page and its JSON API. Default 127.0.0.1:8080; "off" turns it off in
 	// `dispatch up`. An address beyond loopback requires HTTPToken.
 	HTTPListen string `envconfig:"HTTP_LISTEN" default:"127.0.0.1:8080"`
-	// HTTPToken, when set, is required by the review page and API
-	// (Authorization: Bearer, or ?token= once in a browser). Default: none,
-	// which restricts HTTPListen to loopback addresses.
+	// HTTPToken is required by the review page and API (Authorization:
+	// Bearer, or ?token= once in a browser). Default: none, which restricts
+	// HTTPListen to loopback addresses; the process then makes a token at
+	// every start and prints the page's address with it.
 	HTTPToken string `envconfig:"HTTP_TOKEN"`
 
 	// MetricsListen serves /metrics and /healthz when set.

@@ -53,7 +53,7 @@ func BenchmarkReviewQueue(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(rc.Close)
-	h, err := web.New(web.Config{Review: rc, Log: quiet})
+	h, err := web.New(web.Config{Review: rc, Token: "bench", Log: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,7 +81,12 @@ func BenchmarkReviewQueue(b *testing.B) {
 	b.Run("cli-reason-type", cli("-reason", "escalated", "-type", "py_fix"))
 	get := func(b *testing.B, path string) {
 		for b.Loop() {
-			resp, err := http.Get(hs.URL + path)
+			req, err := http.NewRequest("GET", hs.URL+path, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer bench")
+			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				b.Fatal(err)
 			}

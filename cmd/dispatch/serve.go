@@ -55,6 +55,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	// The review page's address is checked before anything starts: beyond
 	// localhost without a token, `up` refuses to start.
 	var webLn net.Listener
+	var token string
 	if cfg.HTTPListen != "" && cfg.HTTPListen != "off" {
 		ln, err := web.Listen(cfg.HTTPListen, cfg.HTTPToken)
 		if err != nil {
@@ -62,6 +63,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		}
 		webLn = ln
 		defer ln.Close()
+		token = pageToken(cfg)
 	}
 	ns, err := startServer(cfg, dataDir)
 	if err != nil {
@@ -84,7 +86,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	checks := &health.Checks{}
 	var more []prometheus.Collector
 	if webLn != nil {
-		page, stop, err := startWeb(ctx, cfg, log, url, webLn)
+		page, stop, err := startWeb(ctx, cfg, log, url, webLn, token)
 		if err != nil {
 			return err
 		}
@@ -112,7 +114,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		fmt.Fprintf(&banner, "  metrics:  http://%s/metrics  (health: /healthz, /readyz)\n", cfg.MetricsListen)
 	}
 	if webLn != nil {
-		fmt.Fprintf(&banner, "  review:   %s\n", webURL(webLn, cfg.HTTPToken))
+		fmt.Fprintf(&banner, "  review:   %s\n", webURL(webLn, cfg.HTTPToken, token))
 	}
 	fmt.Fprintf(&banner, "  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
 	fmt.Fprintf(&banner, "            dispatch submit -type css_fix -subject src/app.css -wait\n")
@@ -146,14 +148,14 @@ func waitAPI(ctx context.Context, url string, served <-chan error) error {
 	}
 }
 
-// startWeb serves the review page on ln, on its own connection to url,
-// until ctx ends; stop waits for it to finish.
-func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener) (page *webPage, stop func(), err error) {
+// startWeb serves the review page on ln, requiring token, on its own
+// connection to url, until ctx ends; stop waits for it to finish.
+func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener, token string) (page *webPage, stop func(), err error) {
 	nc, err := cfg.connect(url, "web")
 	if err != nil {
 		return nil, nil, err
 	}
-	page, err = newWebPage(ctx, cfg, nc, log)
+	page, err = newWebPage(ctx, cfg, nc, log, token)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err

@@ -40,10 +40,18 @@ func TestMain(m *testing.M) {
 // waits until it says it is up, and returns its NATS URL.
 func startUp(t *testing.T, dataDir string, env ...string) (pid int, url string, kill func()) {
 	t.Helper()
+	pid, url, kill, _ = startUpOut(t, dataDir, env...)
+	return pid, url, kill
+}
+
+// startUpOut is startUp that also returns everything the process writes,
+// stdout and stderr.
+func startUpOut(t *testing.T, dataDir string, env ...string) (pid int, url string, kill func(), out *syncBuffer) {
+	t.Helper()
+	out = &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := upCommand(ctx, dataDir, env...)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		cancel()
 		t.Fatal(err)
@@ -68,7 +76,7 @@ func startUp(t *testing.T, dataDir string, env ...string) (pid int, url string, 
 	if m == nil {
 		t.Fatalf("dispatch up printed no NATS URL:\n%s", out.String())
 	}
-	return cmd.Process.Pid, m[1], kill
+	return cmd.Process.Pid, m[1], kill, out
 }
 
 // natsURL finds the URL in up's banner ("  NATS:     nats://…").

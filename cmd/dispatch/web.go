@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,7 +27,7 @@ import (
 // cmdWeb serves the review page and its JSON API against a running mesh.
 func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("web", flag.ContinueOnError)
-	listen := fs.String("listen", cfg.HTTPListen, "address to serve on (DISPATCH_HTTP_LISTEN); beyond localhost DISPATCH_HTTP_TOKEN is required")
+	listen := fs.String("listen", cfg.HTTPListen, "address to serve on (DISPATCH_HTTP_LISTEN); beyond localhost DISPATCH_HTTP_TOKEN is required, else a token is made and printed")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,7 +45,8 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	page, err := newWebPage(ctx, cfg, nc, log)
+	token := pageToken(cfg)
+	page, err := newWebPage(ctx, cfg, nc, log, token)
 	if err != nil {
 		ln.Close()
 		return err
@@ -62,7 +64,7 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 		}
 		defer stop()
 	}
-	fmt.Fprintf(stdout, "dispatchmesh review page: %s\n", webURL(ln, cfg.HTTPToken))
+	fmt.Fprintf(stdout, "dispatchmesh review page: %s\n", webURL(ln, cfg.HTTPToken, token))
 	return page.serve(ctx, ln, log)
 }
 
@@ -78,8 +80,9 @@ type webPage struct {
 	review  *review.Client
 }
 
-// newWebPage builds the review page on nc and registers its micro service.
-func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (*webPage, error) {
+// newWebPage builds the review page on nc, requiring token, and registers
+// its micro service.
+func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger, token string) (*webPage, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -92,7 +95,7 @@ func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	h, err := web.New(web.Config{Review: rc, Token: cfg.HTTPToken, Log: log})
+	h, err := web.New(web.Config{Review: rc, Token: token, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -171,16 +174,26 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// webURL is what to open in a browser (never with the token itself).
-func webURL(ln net.Listener, token string) string {
+// pageToken is the page's token: DISPATCH_HTTP_TOKEN, else one made for
+// this process, which only the address printed at start carries.
+func pageToken(cfg Config) string {
+	if cfg.HTTPToken != "" {
+		return cfg.HTTPToken
+	}
+	return web.NewToken()
+}
+
+// webURL is what to open in a browser: with the token this process made
+// (token, when none is configured), never with a configured one.
+func webURL(ln net.Listener, configured, token string) string {
 	addr := ln.Addr().(*net.TCPAddr)
 	host := addr.IP.String()
 	if addr.IP.IsUnspecified() {
 		host = "localhost"
 	}
 	u := fmt.Sprintf("http://%s/", net.JoinHostPort(host, fmt.Sprint(addr.Port)))
-	if token != "" {
-		u += "  (token required: open it once as /?token=$DISPATCH_HTTP_TOKEN, or send Authorization: Bearer)"
+	if configured != "" {
+		return u + "  (token required: open it once as /?token=$DISPATCH_HTTP_TOKEN, or send Authorization: Bearer)"
 	}
-	return u
+	return u + "?token=" + url.QueryEscape(token) + "  (a new token each start; DISPATCH_HTTP_TOKEN sets one)"
 }

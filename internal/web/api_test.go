@@ -36,7 +36,10 @@ type seeded struct {
 
 const evil = `<script>alert("x")</script>`
 
-func newSeeded(t *testing.T, token string) *seeded {
+// token is the page's token in these tests.
+const token = "s3cret"
+
+func newSeeded(t *testing.T) *seeded {
 	t.Helper()
 	srv := natstest.Start(t)
 	stores, err := services.Provision(bg, srv.JS, services.StreamConfig{})
@@ -114,6 +117,17 @@ func (s *seeded) publish(subject, event, by, why string, v any) {
 // do sends a request and returns the status and body.
 func (s *seeded) do(method, path, contentType, body string, header ...string) (int, string) {
 	s.t.Helper()
+	resp := s.send(method, path, contentType, body, header...)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// send sends a request, not following redirects, with the token as a
+// bearer unless header names Authorization or Cookie (an empty value sends
+// none of it).
+func (s *seeded) send(method, path, contentType, body string, header ...string) *http.Response {
+	s.t.Helper()
 	req, err := http.NewRequest(method, s.http.URL+path, strings.NewReader(body))
 	if err != nil {
 		s.t.Fatal(err)
@@ -121,21 +135,28 @@ func (s *seeded) do(method, path, contentType, body string, header ...string) (i
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	bearer := true
 	for i := 0; i+1 < len(header); i += 2 {
-		if header[i] == "Host" {
+		switch header[i] {
+		case "Host":
 			req.Host = header[i+1]
 			continue
+		case "Authorization", "Cookie":
+			bearer = false
 		}
-		req.Header.Set(header[i], header[i+1])
+		if header[i+1] != "" {
+			req.Header.Set(header[i], header[i+1])
+		}
+	}
+	if bearer {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := client.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp
 }
 
 func decode[T any](t *testing.T, body string) T {
@@ -148,7 +169,7 @@ func decode[T any](t *testing.T, body string) T {
 }
 
 func TestAPIReview(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	code, body := s.do("GET", "/api/review", "", "")
 	if code != 200 {
 		t.Fatalf("%d %s", code, body)
@@ -170,7 +191,7 @@ func TestAPIReview(t *testing.T) {
 }
 
 func TestAPITaskAndTimeline(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	code, body := s.do("GET", "/api/tasks/blk-1", "", "")
 	d := decode[review.Detail](t, body)
 	if code != 200 || d.Task == nil || d.Task.Status != events.StatusBlocked || len(d.Attempts) != 2 || !d.Actionable ||
@@ -195,7 +216,7 @@ func TestAPITaskAndTimeline(t *testing.T) {
 }
 
 func TestAPITrust(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	code, body := s.do("GET", "/api/trust", "", "")
 	all := decode[[]review.TrustView](t, body)
 	if code != 200 || len(all) != 1 || all[0].Type != "css_fix" || all[0].Outcomes != 3 || len(all[0].Recent) != 3 || all[0].Gated {
@@ -204,7 +225,7 @@ func TestAPITrust(t *testing.T) {
 }
 
 func TestAPIActions(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	code, body := s.do("POST", "/api/tasks/blk-1/resolve", "application/json", `{"note":"fixed by hand","by":"alice"}`)
 	dec := decode[review.Decision](t, body)
 	if code != 200 || dec.Task == nil || dec.Task.Status != events.StatusSucceeded || dec.Action.By != "alice" {
@@ -243,7 +264,7 @@ func TestAPIActions(t *testing.T) {
 }
 
 func TestPagesEscapeAndAct(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	code, body := s.do("GET", "/", "", "")
 	if code != 200 || !strings.Contains(body, "blk-1") || !strings.Contains(body, "gtd-1") || !strings.Contains(body, "keeps records for 30d") {
 		t.Fatalf("queue page: %d %s", code, body)
@@ -268,55 +289,65 @@ func TestPagesEscapeAndAct(t *testing.T) {
 	if code != http.StatusSeeOther {
 		t.Fatalf("form post: %d", code)
 	}
-	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).PostForm(s.http.URL+"/tasks/run-1/requeue", url.Values{"note": {"x"}, "back": {"//evil.example/"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := s.send("POST", "/tasks/run-1/requeue", "application/x-www-form-urlencoded", url.Values{"note": {"x"}, "back": {"//evil.example/"}}.Encode())
 	resp.Body.Close()
 	if loc := resp.Header.Get("Location"); !strings.HasPrefix(loc, "/tasks/run-1?err=") {
 		t.Errorf("redirect after a refused action = %q", loc)
 	}
 }
 
-func TestNoTokenAnswersOnlyLocalhost(t *testing.T) {
-	s := newSeeded(t, "")
-	if code, _ := s.do("GET", "/api/review", "", "", "Host", "dispatch.example.com"); code != http.StatusForbidden {
-		t.Errorf("foreign Host header: %d, want 403", code)
+// Nothing but the token opens the page: not a loopback Host header (a
+// reverse proxy on this host may forward Host: localhost), not the loopback
+// address every request of this test comes from, not forwarding headers.
+func TestNeverTrustsHostOrAddress(t *testing.T) {
+	if _, err := web.New(web.Config{Review: &review.Client{}}); !errors.Is(err, web.ErrNoToken) {
+		t.Fatalf("New without a token: %v, want ErrNoToken", err)
 	}
-	if code, _ := s.do("GET", "/api/review", "", "", "Host", "localhost:8080"); code != 200 {
-		t.Errorf("localhost: %d", code)
+	s := newSeeded(t)
+	for _, host := range []string{"localhost", "localhost:8080", "127.0.0.1:8080", "[::1]:8080", "dispatch.example.com"} {
+		for _, path := range []string{"/", "/api/review", "/tasks/blk-1"} {
+			if code, _ := s.do("GET", path, "", "", "Host", host, "Authorization", "", "X-Forwarded-For", "127.0.0.1", "X-Real-IP", "127.0.0.1"); code != http.StatusUnauthorized {
+				t.Errorf("GET %s, Host %s, no token: %d, want 401", path, host, code)
+			}
+		}
+		if code, _ := s.do("POST", "/api/tasks/gtd-1/reject", "application/json", `{"note":"x"}`, "Host", host, "Authorization", ""); code != http.StatusUnauthorized {
+			t.Errorf("POST, Host %s, no token: %d, want 401", host, code)
+		}
 	}
-	// A form posted from another site through the reviewer's browser is refused.
-	if code, _ := s.do("POST", "/tasks/gtd-1/reject", "application/x-www-form-urlencoded", "note=x", "Sec-Fetch-Site", "cross-site"); code != http.StatusForbidden {
+	// The token itself works whatever the Host.
+	if code, _ := s.do("GET", "/api/review", "", "", "Host", "dispatch.example.com"); code != http.StatusOK {
+		t.Errorf("with the token, Host dispatch.example.com: %d", code)
+	}
+	// A form posted from another site through the reviewer's browser (its
+	// cookie and all) is refused.
+	if code, _ := s.do("POST", "/tasks/gtd-1/reject", "application/x-www-form-urlencoded", "note=x", "Cookie", "dispatch_token="+token, "Sec-Fetch-Site", "cross-site"); code != http.StatusForbidden {
 		t.Errorf("cross-site post: %d, want 403", code)
 	}
 }
 
 func TestTokenIsRequired(t *testing.T) {
-	s := newSeeded(t, "s3cret")
+	s := newSeeded(t)
+	none := []string{"Authorization", ""}
 	for _, path := range []string{"/", "/api/review", "/api/tasks/blk-1", "/tasks/blk-1", "/api/trust"} {
-		if code, _ := s.do("GET", path, "", ""); code != http.StatusUnauthorized {
+		if code, _ := s.do("GET", path, "", "", none...); code != http.StatusUnauthorized {
 			t.Errorf("GET %s without the token: %d, want 401", path, code)
 		}
 	}
-	if code, _ := s.do("POST", "/api/tasks/blk-1/resolve", "application/json", `{"note":"x"}`); code != http.StatusUnauthorized {
+	if code, _ := s.do("POST", "/api/tasks/blk-1/resolve", "application/json", `{"note":"x"}`, none...); code != http.StatusUnauthorized {
 		t.Errorf("POST without the token: %d", code)
 	}
 	if code, _ := s.do("GET", "/api/review", "", "", "Authorization", "Bearer wrong"); code != http.StatusUnauthorized {
 		t.Errorf("wrong token: %d", code)
 	}
-	if code, _ := s.do("GET", "/api/review", "", "", "Authorization", "Bearer s3cret"); code != 200 {
+	if code, _ := s.do("GET", "/api/review", "", "", "Authorization", "Bearer "+token); code != 200 {
 		t.Errorf("bearer token: %d", code)
 	}
-	if code, _ := s.do("GET", "/?token=wrong", "", ""); code != http.StatusUnauthorized {
+	if code, _ := s.do("GET", "/?token=wrong", "", "", none...); code != http.StatusUnauthorized {
 		t.Errorf("wrong query token: %d", code)
 	}
 
 	// ?token= sets an HttpOnly cookie and leaves the token out of the URL.
-	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(s.http.URL + "/tasks/blk-1?token=s3cret")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := s.send("GET", "/tasks/blk-1?token="+token, "", "", none...)
 	resp.Body.Close()
 	var cookie *http.Cookie
 	for _, c := range resp.Cookies() {
@@ -327,8 +358,18 @@ func TestTokenIsRequired(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/tasks/blk-1" || cookie == nil || !cookie.HttpOnly {
 		t.Fatalf("token exchange: %d location %q cookie %+v", resp.StatusCode, resp.Header.Get("Location"), cookie)
 	}
-	if code, _ := s.do("GET", "/tasks/blk-1", "", "", "Cookie", "dispatch_token=s3cret"); code != 200 {
+	if code, _ := s.do("GET", "/tasks/blk-1", "", "", "Cookie", "dispatch_token="+token); code != 200 {
 		t.Errorf("with the cookie: %d", code)
+	}
+	if code, _ := s.do("GET", "/tasks/blk-1", "", "", "Cookie", "dispatch_token=wrong"); code != http.StatusUnauthorized {
+		t.Errorf("with a wrong cookie: %d", code)
+	}
+}
+
+func TestNewToken(t *testing.T) {
+	a, b := web.NewToken(), web.NewToken()
+	if len(a) < 26 || a == b || url.QueryEscape(a) != a {
+		t.Fatalf("NewToken: %q, %q: want two different URL-safe tokens of 26 characters or more", a, b)
 	}
 }
 

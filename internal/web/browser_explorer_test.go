@@ -36,7 +36,7 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 	m.Submit(events.Submit{ID: "brw-run", Type: "bug_fix", Subject: "src/api.ts", Payload: []byte(`{"issue":"null deref in parsePayload"}`)})
 	wait(t, m.Model.Started, "the second model call")
 
-	h, err := web.New(web.Config{Review: m.Review, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h, err := web.New(web.Config{Review: m.Review, Token: token, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 
 	row := func(id string) string { return `#tasks tr[data-task="` + id + `"]` }
 	if err := chromedp.Do(rctx,
-		chromedp.Navigate(srv.URL+"/tasks"),
+		chromedp.Navigate(srv.URL+"/tasks?token="+token),
 		chromedp.WaitVisible(chromedp.CSS(row("brw-other"))),
 		chromedp.WaitVisible(chromedp.CSS(row("brw-run"))),
 	); err != nil {

@@ -70,7 +70,7 @@ func TestBrowserRequeueOfBlockedTask(t *testing.T) {
 	m.Submit(events.Submit{ID: id, Type: "bug_fix", Subject: "src/api.ts", MaxRetries: 1})
 	m.WaitStage(id, "review.escalated", 1) // its only attempt failed: blocked, waiting for a human
 
-	h, err := web.New(web.Config{Review: m.Review, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h, err := web.New(web.Config{Review: m.Review, Token: token, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,12 +79,17 @@ func TestBrowserRequeueOfBlockedTask(t *testing.T) {
 
 	rctx, cancel := context.WithTimeout(ctx, reviewtest.Patience)
 	defer cancel()
+	// The address `dispatch up` prints: the token once, traded for a
+	// cookie, and gone from the address bar.
 	item := `section[data-task="` + id + `"]`
 	if err := chromedp.Do(rctx,
-		chromedp.Navigate(srv.URL+"/"),
+		chromedp.Navigate(srv.URL+"/?token="+token),
 		chromedp.WaitVisible(chromedp.CSS(item)),
 	); err != nil {
 		t.Fatal(err)
+	}
+	if loc, err := chromedp.Run(rctx, chromedp.Location()); err != nil || loc != srv.URL+"/" {
+		t.Errorf("the address bar after the token exchange: %q %v, want %s/", loc, err, srv.URL)
 	}
 	text, err := chromedp.Run(rctx, chromedp.Text(chromedp.CSS(item)))
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 )
 
 func TestAPITasksExplorer(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	ids := func(p review.TaskPage) string {
 		var out []string
 		for _, r := range p.Tasks {
@@ -69,7 +69,7 @@ func TestAPITasksExplorer(t *testing.T) {
 }
 
 func TestAPICancel(t *testing.T) {
-	s := newSeeded(t, "")
+	s := newSeeded(t)
 	code, body := s.do("POST", "/api/tasks/run-1/cancel", "application/json", `{"note":"not needed","by":"alice"}`)
 	d := decode[review.Decision](t, body)
 	if code != 200 || d.Task == nil || d.Task.Status != events.StatusCancelled || d.Already || !strings.Contains(d.Task.Reason, "alice") {

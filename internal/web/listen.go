@@ -14,20 +14,36 @@ import (
 // access token is configured.
 var ErrTokenRequired = errors.New("web: an access token is required to listen beyond localhost")
 
-// CheckListen refuses an address beyond loopback without a token. An empty
-// host ("":8080) or 0.0.0.0 listens on every interface.
+// CheckListen refuses an address beyond loopback without a configured
+// token. The token a process makes for itself when none is configured
+// (NewToken) does not count: it changes at every start and is printed only
+// on this machine's terminal, so a page other machines reach has a token of
+// its own (DISPATCH_HTTP_TOKEN).
 func CheckListen(addr, token string) error {
-	host, _, err := net.SplitHostPort(addr)
+	local, err := Loopback(addr)
 	if err != nil {
-		return fmt.Errorf("web: listen address %q: %w", addr, err)
+		return fmt.Errorf("web: %w", err)
 	}
-	if token != "" || host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+	if token != "" || local {
 		return nil
 	}
 	return fmt.Errorf("%w: %q is not a loopback address; set DISPATCH_HTTP_TOKEN, or listen on 127.0.0.1", ErrTokenRequired, addr)
+}
+
+// Loopback reports whether a listen address ("host:port") is reachable
+// from this machine only: localhost or a loopback IP. An empty host
+// (":8080"), 0.0.0.0 or [::] listens on every interface; a name other than
+// localhost is not trusted to resolve to loopback.
+func Loopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, fmt.Errorf("listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
 }
 
 // Listen checks the address (CheckListen) and opens it.

@@ -17,7 +17,7 @@ import (
 // a link (a cursor) to the next, what the page read, and the open items per
 // reason of the whole queue.
 func TestQueuePages(t *testing.T) {
-	s := newSeeded(t, "") // blk-1 escalated, gtd-1 gated
+	s := newSeeded(t) // blk-1 escalated, gtd-1 gated
 	msgs := reviewtest.FileQueue(t, s.srv.JS, 200)
 	var want []string // open items, newest first
 	open := map[string]int{events.ReviewEscalated: 1, events.ReviewGated: 1}

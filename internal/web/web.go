@@ -16,12 +16,19 @@
 //	GET  /api/trust                      trust per type with recent outcomes
 //	POST /api/tasks/{id}/{action}        JSON {"note": "...", "by": "..."} or a form
 //
-// Without a token the server may only listen on a loopback address; with
-// one, every request needs it (Authorization: Bearer, or ?token= once, which
-// sets an HttpOnly cookie for the browser).
+// Every request needs the token (Authorization: Bearer, or ?token= once,
+// which sets an HttpOnly cookie for the browser). Neither the Host header
+// nor the remote address stands in for it: a reverse proxy on the same host
+// connects from 127.0.0.1 and may forward Host: localhost, and a page
+// elsewhere may rebind its own name to 127.0.0.1 (DNS rebinding) — it still
+// has no token, and the browser keeps the cookie for this site's name only.
+// A process without a configured token makes one at start (NewToken) and
+// prints the page's address with it; such a server may only listen on a
+// loopback address (CheckListen).
 package web
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -41,14 +48,21 @@ import (
 type Config struct {
 	// Review reads the queue and records decisions (required).
 	Review *review.Client
-	// Token, when set, is required on every request. Default "": no token,
-	// which Listen allows on loopback addresses only.
+	// Token is required on every request (required: New refuses an empty
+	// one). DISPATCH_HTTP_TOKEN, or one NewToken made at start.
 	Token string
 	// Log receives request errors. Default slog.Default().
 	Log *slog.Logger
 	// Now is the clock of the page's "3m ago". Default time.Now.
 	Now func() time.Time
 }
+
+// ErrNoToken: New was given no token. The page never serves without one.
+var ErrNoToken = errors.New("web: a token is required (NewToken makes one)")
+
+// NewToken is a random token (26 characters, 130 bits, safe in a URL) for a
+// process that was given none: it lasts as long as the process.
+func NewToken() string { return rand.Text() }
 
 // Cookie names.
 const (
@@ -68,6 +82,9 @@ type Handler struct {
 func New(cfg Config) (*Handler, error) {
 	if cfg.Review == nil {
 		return nil, errors.New("web: Review is required")
+	}
+	if cfg.Token == "" {
+		return nil, ErrNoToken
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -105,26 +122,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.handler.ServeHTTP(w, r)
 }
 
-// auth requires the token when one is configured. Without one (loopback
-// only) it refuses requests whose Host is not a loopback name, so a web
-// page elsewhere cannot reach the API through DNS rebinding.
+// auth requires the token on every request, whatever its Host header or
+// remote address say.
 func (h *Handler) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h.cfg.Token == "" {
-			if !loopbackHost(r.Host) {
-				http.Error(w, "this server has no access token and answers only to localhost", http.StatusForbidden)
-				return
-			}
-			next.ServeHTTP(w, r)
-			return
-		}
 		if q := r.URL.Query(); q.Has("token") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			if !h.valid(q.Get("token")) {
 				h.unauthorized(w)
 				return
 			}
 			// Trade the query token for a cookie and drop it from the URL
-			// (and so from history and logs).
+			// (and so from history and logs). The Host header only makes
+			// the cookie stricter (Secure beyond localhost); it grants
+			// nothing.
 			http.SetCookie(w, &http.Cookie{
 				Name: tokenCookie, Value: q.Get("token"), Path: "/", HttpOnly: true,
 				SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || !loopbackHost(r.Host),
@@ -158,7 +168,7 @@ func (h *Handler) valid(token string) bool {
 
 func (h *Handler) unauthorized(w http.ResponseWriter) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="dispatch"`)
-	http.Error(w, "401 unauthorized: send Authorization: Bearer <DISPATCH_HTTP_TOKEN>, or open the page once with ?token=<DISPATCH_HTTP_TOKEN>", http.StatusUnauthorized)
+	http.Error(w, "401 unauthorized: open the address with ?token= that `dispatch up` or `dispatch web` printed (or ?token=<DISPATCH_HTTP_TOKEN>), or send Authorization: Bearer <token>", http.StatusUnauthorized)
 }
 
 func bearerToken(r *http.Request) (string, bool) {

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+)
+
+// reviewLine finds the review page's address in up's banner.
+var reviewLine = regexp.MustCompile(`(?m)^  review:\s+(http://\S+)`)
+
+// Without DISPATCH_HTTP_TOKEN `dispatch up` makes a token and prints the
+// page's address with it: that address opens the page (the token traded
+// for a cookie, gone from the address); without the token nothing does,
+// whatever the Host header says; and the token is in the banner's review
+// line and nowhere else of what up writes, from start to a clean stop,
+// logging at debug.
+func TestUpBannerTokenOpensThePage(t *testing.T) {
+	port := freePorts(t, 1)[0]
+	pid, _, kill, out := startUpOut(t, t.TempDir(), fmt.Sprintf("DISPATCH_HTTP_LISTEN=127.0.0.1:%d", port), "DISPATCH_LOG_LEVEL=debug")
+	m := reviewLine.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no review address in the banner:\n%s", out.String())
+	}
+	page, err := url.Parse(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := page.Query().Get("token")
+	if token == "" || page.Host != fmt.Sprintf("127.0.0.1:%d", port) {
+		t.Fatalf("the banner's address %q has no token or is not the listener", m[1])
+	}
+	base := "http://" + page.Host
+
+	for _, host := range []string{"", "localhost", "localhost:8080", "127.0.0.1"} {
+		req, err := http.NewRequest("GET", base+"/api/review", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("no token, Host %q: %d, want 401", host, resp.StatusCode)
+		}
+	}
+
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	browser := &http.Client{Jar: jar}
+	get := func(u string) (int, string, *url.URL) {
+		t.Helper()
+		resp, err := browser.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), resp.Request.URL
+	}
+	if code, body, at := get(m[1]); code != http.StatusOK || !strings.Contains(body, "Review queue") || at.RawQuery != "" {
+		t.Fatalf("the banner's address: %d at %s\n%.300s", code, at, body)
+	}
+	if code, body, _ := get(base + "/tasks"); code != http.StatusOK || !strings.Contains(body, "Tasks") {
+		t.Errorf("the explorer with the cookie: %d", code)
+	}
+	if code, _, _ := get(base + "/?token=wrong"); code != http.StatusUnauthorized {
+		t.Errorf("a wrong token: %d", code)
+	}
+
+	// A clean stop logs too.
+	if p, err := os.FindProcess(pid); err == nil && p.Signal(syscall.SIGTERM) == nil {
+		deadline := time.Now().Add(reviewtest.Patience) // a deadlock guard
+		for !strings.Contains(out.String(), "stopped cleanly") && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	kill()
+	all := out.String()
+	if n := strings.Count(all, token); n != 1 {
+		t.Fatalf("the token appears %d times in what up wrote, want once:\n%s", n, all)
+	}
+	for _, line := range strings.Split(all, "\n") {
+		if strings.Contains(line, token) && !strings.HasPrefix(line, "  review:") {
+			t.Errorf("the token is on a line other than the banner's review line: %q", line)
+		}
+	}
+}
+
+// `dispatch web` without DISPATCH_HTTP_TOKEN prints the page's address
+// with a token of its own, which opens the page; nothing opens it without.
+func TestWebCommandMakesItsToken(t *testing.T) {
+	m := reviewtest.Start(t, reviewtest.FailUnless("x"), reviewtest.Options{})
+	newCLI(t, m)
+	t.Setenv("DISPATCH_HTTP_TOKEN", "")
+	var buf syncBuffer
+	old := stdout
+	stdout = &buf
+	t.Cleanup(func() { stdout = old })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"web", "-listen", "127.0.0.1:0"}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	printed := regexp.MustCompile(`review page: (http://\S+)`)
+	deadline := time.Now().Add(reviewtest.Patience) // a deadlock guard
+	for !printed.MatchString(buf.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatch web printed no address: %q", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	addr := printed.FindStringSubmatch(buf.String())[1]
+	page, err := url.Parse(addr)
+	if err != nil || page.Query().Get("token") == "" {
+		t.Fatalf("dispatch web printed %q: no token (%v)", addr, err)
+	}
+	resp, err := http.Get("http://" + page.Host + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("without the token: %d", resp.StatusCode)
+	}
+	jar, _ := cookiejar.New(nil)
+	resp, err = (&http.Client{Jar: jar}).Get(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Request.URL.RawQuery != "" {
+		t.Errorf("the printed address: %d at %s", resp.StatusCode, resp.Request.URL)
+	}
+}
