@@ -24,11 +24,14 @@ import (
 type Config struct {
 	// NATSURL is where client commands and single services connect.
 	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222"`
-	// NATSCreds is a credentials file; NATSUser/NATSPassword a plain login.
+	// NATSCreds is a credentials file; NATSUser/NATSPassword a plain login,
+	// which `dispatch up`'s embedded server then requires of every client.
 	NATSCreds    string `envconfig:"NATS_CREDS"`
 	NATSUser     string `envconfig:"NATS_USER"`
 	NATSPassword string `envconfig:"NATS_PASSWORD"`
 	// NATSListen is where `dispatch up` runs its embedded NATS server.
+	// Default 127.0.0.1:4222, no login; an address beyond loopback requires
+	// NATSUser and NATSPassword.
 	NATSListen string `envconfig:"NATS_LISTEN" default:"127.0.0.1:4222"`
 	// DataDir holds the embedded server's JetStream store.
 	DataDir string `envconfig:"DATA_DIR" default:"./dispatch-data"`

@@ -52,8 +52,13 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		return fmt.Errorf("data dir %w: only one `dispatch up` may use it; stop that one or set DISPATCH_DATA_DIR", err)
 	}
 	defer lock.Release()
-	// The review page's address is checked before anything starts: beyond
-	// localhost without a token, `up` refuses to start.
+	// Every address is checked before anything starts: beyond localhost,
+	// the NATS server without a login or the page without a token, `up`
+	// refuses to start.
+	opts, err := embeddedOptions(cfg, dataDir)
+	if err != nil {
+		return err
+	}
 	var webLn net.Listener
 	var token string
 	if cfg.HTTPListen != "" && cfg.HTTPListen != "off" {
@@ -65,7 +70,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		defer ln.Close()
 		token = pageToken(cfg)
 	}
-	ns, err := startServer(cfg, dataDir)
+	ns, err := startServer(opts, cfg.NATSListen)
 	if err != nil {
 		return err
 	}
@@ -99,13 +104,17 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	// that starts when it reads the banner is served.
 	served := make(chan error, 1)
 	go func() { served <- serve(ctx, cfg, log, url, "dispatch-up", mesh.All, checks, more...) }()
-	if err := waitAPI(ctx, url, served); err != nil {
+	if err := waitAPI(ctx, cfg, url, served); err != nil {
 		return err
 	}
 	// One write: whoever reads "is up" reads the whole banner.
 	var banner strings.Builder
 	fmt.Fprintf(&banner, "dispatchmesh %s is up\n", version)
-	fmt.Fprintf(&banner, "  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
+	if opts.Username != "" {
+		fmt.Fprintf(&banner, "  NATS:     %s  (login required; clients: export DISPATCH_NATS_URL=%s DISPATCH_NATS_USER=%s DISPATCH_NATS_PASSWORD=…)\n", url, url, opts.Username)
+	} else {
+		fmt.Fprintf(&banner, "  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
+	}
 	fmt.Fprintf(&banner, "  data dir: %s\n", dataDir)
 	fmt.Fprintf(&banner, "  model:    %s\n", modelLabel(cfg))
 	fmt.Fprintf(&banner, "  policy:   %s\n", policyLine)
@@ -125,10 +134,10 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 
 // waitAPI returns once the micro service "dispatch" at url answers a ping,
 // or with serve's error if it stops first.
-func waitAPI(ctx context.Context, url string, served <-chan error) error {
-	nc, err := nats.Connect(url, nats.Name("dispatch-up-ready"))
+func waitAPI(ctx context.Context, cfg Config, url string, served <-chan error) error {
+	nc, err := cfg.connect(url, "dispatch-up-ready")
 	if err != nil {
-		return fmt.Errorf("connect to the embedded server: %w", err)
+		return err
 	}
 	defer nc.Close()
 	for {
@@ -170,30 +179,58 @@ func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln 
 	return page, func() { <-done; page.stop(); nc.Close() }, nil
 }
 
-func startServer(cfg Config, dataDir string) (*server.Server, error) {
-	host, portStr, err := net.SplitHostPort(cfg.NATSListen)
+// errNATSLoginRequired: DISPATCH_NATS_LISTEN is reachable from other
+// machines and no login is configured for the embedded server.
+var errNATSLoginRequired = errors.New("embedded NATS server: a login is required to listen beyond localhost")
+
+// embeddedOptions is the embedded server of `dispatch up`: one client
+// listener on DISPATCH_NATS_LISTEN and no other (no monitoring, websocket,
+// MQTT, cluster, gateway, leaf node or profiling port). With
+// DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD it requires that login of
+// every client, `up`'s own connections included; without them it may only
+// listen on a loopback address, where the quick start needs nothing.
+func embeddedOptions(cfg Config, dataDir string) (*server.Options, error) {
+	local, err := web.Loopback(cfg.NATSListen)
 	if err != nil {
-		return nil, fmt.Errorf("DISPATCH_NATS_LISTEN %q: %w", cfg.NATSListen, err)
+		return nil, fmt.Errorf("DISPATCH_NATS_LISTEN: %w", err)
 	}
+	host, portStr, _ := net.SplitHostPort(cfg.NATSListen) // Loopback parsed it
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
 		return nil, fmt.Errorf("DISPATCH_NATS_LISTEN %q: bad port", cfg.NATSListen)
 	}
-	ns, err := server.NewServer(&server.Options{
+	switch {
+	case (cfg.NATSUser == "") != (cfg.NATSPassword == ""):
+		return nil, errors.New("dispatch up: set both DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD (the embedded server's login), or neither")
+	case cfg.NATSUser != "" && cfg.NATSCreds != "":
+		return nil, errors.New("dispatch up: the embedded server knows only DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD; unset DISPATCH_NATS_CREDS")
+	case cfg.NATSUser == "" && !local:
+		return nil, fmt.Errorf("%w: DISPATCH_NATS_LISTEN %q is not a loopback address; set DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD "+
+			"(every client then needs them), or listen on 127.0.0.1", errNATSLoginRequired, cfg.NATSListen)
+	}
+	return &server.Options{
 		ServerName: "dispatch-up",
 		Host:       host,
 		Port:       port,
+		Username:   cfg.NATSUser,
+		Password:   cfg.NATSPassword,
 		JetStream:  true,
 		StoreDir:   filepath.Join(dataDir, "jetstream"),
 		NoSigs:     true,
-	})
+	}, nil
+}
+
+// startServer starts the embedded server on opts (addr names its listener
+// in errors).
+func startServer(opts *server.Options, addr string) (*server.Server, error) {
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS server: %w", err)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded NATS server did not start on %s (port in use?)", cfg.NATSListen)
+		return nil, fmt.Errorf("embedded NATS server did not start on %s (port in use?)", addr)
 	}
 	return ns, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,8 +15,107 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
+
+// The embedded server opens one listener, the clients' port; beyond
+// loopback only with a login, which it then requires of every client.
+func TestEmbeddedServerListeners(t *testing.T) {
+	for _, c := range []struct {
+		listen, user, password, creds string
+		err                           string // a part of the error; "" for none
+		refused                       bool   // errNATSLoginRequired
+	}{
+		{listen: "127.0.0.1:4222"},
+		{listen: "localhost:4222"},
+		{listen: "[::1]:4222"},
+		{listen: "127.0.0.1:-1", user: "mesh", password: "pw"},
+		{listen: "0.0.0.0:4222", user: "mesh", password: "pw"},
+		{listen: "0.0.0.0:4222", err: "set DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD", refused: true},
+		{listen: ":4222", err: "not a loopback address", refused: true},
+		{listen: "[::]:4222", err: "not a loopback address", refused: true},
+		{listen: "192.0.2.10:4222", err: "not a loopback address", refused: true},
+		{listen: "nats.example.com:4222", err: "not a loopback address", refused: true},
+		{listen: "0.0.0.0:4222", user: "mesh", err: "both DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD"},
+		{listen: "127.0.0.1:4222", password: "pw", err: "both DISPATCH_NATS_USER and DISPATCH_NATS_PASSWORD"},
+		{listen: "0.0.0.0:4222", user: "mesh", password: "pw", creds: "x.creds", err: "unset DISPATCH_NATS_CREDS"},
+		{listen: "nonsense", err: "DISPATCH_NATS_LISTEN"},
+		{listen: "127.0.0.1:x", err: "bad port"},
+	} {
+		cfg := Config{NATSListen: c.listen, NATSUser: c.user, NATSPassword: c.password, NATSCreds: c.creds}
+		opts, err := embeddedOptions(cfg, t.TempDir())
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%+v: %v, want an error saying %q", c, err, c.err)
+			}
+			if errors.Is(err, errNATSLoginRequired) != c.refused {
+				t.Errorf("%+v: errors.Is(%v, errNATSLoginRequired) = %v", c, err, !c.refused)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%+v: %v", c, err)
+			continue
+		}
+		if opts.Username != c.user || opts.Password != c.password {
+			t.Errorf("%+v: login %q/%q", c, opts.Username, opts.Password)
+		}
+		others := map[string]int{
+			"monitoring": opts.HTTPPort, "monitoring (TLS)": opts.HTTPSPort, "websocket": opts.Websocket.Port, "MQTT": opts.MQTT.Port,
+			"cluster": opts.Cluster.Port, "gateway": opts.Gateway.Port, "leaf node": opts.LeafNode.Port, "profiling": opts.ProfPort,
+		}
+		for name, port := range others {
+			if port != 0 {
+				t.Errorf("%+v: the embedded server opens a %s port (%d)", c, name, port)
+			}
+		}
+	}
+}
+
+// `dispatch up` refuses to start a NATS server other machines can reach
+// without a login, naming the settings to change.
+func TestUpRefusesNATSBeyondLoopbackWithoutLogin(t *testing.T) {
+	t.Setenv("DISPATCH_NATS_LISTEN", "0.0.0.0:-1")
+	t.Setenv("DISPATCH_HTTP_LISTEN", "off")
+	t.Setenv("DISPATCH_DATA_DIR", t.TempDir())
+	err := run(context.Background(), []string{"up"})
+	if !errors.Is(err, errNATSLoginRequired) || !strings.Contains(err.Error(), "DISPATCH_NATS_USER") || !strings.Contains(err.Error(), "DISPATCH_NATS_LISTEN") {
+		t.Fatalf("dispatch up with NATS on 0.0.0.0 and no login: %v", err)
+	}
+}
+
+// With a login, `dispatch up` listens beyond loopback: its own services
+// connect with it (it comes up), a client without it is refused, and the
+// password is printed nowhere.
+func TestUpWithLoginBeyondLoopback(t *testing.T) {
+	const password = "pw-never-printed"
+	_, natsURL, kill, out := startUpOut(t, t.TempDir(),
+		"DISPATCH_NATS_LISTEN=0.0.0.0:-1", "DISPATCH_NATS_USER=mesh", "DISPATCH_NATS_PASSWORD="+password)
+	if _, err := nats.Connect(natsURL); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("a client without the login: %v, want %v", err, nats.ErrAuthorization)
+	}
+	if _, err := nats.Connect(natsURL, nats.UserInfo("mesh", "wrong")); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("a client with a wrong password: %v, want %v", err, nats.ErrAuthorization)
+	}
+	nc, err := nats.Connect(natsURL, nats.UserInfo("mesh", password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Request("$SRV.PING."+services.MicroService, nil, reviewtest.Patience); err != nil {
+		t.Fatalf("the API does not answer a client with the login: %v", err)
+	}
+	if !strings.Contains(out.String(), "DISPATCH_NATS_USER=mesh") {
+		t.Errorf("the banner does not say a login is needed:\n%s", out.String())
+	}
+	kill()
+	if strings.Contains(out.String(), password) {
+		t.Errorf("dispatch up printed the NATS password:\n%s", out.String())
+	}
+}
 
 // reviewLine finds the review page's address in up's banner.
 var reviewLine = regexp.MustCompile(`(?m)^  review:\s+(http://\S+)`)
