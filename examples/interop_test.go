@@ -316,7 +316,7 @@ func run(t *testing.T, env []string, argv ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	cmd := procgroup.Command(ctx, argv, ".", nil, nil)
+	cmd := procgroup.Command(ctx, argv, ".", nil, nil, procgroup.Limits{})
 	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -342,7 +342,7 @@ func asExit(err error, ee **exec.ExitError) bool {
 func background(t *testing.T, env []string, dir string, argv ...string) *lockedBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := procgroup.Command(ctx, argv, dir, nil, nil)
+	cmd := procgroup.Command(ctx, argv, dir, nil, nil, procgroup.Limits{})
 	cmd.Env = env
 	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -372,7 +372,7 @@ func startUp(t *testing.T, dispatch, modelURL, policy string) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := procgroup.Command(ctx, []string{dispatch, "up"}, dir, nil, nil)
+	cmd := procgroup.Command(ctx, []string{dispatch, "up"}, dir, nil, nil, procgroup.Limits{})
 	cmd.Env = append(env(""), "DISPATCH_NATS_LISTEN=127.0.0.1:-1", "DISPATCH_DATA_DIR="+filepath.Join(dir, "data"),
 		"DISPATCH_HTTP_LISTEN=off", "DISPATCH_POLICY_FILE="+policyFile,
 		"DISPATCH_OPENAI_BASE_URL="+modelURL, "DISPATCH_OPENAI_API_KEY=interop", "DISPATCH_MODEL=fake")

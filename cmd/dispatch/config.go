@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
@@ -62,6 +63,19 @@ type Config struct {
 	// password or state key.
 	AgentEnv   []string `envconfig:"AGENT_ENV"`
 	CommandEnv []string `envconfig:"COMMAND_ENV"`
+	// AgentCPU, AgentMemory and AgentFiles bound each process of an agent
+	// command, CommandCPU, CommandMemory and CommandFiles each process of a
+	// command step or verifier (procgroup.Limits): its CPU time (a
+	// duration, whole seconds: "10m"), its writable memory (bytes, or a
+	// number of KiB, MiB, GiB or TiB: "4GiB") and its open files. "0" or
+	// "off" leaves the resource unlimited (as the service has it). Defaults:
+	// procgroup.DefaultLimits — 10m, 4GiB, 1024.
+	AgentCPU      string `envconfig:"AGENT_CPU" default:"10m"`
+	AgentMemory   string `envconfig:"AGENT_MEMORY" default:"4GiB"`
+	AgentFiles    string `envconfig:"AGENT_FILES" default:"1024"`
+	CommandCPU    string `envconfig:"COMMAND_CPU" default:"10m"`
+	CommandMemory string `envconfig:"COMMAND_MEMORY" default:"4GiB"`
+	CommandFiles  string `envconfig:"COMMAND_FILES" default:"1024"`
 	// PolicyFile holds per-type policies (JSON) that `up` and `provision`
 	// seed the policy bucket with when it is empty; services read the bucket.
 	PolicyFile string `envconfig:"POLICY_FILE"`
@@ -175,6 +189,12 @@ func (c Config) Validate() error {
 	if _, err := c.stateKey(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := c.agentLimits(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.commandLimits(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.AckWait <= 0 {
 		errs = append(errs, fmt.Errorf("DISPATCH_ACK_WAIT must be positive, got %s", c.AckWait))
 	}
@@ -200,6 +220,70 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("DISPATCH_LOG_LEVEL: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// agentLimits are DISPATCH_AGENT_CPU, _MEMORY and _FILES.
+func (c Config) agentLimits() (procgroup.Limits, error) {
+	return parseLimits("AGENT", c.AgentCPU, c.AgentMemory, c.AgentFiles)
+}
+
+// commandLimits are DISPATCH_COMMAND_CPU, _MEMORY and _FILES.
+func (c Config) commandLimits() (procgroup.Limits, error) {
+	return parseLimits("COMMAND", c.CommandCPU, c.CommandMemory, c.CommandFiles)
+}
+
+// parseLimits reads DISPATCH_<kind>_CPU, _MEMORY and _FILES; "0" and "off"
+// are unlimited (0).
+func parseLimits(kind, cpu, memory, files string) (procgroup.Limits, error) {
+	var lim procgroup.Limits
+	var errs []error
+	bad := func(name, value, want string) {
+		errs = append(errs, fmt.Errorf("DISPATCH_%s_%s: %q is not %s, 0 or off (unlimited)", kind, name, value, want))
+	}
+	off := func(v string) bool { return v == "0" || strings.EqualFold(v, "off") }
+	if cpu = strings.TrimSpace(cpu); !off(cpu) {
+		d, err := time.ParseDuration(cpu)
+		if err != nil || d < 0 {
+			bad("CPU", cpu, "a duration (10m)")
+		}
+		lim.CPU = max(d, 0)
+	}
+	if memory = strings.TrimSpace(memory); !off(memory) {
+		n, err := parseBytes(memory)
+		if err != nil {
+			bad("MEMORY", memory, "bytes or a number of KiB, MiB, GiB or TiB (4GiB)")
+		}
+		lim.Memory = n
+	}
+	if files = strings.TrimSpace(files); !off(files) {
+		n, err := strconv.Atoi(files)
+		if err != nil || n < 0 {
+			bad("FILES", files, "a number of files (1024)")
+		}
+		lim.Files = max(n, 0)
+	}
+	return lim, errors.Join(errs...)
+}
+
+// parseBytes reads "4096", "512MiB", "4GiB": a whole number of bytes, KiB,
+// MiB, GiB or TiB.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		shift  uint
+	}{{"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}}
+	num, shift := s, uint(0)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, shift = strings.TrimSpace(n), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64>>shift {
+		return 0, fmt.Errorf("%q is not a size in bytes", s)
+	}
+	return n << shift, nil
 }
 
 // Price is USD per million tokens.

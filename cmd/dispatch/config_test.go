@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
@@ -98,6 +100,48 @@ func TestStateKey(t *testing.T) {
 	for _, bad := range []string{"not base64!", base64.StdEncoding.EncodeToString([]byte("short"))} {
 		if _, err := (Config{StateKey: bad}).stateKey(); err == nil || !strings.Contains(err.Error(), "DISPATCH_STATE_KEY") {
 			t.Errorf("%q accepted: %v", bad, err)
+		}
+	}
+}
+
+// Agent commands and command steps get procgroup.DefaultLimits unless the
+// deployment sets others; "0" and "off" are unlimited; a bad value is
+// refused, named.
+func TestCommandLimits(t *testing.T) {
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, get := range map[string]func() (procgroup.Limits, error){"agent": cfg.agentLimits, "command": cfg.commandLimits} {
+		if lim, err := get(); err != nil || lim != procgroup.DefaultLimits {
+			t.Errorf("%s limits unset: %+v, %v; want procgroup.DefaultLimits %+v", kind, lim, err, procgroup.DefaultLimits)
+		}
+	}
+
+	t.Setenv("DISPATCH_AGENT_CPU", "90s")
+	t.Setenv("DISPATCH_AGENT_MEMORY", "512MiB")
+	t.Setenv("DISPATCH_AGENT_FILES", "off")
+	t.Setenv("DISPATCH_COMMAND_CPU", "0")
+	t.Setenv("DISPATCH_COMMAND_MEMORY", "1048576")
+	t.Setenv("DISPATCH_COMMAND_FILES", "4096")
+	if cfg, err = loadConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if lim, err := cfg.agentLimits(); err != nil || lim != (procgroup.Limits{CPU: 90 * time.Second, Memory: 512 << 20}) {
+		t.Errorf("agent limits %+v, %v", lim, err)
+	}
+	if lim, err := cfg.commandLimits(); err != nil || lim != (procgroup.Limits{Memory: 1 << 20, Files: 4096}) {
+		t.Errorf("command limits %+v, %v", lim, err)
+	}
+
+	t.Setenv("DISPATCH_AGENT_CPU", "-1s")
+	t.Setenv("DISPATCH_AGENT_MEMORY", "4GB")
+	t.Setenv("DISPATCH_COMMAND_MEMORY", "99999999TiB")
+	t.Setenv("DISPATCH_COMMAND_FILES", "many")
+	_, err = loadConfig()
+	for _, want := range []string{"DISPATCH_AGENT_CPU", "DISPATCH_AGENT_MEMORY", "DISPATCH_COMMAND_MEMORY", "DISPATCH_COMMAND_FILES"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %s: %v", want, err)
 		}
 	}
 }

@@ -302,6 +302,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		defer stop()
 	}
 	stateKey, _ := cfg.stateKey() // validated with the config
+	agentLimits, _ := cfg.agentLimits()
+	commandLimits, _ := cfg.commandLimits()
 	err = mesh.Run(ctx, mesh.Options{
 		NC: nc, Services: names, Model: model, DefaultModel: cfg.Model, Prices: table, // Policy: from the bucket
 		Provision: provisioning,
@@ -309,6 +311,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
 		Health: checks, Instance: instance(), StateKey: stateKey, AgentEnv: cfg.AgentEnv, CommandEnv: cfg.CommandEnv,
+		AgentLimits: agentLimits, CommandLimits: commandLimits,
 		ErrorRules: cfg.errorRules(),
 	})
 	if err == nil || errors.Is(err, context.Canceled) {

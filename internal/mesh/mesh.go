@@ -25,6 +25,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 	"github.com/dispatchmesh/dispatchmesh/services/gate"
@@ -99,6 +100,10 @@ type Options struct {
 	// agent command, and a command step or verifier, get besides
 	// procgroup.DefaultEnv (executor.Config).
 	AgentEnv, CommandEnv []string
+	// AgentLimits and CommandLimits bound each process of an agent
+	// command, and of a command step or verifier (executor.Config).
+	// Default: none.
+	AgentLimits, CommandLimits procgroup.Limits
 	// Version is reported by the micro services.
 	Version string
 	// Health, when set, receives a readiness check per service (its
@@ -438,7 +443,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	case Reaper:
 		return services.ReaperSpec(o.JS), nil
 	case Verifier:
-		s, err := verifier.New(verifier.Config{NC: o.NC, CommandEnv: o.CommandEnv, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := verifier.New(verifier.Config{NC: o.NC, CommandEnv: o.CommandEnv, CommandLimits: o.CommandLimits, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -464,7 +469,8 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		}, nil
 	case Executor:
 		s, err := executor.New(executor.Config{
-			Model: o.Model, AgentEnv: o.AgentEnv, CommandEnv: o.CommandEnv, DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
+			Model: o.Model, AgentEnv: o.AgentEnv, CommandEnv: o.CommandEnv, AgentLimits: o.AgentLimits, CommandLimits: o.CommandLimits,
+			DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
 			Tasks: st.tasks().Sealing(o.sealer), NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
 		})
 		if err != nil {

@@ -43,10 +43,16 @@ func Environ(extra []string) []string {
 
 // Command prepares argv (non-empty) to run in dir with stdin as its input,
 // in its own process group, killed with its children when ctx ends, with
-// the environment Environ(extraEnv): DefaultEnv and the names extraEnv
-// adds, nothing else of the service's. The caller sets Stdout and Stderr.
-func Command(ctx context.Context, argv []string, dir string, stdin []byte, extraEnv []string) *exec.Cmd {
+// the environment Environ(extraEnv) — DefaultEnv and the names extraEnv
+// adds, nothing else of the service's — and every process of it under the
+// resource limits lim, in force before its own code runs (on Linux). A
+// limited command starts as the running binary, which sets the limits and
+// execs argv in its place; a command that then cannot be run exits 127
+// (not found) or 126, as from a shell, saying why on stderr. The caller
+// sets Stdout and Stderr.
+func Command(ctx context.Context, argv []string, dir string, stdin []byte, extraEnv []string, lim Limits) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	limit(cmd, lim)
 	cmd.Env = Environ(extraEnv)
 	cmd.Dir = dir
 	cmd.Stdin = bytes.NewReader(stdin)
@@ -60,15 +66,16 @@ func Command(ctx context.Context, argv []string, dir string, stdin []byte, extra
 // what is left of the group (which it keeps alive, so the group id is still
 // theirs), and does not turn the command's own success into an error: a
 // command that exited 0 succeeded (its children's output past the exit is
-// lost).
+// lost). A command killed at its CPU time limit fails with an error that
+// is ErrCPULimit (errors.Is) and wraps the *exec.ExitError.
 func Run(cmd *exec.Cmd) error {
 	err := cmd.Run()
 	if !errors.Is(err, exec.ErrWaitDelay) {
-		return err
+		return cpuLimited(err)
 	}
 	KillGroup(cmd)
 	if cmd.ProcessState != nil && cmd.ProcessState.Success() {
 		return nil
 	}
-	return err
+	return cpuLimited(err)
 }

@@ -15,7 +15,7 @@ import (
 // A command that exits 0 but leaves a child running (holding its output)
 // succeeded, and the child does not outlive the run.
 func TestRunEndsLeftoverChildren(t *testing.T) {
-	cmd := Command(context.Background(), []string{"sh", "-c", "sleep 30 & echo $!; exit 0"}, "", nil, nil)
+	cmd := Command(context.Background(), []string{"sh", "-c", "sleep 30 & echo $!; exit 0"}, "", nil, nil, Limits{})
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	if err := Run(cmd); err != nil {

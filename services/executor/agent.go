@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,8 +19,9 @@ import (
 // stdout. Exit 0 is parsed like a model answer; exit 75 (EX_TEMPFAIL) is
 // transient; a timeout is ErrorClassTimeout; a command that cannot run
 // (not installed, not executable, exit 126 or 127 from a shell) is
-// ErrorClassConfig, the deployment's fault; any other exit is
-// deterministic, with the output's tail as the error.
+// ErrorClassConfig, the deployment's fault; any other exit, and a death by
+// a signal (its CPU time limit, a crash), is deterministic, with the
+// output's tail as the error.
 func (s *Service) runAgent(ctx context.Context, a *attempt) (events.Result, error) {
 	argv := a.pol.Command
 	name := "command"
@@ -32,7 +34,7 @@ func (s *Service) runAgent(ctx context.Context, a *attempt) (events.Result, erro
 	a.endpoint, a.model = name, name
 	return s.run(ctx, a, req, func(probe bool) outcome {
 		o := outcome{hash: RequestHash(req)}
-		run, err := runCommand(ctx, argv, "", []byte(PromptText(a.in.Prompt.Messages)), s.cfg.AgentEnv, time.Duration(a.pol.CommandTimeout), true)
+		run, err := runCommand(ctx, argv, "", []byte(PromptText(a.in.Prompt.Messages)), s.cfg.AgentEnv, s.cfg.AgentLimits, time.Duration(a.pol.CommandTimeout), true)
 		if err != nil && ctx.Err() != nil {
 			a.br.release(s.cfg.Now(), probe)
 			o.err = ctx.Err()
@@ -116,8 +118,9 @@ func commandStep(pol policy.Type, name string) (policy.Step, bool) {
 // runStep runs a command step (a validator, a test runner) in its Dir with
 // the task JSON on stdin. Exit 0 passes (Summary: the output's tail); any
 // other exit fails with ErrorClassStep and the combined output's last
-// MaxErrorOutput bytes as Error, to be carried back to an earlier step; a
-// timeout is ErrorClassTimeout; a command that cannot run (not installed,
+// MaxErrorOutput bytes as Error, to be carried back to an earlier step (a
+// command a signal killed — its CPU time limit, a crash — says so before
+// them); a timeout is ErrorClassTimeout; a command that cannot run (not installed,
 // not executable, exit 126 or 127 from a shell) is ErrorClassConfig, with
 // the fix first: the deployment's to mend, not an earlier step's.
 func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.Step) (events.Result, error) {
@@ -126,12 +129,14 @@ func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.S
 		return events.Result{}, err
 	}
 	r := events.Result{Approach: "step " + step.Name + ": " + strings.Join(step.Command, " ")}
-	run, err := runCommand(ctx, step.Command, step.Dir, task, s.cfg.CommandEnv, time.Duration(step.Timeout), false)
+	run, err := runCommand(ctx, step.Command, step.Dir, task, s.cfg.CommandEnv, s.cfg.CommandLimits, time.Duration(step.Timeout), false)
 	if err != nil && ctx.Err() != nil {
 		return events.Result{}, ctx.Err()
 	}
 	out := strings.TrimSpace(run.output)
 	c := Classify(err, s.rules)
+	var ce *CommandError
+	killed := errors.As(err, &ce) && ce.Killed
 	switch {
 	case err == nil:
 		r.Outcome, r.Summary = events.OutcomeSuccess, out
@@ -141,7 +146,7 @@ func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.S
 		// The step's command cannot run here: no go-back can fix that.
 		r.Outcome, r.ErrorClass = events.OutcomeFailure, events.ErrorClassConfig
 		r.Error = s.rules.deploymentError(c.Class, err, "step "+step.Name)
-	case out != "":
+	case out != "" && !killed:
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassStep, out
 	default:
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassStep, err.Error()

@@ -20,6 +20,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
 
 // Default body markers of a 429 answer, of a 400 saying the prompt is
@@ -155,6 +156,10 @@ func classifyCommand(e *CommandError) Classification {
 		return Classification{Class: events.ErrorClassConfig, Reason: "command exited with status 127: the shell cannot find it"}
 	case e.ExitCode >= 0:
 		return Classification{Class: events.ErrorClassDeterministic, Reason: fmt.Sprintf("command exited with status %d", e.ExitCode)}
+	case e.CPULimit > 0 || errors.Is(e.Err, procgroup.ErrCPULimit):
+		return Classification{Class: events.ErrorClassDeterministic, Reason: "command used up its CPU time limit"}
+	case e.Killed:
+		return Classification{Class: events.ErrorClassDeterministic, Reason: "command was killed by a signal"}
 	}
 	// It never ran: not installed, not executable, not configured. The
 	// deployment's to fix; no retry of the task can.

@@ -115,6 +115,8 @@ func TestClassify(t *testing.T) {
 		{"command exit 75", &executor.CommandError{ExitCode: 75}, nil, T, 0},
 		{"command exit 2", &executor.CommandError{ExitCode: 2}, nil, D, 0},
 		{"command not found", &executor.CommandError{ExitCode: -1, Err: errors.New("executable file not found")}, nil, C, 0},
+		{"command at its CPU time limit", &executor.CommandError{ExitCode: -1, Killed: true, CPULimit: time.Second}, nil, D, 0},
+		{"command killed by a signal", &executor.CommandError{ExitCode: -1, Killed: true, Err: errors.New("signal: segmentation fault")}, nil, D, 0},
 		// nothing known
 		{"200 without choices", &executor.ProviderError{Model: "m", StatusCode: 200, Err: errors.New("the answer has no choices")}, nil, events.ErrorClassModel, 0},
 		{"other", errors.New("something odd"), nil, events.ErrorClassModel, 0},

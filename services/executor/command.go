@@ -3,11 +3,12 @@ package executor
 import (
 	"context"
 	"errors"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"os/exec"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
 
 // DefaultCommandTimeout bounds an agent command or a command step when the
@@ -30,16 +31,17 @@ type commandRun struct {
 	stderr string // tail, MaxErrorOutput bytes
 }
 
-// runCommand runs argv in dir with stdin and the environment
-// procgroup.Environ(env) (the default names and those env adds), killing its process group after
-// timeout (default DefaultCommandTimeout). A nil error means exit 0; a run
-// that failed returns a *CommandError, except when ctx itself ended
-// (shutdown): then ctx.Err().
+// runCommand runs argv in dir with stdin, the environment
+// procgroup.Environ(env) (the default names and those env adds) and each
+// process under lim, killing its process group after timeout (default
+// DefaultCommandTimeout). A nil error means exit 0; a run that failed
+// returns a *CommandError, except when ctx itself ended (shutdown): then
+// ctx.Err().
 //
 // With separate false, stdout and stderr share one pipe, so the combined
 // output keeps the order the command wrote it in (a validator's output); with
 // true they are read apart, for an agent whose stdout carries the result.
-func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, env []string, timeout time.Duration, separate bool) (commandRun, error) {
+func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, env []string, lim procgroup.Limits, timeout time.Duration, separate bool) (commandRun, error) {
 	if timeout <= 0 {
 		timeout = DefaultCommandTimeout
 	}
@@ -48,7 +50,7 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, en
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := procgroup.Command(cctx, argv, dir, stdin, env)
+	cmd := procgroup.Command(cctx, argv, dir, stdin, env, lim)
 	stdout, stderr, combined := &tailBuffer{max: maxStdout}, &tailBuffer{max: MaxErrorOutput}, &tailBuffer{max: MaxErrorOutput}
 	if separate {
 		cmd.Stdout = teeWriter{stdout, combined}
@@ -71,6 +73,11 @@ func runCommand(ctx context.Context, argv []string, dir string, stdin []byte, en
 		ce.TimedOut = true
 	case errors.As(err, &exit) && exit.ExitCode() >= 0:
 		ce.ExitCode = exit.ExitCode()
+	case errors.As(err, &exit): // a signal ended it
+		ce.Killed = true
+		if errors.Is(err, procgroup.ErrCPULimit) {
+			ce.CPULimit = lim.CPU
+		}
 	}
 	return run, ce
 }

@@ -3,6 +3,7 @@ package executor_test
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
@@ -174,5 +176,62 @@ func TestAgentCommandSeesNoSecrets(t *testing.T) {
 	}
 	if !strings.Contains(env, "AGENT_VENDOR_KEY=vendor-key") || !strings.Contains(env, "PATH=") {
 		t.Errorf("the agent command lacks PATH or the name its deployment added:\n%s", env)
+	}
+}
+
+// Each process of an agent command runs under the agent limits, of a
+// command step under the command limits: the command itself reports them
+// (CPU seconds, memory KiB, open files). A zero limit leaves the resource
+// as the executor has it.
+func TestCommandsRunUnderTheirLimits(t *testing.T) {
+	report := `ulimit -t; ulimit -d; ulimit -n`
+	out := filepath.Join(t.TempDir(), "limits")
+	limits := func(c *executor.Config) {
+		c.AgentLimits = procgroup.Limits{CPU: 30 * time.Second, Memory: 1 << 30, Files: 64}
+		c.CommandLimits = procgroup.Limits{CPU: 20 * time.Second, Files: 32} // memory: as the executor has it
+	}
+	e := newEnv(t, always(ok("unused")), policy.Type{Executor: executor.ExecutorCommand, Command: []string{"sh", "-c",
+		"{ " + report + `; } > "$0"; echo '{"status":"success","approach":"ulimit","summary":"printed"}'`, out}}, limits)
+	if r := e.handle("t1", 1, testMessages).result(t); r.Outcome != events.OutcomeSuccess {
+		t.Fatalf("result %+v", r)
+	}
+	if got, err := os.ReadFile(out); err != nil || string(got) != "30\n1048576\n64\n" {
+		t.Errorf("agent command's limits %q, %v; want 30 s, 1 GiB, 64 files", got, err)
+	}
+
+	own, err := exec.Command("sh", "-c", "ulimit -d").Output() // a child's, without limits
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = newEnv(t, always(ok("unused")), pipeline("", 0, "sh", "-c", report+"; exit 1"), limits)
+	r := e.handleRun("t1", events.Run{Pass: 1, Attempt: 1, Step: "validate"}, nil).result(t)
+	if want := "20\n" + string(own) + "32"; r.ErrorClass != events.ErrorClassStep || r.Error != want {
+		t.Errorf("command step's limits %q (%s); want %q: 20 s, memory as without limits, 32 files", r.Error, r.ErrorClass, want)
+	}
+}
+
+// An agent command spinning past its CPU time limit is killed and fails
+// deterministically, saying so: the identical prompt is then refused, never
+// run again.
+func TestAgentCommandOverItsCPULimit(t *testing.T) {
+	e := newEnv(t, always(ok("unused")), agent(`cat >/dev/null; echo "thinking hard"; while :; do :; done`, time.Minute),
+		func(c *executor.Config) { c.AgentLimits = procgroup.Limits{CPU: time.Second} })
+	r := e.handle("t1", 1, testMessages).result(t)
+	if r.Outcome != events.OutcomeFailure || r.ErrorClass != events.ErrorClassDeterministic ||
+		!strings.Contains(r.Error, "used up its CPU time limit of 1s") || !strings.Contains(r.Error, "thinking hard") {
+		t.Errorf("result %+v, want deterministic naming the CPU time limit, with the output", r)
+	}
+	if r := e.handle("t1", 2, testMessages).result(t); r.ErrorClass != events.ErrorClassRefused {
+		t.Errorf("identical prompt after the CPU limit: %+v, want refused", r)
+	}
+}
+
+// A command step killed by a signal fails as the step's, the reason before
+// its output; a crash is no deployment fault.
+func TestCommandStepKilled(t *testing.T) {
+	e := newEnv(t, always(ok("unused")), pipeline("", 0, "sh", "-c", "echo ran 3 tests; kill -SEGV $$"), nil)
+	r := e.handleRun("t1", events.Run{Pass: 1, Attempt: 1, Step: "validate"}, nil).result(t)
+	if r.ErrorClass != events.ErrorClassStep || !strings.Contains(r.Error, "was killed: signal: segmentation fault") || !strings.HasSuffix(r.Error, "ran 3 tests") {
+		t.Errorf("result %+v, want a step failure saying it was killed, then the output", r)
 	}
 }

@@ -109,11 +109,18 @@ const ExitTempFail = 75
 type CommandError struct {
 	Argv []string
 	// ExitCode is the exit status, -1 when the command did not exit by
-	// itself (it timed out or could not start).
+	// itself (it timed out, was killed or could not start).
 	ExitCode int
 	// TimedOut is set when the run hit its timeout (the process group was killed).
 	TimedOut bool
 	Timeout  time.Duration
+	// Killed is set when a signal ended the command before its timeout:
+	// its CPU time limit (CPULimit), a crash, the kernel. The same input
+	// would end it the same way: a deterministic failure.
+	Killed bool
+	// CPULimit is the CPU time limit the command was killed at
+	// (procgroup.ErrCPULimit; Config.AgentLimits, CommandLimits).
+	CPULimit time.Duration
 	// Output is the tail of what the command printed (MaxErrorOutput bytes).
 	Output string
 	// Err is the underlying error (start failure, exit status).
@@ -128,6 +135,10 @@ func (e *CommandError) Error() string {
 		msg = fmt.Sprintf("command %q timed out after %s", name, e.Timeout)
 	case e.ExitCode >= 0:
 		msg = fmt.Sprintf("command %q exited with status %d", name, e.ExitCode)
+	case e.CPULimit > 0:
+		msg = fmt.Sprintf("command %q was killed: it used up its CPU time limit of %s (SIGXCPU)", name, e.CPULimit)
+	case e.Killed:
+		msg = fmt.Sprintf("command %q was killed: %v", name, e.Err)
 	default:
 		msg = fmt.Sprintf("command %q failed: %v", name, e.Err)
 	}

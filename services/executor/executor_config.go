@@ -12,6 +12,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -41,6 +42,12 @@ type Config struct {
 	// (DISPATCH_COMMAND_ENV). Nothing else of the executor's environment —
 	// its model key, NATS password, state key — reaches a command.
 	AgentEnv, CommandEnv []string
+	// AgentLimits bound each process of an agent command (CPU time,
+	// memory, open files; DISPATCH_AGENT_CPU, _MEMORY, _FILES),
+	// CommandLimits each process of a command step (DISPATCH_COMMAND_*).
+	// A command killed at its CPU time limit fails deterministically.
+	// Default: none (the dispatch binary sets procgroup.DefaultLimits).
+	AgentLimits, CommandLimits procgroup.Limits
 	// DefaultModel is the model name asked when neither the prompt nor the
 	// type's policy names one (DISPATCH_MODEL). Default "gpt-4o-mini".
 	DefaultModel string
@@ -117,6 +124,11 @@ func (c Config) Validate() error {
 			events.ErrorClassConfig, events.ErrorClassModel:
 		default:
 			errs = append(errs, fmt.Errorf("executor: Rules.Status[%d] is %q, want transient, deterministic, auth, quota, config or model", code, class))
+		}
+	}
+	for name, l := range map[string]procgroup.Limits{"AgentLimits": c.AgentLimits, "CommandLimits": c.CommandLimits} {
+		if err := l.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("executor: %s: %w", name, err))
 		}
 	}
 	if c.Circuit.CoolDown < 0 || c.Circuit.MaxCoolDown < 0 {

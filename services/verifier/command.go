@@ -29,6 +29,9 @@ type Command struct {
 	// Env names the environment variables the command gets besides
 	// procgroup.DefaultEnv; nothing else of the verifier's.
 	Env []string
+	// Limits bound each process of the command (CPU time, memory, open
+	// files). Default: none.
+	Limits procgroup.Limits
 	// Timeout bounds the run. Default DefaultTimeout.
 	Timeout time.Duration
 }
@@ -46,7 +49,7 @@ func (c *Command) Check(ctx context.Context, t events.Task) (events.Verification
 	d := timeout(c.Timeout)
 	cctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	cmd := procgroup.Command(cctx, c.Argv, "", data, c.Env)
+	cmd := procgroup.Command(cctx, c.Argv, "", data, c.Env, c.Limits)
 	var out headWriter
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = procgroup.Run(cmd)

@@ -10,6 +10,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
 
 // TestCommandTimeoutKillsProcessGroup checks that a timeout kills the
@@ -50,4 +54,26 @@ func alive(pid int) bool {
 	// The state follows the command name, which is in parentheses.
 	i := strings.LastIndexByte(string(stat), ')')
 	return i < 0 || i+2 >= len(stat) || (stat[i+2] != 'Z' && stat[i+2] != 'X')
+}
+
+// A command verifier runs under Config.CommandLimits: it reports them
+// itself; one spinning past its CPU time limit is an error that says so.
+func TestCommandVerifierLimits(t *testing.T) {
+	s, err := New(Config{CommandLimits: procgroup.Limits{CPU: time.Second, Files: 40}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(script string) (events.Verification, error) {
+		c, err := s.kinds[policy.VerifierCommand](policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Check(context.Background(), testTask("t1"))
+	}
+	if v, err := check("ulimit -t; ulimit -n"); err != nil || v.Detail != "1\n40" {
+		t.Errorf("limits reported %q, %v; want 1 s and 40 files", v.Detail, err)
+	}
+	if _, err := check("while :; do :; done"); !errors.Is(err, procgroup.ErrCPULimit) || !strings.Contains(err.Error(), "CPU time limit") {
+		t.Errorf("spinning verifier: %v, want procgroup.ErrCPULimit", err)
+	}
 }

@@ -24,7 +24,7 @@ func (s *Service) registry() map[string]factory {
 			return &HTTP{Client: s.cfg.HTTPClient, URL: v.URL, Timeout: time.Duration(v.Timeout)}, nil
 		},
 		policy.VerifierCommand: func(v policy.Verifier) (Checker, error) {
-			return &Command{Argv: v.Command, Env: s.cfg.CommandEnv, Timeout: time.Duration(v.Timeout)}, nil
+			return &Command{Argv: v.Command, Env: s.cfg.CommandEnv, Limits: s.cfg.CommandLimits, Timeout: time.Duration(v.Timeout)}, nil
 		},
 	}
 }

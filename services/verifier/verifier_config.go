@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -25,6 +26,10 @@ type Config struct {
 	// besides procgroup.DefaultEnv (DISPATCH_COMMAND_ENV); nothing else of
 	// the verifier's.
 	CommandEnv []string
+	// CommandLimits bound each process of a command verifier: CPU time,
+	// memory, open files (DISPATCH_COMMAND_CPU, _MEMORY, _FILES). Default:
+	// none (the dispatch binary sets procgroup.DefaultLimits).
+	CommandLimits procgroup.Limits
 	// HTTPClient sends http verifiers' requests. Default http.DefaultClient;
 	// each check is bounded by its verifier's timeout either way.
 	HTTPClient *http.Client
@@ -47,21 +52,24 @@ type Config struct {
 }
 
 // Validate reports every problem of the configuration at once: a current
-// policy that is invalid, or that names a nats verifier while NC is nil.
+// policy that is invalid, or that names a nats verifier while NC is nil;
+// negative CommandLimits.
 func (c Config) Validate() error {
-	f := c.Policy.File()
-	if f == nil {
-		return nil
+	var errs []error
+	if err := c.CommandLimits.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("CommandLimits: %w", err))
 	}
-	errs := []error{f.Validate()}
-	check := func(where string, t policy.Type) {
-		if t.Verifier != nil && t.Verifier.Kind == policy.VerifierNATS && c.NC == nil {
-			errs = append(errs, fmt.Errorf("%s: %w", where, ErrNoConn))
+	if f := c.Policy.File(); f != nil {
+		errs = append(errs, f.Validate())
+		check := func(where string, t policy.Type) {
+			if t.Verifier != nil && t.Verifier.Kind == policy.VerifierNATS && c.NC == nil {
+				errs = append(errs, fmt.Errorf("%s: %w", where, ErrNoConn))
+			}
 		}
-	}
-	check("defaults", f.Defaults)
-	for name, t := range f.Types {
-		check("types."+name, t)
+		check("defaults", f.Defaults)
+		for name, t := range f.Types {
+			check("types."+name, t)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("verifier: %w", err)
