@@ -32,43 +32,59 @@ const (
 	WaitAPI   = events.APIWait
 )
 
-// DefaultMaxWaits is API.MaxWaits when unset.
-const DefaultMaxWaits = 1024
-
 // API serves dispatch.api.submit, dispatch.api.status, dispatch.api.wait
 // and dispatch.api.watch as a micro service (listed by `nats micro ls`). Every answer is JSON; a
 // failure is an events.ErrorReply whose code and message are also in the
 // micro error headers. Invalid submissions are answered with code 400 and
 // the problems, and kept on dispatch.review.rejected.
+//
+// Requests are served concurrently, each on a goroutine of its own, within
+// the bounds below (admit.go); past one a request is answered 503 at once.
 type API struct {
 	JS    jetstream.JetStream
 	Tasks *services.TaskStore
+	// MaxRequests bounds the submit and status requests this instance
+	// serves at once; more are answered 503 (busy). Default
+	// DefaultMaxRequests.
+	MaxRequests int
 	// MaxWaits bounds the waits (and watches) this instance holds at
 	// once; more are answered 503. Default DefaultMaxWaits.
 	MaxWaits int
-	// Log receives what a watch's follower noticed (a forged delivery).
-	// Default slog.Default().
+	// MaxClientWaits bounds the waits and watches one client holds at once
+	// on this instance (a client: ClientOf its reply subject); more are
+	// answered 503. Default DefaultMaxClientWaits.
+	MaxClientWaits int
+	// Log receives what a watch's follower noticed (a forged delivery),
+	// dropped requests, unsent answers and panics. Default slog.Default().
 	Log *slog.Logger
 
-	mu      sync.Mutex
-	stream  jetstream.Stream // the task stream, bound on first use
-	submits jetstream.Stream // the submissions' stream, bound on first use
-	ctx     context.Context  // ends the waits in progress on Stop
-	stop    context.CancelFunc
-	waiting int
-	waits   sync.WaitGroup
+	mu       sync.Mutex
+	nc       *nats.Conn       // where answers are published: Start's
+	stream   jetstream.Stream // the task stream, bound on first use
+	submits  jetstream.Stream // the submissions' stream, bound on first use
+	ctx      context.Context  // ends the waits in progress on Stop
+	stop     context.CancelFunc
+	requests int            // submit and status requests in progress
+	waiting  int            // waits and watches held
+	clients  map[string]int // waits and watches held, per client
+	load     map[string]*EndpointLoad
+	inflight sync.WaitGroup // every request admitted and not yet answered
 }
 
 // Start registers the micro service on nc. Call Stop after the service's own
-// Stop to end the waits in progress.
+// Stop to end the waits in progress and let the other requests finish.
 func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
 	a.mu.Lock()
+	a.nc = nc
 	a.ctx, a.stop = context.WithCancel(context.Background())
 	a.mu.Unlock()
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        services.MicroService,
 		Version:     version,
 		Description: "dispatchmesh: synchronous task submit, status, wait and watch",
+		// Each endpoint's STATS carry its load: in flight, refused by
+		// reason, errors by code (`nats micro stats dispatch`).
+		StatsHandler: a.statsData,
 	})
 	if err != nil {
 		return nil, err
@@ -77,12 +93,12 @@ func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
 		name, subject string
 		handler       micro.HandlerFunc
 	}{
-		{"submit", events.SubmitAPI, a.submit},
-		{"status", StatusAPI, a.status},
-		{"wait", WaitAPI, a.wait},
-		{"watch", events.APIWatch, a.watch},
+		{"submit", events.SubmitAPI, a.serve("submit", a.submit)},
+		{"status", StatusAPI, a.serve("status", a.status)},
+		{"wait", WaitAPI, a.hold("wait", a.wait)},
+		{"watch", events.APIWatch, a.hold("watch", a.watch)},
 	} {
-		if err := svc.AddEndpoint(e.name, a.inboxOnly(e.handler), micro.WithEndpointSubject(e.subject)); err != nil {
+		if err := svc.AddEndpoint(e.name, e.handler, micro.WithEndpointSubject(e.subject)); err != nil {
 			_ = svc.Stop()
 			return nil, err
 		}
@@ -90,52 +106,97 @@ func (a *API) Start(nc *nats.Conn, version string) (micro.Service, error) {
 	return svc, nil
 }
 
-// inboxOnly serves only requests whose reply subject is an inbox
+// inbox reports whether req may be served: its reply subject is an inbox
 // (_INBOX.…). The server checks no permission on a reply subject: a
 // requester naming $KV.dispatch_tasks.<id> or dispatch.task.<id>.verified
 // as its reply would have intake publish its answer there, with intake's
 // grants. Such a request is dropped unanswered (there is nowhere safe to
 // answer) and logged.
-func (a *API) inboxOnly(h micro.HandlerFunc) micro.HandlerFunc {
-	return func(req micro.Request) {
-		if !strings.HasPrefix(req.Reply(), "_INBOX.") {
-			log := a.Log
-			if log == nil {
-				log = slog.Default()
-			}
-			log.Warn("API request with a reply subject outside _INBOX. dropped", "subject", req.Subject(), "reply", req.Reply())
-			return
-		}
-		h(req)
+func (a *API) inbox(req micro.Request) bool {
+	if strings.HasPrefix(req.Reply(), "_INBOX.") {
+		return true
 	}
+	a.log().Warn("API request with a reply subject outside _INBOX. dropped", "subject", req.Subject(), "reply", req.Reply())
+	return false
 }
 
-// Stop answers the waits in progress with 503 (ask again: another instance
-// may answer) and returns once they are answered.
+// Stop stops admitting requests (503: ask again, another instance may
+// answer), answers the waits and watches in progress with 503, and returns
+// once every request admitted has been answered: a submit or status in
+// progress finishes (within its own timeout, 10s at most). It may be
+// called more than once, and concurrently.
 func (a *API) Stop() {
 	a.mu.Lock()
 	if a.stop != nil {
 		a.stop()
 	}
 	a.mu.Unlock()
-	a.waits.Wait()
+	a.inflight.Wait()
+}
+
+func (a *API) log() *slog.Logger {
+	if a.Log == nil {
+		return slog.Default()
+	}
+	return a.Log
+}
+
+// request is one API request, detached from the micro.Request it came
+// in: it is answered from the goroutine that serves it, by publishing on
+// the API's connection to its reply subject. (A micro.Request's own
+// Respond records its outcome for micro's stats, which micro reads as soon
+// as the handler returns: from another goroutine, a data race.)
+type request struct {
+	endpoint string
+	data     []byte
+	reply    string
+	answered bool
 }
 
 // answer sends v, or err as an events.ErrorReply with the micro error
-// headers (code and message).
-func answer(req micro.Request, v any, err error) {
+// headers (code and message), to r's reply subject.
+func (a *API) answer(r *request, v any, err error) {
+	r.answered = true
+	msg := nats.NewMsg(r.reply)
 	if err == nil {
-		_ = req.RespondJSON(v)
-		return
+		if msg.Data, err = json.Marshal(v); err != nil {
+			err = fmt.Errorf("encode the answer: %w", err)
+		}
 	}
-	ae := apiError(err)
-	body, merr := json.Marshal(events.ErrorReply{Error: ae})
-	if merr != nil {
-		body = nil
+	if err != nil {
+		ae := apiError(err)
+		a.counted(r.endpoint, ae.Code)
+		body, merr := json.Marshal(events.ErrorReply{Error: ae})
+		if merr != nil {
+			body = nil
+		}
+		// A header value is one line.
+		desc := strings.NewReplacer("\r", " ", "\n", " ").Replace(ae.Message)
+		if desc == "" {
+			desc = "error"
+		}
+		msg.Header.Set(micro.ErrorHeader, desc)
+		msg.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(ae.Code))
+		msg.Data = body
 	}
-	// A header value is one line.
-	desc := strings.NewReplacer("\r", " ", "\n", " ").Replace(ae.Message)
-	_ = req.Error(strconv.Itoa(ae.Code), desc, body)
+	a.send(r, msg)
+}
+
+// send publishes msg (its subject r's reply) on the API's connection.
+func (a *API) send(r *request, msg *nats.Msg) {
+	if err := a.conn().PublishMsg(msg); err != nil {
+		a.log().Warn("API answer not sent", "endpoint", r.endpoint, "reply", r.reply, "err", err)
+	}
+}
+
+// conn is the connection answers go out on: Start's.
+func (a *API) conn() *nats.Conn {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.nc == nil {
+		return a.JS.Conn()
+	}
+	return a.nc
 }
 
 // apiError is err as an API error: an *events.APIError as it is, an
@@ -152,11 +213,18 @@ func apiError(err error) *events.APIError {
 	return events.NewAPIError(events.CodeInternal, err.Error())
 }
 
-func (a *API) submit(req micro.Request) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// submitTimeout and statusTimeout bound one request's reads and writes.
+// Stop does not cut them short: a request admitted is answered.
+const (
+	submitTimeout = 10 * time.Second
+	statusTimeout = 5 * time.Second
+)
+
+func (a *API) submit(r *request) {
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	reply, err := a.Submit(ctx, req.Data())
-	answer(req, reply, err)
+	reply, err := a.Submit(ctx, r.data)
+	a.answer(r, reply, err)
 }
 
 // Submit validates data and queues it for intake. Invalid input returns an
@@ -241,11 +309,11 @@ func (a *API) keepRejected(ctx context.Context, data []byte, id string, cause er
 	return err
 }
 
-func (a *API) status(req micro.Request) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (a *API) status(r *request) {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
-	st, err := a.Status(ctx, req.Data())
-	answer(req, st, err)
+	st, err := a.Status(ctx, r.data)
+	a.answer(r, st, err)
 }
 
 // Status answers a status request (a bare id or {"id": …}): the task's

@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
@@ -17,55 +16,10 @@ import (
 // lookupTimeout bounds the reads that complete a wait's answer.
 const lookupTimeout = 5 * time.Second
 
-// wait answers dispatch.api.wait.
-func (a *API) wait(req micro.Request) {
-	a.hold(req, func(ctx context.Context, r events.TaskRequest) {
-		reply, err := a.Wait(ctx, r.ID, r.WaitTimeout())
-		answer(req, reply, err)
-	})
-}
-
-// hold runs serve for a request that holds on (a wait, a watch) on a
-// goroutine of its own, at most MaxWaits at once: a micro endpoint's
-// handler runs on its subscription's one goroutine. An invalid request, or
-// one past the limit, is answered at once.
-func (a *API) hold(req micro.Request, serve func(context.Context, events.TaskRequest)) {
-	r, err := events.DecodeTaskRequest(req.Data())
-	if err != nil {
-		answer(req, nil, err)
-		return
-	}
-	ctx, ok := a.acquire()
-	if !ok {
-		answer(req, nil, events.NewAPIError(events.CodeUnavailable, "too many waits in progress, or the service is stopping: ask again"))
-		return
-	}
-	go func() {
-		defer a.release()
-		serve(ctx, r)
-	}()
-}
-
-func (a *API) acquire() (context.Context, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	limit := a.MaxWaits
-	if limit <= 0 {
-		limit = DefaultMaxWaits
-	}
-	if a.ctx == nil || a.ctx.Err() != nil || a.waiting >= limit {
-		return nil, false
-	}
-	a.waiting++
-	a.waits.Add(1)
-	return a.ctx, true
-}
-
-func (a *API) release() {
-	a.mu.Lock()
-	a.waiting--
-	a.mu.Unlock()
-	a.waits.Done()
+// wait answers dispatch.api.wait, held (hold).
+func (a *API) wait(ctx context.Context, r *request, tr events.TaskRequest) {
+	reply, err := a.Wait(ctx, tr.ID, tr.WaitTimeout())
+	a.answer(r, reply, err)
 }
 
 // Wait watches the task's state — a KV watch of its key, no polling —

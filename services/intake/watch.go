@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
@@ -15,25 +14,23 @@ import (
 )
 
 // watch answers dispatch.api.watch: the task's events, one message each,
-// to the request's reply subject (an inbox: inboxOnly). Clients follow a
+// to the request's reply subject (an inbox: API.inbox). Clients follow a
 // task through it instead of reading the stream, which they may not. Like
-// a wait it holds one of the MaxWaits slots.
-func (a *API) watch(req micro.Request) {
-	reply := req.Reply()
-	a.hold(req, func(ctx context.Context, r events.TaskRequest) {
-		nc := a.JS.Conn()
-		err := a.Watch(ctx, r.ID, r.After, r.WaitTimeout(), func(m *nats.Msg) error {
-			m.Subject = reply
-			return nc.PublishMsg(m)
-		})
-		if err != nil {
-			answer(req, nil, err)
-			return
-		}
-		end := nats.NewMsg(reply)
-		end.Header.Set(events.HeaderWatchEnd, "timeout")
-		_ = nc.PublishMsg(end)
+// a wait it is held (hold): one of the MaxWaits places, and of its
+// client's MaxClientWaits.
+func (a *API) watch(ctx context.Context, r *request, tr events.TaskRequest) {
+	err := a.Watch(ctx, tr.ID, tr.After, tr.WaitTimeout(), func(m *nats.Msg) error {
+		m.Subject = r.reply
+		return a.conn().PublishMsg(m)
 	})
+	if err != nil {
+		a.answer(r, nil, err)
+		return
+	}
+	r.answered = true
+	end := nats.NewMsg(r.reply)
+	end.Header.Set(events.HeaderWatchEnd, "timeout")
+	a.send(r, end)
 }
 
 // Watch sends send each event of task id stored after sequence after, in
