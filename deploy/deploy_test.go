@@ -87,11 +87,11 @@ func TestConfigsParse(t *testing.T) {
 	pw := proctest.SetPasswords(t)
 	for _, f := range confFiles(t) {
 		t.Run(f, func(t *testing.T) {
+			if filepath.Base(f) == "users.conf" {
+				return // the users of account DISPATCH, parsed where the configs include them
+			}
 			opts := proctest.ParseConf(t, f)
 			checkUsers(t, opts, pw)
-			if filepath.Base(f) == "users.conf" {
-				return // include-only: no server settings
-			}
 			if !opts.JetStream || opts.StoreDir == "" {
 				t.Errorf("JetStream not enabled with a store_dir (JetStream=%v StoreDir=%q)", opts.JetStream, opts.StoreDir)
 			}
@@ -1522,6 +1522,10 @@ func TestClusterNodesFormJetStreamCluster(t *testing.T) {
 	}
 	gate.denyPublish(t, events.TaskSubject("c1", events.StageSucceeded))
 	gate.noViolations(t)
+
+	// The account's limits, as common.conf sets them for three replicas.
+	limits := readServerConf(t, filepath.Join("nats", "cluster", "node-1.conf"), 3).account
+	t.Logf("account %s limits in force on the cluster %s", services.Stream, limitsReport("admin", checkLimitsInForce(ctx, t, admin.js, "admin", limits)))
 
 	stream, err := admin.js.Stream(ctx, services.Stream)
 	if err != nil {
