@@ -3,10 +3,10 @@ package deploy_test
 // A hostile client against the deployment as shipped: nats-server from
 // nats/single.conf and nats/users.conf (its monitoring port reachable, as
 // an attacker inside the host or cluster network would have it), every
-// service as `dispatch <service>` under its own user. The attacker holds
-// the client user's password and tries each attack issues #20 and #22
-// name; each is refused or harmless, and the tasks it aimed at still end.
-// Every limit of the account is read back and gone past.
+// service as `dispatch <service>` under its own user, all over TLS. The
+// attacker holds the client user's password and tries each attack issues
+// #20 and #22 name; each is refused or harmless, and the tasks it aimed at
+// still end. Every limit of the account is read back and gone past.
 
 import (
 	"context"
@@ -38,12 +38,12 @@ import (
 func TestHostileClient(t *testing.T) {
 	natsServer, dispatch := proctest.Build(t)
 	pw := proctest.SetPasswords(t)
-	srv := proctest.StartNATS(t, natsServer, "nats", 0)
+	srv := proctest.StartNATSTLS(t, natsServer, "nats", 0, "")
 	url := srv.URL
 	admin := connect(t, url, "admin", pw["admin"], "")
 	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := admin.js.AccountInfo(context.Background()); return err })
 	as := func(user string) []string {
-		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_CA="+srv.CA, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
 	}
 	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
 		t.Fatalf("dispatch provision said:\n%s", out)
@@ -404,7 +404,7 @@ func floodConnections(t *testing.T, srv *proctest.NATS, password string, max int
 	}()
 	var refused error
 	for int64(len(held)) <= max {
-		nc, err := nats.Connect(srv.URL, nats.UserInfo("client", password), nats.NoReconnect())
+		nc, err := nats.Connect(srv.URL, clientTLS(t), nats.UserInfo("client", password), nats.NoReconnect())
 		if err != nil {
 			refused = err
 			break
@@ -520,7 +520,7 @@ func checkRejectedJunk(ctx context.Context, t *testing.T, admin *conn, n int) {
 // wait out every request's timeout: client.New says so at once.
 func TestClientWithoutItsInboxPrefix(t *testing.T) {
 	ns, pw := startSingle(t)
-	wrong, err := nats.Connect(ns.ClientURL(), nats.UserInfo("client", pw["client"]))
+	wrong, err := nats.Connect(ns.ClientURL(), clientTLS(t), nats.UserInfo("client", pw["client"]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +528,7 @@ func TestClientWithoutItsInboxPrefix(t *testing.T) {
 	if _, err := client.New(wrong); !errors.Is(err, client.ErrInboxRefused) || !strings.Contains(err.Error(), "_INBOX.client") {
 		t.Fatalf("client.New without the inbox prefix: %v, want ErrInboxRefused naming _INBOX.client", err)
 	}
-	right, err := nats.Connect(ns.ClientURL(), nats.UserInfo("client", pw["client"]), nats.CustomInboxPrefix("_INBOX.client"))
+	right, err := nats.Connect(ns.ClientURL(), clientTLS(t), nats.UserInfo("client", pw["client"]), nats.CustomInboxPrefix("_INBOX.client"))
 	if err != nil {
 		t.Fatal(err)
 	}
