@@ -8,6 +8,7 @@ package deploy_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,11 +88,11 @@ func TestConfigsParse(t *testing.T) {
 	pw := proctest.SetPasswords(t)
 	for _, f := range confFiles(t) {
 		t.Run(f, func(t *testing.T) {
+			if filepath.Base(f) == "users.conf" {
+				return // the users of account DISPATCH, parsed where the configs include them
+			}
 			opts := proctest.ParseConf(t, f)
 			checkUsers(t, opts, pw)
-			if filepath.Base(f) == "users.conf" {
-				return // include-only: no server settings
-			}
 			if !opts.JetStream || opts.StoreDir == "" {
 				t.Errorf("JetStream not enabled with a store_dir (JetStream=%v StoreDir=%q)", opts.JetStream, opts.StoreDir)
 			}
@@ -107,6 +108,14 @@ func TestConfigsParse(t *testing.T) {
 			}
 			if opts.JetStreamMaxStore <= 0 || opts.JetStreamMaxMemory <= 0 {
 				t.Errorf("JetStream limits not set: max_file_store %d, max_memory_store %d", opts.JetStreamMaxStore, opts.JetStreamMaxMemory)
+			}
+			// TLS for every client, and for the routes of a cluster, which
+			// must present a certificate of the CA (deploy/README.md#tls).
+			if opts.TLSConfig == nil || opts.AllowNonTLS || opts.TLSConfig.MinVersion < tls.VersionTLS12 {
+				t.Errorf("clients are not required to use TLS (tls %v, allow_non_tls %v)", opts.TLSConfig != nil, opts.AllowNonTLS)
+			}
+			if opts.Cluster.Port != 0 && (opts.Cluster.TLSConfig == nil || opts.Cluster.TLSConfig.ClientAuth != tls.RequireAndVerifyClientCert) {
+				t.Errorf("the routes do not verify each other with TLS (cluster tls %v)", opts.Cluster.TLSConfig != nil)
 			}
 		})
 	}
@@ -418,7 +427,7 @@ func checkKnownNames(t *testing.T, user string, grants []string) {
 // The passwords exist only in the environment: no default, no literal.
 func TestPasswordsComeFromEnvironment(t *testing.T) {
 	proctest.SetPasswords(t)
-	single := filepath.Join("nats", "single.conf")
+	single := proctest.ConfCopy(t, filepath.Join("nats", "single.conf"), "") // with TLS files to load
 
 	os.Unsetenv(proctest.PasswordVar("gate")) // t.Setenv restores it
 	_, err := server.ProcessConfigFile(single)
@@ -471,6 +480,7 @@ func connect(t *testing.T, serverURL, user, password, inbox string) *conn {
 	t.Helper()
 	c := &conn{user: user, errs: make(chan error, 256)}
 	opts := []nats.Option{
+		clientTLS(t),
 		nats.UserInfo(user, password),
 		nats.Name("deploy-test-" + user),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -506,6 +516,12 @@ func connect(t *testing.T, serverURL, user, password, inbox string) *conn {
 	}
 	c.nc, c.js = nc, js
 	return c
+}
+
+// clientTLS trusts the test CA (proctest.Certs) the servers of these tests
+// present: they require TLS, as the configs do.
+func clientTLS(t testing.TB) nats.Option {
+	return nats.Secure(&tls.Config{RootCAs: proctest.CAPool(t), MinVersion: tls.VersionTLS12})
 }
 
 // waitViolation waits for the server's permission violation for kind
@@ -746,11 +762,11 @@ func TestSingleNode(t *testing.T) {
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("monitoring /healthz: %s", res.Status)
 	}
-	if _, err := nats.Connect(ns.ClientURL(), nats.UserInfo("gate", "wrong")); err == nil {
-		t.Fatal("gate connected with a wrong password")
+	if _, err := nats.Connect(ns.ClientURL(), clientTLS(t), nats.UserInfo("gate", "wrong")); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("gate with a wrong password: %v, want %v", err, nats.ErrAuthorization)
 	}
-	if _, err := nats.Connect(ns.ClientURL()); err == nil {
-		t.Fatal("anonymous connection accepted")
+	if _, err := nats.Connect(ns.ClientURL(), clientTLS(t)); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("anonymous connection: %v, want %v", err, nats.ErrAuthorization)
 	}
 
 	admin := connect(t, ns.ClientURL(), "admin", pw["admin"], "")
@@ -1475,7 +1491,9 @@ func TestClusterNodesFormJetStreamCluster(t *testing.T) {
 	routes := proctest.FreePorts(t, 3)
 	var nodes []*server.Server
 	for i := 1; i <= 3; i++ {
-		nodes = append(nodes, startServer(t, proctest.ClusterNode(t, "nats", i, -1, routes, t.TempDir())))
+		opts := proctest.ClusterNode(t, "nats", i, -1, routes, t.TempDir())
+		opts.AllowNonTLS = false // as common.conf says: TLS for clients, and for the routes
+		nodes = append(nodes, startServer(t, opts))
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -1522,6 +1540,10 @@ func TestClusterNodesFormJetStreamCluster(t *testing.T) {
 	}
 	gate.denyPublish(t, events.TaskSubject("c1", events.StageSucceeded))
 	gate.noViolations(t)
+
+	// The account's limits, as common.conf sets them for three replicas.
+	limits := readServerConf(t, filepath.Join("nats", "cluster", "node-1.conf"), 3).account
+	t.Logf("account %s limits in force on the cluster %s", services.Stream, limitsReport("admin", checkLimitsInForce(ctx, t, admin.js, "admin", limits)))
 
 	stream, err := admin.js.Stream(ctx, services.Stream)
 	if err != nil {

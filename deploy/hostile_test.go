@@ -3,9 +3,10 @@ package deploy_test
 // A hostile client against the deployment as shipped: nats-server from
 // nats/single.conf and nats/users.conf (its monitoring port reachable, as
 // an attacker inside the host or cluster network would have it), every
-// service as `dispatch <service>` under its own user. The attacker holds
-// the client user's password and tries each attack issue #20 names; each
-// is refused or harmless, and the tasks it aimed at still end.
+// service as `dispatch <service>` under its own user, all over TLS. The
+// attacker holds the client user's password and tries each attack issues
+// #20 and #22 name; each is refused or harmless, and the tasks it aimed at
+// still end. Every limit of the account is read back and gone past.
 
 import (
 	"context"
@@ -37,12 +38,12 @@ import (
 func TestHostileClient(t *testing.T) {
 	natsServer, dispatch := proctest.Build(t)
 	pw := proctest.SetPasswords(t)
-	srv := proctest.StartNATS(t, natsServer, "nats", 0)
+	srv := proctest.StartNATSTLS(t, natsServer, "nats", 0, "")
 	url := srv.URL
 	admin := connect(t, url, "admin", pw["admin"], "")
 	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := admin.js.AccountInfo(context.Background()); return err })
 	as := func(user string) []string {
-		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_CA="+srv.CA, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
 	}
 	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
 		t.Fatalf("dispatch provision said:\n%s", out)
@@ -93,6 +94,24 @@ func TestHostileClient(t *testing.T) {
 			attacker.denyPublishBody(t, "$JS.API.CONSUMER.CREATE."+stream+".pwn", body)
 		}
 	}
+	// 1b. Fifty durable consumers (issue #22: the client once made 50 of
+	// 50), through the current and the legacy API, on five streams: each
+	// refused, and admin finds none.
+	durableStreams := []string{services.Stream, services.SubmitStream, services.AdvisoryStream, services.OutcomeStream, "KV_" + services.BucketTasks}
+	for i := range 50 {
+		stream, name := durableStreams[i%len(durableStreams)], fmt.Sprintf("pwn-durable-%d", i)
+		subject := "$JS.API.CONSUMER.CREATE." + stream + "." + name
+		if i%2 == 1 {
+			subject = "$JS.API.CONSUMER.DURABLE.CREATE." + stream + "." + name
+		}
+		body, _ := json.Marshal(map[string]any{"stream_name": stream, "config": map[string]any{
+			"durable_name": name, "ack_policy": "explicit", "max_deliver": 1}})
+		attacker.denyPublishBody(t, subject, body)
+	}
+	if n := countConsumers(ctx, t, admin, "pwn"); n != 0 {
+		t.Fatalf("the client created %d consumers", n)
+	}
+	t.Logf("50 durable consumers as client: 50 refused (permissions violation), 0 created (admin lists every stream's consumers)")
 	// 2. A forged policy update: the bucket is admin's alone.
 	attacker.denyPublish(t, "$KV."+services.BucketPolicy+".current")
 	// 3. Publishing as a service: a stage's event, a review decision.
@@ -138,6 +157,22 @@ func TestHostileClient(t *testing.T) {
 	if e, err := tasksKV.Get(ctx, "victim-9"); err == nil {
 		t.Fatalf("a forged reply wrote task state: %s", e.Value())
 	}
+
+	// Every limit of the account is in force (deploy/README.md#limits):
+	// the JetStream limits as admin and a service read them, the
+	// connection limits by the client's floods.
+	limits := readServerConf(t, filepath.Join("nats", "single.conf"), 1).account
+	gate := connect(t, url, "gate", pw["gate"], "_INBOX.gate")
+	for _, c := range []*conn{admin, gate} {
+		t.Logf("account %s limits in force %s", services.Stream, limitsReport(c.user, checkLimitsInForce(ctx, t, c.js, c.user, limits)))
+	}
+	probeJetStreamLimits(ctx, t, admin.js, limits)
+	floodSubscriptions(t, url, pw["client"], limits.MaxSubscriptions)
+	floodConnections(t, srv, pw["client"], limits.MaxConnections)
+	if got := int64(attacker.nc.MaxPayload()); got != limits.MaxPayload {
+		t.Errorf("max_payload announced to the client: %d, want %d", got, limits.MaxPayload)
+	}
+	t.Logf("max_payload %d: announced to the client, whose library refuses a bigger publish", limits.MaxPayload)
 
 	// 7. Insider squatting: web may publish submissions (a reviewer's
 	// resubmit). It squats the ids a service or the API will publish under,
@@ -300,6 +335,102 @@ func TestHostileClient(t *testing.T) {
 	proctest.CheckRunning(t, running)
 }
 
+// countConsumers counts, as admin, the consumers whose name starts with
+// prefix on every stream of the account.
+func countConsumers(ctx context.Context, t *testing.T, admin *conn, prefix string) int {
+	t.Helper()
+	var n int
+	streams := admin.js.StreamNames(ctx)
+	for stream := range streams.Name() {
+		s, err := admin.js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := s.ConsumerNames(ctx)
+		for name := range names.Name() {
+			if strings.HasPrefix(name, prefix) {
+				n++
+			}
+		}
+		if err := names.Err(); err != nil {
+			t.Fatalf("consumers of %s: %v", stream, err)
+		}
+	}
+	if err := streams.Err(); err != nil {
+		t.Fatalf("streams: %v", err)
+	}
+	return n
+}
+
+// floodSubscriptions subscribes max times on one client connection, all
+// accepted, then once more: refused with "maximum subscriptions exceeded"
+// (the account's max_subscriptions; the server sets none of its own).
+func floodSubscriptions(t *testing.T, url, password string, max int64) {
+	t.Helper()
+	flood := connect(t, url, "client", password, "_INBOX.client")
+	defer flood.nc.Close()
+	for i := range max {
+		if _, err := flood.nc.SubscribeSync(fmt.Sprintf("_INBOX.client.flood.%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flood.noViolations(t) // every one accepted
+	if _, err := flood.nc.SubscribeSync("_INBOX.client.flood.last"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-flood.errs:
+		if !errors.Is(err, nats.ErrMaxSubscriptionsExceeded) {
+			t.Fatalf("subscription %d: %v, want %v", max+1, err, nats.ErrMaxSubscriptionsExceeded)
+		}
+	case <-time.After(patience):
+		t.Fatalf("subscription %d of one connection not refused", max+1)
+	}
+	t.Logf("max_subscriptions %d: one client connection held %d, the next was refused (%v)", max, max, nats.ErrMaxSubscriptionsExceeded)
+}
+
+// floodConnections connects as the client until refused: the account then
+// holds max connections (the services' and the attacker's, counted by the
+// monitoring port's /connz?acc=DISPATCH), and the next is refused with
+// "maximum account active connections exceeded". The server's own
+// max_connections is higher. The attacker's connections are closed after.
+func floodConnections(t *testing.T, srv *proctest.NATS, password string, max int64) {
+	t.Helper()
+	var held []*nats.Conn
+	defer func() {
+		for _, nc := range held {
+			nc.Close()
+		}
+	}()
+	var refused error
+	for int64(len(held)) <= max {
+		nc, err := nats.Connect(srv.URL, clientTLS(t), nats.UserInfo("client", password), nats.NoReconnect())
+		if err != nil {
+			refused = err
+			break
+		}
+		held = append(held, nc)
+	}
+	if !errors.Is(refused, nats.ErrMaxAccountConnectionsExceeded) {
+		t.Fatalf("after %d connections as client: %v, want %v", len(held), refused, nats.ErrMaxAccountConnectionsExceeded)
+	}
+	res, err := http.Get(srv.Monitor + "/connz?acc=" + services.Stream + "&limit=1")
+	if err != nil {
+		t.Fatalf("monitoring: %v", err)
+	}
+	defer res.Body.Close()
+	var connz struct {
+		Total int64 `json:"total"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&connz); err != nil {
+		t.Fatalf("connz: %v", err)
+	}
+	if connz.Total != max {
+		t.Errorf("refused with %d connections in account %s, want max_connections %d", connz.Total, services.Stream, max)
+	}
+	t.Logf("max_connections %d: refused (%v) with %d in the account, %d of them the attacker's", max, refused, connz.Total, len(held))
+}
+
 // denyPublishBody is denyPublish with a body.
 func (c *conn) denyPublishBody(t *testing.T, subject string, body []byte) {
 	t.Helper()
@@ -389,7 +520,7 @@ func checkRejectedJunk(ctx context.Context, t *testing.T, admin *conn, n int) {
 // wait out every request's timeout: client.New says so at once.
 func TestClientWithoutItsInboxPrefix(t *testing.T) {
 	ns, pw := startSingle(t)
-	wrong, err := nats.Connect(ns.ClientURL(), nats.UserInfo("client", pw["client"]))
+	wrong, err := nats.Connect(ns.ClientURL(), clientTLS(t), nats.UserInfo("client", pw["client"]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +528,7 @@ func TestClientWithoutItsInboxPrefix(t *testing.T) {
 	if _, err := client.New(wrong); !errors.Is(err, client.ErrInboxRefused) || !strings.Contains(err.Error(), "_INBOX.client") {
 		t.Fatalf("client.New without the inbox prefix: %v, want ErrInboxRefused naming _INBOX.client", err)
 	}
-	right, err := nats.Connect(ns.ClientURL(), nats.UserInfo("client", pw["client"]), nats.CustomInboxPrefix("_INBOX.client"))
+	right, err := nats.Connect(ns.ClientURL(), clientTLS(t), nats.UserInfo("client", pw["client"]), nats.CustomInboxPrefix("_INBOX.client"))
 	if err != nil {
 		t.Fatal(err)
 	}

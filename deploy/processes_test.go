@@ -46,12 +46,13 @@ const patience = 45 * time.Second
 func TestServicesRunAsTheirUsers(t *testing.T) {
 	natsServer, dispatch := proctest.Build(t)
 	pw := proctest.SetPasswords(t)
-	url := proctest.StartNATS(t, natsServer, "nats", 0).URL
+	srv := proctest.StartNATSTLS(t, natsServer, "nats", 0, "")
+	url := srv.URL
 	admin := connect(t, url, "admin", pw["admin"], "")
 	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := admin.js.AccountInfo(context.Background()); return err })
 
 	as := func(user string) []string {
-		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_CA="+srv.CA, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
 	}
 	// The policy provision seeds: css_fix keeps the default, no verifier (a
 	// pass goes from intake straight to the gate); verifiedType has a

@@ -30,6 +30,11 @@ type Config struct {
 	NATSCreds    string `envconfig:"NATS_CREDS"`
 	NATSUser     string `envconfig:"NATS_USER"`
 	NATSPassword string `envconfig:"NATS_PASSWORD"`
+	// NATSCA is a PEM file of the CA the NATS server's certificate is
+	// checked against (deploy/nats/tls/mkcerts.sh makes one). Default: the
+	// system's roots. The connection uses TLS when the server requires it
+	// or the URL is tls://.
+	NATSCA string `envconfig:"NATS_CA"`
 	// NATSListen is where `dispatch up` runs its embedded NATS server.
 	// Default 127.0.0.1:4222, no login; an address beyond loopback requires
 	// NATSUser and NATSPassword.
@@ -334,6 +339,9 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 		opts = append(opts, nats.UserCredentials(c.NATSCreds))
 	case c.NATSUser != "":
 		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
+	}
+	if c.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(c.NATSCA))
 	}
 	// Replies come to _INBOX.<user>.>: the per-service users of deploy/ may
 	// subscribe only there.

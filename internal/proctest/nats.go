@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,10 +43,11 @@ func SetPasswords(t testing.TB) map[string]string {
 	return pw
 }
 
-// ParseConf reads a nats-server config file (its includes too).
+// ParseConf reads a nats-server config file (its includes too), with the
+// TLS files of Certs instead of TLSDir (ConfCopy).
 func ParseConf(t testing.TB, path string) *server.Options {
 	t.Helper()
-	opts, err := server.ProcessConfigFile(path)
+	opts, err := server.ProcessConfigFile(ConfCopy(t, path, ""))
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -74,7 +76,10 @@ func FreePorts(t testing.TB, n int) []int {
 // ClusterNode is the options of node i (1-3) of deploy/nats/cluster as they
 // are, but on loopback: its client port (-1: any), the route ports of all
 // three nodes (every node lists every route, as common.conf does) and its
-// store in storeDir. The passwords must be set (SetPasswords).
+// store in storeDir, with the TLS files of Certs: the routes verify each
+// other as common.conf says, and clients may connect with TLS (CAPool) or,
+// unlike the config, without it (AllowNonTLS: the fault suite's processes
+// do). The passwords must be set (SetPasswords).
 func ClusterNode(t testing.TB, natsDir string, i, clientPort int, routePorts []int, storeDir string) *server.Options {
 	t.Helper()
 	opts := ParseConf(t, filepath.Join(natsDir, "cluster", fmt.Sprintf("node-%d.conf", i)))
@@ -87,34 +92,57 @@ func ClusterNode(t testing.TB, natsDir string, i, clientPort int, routePorts []i
 	opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", routePorts[i-1]
 	opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
 	opts.StoreDir = storeDir
+	opts.AllowNonTLS = true
 	opts.NoSigs, opts.NoLog = true, true
 	return opts
 }
 
 // NATS is a nats-server process loaded from deploy/nats/single.conf and
-// users.conf as they are, but on loopback ports with its store in a temp
-// dir.
+// users.conf as they are, but on loopback ports with its store and TLS
+// files in temp dirs.
 type NATS struct {
-	// URL is the client URL; Monitor the monitoring port's
-	// (http://127.0.0.1:<port>), reachable here as an attacker inside the
-	// host or cluster network would have it.
+	// URL is the client URL (tls:// when the server requires TLS); Monitor
+	// the monitoring port's (http://127.0.0.1:<port>), reachable here as an
+	// attacker inside the host or cluster network would have it.
 	URL, Monitor string
-	Proc         *Process
-	bin          string
-	dir          string
-	port         int
+	// CA is the file of the CA that signed the server's certificate, for
+	// clients (DISPATCH_NATS_CA, nats.RootCAs).
+	CA   string
+	Proc *Process
+	bin  string
+	dir  string
+	port int
 }
 
 // StartNATS runs bin with natsDir's single.conf (and users.conf) on client
-// port port (0: any free port). The passwords must be set (SetPasswords).
+// port port (0: any free port), without its tls block: for tests whose
+// clients (the fault suite's processes, nats.js, nats.c, the nats CLI)
+// connect without the test CA (nats.js upgrades whenever a server offers
+// TLS, so allow_non_tls would not do). StartNATSTLS runs it as shipped. The
+// passwords must be set (SetPasswords).
 func StartNATS(t testing.TB, bin, natsDir string, port int) *NATS {
 	t.Helper()
+	return startNATS(t, bin, natsDir, port, "", false)
+}
+
+// StartNATSTLS is StartNATS as single.conf says: every client must connect
+// with TLS, trusting the CA of certDir ("": Certs; NATS.CA names it).
+func StartNATSTLS(t testing.TB, bin, natsDir string, port int, certDir string) *NATS {
+	t.Helper()
+	return startNATS(t, bin, natsDir, port, certDir, true)
+}
+
+func startNATS(t testing.TB, bin, natsDir string, port int, certDir string, requireTLS bool) *NATS {
+	t.Helper()
+	if certDir == "" {
+		certDir = Certs(t)
+	}
 	dir := t.TempDir()
 	listen := "127.0.0.1:-1"
 	if port > 0 {
 		listen = fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	conf := readFile(t, filepath.Join(natsDir, "single.conf"))
+	conf := readFile(t, ConfCopy(t, filepath.Join(natsDir, "single.conf"), certDir))
 	for _, r := range [][2]string{
 		{"listen: 0.0.0.0:4222", "listen: " + listen},
 		{"http: 127.0.0.1:8222", "http: 127.0.0.1:-1"},
@@ -125,13 +153,23 @@ func StartNATS(t testing.TB, bin, natsDir string, port int) *NATS {
 		}
 		conf = strings.Replace(conf, r[0], r[1], 1)
 	}
+	if !strings.Contains(conf, filepath.Join(certDir, "server.pem")) {
+		t.Fatalf("single.conf names no %sserver.pem: update proctest", TLSDir)
+	}
+	if !requireTLS {
+		block := regexp.MustCompile(`(?ms)^tls \{\n.*?^\}\n`)
+		if n := len(block.FindAllString(conf, -1)); n != 1 {
+			t.Fatalf("single.conf has %d top-level tls blocks, want 1: update proctest", n)
+		}
+		conf = block.ReplaceAllString(conf, "# test: no TLS\n")
+	}
 	conf += fmt.Sprintf("\n# test: where the random ports are written\nports_file_dir: %q\n", dir)
 	for name, text := range map[string]string{"single.conf": conf, "users.conf": readFile(t, filepath.Join(natsDir, "users.conf"))} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	n := &NATS{bin: bin, dir: dir, port: port}
+	n := &NATS{bin: bin, dir: dir, port: port, CA: filepath.Join(certDir, "ca.pem")}
 	n.start(t)
 	return n
 }
