@@ -49,6 +49,10 @@ type Spec struct {
 	// MaxDeliver bounds deliveries of one message (naks included); on the last
 	// one a failing message goes to dispatch.review.poison. Default 10.
 	MaxDeliver int
+	// MaxAckPending bounds the messages the consumer has delivered and
+	// not yet seen acked, across every instance (a snoozed message counts
+	// until it is acked). Default DefaultMaxAckPending.
+	MaxAckPending int
 	// AckWait is how long a delivered message is ours before the server
 	// redelivers it; a heartbeat extends it while the handler runs. Default 30s.
 	AckWait time.Duration
@@ -88,11 +92,17 @@ func (s Spec) withDefaults() Spec {
 	if s.AckWait <= 0 {
 		s.AckWait = 30 * time.Second
 	}
+	if s.MaxAckPending <= 0 {
+		s.MaxAckPending = DefaultMaxAckPending
+	}
 	if s.Backoff == nil {
 		s.Backoff = ExpBackoff(time.Second, time.Minute)
 	}
 	return s
 }
+
+// DefaultMaxAckPending is Spec.MaxAckPending when unset.
+const DefaultMaxAckPending = 10000
 
 // ExpBackoff doubles base with each delivery, up to max.
 func ExpBackoff(base, max time.Duration) func(int) time.Duration {
@@ -130,7 +140,7 @@ func (s Spec) ConsumerConfig() jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       s.AckWait,
 		MaxDeliver:    s.MaxDeliver,
-		MaxAckPending: 10000,
+		MaxAckPending: s.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	if len(s.Filters) == 1 {

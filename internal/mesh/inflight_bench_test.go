@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -142,7 +143,7 @@ func startModelMesh(b testing.TB, model *openaitest.Server, concurrency map[stri
 	go func() {
 		defer close(stopped)
 		_ = mesh.Run(ctx, mesh.Options{
-			NC: nc, Provision: true, Policy: pol, Log: quiet, ServiceConcurrency: concurrency,
+			NC: nc, Provision: true, Policy: pol, Log: benchLog(b), ServiceConcurrency: concurrency,
 			Model: executor.NewOpenAI(executor.OpenAIConfig{BaseURL: model.BaseURL(), APIKey: "test"}),
 		})
 	}()
@@ -390,4 +391,20 @@ func BenchmarkOpenLoop(b *testing.B) {
 	b.ReportMetric(percentile(record, 99), "record-p99-ms")
 	b.ReportMetric(percentile(e2e, 50), "e2e-p50-ms")
 	b.ReportMetric(percentile(e2e, 99), "e2e-p99-ms")
+}
+
+// benchLog is the mesh's log in a benchmark: discarded, or written to the
+// file DISPATCH_BENCH_LOG names (at debug level) to see why a run went as
+// it did.
+func benchLog(b testing.TB) *slog.Logger {
+	path := os.Getenv("DISPATCH_BENCH_LOG")
+	if path == "" {
+		return quiet
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

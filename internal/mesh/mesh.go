@@ -90,6 +90,9 @@ type Options struct {
 	MaxDeliver  int
 	AckWait     time.Duration
 	Concurrency int
+	// MaxAckPending overrides every consumer's (services.Spec); a test
+	// lowers it to show what needs no pending slots.
+	MaxAckPending int
 	// ServiceConcurrency overrides Concurrency per service (by name: Intake,
 	// Verifier, …); 0 or absent: Concurrency, else the service's default.
 	ServiceConcurrency map[string]int
@@ -311,6 +314,7 @@ func Run(ctx context.Context, o Options) error {
 	for i, spec := range specs {
 		spec.MaxDeliver = max(o.MaxDeliver, spec.MaxDeliver)
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
+		spec.MaxAckPending = orDefault(o.MaxAckPending, spec.MaxAckPending)
 		spec.Concurrency = o.concurrency(spec)
 		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace, Stats: stats[i]}
 		wg.Add(1)

@@ -166,6 +166,20 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	// FullLookEvery does the full look, which also frees the places of
 	// canaries a human ended.
 	quickLook := held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
+	// A flood of a new type: a pass that arrives while the view shows
+	// every canary place taken goes to the held consumer at once, reading
+	// nothing, so the verified consumer keeps its pace for every other
+	// type. The held consumer makes the full look.
+	if held == nil && m.Delivered == 1 && waitsForCanaries(b.Run, v, scoring, pol.IsExempt()) {
+		sc := scoring
+		sc.Canary = sc.CanariesWith(sc.PriorOf(s.pool(), t.Type))
+		if b.At.Sub(m.Time) < sc.CanaryTTL && placesTaken(stats, sc, b.At, t.ID) {
+			s.metrics.waits.WithLabelValues(t.Type).Inc()
+			d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold,
+				Cause: events.CauseUnproven, Reason: fmt.Sprintf("waiting for the canaries of %s", t.Type)}
+			return s.park(b, events.HoldCanary, d, sealed)
+		}
+	}
 	if !quickLook && mayHinge(b.Run, v, scoring, pol.IsExempt()) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
@@ -349,6 +363,15 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 	}
 	return s.admit(ctx, b, d, sealed)
+}
+
+// waitsForCanaries reports whether a new task's first pass of a type the
+// view shows unproven would wait for its canaries if every place is
+// taken: none of the decisions that come first (a human's requeue, an
+// exempt type, a probe, a type below its threshold) applies to it.
+func waitsForCanaries(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
+	return run.Pass == 1 && run.Attempt <= 1 && !run.Reviewed && !run.Probe &&
+		!exempt && p.Threshold >= 0 && v.Unproven && !v.Below
 }
 
 // FullLookEvery: one look in this many at a pass waiting for canaries

@@ -535,8 +535,14 @@ func TestCanaryOfAnEndedTaskIsReleased(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if to, _, err := e.pass("w2", "new_type", first(), 0); err != nil || to != events.StageAdmitted {
+	// The view still shows every place taken (a cancel records no
+	// outcome): the pass goes to the held consumer without a look, and
+	// that consumer's full look finds c1 ended and takes its place.
+	if to, _, err := e.pass("w2", "new_type", first(), 0); err != nil || to != events.StageHeld {
 		t.Fatalf("after a canary was cancelled: %s %v", to, err)
+	}
+	if outs, err := e.held("w2", "new_type", first(), events.HoldCanary, 0, gate.FullLookEvery); err != nil || to(outs) != events.StageAdmitted {
+		t.Fatalf("a full look after a canary was cancelled: %s %v", to(outs), err)
 	}
 	stats, err := e.trust.Get(ctx, "new_type")
 	if err != nil {
