@@ -29,7 +29,18 @@ type StreamConfig struct {
 	// HistoryKeep is how many revisions of a task state the bucket keeps.
 	// Default 5.
 	HistoryKeep int
+	// MaxBytes bounds Stream, SubmitMaxBytes SubmitStream; past it the
+	// oldest messages go (DiscardOld), so a full store never stops a
+	// publish or a KV write. Each is reserved against the account's
+	// max_file when the stream is made. Default unlimited.
+	MaxBytes, SubmitMaxBytes int64
 }
+
+// MaxEventSize is the largest message Stream and SubmitStream store: the
+// server's default max_payload. A submission is checked far below it
+// (events.MaxSubmitBytes); a record of an oversized one is kept whole up
+// to it.
+const MaxEventSize = 1 << 20
 
 func (c StreamConfig) withDefaults() StreamConfig {
 	if c.MaxAge <= 0 {
@@ -48,6 +59,12 @@ func (c StreamConfig) withDefaults() StreamConfig {
 	}
 	if c.HistoryKeep <= 0 {
 		c.HistoryKeep = 5
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = -1
+	}
+	if c.SubmitMaxBytes <= 0 {
+		c.SubmitMaxBytes = -1
 	}
 	return c
 }
@@ -95,6 +112,8 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.MaxBytes,
+		MaxMsgSize:  MaxEventSize,
 		Duplicates:  cfg.Duplicates,
 		Replicas:    cfg.Replicas,
 		Discard:     jetstream.DiscardOld,
@@ -111,6 +130,8 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.SubmitMaxBytes,
+		MaxMsgSize:  MaxEventSize,
 		Duplicates:  cfg.SubmitDuplicates,
 		Replicas:    cfg.Replicas,
 		Discard:     jetstream.DiscardOld,
@@ -176,9 +197,12 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		history int
 		ttl     time.Duration
 	}{
+		// A key not written for MaxAge expires: a task, a type's gate
+		// facts, a (type, subject)'s history — clients choose types and
+		// subjects, so nothing of theirs stays for ever.
 		{&st.Tasks, BucketTasks, cfg.HistoryKeep, cfg.MaxAge},
-		{&st.Trust, BucketTrust, 1, 0},
-		{&st.History, BucketHistory, 1, 0},
+		{&st.Trust, BucketTrust, 1, cfg.MaxAge},
+		{&st.History, BucketHistory, 1, cfg.MaxAge},
 	} {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,

@@ -111,6 +111,11 @@ type Config struct {
 	// submissions (stream DISPATCH_SUBMIT): a client's retried publish.
 	// Intake makes one task per id for as long as the task is kept anyway.
 	SubmitDuplicates time.Duration `envconfig:"SUBMIT_DUPLICATES" default:"2m"`
+	// StreamMaxBytes and SubmitMaxBytes bound the event stream and the
+	// submissions' stream ("12GiB"; "0" or "off": unlimited); past it the
+	// oldest messages go.
+	StreamMaxBytes string `envconfig:"STREAM_MAX_BYTES" default:"off"`
+	SubmitMaxBytes string `envconfig:"SUBMIT_MAX_BYTES" default:"off"`
 	// MaxDeliver bounds deliveries of one message before it goes to review.
 	MaxDeliver int `envconfig:"MAX_DELIVER" default:"10"`
 	// AckWait is how long a worker owns a message without a heartbeat.
@@ -211,6 +216,11 @@ func (c Config) Validate() error {
 	}
 	if c.Duplicates > c.MaxAge {
 		errs = append(errs, fmt.Errorf("DISPATCH_DUPLICATES (%s) must not exceed DISPATCH_MAX_AGE (%s)", c.Duplicates, c.MaxAge))
+	}
+	for name, v := range map[string]string{"STREAM_MAX_BYTES": c.StreamMaxBytes, "SUBMIT_MAX_BYTES": c.SubmitMaxBytes} {
+		if _, err := streamBytes(name, v); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.SubmitDuplicates <= 0 || c.SubmitDuplicates > c.MaxAge {
 		errs = append(errs, fmt.Errorf("DISPATCH_SUBMIT_DUPLICATES must be positive and not exceed DISPATCH_MAX_AGE (%s), got %s", c.MaxAge, c.SubmitDuplicates))
@@ -404,5 +414,21 @@ func withBuiltIn(builtIn, extra []string) []string {
 
 // streamConfig is what provisioning creates, from the environment.
 func (c Config) streamConfig() services.StreamConfig {
-	return services.StreamConfig{MaxAge: c.MaxAge, Duplicates: c.Duplicates, SubmitDuplicates: c.SubmitDuplicates, Replicas: c.Replicas}
+	events, _ := streamBytes("STREAM_MAX_BYTES", c.StreamMaxBytes) // checked by Validate
+	submit, _ := streamBytes("SUBMIT_MAX_BYTES", c.SubmitMaxBytes)
+	return services.StreamConfig{MaxAge: c.MaxAge, Duplicates: c.Duplicates, SubmitDuplicates: c.SubmitDuplicates, Replicas: c.Replicas,
+		MaxBytes: events, SubmitMaxBytes: submit}
+}
+
+// streamBytes reads DISPATCH_<name>, a stream's size: bytes, KiB … TiB,
+// or "0" and "off" for unlimited (0).
+func streamBytes(name, v string) (int64, error) {
+	if v = strings.TrimSpace(v); v == "0" || strings.EqualFold(v, "off") {
+		return 0, nil
+	}
+	n, err := parseBytes(v)
+	if err != nil {
+		return 0, fmt.Errorf("DISPATCH_%s: %q is not bytes or a number of KiB, MiB, GiB or TiB (12GiB), 0 or off (unlimited)", name, v)
+	}
+	return n, nil
 }

@@ -145,3 +145,21 @@ func TestCommandLimits(t *testing.T) {
 		}
 	}
 }
+
+// DISPATCH_STREAM_MAX_BYTES and DISPATCH_SUBMIT_MAX_BYTES size the two
+// streams clients fill; off (the default) is unlimited, a bad size is
+// refused naming the variable.
+func TestStreamMaxBytes(t *testing.T) {
+	t.Setenv("DISPATCH_STREAM_MAX_BYTES", "12GiB")
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := cfg.streamConfig(); sc.MaxBytes != 12<<30 || sc.SubmitMaxBytes != 0 {
+		t.Fatalf("stream %d, submit %d", sc.MaxBytes, sc.SubmitMaxBytes)
+	}
+	t.Setenv("DISPATCH_SUBMIT_MAX_BYTES", "2 gigs")
+	if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), "DISPATCH_SUBMIT_MAX_BYTES") {
+		t.Fatalf("a bad size: %v", err)
+	}
+}

@@ -1,0 +1,56 @@
+package services_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/services"
+)
+
+// Provision bounds what clients fill: each stream's bytes (dropping the
+// oldest past them) and message size, and every bucket keyed by what a
+// client chose expires a key left unwritten for the audit horizon.
+func TestProvisionBoundsWhatClientsFill(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := context.Background()
+	const age = 48 * time.Hour
+	if _, err := services.Provision(ctx, srv.JS, services.StreamConfig{MaxAge: age, MaxBytes: 64 << 20, SubmitMaxBytes: 16 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	for name, bytes := range map[string]int64{services.Stream: 64 << 20, services.SubmitStream: 16 << 20} {
+		s, err := srv.JS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := s.CachedInfo().Config
+		if c.MaxBytes != bytes || c.MaxMsgSize != services.MaxEventSize || c.Discard.String() != "DiscardOld" {
+			t.Errorf("%s: max bytes %d, max message %d, %s", name, c.MaxBytes, c.MaxMsgSize, c.Discard)
+		}
+	}
+	for _, bucket := range []string{services.BucketTasks, services.BucketTrust, services.BucketHistory} {
+		kv, err := srv.JS.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.TTL() != age {
+			t.Errorf("%s keeps an unwritten key %s, want %s", bucket, st.TTL(), age)
+		}
+	}
+	// Unset, the streams are unbounded, as before.
+	if _, err := services.Provision(ctx, srv.JS, services.StreamConfig{MaxAge: age}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := srv.JS.Stream(ctx, services.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.MaxBytes != -1 {
+		t.Errorf("unset: max bytes %d", c.MaxBytes)
+	}
+}
