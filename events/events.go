@@ -377,6 +377,26 @@ const (
 	OutcomeFailure = "failure"
 )
 
+// Caps on a Result's free text, in bytes. The executor cuts an answer of
+// a model or an agent command to them when it decodes it (a cut text ends
+// "… [cut: 12,345 bytes more]"), so the Executed event always fits the
+// servers' max_payload (1 MB): the answer is paid for once, never lost to
+// an event that cannot be stored. Even escaped six times over in JSON, an
+// answer leaves the rest of the event more than 750 KiB.
+const (
+	// MaxApproach bounds Approach. A task's dead ends and its subject's
+	// history keep an approach whole up to this size, so an answer that
+	// repeats one is recognised.
+	MaxApproach = 2 << 10
+	MaxSummary  = 8 << 10
+	// MaxChanges bounds how many Changes an answer keeps, MaxChange the
+	// size of each.
+	MaxChanges = 32
+	MaxChange  = 512
+	// MaxError bounds Error (a failure's summary, a provider's message).
+	MaxError = 8 << 10
+)
+
 // Result is what one execution produced.
 type Result struct {
 	Outcome  string   `json:"outcome"`

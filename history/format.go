@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/internal/xmltext"
 )
 
@@ -23,6 +24,15 @@ type Entry struct {
 	Summary  string    `json:"summary,omitempty"`
 	Error    string    `json:"error,omitempty"`
 	At       time.Time `json:"at"`
+}
+
+// Capped is e with its approach, summary and error cut to MaxApproach,
+// MaxSummary and MaxError bytes, each cut marked (textcut.Mark).
+func (e Entry) Capped() Entry {
+	e.Approach = textcut.Cut(e.Approach, MaxApproach)
+	e.Summary = textcut.Cut(e.Summary, MaxSummary)
+	e.Error = textcut.Cut(e.Error, MaxError)
+	return e
 }
 
 // Format renders entries as the <previous_attempts> block of a prompt, in the

@@ -20,9 +20,21 @@ import (
 // Keep is how many of a (type, subject)'s last outcomes, and apart of its
 // last failures, the history keeps: a prompt carries at most Keep previous
 // attempts, and a subject is found failing again and again from at most
-// Keep failures. A record stays small (at most 2 × Keep entries), so the
-// prompt builder reads it, and a recorder rewrites it, cheaply.
+// Keep failures. A record stays small (at most 2 × Keep entries, each
+// capped: Entry.Capped), so the prompt builder reads it, and a recorder
+// rewrites it, cheaply.
 const Keep = 5
+
+// Caps on the text of an Entry, in bytes: a prompt shows a line of an
+// entry (prompt.maxLineChars: 200 characters), a human a few lines. The
+// approach is kept as the executor caps an answer's, whole, so an answer
+// repeating it is still recognised as a dead end. A record holds at most
+// 2 × Keep × 6 KiB of text.
+const (
+	MaxApproach = events.MaxApproach
+	MaxSummary  = 2 << 10
+	MaxError    = 2 << 10
+)
 
 // ErrInvalid marks a call the store refuses: a task type that is not valid,
 // or an entry without an idempotency key.
@@ -39,9 +51,11 @@ type Record struct {
 	Failures []Entry `json:"failures,omitempty"`
 }
 
-// Add returns r with e recorded (Insert, keeping Keep of each kind); changed
-// is false when e was already there. r is not modified.
+// Add returns r with e recorded (Insert, keeping Keep of each kind, the
+// oldest dropped first), its text capped (Entry.Capped); changed is false
+// when e was already there. r is not modified.
 func (r Record) Add(e Entry) (next Record, changed bool) {
+	e = e.Capped()
 	next = r
 	next.Outcomes, changed = Insert(r.Outcomes, e, Keep)
 	if e.Outcome == events.OutcomeFailure {

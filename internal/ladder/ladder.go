@@ -78,7 +78,8 @@ type State struct {
 	// PivotCount counts the round's attempts made on PIVOT.
 	PivotCount int
 	// DeadEnds are the task's dead ends, of every round; an entry of
-	// attempt 0 is an earlier task's failure on the subject.
+	// attempt 0 is an earlier task's failure on the subject. Next keeps
+	// at most MaxDeadEnds (CapDeadEnds).
 	DeadEnds []events.DeadEnd
 	// RoundStart is the attempt count when the round began (a human's
 	// requeue starts one): only the round's own dead ends use its RESEARCH
@@ -117,9 +118,9 @@ func (c Config) Next(s State, o Outcome) Decision {
 		s.Rung = events.RungRefine // a success at any rung resets the ladder
 		return Decision{Next: events.RungRefine, State: s}
 	}
-	s.DeadEnds = append(append([]events.DeadEnd(nil), s.DeadEnds...), events.DeadEnd{
+	s.DeadEnds = CapDeadEnds(append(append([]events.DeadEnd(nil), s.DeadEnds...), events.DeadEnd{
 		Approach: o.Approach, Reason: o.Reason, Attempt: o.Attempt, Rung: s.Rung,
-	})
+	}))
 	if s.Rung == events.RungPivot {
 		s.PivotCount++ // attempts made on PIVOT, not transitions into it
 	}

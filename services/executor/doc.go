@@ -12,6 +12,12 @@
 //
 //	{"status":"success"|"failure","approach":"...","summary":"...","changes":["..."]}
 //
+// Its free text is capped, each cut marked "… [cut: N bytes more]":
+// approach 2 KiB, summary 8 KiB, 32 changes of 512 bytes, error 8 KiB
+// (events.MaxApproach …). An answer of any size is paid for once: its
+// Executed is always small enough to store (MaxExecuted), never
+// redelivered to call the model again.
+//
 // # Error discipline
 //
 // Every failed call is classified (Classify) and never retried blindly:

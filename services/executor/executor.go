@@ -162,6 +162,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	end := s.cfg.Now()
 	result.DurationMS = end.Sub(start).Milliseconds()
+	// The answer is paid for: its text is capped so that its Executed can
+	// always be stored (an event over max_payload would be redelivered,
+	// and the model paid again, until the message went to review).
+	result = capResult(result, answerCaps)
 	s.logCall(in, result)
 
 	base.At = end
@@ -171,6 +175,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		// A large task (its payload, a long history) goes without its
 		// state: the recorder reads it.
 		ev.State = nil
+		out, err = services.Next(base, events.StageExecuted, events.EventExecuted, ev)
+	}
+	if err == nil && len(out.Data) > MaxExecuted {
+		// What else the event holds (the task's payload, the run) leaves
+		// the answer little room: it is cut tighter, never lost.
+		ev.Result = capResult(ev.Result, tightCaps)
 		out, err = services.Next(base, events.StageExecuted, events.EventExecuted, ev)
 	}
 	if err != nil {
@@ -183,6 +193,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 // (events.StateAt): a larger one goes without it, far from the servers'
 // max_payload (1 MB).
 const MaxCarried = 256 << 10
+
+// MaxExecuted bounds an Executed event whose answer has its usual caps
+// (events.MaxApproach …): past it the answer's text is cut tighter (512
+// bytes of approach, 1 KiB of summary and of error, 8 changes of 128
+// bytes), still short of the servers' max_payload (1 MB).
+const MaxExecuted = 768 << 10
 
 // executed reports whether the stream already holds this pass's Executed
 // event. It is asked on a redelivery only, never on the hot path. When it

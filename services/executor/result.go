@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // ModelResult is the structured answer the model is asked for.
@@ -24,6 +25,8 @@ type ModelResult struct {
 // last "}" is decoded. Unknown fields are ignored; status (case and
 // surrounding space ignored) must be success or failure and approach must not
 // be empty. The error is an *InvalidOutputError saying what is wrong.
+// The free text is capped (events.MaxApproach, MaxSummary, MaxChanges,
+// MaxChange), each cut marked.
 func ParseResult(content string) (ModelResult, error) {
 	var r ModelResult
 	if strings.TrimSpace(content) == "" {
@@ -52,7 +55,41 @@ func ParseResult(content string) (ModelResult, error) {
 	if problems != nil {
 		return ModelResult{}, &InvalidOutputError{Reason: strings.Join(problems, "; "), Answer: content}
 	}
-	return r, nil
+	return r.capped(answerCaps), nil
+}
+
+// caps bound the free text of an answer, in bytes (changes: entries).
+type caps struct {
+	approach, summary, changes, change, error int
+}
+
+// answerCaps are the caps of every answer (events.MaxApproach …).
+var answerCaps = caps{
+	approach: events.MaxApproach, summary: events.MaxSummary,
+	changes: events.MaxChanges, change: events.MaxChange, error: events.MaxError,
+}
+
+// tightCaps are the caps of an answer whose Executed event would still be
+// too large (MaxExecuted): what else the event holds leaves it little room.
+var tightCaps = caps{approach: 512, summary: 1 << 10, changes: 8, change: 128, error: 1 << 10}
+
+// maxModelName bounds the model name a provider or an agent reports.
+const maxModelName = 256
+
+func (r ModelResult) capped(c caps) ModelResult {
+	r.Approach, r.Summary = textcut.Cut(r.Approach, c.approach), textcut.Cut(r.Summary, c.summary)
+	r.Changes = textcut.List(r.Changes, c.changes, c.change)
+	return r
+}
+
+// capResult cuts the free text of r to c: the answer's fields, the error
+// and the model's name, whatever produced them (a model, an agent command,
+// a command step, a provider's error).
+func capResult(r events.Result, c caps) events.Result {
+	m := ModelResult{Approach: r.Approach, Summary: r.Summary, Changes: r.Changes}.capped(c)
+	r.Approach, r.Summary, r.Changes = m.Approach, m.Summary, m.Changes
+	r.Error, r.Model = textcut.Cut(r.Error, c.error), textcut.Cut(r.Model, maxModelName)
+	return r
 }
 
 func describeJSONError(err error) string {

@@ -2,7 +2,9 @@ package executor_test
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -37,6 +39,15 @@ func TestParseResult(t *testing.T) {
 		{"bad status", `{"status":"done","approach":"a"}`, executor.ModelResult{}, `"status" "done" is not "success" or "failure"`},
 		{"missing approach", `{"status":"success","approach":"  "}`, executor.ModelResult{}, `"approach" is missing`},
 		{"both missing", `{}`, executor.ModelResult{}, `"status" is missing (want "success" or "failure"); "approach" is missing`},
+		{"capped", fmt.Sprintf(`{"status":"success","approach":%q,"summary":%q,"changes":[%q]}`,
+			strings.Repeat("a", 3000), strings.Repeat("s", 9000), strings.Repeat("c", 600)),
+			executor.ModelResult{Status: "success",
+				Approach: strings.Repeat("a", 2021) + "… [cut: 979 bytes more]",
+				Summary:  strings.Repeat("s", 8165) + "… [cut: 835 bytes more]",
+				Changes:  []string{strings.Repeat("c", 487) + "… [cut: 113 bytes more]"}}, ""},
+		{"too many changes", `{"status":"failure","approach":"a","changes":[` + strings.Repeat(`"c",`, 40) + `"last"]}`,
+			executor.ModelResult{Status: "failure", Approach: "a",
+				Changes: append(slices.Repeat([]string{"c"}, 31), "… [cut: 10 more entries, 13 bytes]")}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -85,6 +96,8 @@ func FuzzParseResult(f *testing.F) {
 	} {
 		f.Add(s)
 	}
+	f.Add(`{"status":"success","approach":"` + strings.Repeat("é", 1500) + `","summary":"` + strings.Repeat("s", 9000) +
+		`","changes":[` + strings.Repeat(`"c",`, 40) + `"` + strings.Repeat("\\u00e9", 400) + `"]}`)
 	f.Fuzz(func(t *testing.T, content string) {
 		r, err := executor.ParseResult(content)
 		if err != nil {
@@ -99,6 +112,20 @@ func FuzzParseResult(f *testing.F) {
 		}
 		if strings.TrimSpace(r.Approach) == "" {
 			t.Fatalf("empty approach accepted")
+		}
+		// Decoded text is valid UTF-8 and capped, whatever the answer.
+		if len(r.Approach) > events.MaxApproach || len(r.Summary) > events.MaxSummary || len(r.Changes) > events.MaxChanges {
+			t.Fatalf("answer not capped: approach %d bytes, summary %d, %d changes", len(r.Approach), len(r.Summary), len(r.Changes))
+		}
+		for _, s := range append([]string{r.Approach, r.Summary}, r.Changes...) {
+			if !utf8.ValidString(s) {
+				t.Fatalf("decoded text %q is not valid UTF-8", s)
+			}
+		}
+		for _, c := range r.Changes {
+			if len(c) > events.MaxChange {
+				t.Fatalf("a change of %d bytes kept", len(c))
+			}
 		}
 	})
 }

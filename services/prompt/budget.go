@@ -42,8 +42,9 @@ type past struct {
 //  2. the last error, at most half of what is left — what the next attempt
 //     must fix, kept from its start and its end when it is long;
 //  3. on PIVOT and RESEARCH, the dead ends, newest first, one line each,
-//     the same approach once — these, and only these, are the dead ends a
-//     PIVOT answer is judged against (past.enforced);
+//     the same approach once, at most the ladder.MaxDeadEnds a task keeps —
+//     these, and only these, are the dead ends a PIVOT answer is judged
+//     against (past.enforced);
 //  4. the previous attempts on the subject, newest first, one line each:
 //     failures whose approach is not already a listed dead end (without
 //     their error when it is the last error), and the newest success, which
@@ -68,7 +69,8 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 
 	shown := map[string]bool{} // normalised approaches already in the prompt
 	if usesDeadEnds(run.Rung) {
-		for _, d := range slices.Backward(run.DeadEnds) {
+		// At most what a task keeps (ladder.CapDeadEnds), whatever the budget.
+		for _, d := range slices.Backward(ladder.CapDeadEnds(run.DeadEnds)) {
 			key := ladder.Normalize(d.Approach)
 			if shown[key] {
 				continue

@@ -94,3 +94,30 @@ func TestTheRunCarriesTheDeadEndsThePromptShows(t *testing.T) {
 		}
 	}
 }
+
+// However large the budget, a prompt shows no more dead ends than a task
+// keeps (ladder.MaxDeadEnds, the newest), and a dead end whose text was
+// cut shows its cut marked; the run carries the same ones, as kept.
+func TestThePromptShowsTheDeadEndsAsKept(t *testing.T) {
+	var ends []events.DeadEnd
+	for i := range ladder.MaxDeadEnds + 8 {
+		ends = append(ends, events.DeadEnd{Attempt: i + 1, Rung: events.RungPivot, Approach: fmt.Sprint("approach ", i+1), Reason: "broken"})
+	}
+	ends[len(ends)-1].Approach = strings.Repeat("regenerate the stylesheet ", 200)
+	b := testBase()
+	b.Run = events.Run{Pass: 41, Attempt: 41, Rung: events.RungPivot, Step: "execute", DeadEnds: ends}
+	data, enforced := fit(b, nil, 1_000_000, false)
+	if n := strings.Count(data.DeadEnds, "<dead_end "); n != ladder.MaxDeadEnds || len(enforced) != n {
+		t.Fatalf("%d dead ends shown, %d carried; want the %d a task keeps", n, len(enforced), ladder.MaxDeadEnds)
+	}
+	if enforced[0].Attempt != 9 {
+		t.Errorf("the oldest shown is of attempt %d, want 9: the newest are kept", enforced[0].Attempt)
+	}
+	last := enforced[len(enforced)-1]
+	if len(last.Approach) > events.MaxApproach || !strings.HasSuffix(last.Approach, " bytes more]") {
+		t.Errorf("the long approach is carried with %d bytes, its cut unmarked", len(last.Approach))
+	}
+	if !strings.Contains(data.DeadEnds, "bytes more]") {
+		t.Errorf("the prompt does not show the cut:\n%s", data.DeadEnds)
+	}
+}
