@@ -101,7 +101,8 @@ type Type struct {
 	// Verifier checks staleness before every attempt. Default: none.
 	Verifier *Verifier `json:"verifier,omitempty"`
 	// MaxRetries is the attempt at which the escalation ladder hands the
-	// task to a human (HANDOFF). Default 7; a task's own max_retries wins.
+	// task to a human (HANDOFF). Default 7. A task's own max_retries may
+	// lower it, never raise it.
 	MaxRetries int `json:"max_retries,omitempty"`
 	// Exempt types are never gated by trust, nor held back as canaries;
 	// the daily budget and the rung floor still apply to them (SPEC §4).
