@@ -711,6 +711,19 @@ func (f *File) problems() []error {
 	return errs
 }
 
+// Names reports whether the policy has an entry of its own for taskType
+// (under "types", even an empty one), rather than giving it the defaults
+// as it gives any type. Intake may refuse a type the policy does not name
+// (DISPATCH_KNOWN_TYPES_ONLY); a named type always has metric labels of
+// its own (services.LabelSet).
+func (f *File) Names(taskType string) bool {
+	if f == nil {
+		return false
+	}
+	_, ok := f.Types[taskType]
+	return ok
+}
+
 // For returns the merged policy of a task type.
 func (f *File) For(taskType string) Type {
 	if f == nil {
