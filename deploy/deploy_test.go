@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -1730,6 +1731,25 @@ func TestKubernetesDeployments(t *testing.T) {
 			t.Errorf("provision-job.yaml lacks %q", want)
 		}
 	}
+	js := configMapPolicy(t)
+	if _, err := policy.Decode([]byte(js)); err != nil {
+		t.Errorf("policy.json in the ConfigMap is not a policy the bucket takes: %v\n%s", err, js)
+	}
+	// The services read the policy from the bucket: only the provision Job
+	// reads the file, to seed it.
+	if !strings.Contains(job, "name: DISPATCH_POLICY_FILE") {
+		t.Error("provision-job.yaml does not seed the policy bucket from the ConfigMap")
+	}
+	for _, name := range mesh.All {
+		if strings.Contains(readFile(t, filepath.Join("k8s", name+".yaml")), "DISPATCH_POLICY_FILE") {
+			t.Errorf("%s.yaml sets DISPATCH_POLICY_FILE, which services ignore (they read the bucket)", name)
+		}
+	}
+}
+
+// configMapPolicy is the policy.json of policy-configmap.yaml.
+func configMapPolicy(t *testing.T) string {
+	t.Helper()
 	cm := readFile(t, filepath.Join("k8s", "policy-configmap.yaml"))
 	_, body, ok := strings.Cut(cm, "  policy.json: |\n")
 	if !ok {
@@ -1742,18 +1762,42 @@ func TestKubernetesDeployments(t *testing.T) {
 		}
 		js.WriteString(strings.TrimPrefix(line, "    ") + "\n")
 	}
-	if _, err := policy.Decode([]byte(js.String())); err != nil {
-		t.Errorf("policy.json in the ConfigMap is not a policy the bucket takes: %v\n%s", err, js.String())
+	return js.String()
+}
+
+// Intake accepts only the types the policy names, in compose and in
+// Kubernetes; so that compose runs the types its example submits, its
+// provision seeds the bucket with the policy the ConfigMap holds.
+func TestKnownTypesOnly(t *testing.T) {
+	compose := readFile(t, filepath.Join("docker", "compose.yaml"))
+	_, intakeBlock, _ := strings.Cut(compose, "\n  intake:\n")
+	intakeBlock, _, _ = strings.Cut(intakeBlock, "\n\n")
+	if !strings.Contains(intakeBlock, `DISPATCH_KNOWN_TYPES_ONLY: "true"`) {
+		t.Errorf("compose.yaml: intake does not set DISPATCH_KNOWN_TYPES_ONLY: %s", intakeBlock)
 	}
-	// The services read the policy from the bucket: only the provision Job
-	// reads the file, to seed it.
-	if !strings.Contains(job, "name: DISPATCH_POLICY_FILE") {
-		t.Error("provision-job.yaml does not seed the policy bucket from the ConfigMap")
+	if k8s := readFile(t, filepath.Join("k8s", "intake.yaml")); !strings.Contains(k8s, "- name: DISPATCH_KNOWN_TYPES_ONLY\n              value: \"true\"\n") {
+		t.Error("k8s/intake.yaml does not set DISPATCH_KNOWN_TYPES_ONLY")
 	}
-	for _, name := range mesh.All {
-		if strings.Contains(readFile(t, filepath.Join("k8s", name+".yaml")), "DISPATCH_POLICY_FILE") {
-			t.Errorf("%s.yaml sets DISPATCH_POLICY_FILE, which services ignore (they read the bucket)", name)
+	_, provisionBlock, _ := strings.Cut(compose, "\n  provision:\n")
+	provisionBlock, _, _ = strings.Cut(provisionBlock, "\n\n")
+	for _, want := range []string{"source: ./policy.json, target: /etc/dispatch/policy.json", "DISPATCH_POLICY_FILE: /etc/dispatch/policy.json"} {
+		if !strings.Contains(provisionBlock, want) {
+			t.Errorf("compose.yaml: provision lacks %q", want)
 		}
+	}
+	seed, err := policy.Load(filepath.Join("docker", "policy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := policy.Parse([]byte(configMapPolicy(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(seed, cm) {
+		t.Errorf("docker/policy.json and the ConfigMap's policy.json differ:\n%+v\n%+v", seed, cm)
+	}
+	if !seed.Names("css_fix") {
+		t.Error("docker/policy.json does not name css_fix, the type compose.yaml's example submits")
 	}
 }
 

@@ -22,7 +22,8 @@ type Task struct {
 	Subject string `json:"subject"`
 	// Payload is free JSON handed to the prompt template.
 	Payload json.RawMessage `json:"payload,omitempty"`
-	// MaxRetries overrides the type's attempt limit when > 0.
+	// MaxRetries, when > 0, lowers the task's attempt limit below its
+	// type's (policy max_retries); it never raises it.
 	MaxRetries int `json:"max_retries,omitempty"`
 	// Priority is informational metadata for now.
 	Priority int `json:"priority,omitempty"`

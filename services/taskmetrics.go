@@ -34,12 +34,15 @@ const (
 type TaskMetrics struct {
 	finished *prometheus.CounterVec   // type, status, by
 	latency  *prometheus.HistogramVec // type, status, by
+	types    *LabelSet
 }
 
 // NewTaskMetrics returns the task metrics, registered on reg (shared by the
-// services of one process); nil reg: kept but not registered.
-func NewTaskMetrics(reg prometheus.Registerer) *TaskMetrics {
+// services of one process); nil reg: kept but not registered. types bounds
+// the type label: the services of one process share theirs.
+func NewTaskMetrics(reg prometheus.Registerer, types *LabelSet) *TaskMetrics {
 	m := &TaskMetrics{
+		types: types,
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_tasks_finished_total",
 			Help: "Tasks that ended, by type, status (succeeded, blocked, failed, needs_human_review, cancelled) and who ended them (by: recorder, gate, verifier, human).",
@@ -63,6 +66,7 @@ func (m *TaskMetrics) Finish(taskType string, status events.Status, by string, t
 	if m == nil || m.finished == nil {
 		return
 	}
-	m.finished.WithLabelValues(taskType, string(status), by).Inc()
-	m.latency.WithLabelValues(taskType, string(status), by).Observe(max(took, 0).Seconds())
+	typ := m.types.Label(taskType)
+	m.finished.WithLabelValues(typ, string(status), by).Inc()
+	m.latency.WithLabelValues(typ, string(status), by).Observe(max(took, 0).Seconds())
 }

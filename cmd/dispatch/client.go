@@ -71,7 +71,7 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	subject := fs.String("subject", "", "what the task is about (required): a file, a ticket, a URL")
 	payload := fs.String("payload", "", "JSON payload for the prompt template")
 	id := fs.String("id", "", "task id (default: generated); the same id twice makes one task")
-	maxRetries := fs.Int("max-retries", 0, "attempts before a human is asked (default: the type's)")
+	maxRetries := fs.Int("max-retries", 0, "attempts before a human is asked (default and at most: the type's)")
 	wait := fs.Bool("wait", false, "print each stage as it happens, then the outcome; exit non-zero unless the task succeeds")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long -wait waits")
 	every := fs.Duration("progress", 5*time.Second, "how often -wait says which stage the task is at and for how long (0: never)")

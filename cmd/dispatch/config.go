@@ -84,6 +84,18 @@ type Config struct {
 	// PolicyFile holds per-type policies (JSON) that `up` and `provision`
 	// seed the policy bucket with when it is empty; services read the bucket.
 	PolicyFile string `envconfig:"POLICY_FILE"`
+	// KnownTypesOnly makes intake and its submit API reject a submission
+	// whose type the policy does not name (under "types"), as invalid
+	// input: kept on dispatch.review.rejected, answered 400. Default false:
+	// `dispatch up` takes any well-formed type; deploy/ sets it.
+	KnownTypesOnly bool `envconfig:"KNOWN_TYPES_ONLY"`
+	// APIMaxRequests, APIMaxWaits and APIMaxClientWaits bound intake's
+	// request API, per instance (intake.API): submit and status requests
+	// served at once, waits and watches held at once, and those one client
+	// holds. 0: intake's defaults, 128, 1024 and 64.
+	APIMaxRequests    int `envconfig:"API_MAX_REQUESTS"`
+	APIMaxWaits       int `envconfig:"API_MAX_WAITS"`
+	APIMaxClientWaits int `envconfig:"API_MAX_CLIENT_WAITS"`
 
 	// HTTPListen is where `dispatch up` and `dispatch web` serve the review
 	// page and its JSON API. Default 127.0.0.1:8080; "off" turns it off in
@@ -97,6 +109,11 @@ type Config struct {
 
 	// MetricsListen serves /metrics and /healthz when set.
 	MetricsListen string `envconfig:"METRICS_LISTEN"`
+	// MetricsTypeLabels is how many task types the policy does not name
+	// get metric labels of their own, per process; later ones count as
+	// type="other" (the types the policy names always have theirs). 0:
+	// only the named types. Default 100 (services.DefaultMaxTypeLabels).
+	MetricsTypeLabels int `envconfig:"METRICS_TYPE_LABELS" default:"100"`
 	// Provision makes a single service create or update the stream and
 	// buckets at start (`dispatch up` always does; `dispatch provision` only
 	// does that).
@@ -153,6 +170,15 @@ func (c Config) serviceConcurrency() map[string]int {
 	}
 }
 
+// maxTypeLabels is DISPATCH_METRICS_TYPE_LABELS as mesh.Options takes it:
+// 0 there is the default, negative none.
+func (c Config) maxTypeLabels() int {
+	if c.MetricsTypeLabels == 0 {
+		return -1
+	}
+	return c.MetricsTypeLabels
+}
+
 // stateKey is DISPATCH_STATE_KEY decoded (nil when unset).
 func (c Config) stateKey() ([]byte, error) {
 	if c.StateKey == "" {
@@ -195,6 +221,12 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 0 {
 		errs = append(errs, fmt.Errorf("DISPATCH_CONCURRENCY must not be negative, got %d", c.Concurrency))
+	}
+	for name, n := range map[string]int{"METRICS_TYPE_LABELS": c.MetricsTypeLabels, "API_MAX_REQUESTS": c.APIMaxRequests,
+		"API_MAX_WAITS": c.APIMaxWaits, "API_MAX_CLIENT_WAITS": c.APIMaxClientWaits} {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("DISPATCH_%s must not be negative, got %d", name, n))
+		}
 	}
 	if _, err := c.stateKey(); err != nil {
 		errs = append(errs, err)

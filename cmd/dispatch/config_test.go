@@ -11,6 +11,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
@@ -161,5 +162,41 @@ func TestStreamMaxBytes(t *testing.T) {
 	t.Setenv("DISPATCH_SUBMIT_MAX_BYTES", "2 gigs")
 	if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), "DISPATCH_SUBMIT_MAX_BYTES") {
 		t.Fatalf("a bad size: %v", err)
+	}
+}
+
+// The metric label limit, the refusal of types the policy does not name
+// and the request API's bounds come from the environment; unset, they are
+// the packages' defaults, and a negative one is refused, named.
+func TestLimitsFromTheEnvironment(t *testing.T) {
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MetricsTypeLabels != services.DefaultMaxTypeLabels || cfg.maxTypeLabels() != services.DefaultMaxTypeLabels || cfg.KnownTypesOnly ||
+		cfg.APIMaxRequests != 0 || cfg.APIMaxWaits != 0 || cfg.APIMaxClientWaits != 0 {
+		t.Errorf("unset: %+v; want %d type labels, any type, the API's defaults (0)", cfg, services.DefaultMaxTypeLabels)
+	}
+
+	t.Setenv("DISPATCH_METRICS_TYPE_LABELS", "0")
+	t.Setenv("DISPATCH_KNOWN_TYPES_ONLY", "true")
+	t.Setenv("DISPATCH_API_MAX_REQUESTS", "16")
+	t.Setenv("DISPATCH_API_MAX_WAITS", "256")
+	t.Setenv("DISPATCH_API_MAX_CLIENT_WAITS", "8")
+	if cfg, err = loadConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.maxTypeLabels() >= 0 || !cfg.KnownTypesOnly || cfg.APIMaxRequests != 16 || cfg.APIMaxWaits != 256 || cfg.APIMaxClientWaits != 8 {
+		t.Errorf("set: %+v, type labels %d (want negative: only the named types)", cfg, cfg.maxTypeLabels())
+	}
+
+	for _, name := range []string{"DISPATCH_METRICS_TYPE_LABELS", "DISPATCH_API_MAX_REQUESTS", "DISPATCH_API_MAX_WAITS", "DISPATCH_API_MAX_CLIENT_WAITS"} {
+		t.Setenv(name, "-1")
+	}
+	_, err = loadConfig()
+	for _, want := range []string{"DISPATCH_METRICS_TYPE_LABELS", "DISPATCH_API_MAX_REQUESTS", "DISPATCH_API_MAX_WAITS", "DISPATCH_API_MAX_CLIENT_WAITS"} {
+		if err == nil || !strings.Contains(err.Error(), want+" must not be negative") {
+			t.Errorf("error lacks %s: %v", want, err)
+		}
 	}
 }

@@ -312,7 +312,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
 		Health: checks, Instance: instance(), StateKey: stateKey, AgentEnv: cfg.AgentEnv, CommandEnv: cfg.CommandEnv,
 		AgentLimits: agentLimits, CommandLimits: commandLimits,
-		ErrorRules: cfg.errorRules(),
+		ErrorRules:     cfg.errorRules(),
+		KnownTypesOnly: cfg.KnownTypesOnly, MaxTypeLabels: cfg.maxTypeLabels(),
+		APIMaxRequests: cfg.APIMaxRequests, APIMaxWaits: cfg.APIMaxWaits, APIMaxClientWaits: cfg.APIMaxClientWaits,
 	})
 	if err == nil || errors.Is(err, context.Canceled) {
 		log.Info("stopped cleanly")

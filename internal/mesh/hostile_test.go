@@ -13,9 +13,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/metricstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
 // Hostile input through the real mesh: every submission below is kept on
@@ -311,4 +316,84 @@ func (e *env) waitMicro() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// A client that makes up task types. With KnownTypesOnly (as deploy/ runs
+// intake), a type the policy does not name is rejected on both ways in —
+// published on dispatch.submit.<type> and through the submit API — and
+// kept on dispatch.review.rejected with the error, never run. Without it
+// the made-up types run, and the metrics keep to the label limit: the
+// named type and MaxTypeLabels others have labels of their own, every
+// later type counts as type="other".
+func TestHostileTypes(t *testing.T) {
+	pol := &policy.File{Types: map[string]policy.Type{"css_fix": {}}}
+	const problem = `is not a task type the policy names`
+	t.Run("refused", func(t *testing.T) {
+		e := newEnv(t, succeed, pol)
+		nc, _ := e.srv.Connect(t)
+		e.startWith(nc, mesh.Options{
+			Model:          executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}),
+			AckWait:        2 * time.Second,
+			KnownTypesOnly: true,
+		})
+		e.submitRaw("made_up", []byte(`{"id":"mu-1","subject":"s"}`))
+		rec := e.waitRecord(t, events.ReviewSubject(events.ReviewRejected, "mu-1"), 0)
+		if got := rec.Header.Get(events.HeaderError); !strings.Contains(got, `"type" "made_up" `+problem) {
+			t.Errorf("Dispatch-Error %q", got)
+		}
+		a := e.askAPI(events.SubmitAPI, `{"id":"mu-2","type":"made_up_too","subject":"s"}`)
+		if ae := a.fails(t, events.CodeBadRequest); !strings.Contains(ae.Message, problem) {
+			t.Errorf("API answered %q", ae.Message)
+		}
+		e.waitRecord(t, events.ReviewSubject(events.ReviewRejected, "mu-2"), 0)
+		ok := e.submit(events.Submit{ID: "named-1", Type: "css_fix", Subject: "a.css"})
+		if got := last(e.waitEnd(ok)).Stage; got != events.StageSucceeded {
+			t.Fatalf("the named type's task ended with %s", got)
+		}
+		if keys := e.taskKeys(); !slices.Equal(keys, []string{"named-1"}) {
+			t.Errorf("task states: %v, want only named-1", keys)
+		}
+	})
+	t.Run("bounded", func(t *testing.T) {
+		const maxTypes, made = 2, 6
+		e := newEnv(t, succeed, pol)
+		nc, _ := e.srv.Connect(t)
+		reg := prometheus.NewPedanticRegistry()
+		e.startWith(nc, mesh.Options{
+			Model:         executor.NewOpenAI(executor.OpenAIConfig{BaseURL: e.model.BaseURL(), APIKey: "test"}),
+			AckWait:       2 * time.Second,
+			Registry:      reg,
+			MaxTypeLabels: maxTypes,
+		})
+		ids := []string{e.submit(events.Submit{ID: "named-2", Type: "css_fix", Subject: "a.css"})}
+		for i := range made {
+			ids = append(ids, e.submit(events.Submit{ID: "made-" + strconv.Itoa(i), Type: "made_up_" + strconv.Itoa(i), Subject: "a.css"}))
+		}
+		for _, id := range ids {
+			e.waitStatus(id, events.StatusSucceeded)
+		}
+		waitFor(t, "every task counted", func() bool {
+			n := 0.0
+			for _, v := range metricstest.Family(t, reg, "dispatch_tasks_finished_total") {
+				n += v
+			}
+			return n == float64(len(ids))
+		})
+		for _, name := range []string{"dispatch_tasks_finished_total", "dispatch_attempts_total", "dispatch_executor_tokens_total", "dispatch_gate_decisions_total"} {
+			types := map[string]float64{}
+			for key, v := range metricstest.Family(t, reg, name) {
+				for label := range strings.SplitSeq(key, ",") {
+					if typ, ok := strings.CutPrefix(label, "type="); ok {
+						types[typ] += v
+					}
+				}
+			}
+			if len(types) != 1+maxTypes+1 || types["css_fix"] == 0 || types[services.LabelOther] == 0 {
+				t.Errorf("%s: types %v, want css_fix, %d made-up ones and other", name, types, maxTypes)
+			}
+		}
+		if got := metricstest.Family(t, reg, "dispatch_tasks_finished_total")["by=recorder,status=succeeded,type=other"]; got != made-maxTypes {
+			t.Errorf("dispatch_tasks_finished_total{type=other} = %v, want %d", got, made-maxTypes)
+		}
+	})
 }

@@ -120,8 +120,35 @@ type Options struct {
 	// of the others makes a key of its own; any other process seals
 	// nothing, and its executor reads.
 	StateKey []byte
+	// KnownTypesOnly makes intake and its submit API reject a submission
+	// whose type Policy does not name, as invalid input
+	// (intake.Config.KnownTypesOnly). Default false: any well-formed type.
+	KnownTypesOnly bool
+	// MaxTypeLabels is how many task types Policy does not name get metric
+	// labels of their own in this process; later ones count as
+	// type="other" (services.LabelSet, one shared by the process's
+	// services). 0: services.DefaultMaxTypeLabels; negative: none, only the
+	// types Policy names.
+	MaxTypeLabels int
+	// APIMaxRequests, APIMaxWaits and APIMaxClientWaits bound intake's
+	// request API (intake.API's MaxRequests, MaxWaits, MaxClientWaits).
+	// 0: intake's defaults (128, 1024, 64).
+	APIMaxRequests, APIMaxWaits, APIMaxClientWaits int
 
 	sealer *services.Sealer
+	types  *services.LabelSet
+}
+
+// typeLabels is the type label set of this process's metrics.
+func (o Options) typeLabels() *services.LabelSet {
+	n := o.MaxTypeLabels
+	switch {
+	case n == 0:
+		n = services.DefaultMaxTypeLabels
+	case n < 0:
+		n = 0
+	}
+	return services.NewLabelSet(n, o.Policy.Names)
 }
 
 // sealing is what seals the state of this process's services (nil: none).
@@ -197,6 +224,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Model == nil {
 		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
 	}
+	o.types = o.typeLabels()
 	if o.sealer, err = o.sealing(); err != nil {
 		return fmt.Errorf("mesh: %w", err)
 	}
@@ -278,7 +306,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if slices.Contains(o.Services, Intake) {
 		st := newStoresOf(Intake, stores)
-		api := &intake.API{JS: o.JS, Tasks: st.tasks(), Log: o.Log}
+		api := &intake.API{JS: o.JS, Tasks: st.tasks(), Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Log: o.Log,
+			MaxRequests: o.APIMaxRequests, MaxWaits: o.APIMaxWaits, MaxClientWaits: o.APIMaxClientWaits}
 		if st.err != nil {
 			return st.err
 		}
@@ -431,7 +460,7 @@ func (o Options) gate(ctx context.Context, st *storesOf) (*gate.Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: Gate + "@" + o.Instance, Log: o.Log})
+	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: Gate + "@" + o.Instance, Log: o.Log})
 }
 
 // spec makes the router spec of service name.
@@ -439,7 +468,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	inst := name + "@" + o.Instance
 	switch name {
 	case Intake:
-		s, err := intake.New(intake.Config{Tasks: st.tasks().Sealing(o.sealer), Policy: o.Policy, Instance: inst, Log: o.Log})
+		s, err := intake.New(intake.Config{Tasks: st.tasks().Sealing(o.sealer), Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -447,7 +476,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	case Reaper:
 		return services.ReaperSpec(o.JS), nil
 	case Verifier:
-		s, err := verifier.New(verifier.Config{NC: o.NC, CommandEnv: o.CommandEnv, CommandLimits: o.CommandLimits, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := verifier.New(verifier.Config{NC: o.NC, CommandEnv: o.CommandEnv, CommandLimits: o.CommandLimits, HTTPClient: o.HTTPClient, Policy: o.Policy, Tasks: st.tasks().Sealing(o.sealer), Registry: o.Registry, TypeLabels: o.types, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}
@@ -475,7 +504,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		s, err := executor.New(executor.Config{
 			Model: o.Model, AgentEnv: o.AgentEnv, CommandEnv: o.CommandEnv, AgentLimits: o.AgentLimits, CommandLimits: o.CommandLimits,
 			DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
-			Tasks: st.tasks().Sealing(o.sealer), NATS: o.NC, Registry: o.Registry, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
+			Tasks: st.tasks().Sealing(o.sealer), NATS: o.NC, Registry: o.Registry, TypeLabels: o.types, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
 		})
 		if err != nil {
 			return services.Spec{}, err
@@ -491,7 +520,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		if err != nil {
 			return services.Spec{}, err
 		}
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, NATS: o.NC, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, Instance: inst, Log: o.Log})
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, NATS: o.NC, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -101,7 +101,8 @@ type Type struct {
 	// Verifier checks staleness before every attempt. Default: none.
 	Verifier *Verifier `json:"verifier,omitempty"`
 	// MaxRetries is the attempt at which the escalation ladder hands the
-	// task to a human (HANDOFF). Default 7; a task's own max_retries wins.
+	// task to a human (HANDOFF). Default 7. A task's own max_retries may
+	// lower it, never raise it.
 	MaxRetries int `json:"max_retries,omitempty"`
 	// Exempt types are never gated by trust, nor held back as canaries;
 	// the daily budget and the rung floor still apply to them (SPEC §4).
@@ -708,6 +709,19 @@ func (f *File) problems() []error {
 		}
 	}
 	return errs
+}
+
+// Names reports whether the policy has an entry of its own for taskType
+// (under "types", even an empty one), rather than giving it the defaults
+// as it gives any type. Intake may refuse a type the policy does not name
+// (DISPATCH_KNOWN_TYPES_ONLY); a named type always has metric labels of
+// its own (services.LabelSet).
+func (f *File) Names(taskType string) bool {
+	if f == nil {
+		return false
+	}
+	_, ok := f.Types[taskType]
+	return ok
 }
 
 // For returns the merged policy of a task type.

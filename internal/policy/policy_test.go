@@ -315,3 +315,27 @@ func TestDefaultsExemptKeepsTheBuiltInExemptions(t *testing.T) {
 		})
 	}
 }
+
+// A type is named by an entry under "types", even an empty or null one;
+// the defaults and the built-in exemptions name none.
+func TestNames(t *testing.T) {
+	f, err := policy.Parse([]byte(`{"defaults": {"max_retries": 3}, "types": {"css_fix": {}, "bug_fix": null, "go_fix": {"max_retries": 2}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := policy.Static(f)
+	for _, c := range []struct {
+		taskType string
+		want     bool
+	}{
+		{"css_fix", true}, {"bug_fix", true}, {"go_fix", true},
+		{"triage_fix", false}, {"made_up", false}, {"", false},
+	} {
+		if got := src.Names(c.taskType); got != c.want {
+			t.Errorf("Names(%q) = %v, want %v", c.taskType, got, c.want)
+		}
+	}
+	if (*policy.File)(nil).Names("css_fix") || (*policy.Source)(nil).Names("css_fix") || policy.Static(nil).Names("css_fix") {
+		t.Error("the built-in defaults name a type")
+	}
+}

@@ -22,6 +22,14 @@ func (p *Snapshot) For(taskType string) Type {
 	return p.File.For(taskType)
 }
 
+// Names reports whether the policy names taskType (File.Names).
+func (p *Snapshot) Names(taskType string) bool {
+	if p == nil {
+		return false
+	}
+	return p.File.Names(taskType)
+}
+
 // Source hands out the policy in force. Watch serves the one in the KV
 // bucket and follows its changes; Static a fixed one. The zero value (and a
 // nil *Source) serves built-in defaults.
@@ -59,6 +67,9 @@ func (s *Source) Snapshot() *Snapshot {
 
 // For returns the merged policy of a task type.
 func (s *Source) For(taskType string) Type { return s.Snapshot().For(taskType) }
+
+// Names reports whether the policy in force names taskType (File.Names).
+func (s *Source) Names(taskType string) bool { return s.Snapshot().Names(taskType) }
 
 // File returns the policy in force (nil means built-in defaults).
 func (s *Source) File() *File { return s.Snapshot().File }

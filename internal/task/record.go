@@ -289,15 +289,20 @@ func Judge(run events.Run, res events.Result, deadEnds []events.DeadEnd, pipelin
 	return res
 }
 
-// MaxRetries is the attempt limit of a task: its own, else its type's.
+// MaxRetries is the attempt limit of a task: its type's
+// (policy.DefaultMaxRetries when the policy sets none), or the task's own
+// when that is lower. A client may ask for fewer attempts than its type
+// allows, never more: the type's limit is what the policy lets a task of
+// the type spend.
 func MaxRetries(t events.Task, pol policy.Type) int {
+	limit := pol.MaxRetries
+	if limit <= 0 {
+		limit = policy.DefaultMaxRetries
+	}
 	if t.MaxRetries > 0 {
-		return t.MaxRetries
+		return min(t.MaxRetries, limit)
 	}
-	if pol.MaxRetries > 0 {
-		return pol.MaxRetries
-	}
-	return policy.DefaultMaxRetries
+	return limit
 }
 
 // TrustOutcome is what an attempt adds to its type's trust stats: st is

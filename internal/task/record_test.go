@@ -36,7 +36,8 @@ func TestApplyLadder(t *testing.T) {
 		{"success", policy.Type{}, bugFix, 0, events.RungRefine, ok(), events.StatusSucceeded, events.DecisionSucceeded, events.RungRefine},
 		{"first failure retries on REFINE", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungRefine},
 		{"a type's refine_attempts", policy.Type{RefineAttempts: 1}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusPending, events.DecisionRetry, events.RungPivot},
-		{"task max_retries wins", policy.Type{MaxRetries: 9}, events.Task{ID: "t", Type: "bug_fix", MaxRetries: 2}, 1, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"task max_retries lowers the type's", policy.Type{MaxRetries: 9}, events.Task{ID: "t", Type: "bug_fix", MaxRetries: 2}, 1, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
+		{"task max_retries cannot raise the type's", policy.Type{MaxRetries: 1}, events.Task{ID: "t", Type: "bug_fix", MaxRetries: 50}, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
 		{"type max_retries", policy.Type{MaxRetries: 1}, bugFix, 0, events.RungRefine, failed(events.ErrorClassTask, "x"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
 		{"auth short-circuits", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassAuth, "401"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
 		{"quota short-circuits", policy.Type{}, bugFix, 0, events.RungRefine, failed(events.ErrorClassQuota, "insufficient_quota"), events.StatusBlocked, events.DecisionHandoff, events.RungHandoff},
@@ -58,6 +59,32 @@ func TestApplyLadder(t *testing.T) {
 			}
 			if len(st.History) != c.attempts+1 || st.Attempts != c.attempts+1 {
 				t.Fatalf("history %d attempts %d", len(st.History), st.Attempts)
+			}
+		})
+	}
+}
+
+// A task's own max_retries may lower its type's limit, never raise it.
+func TestMaxRetries(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		task, pol  int // max_retries of the task and of its type (0: unset)
+		maxRetries int
+	}{
+		{"neither: the default", 0, 0, policy.DefaultMaxRetries},
+		{"the type's", 0, 3, 3},
+		{"the task's, lower than the type's", 2, 5, 2},
+		{"the task's, equal to the type's", 5, 5, 5},
+		{"the task's, higher: the type's", 50, 5, 5},
+		{"the task's, lower than the default", 4, 0, 4},
+		{"the task's, higher than the default: the default", 1000, 0, policy.DefaultMaxRetries},
+		{"a type above the default", 0, 20, 20},
+		{"the task's, under a type above the default", 12, 20, 12},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := task.MaxRetries(events.Task{MaxRetries: c.task}, policy.Type{MaxRetries: c.pol})
+			if got != c.maxRetries {
+				t.Errorf("MaxRetries(task %d, type %d) = %d, want %d", c.task, c.pol, got, c.maxRetries)
 			}
 		})
 	}

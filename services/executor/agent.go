@@ -152,7 +152,7 @@ func (s *Service) runStep(ctx context.Context, in events.Prompted, step policy.S
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassStep, err.Error()
 	}
 	if r.ErrorClass != "" {
-		s.metrics.errors.WithLabelValues(in.Task.Type, string(r.ErrorClass)).Inc()
+		s.metrics.errors.WithLabelValues(s.metrics.typ(in.Task.Type), string(r.ErrorClass)).Inc()
 	}
 	return r, nil
 }

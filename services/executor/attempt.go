@@ -117,7 +117,7 @@ func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool
 			if refused {
 				o.toolRefusals++
 			}
-			s.metrics.toolCalls.WithLabelValues(tc.Name).Inc()
+			s.metrics.toolCalls.WithLabelValues(toolLabel(byName, tc.Name)).Inc()
 			req.Messages = append(req.Messages, Message{Role: RoleTool, ToolCallID: tc.ID, Content: content})
 			o.pending = o.pending[1:]
 		}
@@ -171,7 +171,7 @@ func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc
 	}
 	hash := ToolCallHash(tc.Name, tc.Arguments)
 	if lastErr, ok := a.banned[hash]; ok || a.f.failed[hash] {
-		s.metrics.toolRefusals.WithLabelValues(tc.Name).Inc()
+		s.metrics.toolRefusals.WithLabelValues(toolLabel(byName, tc.Name)).Inc()
 		s.cfg.Log.Warn("tool call refused: identical to a failed call",
 			"task", a.in.Task.ID, "tool", tc.Name, "hash", HashPrefix(hash))
 		return refusalMessage(tc.Name, hash, lastErr), true, nil

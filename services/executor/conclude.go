@@ -71,10 +71,10 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 				return events.Result{}, err
 			}
 			if r.Error == a.f.lastError {
-				s.metrics.sameError.WithLabelValues(a.in.Task.Type).Inc()
+				s.metrics.sameError.WithLabelValues(s.metrics.typ(a.in.Task.Type)).Inc()
 			}
 		}
-		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(c.Class)).Inc()
+		s.metrics.errors.WithLabelValues(s.metrics.typ(a.in.Task.Type), string(c.Class)).Inc()
 	}
 	if err := s.settle(ctx, a); err != nil {
 		return events.Result{}, err
@@ -104,7 +104,7 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 		if err := s.ledger.settle(ctx, a.base, a.known); err != nil {
 			return events.Result{}, err
 		}
-		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(events.ErrorClassTransient)).Inc()
+		s.metrics.errors.WithLabelValues(s.metrics.typ(a.in.Task.Type), string(events.ErrorClassTransient)).Inc()
 		r.Outcome, r.ErrorClass, r.TransientRetries = events.OutcomeFailure, events.ErrorClassTransient, n
 		r.Error = "provider unavailable: " + errorText(o.err)
 		return r, nil

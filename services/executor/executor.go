@@ -40,7 +40,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Service{cfg: cfg, rules: cfg.Rules, circuits: &circuits{cfg: cfg.Circuit}, metrics: newMetrics(cfg.Registry)}
+	s := &Service{cfg: cfg, rules: cfg.Rules, circuits: &circuits{cfg: cfg.Circuit}, metrics: newMetrics(cfg.Registry, cfg.TypeLabels, cfg.modelLabels())}
 	if s.rules.Now == nil {
 		s.rules.Now = cfg.Now
 	}
@@ -327,7 +327,7 @@ func (s *Service) refuse(ctx context.Context, a *attempt, hash string, spent eve
 		return events.Result{}, err
 	}
 	if counted { // once per pass, as the task's state counts it
-		s.metrics.refused.WithLabelValues(a.in.Task.Type).Inc()
+		s.metrics.refused.WithLabelValues(s.metrics.typ(a.in.Task.Type)).Inc()
 	}
 	return events.Result{
 		Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassRefused, Refused: true,
@@ -346,7 +346,7 @@ func (s *Service) failedAgain(ctx context.Context, a *attempt, hash string, clas
 	if err := s.settle(ctx, a); err != nil {
 		return events.Result{}, err
 	}
-	s.metrics.errors.WithLabelValues(a.in.Task.Type, string(class)).Inc()
+	s.metrics.errors.WithLabelValues(s.metrics.typ(a.in.Task.Type), string(class)).Inc()
 	spent := a.f.unbilled
 	return events.Result{
 		Outcome: events.OutcomeFailure, ErrorClass: class, RequestHash: hash, Model: a.model, TransientRetries: a.f.transient,

@@ -92,6 +92,11 @@ type Config struct {
 	// Registry receives the executor's Prometheus metrics. Default: nil, no
 	// metrics are registered.
 	Registry prometheus.Registerer
+	// TypeLabels bounds the type label of the executor's metrics: the types
+	// Policy names and the first services.DefaultMaxTypeLabels others get
+	// their own, the rest "other". The services of one process share one
+	// (mesh does). Default: a set of the executor's own.
+	TypeLabels *services.LabelSet
 	// Instance names this instance in the events it produces (By).
 	// Default "executor".
 	Instance string
@@ -137,7 +142,19 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// modelLabels bounds the model label: the priced models and the default
+// one get their own, and the first maxModelLabels others.
+func (c Config) modelLabels() *services.LabelSet {
+	return services.NewLabelSet(maxModelLabels, func(model string) bool {
+		_, priced := c.Prices[model]
+		return priced || model == c.DefaultModel
+	})
+}
+
 func (c Config) withDefaults() Config {
+	if c.TypeLabels == nil {
+		c.TypeLabels = services.NewLabelSet(services.DefaultMaxTypeLabels, c.Policy.Names)
+	}
 	if c.DefaultModel == "" {
 		c.DefaultModel = DefaultModel
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/spend"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
@@ -11,6 +12,11 @@ import (
 // metrics are the executor's Prometheus metrics. They are always kept and
 // registered only when Config.Registry is set; a second executor on the same
 // registry shares the first one's collectors.
+//
+// Every label that comes from outside is bounded: a task's type by
+// Config.TypeLabels, a model name (the provider's answer or an agent
+// command's report) by models, and a tool by the tools the policy offers the
+// attempt (toolLabel).
 type metrics struct {
 	transient    *prometheus.CounterVec   // endpoint
 	snooze       *prometheus.HistogramVec // reason
@@ -24,7 +30,17 @@ type metrics struct {
 	cost         *prometheus.CounterVec   // model, type
 	// prompt observes the prompt tokens of each model call.
 	prompt *prometheus.HistogramVec // type, rung
+	types  *services.LabelSet
+	models *services.LabelSet
 }
+
+// maxModelLabels is how many models, besides the priced ones and the
+// default model, get a label of their own.
+const maxModelLabels = 16
+
+// toolUnknown is the tool label of a call to a tool the policy does not
+// offer the attempt.
+const toolUnknown = "unknown"
 
 // Snooze reasons (label of dispatch_executor_snooze_seconds).
 const (
@@ -34,8 +50,9 @@ const (
 	snoozeToolWait   = "tool_wait"   // a tool did not answer
 )
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, types, models *services.LabelSet) *metrics {
 	m := &metrics{
+		types: types, models: models,
 		transient: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_executor_transient_retries_total",
 			Help: "Transient failures (5xx, timeouts, resets, rate limits) answered with a snooze or, past the budget, a failed attempt, by endpoint.",
@@ -63,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"type", "class"}),
 		toolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_executor_tool_calls_total",
-			Help: "Tool calls the model asked for, by tool (refused ones included).",
+			Help: "Tool calls the model asked for, by tool (refused ones included; unknown: a tool the policy does not offer).",
 		}, []string{"tool"}),
 		toolRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_executor_tool_refusals_total",
@@ -102,13 +119,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 func (m *metrics) usage(model, taskType string, in, out int, cost float64) {
+	model, taskType = m.models.Label(model), m.typ(taskType)
 	m.tokens.WithLabelValues(model, taskType, "in").Add(float64(in))
 	m.tokens.WithLabelValues(model, taskType, "out").Add(float64(out))
 	m.cost.WithLabelValues(model, taskType).Add(cost)
 }
 
+// typ is the type label of taskType.
+func (m *metrics) typ(taskType string) string { return m.types.Label(taskType) }
+
+// toolLabel is the tool label of a call to name: name when the policy
+// offers the attempt that tool (byName), else toolUnknown.
+func toolLabel(byName map[string]policy.Tool, name string) string {
+	if _, ok := byName[name]; ok {
+		return name
+	}
+	return toolUnknown
+}
+
 // promptTokens observes one model call's prompt tokens. Agent commands
 // report only their total, not per call, and are not observed.
 func (m *metrics) promptTokens(taskType string, rung events.Rung, tokens int) {
-	m.prompt.WithLabelValues(taskType, spend.RungLabel(rung)).Observe(float64(tokens))
+	m.prompt.WithLabelValues(m.typ(taskType), spend.RungLabel(rung)).Observe(float64(tokens))
 }

@@ -62,7 +62,7 @@ func (s *Service) toolWait(ctx context.Context, a *attempt, r events.Result, c C
 		if err := s.ledger.settle(ctx, a.base, a.known); err != nil {
 			return events.Result{}, err
 		}
-		s.metrics.errors.WithLabelValues(a.in.Task.Type, string(events.ErrorClassToolUnavailable)).Inc()
+		s.metrics.errors.WithLabelValues(s.metrics.typ(a.in.Task.Type), string(events.ErrorClassToolUnavailable)).Inc()
 		r.Outcome, r.ErrorClass = events.OutcomeFailure, events.ErrorClassToolUnavailable
 		r.Error = fmt.Sprintf("tool unavailable: %s (subject %s) has not answered for %s (%s) — start the service that answers %s, "+
 			"or fix the tool's subject in the type's policy; last error: %v",

@@ -273,3 +273,22 @@ func TestToolCallLimit(t *testing.T) {
 		t.Errorf("%d model calls, want 3, the last with tool_choice none", len(reqs))
 	}
 }
+
+// A tool the policy does not offer is counted under tool="unknown": the
+// name the model made up never becomes a label.
+func TestUnofferedToolIsCountedAsUnknown(t *testing.T) {
+	ns := natstest.Start(t)
+	startUserTool(t, ns.NC)
+	e := newEnv(t, sequence(
+		toolCalls(1, [2]string{"drop_all_tables", `{}`}, [2]string{"create_user", `{"name":"Ann","email":"ann@example.com"}`}),
+		ok("created the user"),
+	), policy.Type{Tools: []policy.Tool{createUser}}, func(c *executor.Config) { c.NATS = ns.NC })
+	if r := e.handle("t1", 1, testMessages).result(t); r.Outcome != events.OutcomeSuccess || r.ToolCalls != 2 {
+		t.Fatalf("result %+v, want a success after 2 tool calls", r)
+	}
+	for tool, want := range map[string]float64{"unknown": 1, "create_user": 1, "drop_all_tables": 0} {
+		if got := e.counter("dispatch_executor_tool_calls_total", map[string]string{"tool": tool}); got != want {
+			t.Errorf("dispatch_executor_tool_calls_total{tool=%q} = %v, want %v", tool, got, want)
+		}
+	}
+}

@@ -174,7 +174,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		sc := scoring
 		sc.Canary = sc.CanariesWith(sc.PriorOf(s.pool(), t.Type))
 		if b.At.Sub(m.Time) < sc.CanaryTTL && placesTaken(stats, sc, b.At, t.ID) {
-			s.metrics.waits.WithLabelValues(t.Type).Inc()
+			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 			d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold,
 				Cause: events.CauseUnproven, Reason: fmt.Sprintf("waiting for the canaries of %s", t.Type)}
 			return s.park(b, events.HoldCanary, d, sealed)
@@ -323,7 +323,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		// decided with the mesh's (the prior's Sample), MinOutcomes without.
 		scoring.Canary = scoring.CanariesWith(scoring.PriorOf(s.pool(), t.Type))
 		if quickLook && b.At.Sub(held.At) < scoring.CanaryTTL && placesTaken(stats, scoring, b.At, t.ID) {
-			s.metrics.waits.WithLabelValues(t.Type).Inc()
+			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 			return nil, services.Snooze(canaryDelay(m.Delivered, scoring.CanaryTTL), ErrCanaryWait)
 		}
 		if held == nil { // a held look read the state already (HandleHeld)
@@ -349,7 +349,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 			waited = b.At.Sub(held.At) // since the gate first held it
 		}
 		if !admit && waited < scoring.CanaryTTL {
-			s.metrics.waits.WithLabelValues(t.Type).Inc()
+			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 			if held == nil { // to the held consumer: this one decides the others
 				d.Cause, d.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
 				return s.park(b, events.HoldCanary, d, sealed)
@@ -456,7 +456,7 @@ func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b e
 		case cause == task.CauseMovedOn, cause == task.CauseEnded:
 			return nil, nil // a human acted on it meanwhile
 		case cause.Changed():
-			s.metrics.held.WithLabelValues(b.Task.Type).Inc()
+			s.metrics.held.WithLabelValues(s.metrics.types.Label(b.Task.Type)).Inc()
 			s.log.Info("task held for its type's trust", "task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "reason", d.Reason)
 			sealed = nil // the state changed since it was sealed: the executor reads
 		}
@@ -728,7 +728,7 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 // and counts nothing (services.OnStored); a pass stopped with no record (a
 // human ended the task) counts nothing.
 func (s *Service) decided(ctx context.Context, b events.Base, d events.TrustDecision) {
-	services.OnStored(ctx, func() { s.metrics.decisions.WithLabelValues(b.Task.Type, string(d.Cause)).Inc() })
+	services.OnStored(ctx, func() { s.metrics.decisions.WithLabelValues(s.metrics.types.Label(b.Task.Type), string(d.Cause)).Inc() })
 }
 
 // release gives up the canary place of a task the gate stops.

@@ -46,6 +46,11 @@ type Config struct {
 	Scoring trust.Policy
 	// Registry receives the gate's metrics (metrics.go). Default: none.
 	Registry prometheus.Registerer
+	// TypeLabels bounds the type label of the gate's metrics: the types
+	// Policy names and the first services.DefaultMaxTypeLabels others get
+	// their own, the rest "other". The services of one process share one
+	// (mesh does). Default: a set of the gate's own.
+	TypeLabels *services.LabelSet
 	// Instance names this process in events.
 	Instance string
 	Log      *slog.Logger
@@ -69,6 +74,9 @@ func (c Config) Validate() error {
 
 // withDefaults fills what c leaves zero.
 func (c Config) withDefaults() Config {
+	if c.TypeLabels == nil {
+		c.TypeLabels = services.NewLabelSet(services.DefaultMaxTypeLabels, c.Policy.Names)
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}

@@ -20,11 +20,15 @@ import (
 //	dispatch_trust_score{type}                 the type's trust score now, read at each
 //	  scrape from the gate's view of the outcome stream (trustCollector)
 //	dispatch_trust_outcomes{type}              the outcomes in the type's window now (idem)
+//
+// The type label is bounded (Config.TypeLabels): past its limit a type not
+// named in the policy counts as type="other", and has no trust series.
 type metrics struct {
 	decisions *prometheus.CounterVec // type, cause
 	waits     *prometheus.CounterVec // type
 	held      *prometheus.CounterVec // type
 	tasks     *services.TaskMetrics
+	types     *services.LabelSet
 }
 
 func newMetrics(cfg Config) *metrics {
@@ -42,14 +46,15 @@ func newMetrics(cfg Config) *metrics {
 			Name: "dispatch_gate_held_total",
 			Help: "Passes held for their type's low trust (status held: no tokens, re-admitted when the type recovers), by type; a pass counts once.",
 		}, []string{"type"}),
-		tasks: services.NewTaskMetrics(reg),
+		tasks: services.NewTaskMetrics(reg, cfg.TypeLabels),
+		types: cfg.TypeLabels,
 	}
 	if reg != nil {
 		m.decisions = services.Register(reg, m.decisions)
 		m.waits = services.Register(reg, m.waits)
 		m.held = services.Register(reg, m.held)
 		if all, ok := cfg.View.(allStats); ok {
-			services.Register(reg, newTrustCollector(all, cfg.Policy, cfg.Scoring))
+			services.Register(reg, newTrustCollector(all, cfg.Policy, cfg.Scoring, cfg.TypeLabels))
 		}
 	}
 	return m

@@ -82,6 +82,29 @@ func TestTrustGaugesFollowTheGatesScoring(t *testing.T) {
 	}
 }
 
+// Past the type label's limit a type the policy does not name has no
+// trust series (a score cannot be summed into "other"); a named type
+// always has them.
+func TestTrustGaugesKeepToTheLabelLimit(t *testing.T) {
+	pol := policy.Static(&policy.File{Types: map[string]policy.Type{"css_fix": {}}})
+	e := newEnv(t, nil)
+	for _, typ := range []string{"a_fix", "b_fix", "c_fix", "css_fix"} {
+		e.outcomes(typ, 10, 10, "")
+	}
+	waitFacts(t, e.view, "css_fix")
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := gate.New(gate.Config{View: e.view, Trust: e.trust, Policy: pol, TypeLabels: services.NewLabelSet(1, pol.Names), Registry: reg, Log: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	got := metricstest.Family(t, reg, "dispatch_trust_outcomes")
+	if len(got) != 2 || got["type=css_fix"] != 10 {
+		t.Errorf("dispatch_trust_outcomes = %v, want css_fix and one other type", got)
+	}
+	if _, ok := got["type="+services.LabelOther]; ok {
+		t.Errorf("dispatch_trust_outcomes has a type=other series: %v", got)
+	}
+}
+
 func waitFacts(t *testing.T, v *trust.View, taskType string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

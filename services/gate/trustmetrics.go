@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
@@ -27,18 +28,21 @@ type allStats interface {
 // Nothing is set at a decision: a type reports its score from the start
 // (after a restart too) and between decisions, and every gate instance
 // follows the same stream, so all report the same values (aggregate with
-// max by (type)).
+// max by (type)). A type without a label of its own (types: past the
+// limit, not named in the policy) is not reported: a score cannot be
+// summed into "other".
 type trustCollector struct {
 	view     allStats
 	policy   *policy.Source
 	scoring  trust.Policy
+	types    *services.LabelSet
 	score    *prometheus.Desc
 	outcomes *prometheus.Desc
 }
 
-func newTrustCollector(view allStats, pol *policy.Source, scoring trust.Policy) *trustCollector {
+func newTrustCollector(view allStats, pol *policy.Source, scoring trust.Policy, types *services.LabelSet) *trustCollector {
 	return &trustCollector{
-		view: view, policy: pol, scoring: scoring,
+		view: view, policy: pol, scoring: scoring, types: types,
 		score: prometheus.NewDesc("dispatch_trust_score",
 			"A task type's trust score now (0.6 × overall + 0.4 × recency-weighted success over its window), as the gate scores it; only types with enough outcomes to be scored.",
 			[]string{"type"}, nil),
@@ -58,6 +62,9 @@ func (c *trustCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *trustCollector) Collect(ch chan<- prometheus.Metric) {
 	snap := c.policy.Snapshot()
 	for _, st := range c.view.All() {
+		if !c.types.Own(st.Type) {
+			continue
+		}
 		p := snap.For(st.Type).Scoring(c.scoring).WithDefaults()
 		v := p.Evaluate(st.Type, st)
 		ch <- prometheus.MustNewConstMetric(c.outcomes, prometheus.GaugeValue, float64(v.Outcomes), st.Type)

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -43,6 +44,12 @@ const (
 type API struct {
 	JS    jetstream.JetStream
 	Tasks *services.TaskStore
+	// Policy names the types KnownTypesOnly accepts.
+	Policy *policy.Source
+	// KnownTypesOnly answers a submission whose type Policy does not name
+	// with 400, and keeps it on dispatch.review.rejected, as intake's
+	// Config.KnownTypesOnly rejects it. Default false: any well-formed type.
+	KnownTypesOnly bool
 	// MaxRequests bounds the submit and status requests this instance
 	// serves at once; more are answered 503 (busy). Default
 	// DefaultMaxRequests.
@@ -227,10 +234,14 @@ func (a *API) submit(r *request) {
 	a.answer(r, reply, err)
 }
 
-// Submit validates data and queues it for intake. Invalid input returns an
+// Submit validates data and queues it for intake. Invalid input (and,
+// with KnownTypesOnly, a type the policy does not name) returns an
 // *events.InvalidError and is kept on the review subject.
 func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 	sub, err := events.DecodeSubmit(data, "")
+	if err == nil {
+		err = knownType(a.KnownTypesOnly, a.Policy.Snapshot(), sub.Type)
+	}
 	if err != nil {
 		if kerr := a.keepRejected(ctx, data, sub.ID, err); kerr != nil {
 			return SubmitReply{}, errors.Join(err, kerr)

@@ -10,6 +10,8 @@ package intake
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -48,6 +50,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	t := sub.Task(events.GeneratedID(m.Seq, m.Time), m.Time)
 	pol := s.cfg.Policy.Snapshot()
+	switch reject, err := s.unnamed(ctx, t, pol, m.Seq); {
+	case err != nil:
+		return nil, err
+	case reject != nil:
+		return nil, services.DeadKey(events.ReviewRejected, sub.ID, reject)
+	}
 	run := firstRun(t, pol)
 	st := task.Queued(t, run, m.Seq)
 	created, at, err := s.cfg.Tasks.Create(ctx, st)
@@ -93,6 +101,40 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, err
 	}
 	return []services.Out{idx, out}, nil
+}
+
+// unnamed is the rejection of task t, submitted at seq, when only the types
+// the policy names are accepted and pol does not name its type (nil
+// otherwise); err is a failure to find out. A task this very submission
+// created before the policy stopped naming its type goes on as decided
+// then (a redelivery).
+func (s *Service) unnamed(ctx context.Context, t events.Task, pol *policy.Snapshot, seq uint64) (reject, err error) {
+	reject = knownType(s.cfg.KnownTypesOnly, pol, t.Type)
+	if reject == nil {
+		return nil, nil
+	}
+	st, err := s.cfg.Tasks.Get(ctx, t.ID)
+	switch {
+	case errors.Is(err, services.ErrTaskNotFound):
+		return reject, nil
+	case err != nil:
+		return nil, err
+	case st.SubmitSeq == seq:
+		return nil, nil
+	}
+	return reject, nil
+}
+
+// knownType is the problem of a submission of taskType when only the types
+// pol names are accepted (only) and pol does not name it: an
+// *events.InvalidError, rejected like any other invalid input. Intake and
+// the submit API both check it.
+func knownType(only bool, pol *policy.Snapshot, taskType string) error {
+	if !only || pol.Names(taskType) {
+		return nil
+	}
+	return &events.InvalidError{Problems: []string{fmt.Sprintf(
+		`"type" %q is not a task type the policy names, and this mesh accepts no other (DISPATCH_KNOWN_TYPES_ONLY)`, taskType)}}
 }
 
 // firstRun is the run context of a new task's first attempt: REFINE, or a

@@ -13,8 +13,15 @@ import (
 type Config struct {
 	// Tasks is the task state store (required).
 	Tasks *services.TaskStore
-	// Policy gives a pipeline type its first step.
+	// Policy gives a pipeline type its first step, and names the types
+	// KnownTypesOnly accepts.
 	Policy *policy.Source
+	// KnownTypesOnly rejects a submission whose type Policy does not name
+	// (policy.File.Names), as invalid input: kept on
+	// dispatch.review.rejected with the error, never run. Default false:
+	// any well-formed type, which takes the policy's defaults
+	// (DISPATCH_KNOWN_TYPES_ONLY; on in deploy/).
+	KnownTypesOnly bool
 	// Instance names this process in events (service@host:pid).
 	Instance string
 	// Log defaults to slog.Default().

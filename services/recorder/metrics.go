@@ -30,7 +30,8 @@ const outcomeRefused = "refused"
 // recorder does count, in dispatch_tasks_finished_total{by="human"}, the
 // tasks a human's review action ended — action.go — but moves no spend.)
 //
-// The figures, per type (sum by (type) (…), over a range such as [1d]):
+// The figures, per type (sum by (type) (…), over a range such as [1d]; a
+// type past the label limit, Config.TypeLabels, counts as type="other"):
 //
 //	wasted spend        increase(dispatch_wasted_cost_usd_total[1d]), increase(dispatch_wasted_tokens_total[1d])
 //	retry success rate  rate(dispatch_retries_total{outcome="success"}[1d]) / rate(dispatch_retries_total[1d])
@@ -52,14 +53,16 @@ type metrics struct {
 	resolvedTokens   *prometheus.CounterVec   // type
 	resolvedCost     *prometheus.CounterVec   // type
 	resolvedAttempts *prometheus.HistogramVec // type
+	types            *services.LabelSet
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, types *services.LabelSet) *metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	m := &metrics{
-		tasks: services.NewTaskMetrics(reg),
+		tasks: services.NewTaskMetrics(reg, types),
+		types: types,
 		attempts: counter("dispatch_attempts_total",
 			"Attempts recorded, by type, rung (none for pipeline steps) and outcome (success, failure, refused).", "type", "rung", "outcome"),
 		retries: counter("dispatch_retries_total",
@@ -102,16 +105,16 @@ func (m *metrics) recorded(st *events.TaskState) {
 		return
 	}
 	r := st.History[i]
-	rung, outcome := spend.RungLabel(r.Rung), r.Outcome
+	typ, rung, outcome := m.types.Label(st.Type), spend.RungLabel(r.Rung), r.Outcome
 	if spend.Refused(r) {
 		outcome = outcomeRefused
 	}
-	m.attempts.WithLabelValues(st.Type, rung, outcome).Inc()
+	m.attempts.WithLabelValues(typ, rung, outcome).Inc()
 	if spend.Retry(st.History, i) {
-		m.retries.WithLabelValues(st.Type, rung, outcome).Inc()
+		m.retries.WithLabelValues(typ, rung, outcome).Inc()
 	}
 	if spend.SameError(st.History, i) {
-		m.sameError.WithLabelValues(st.Type).Inc()
+		m.sameError.WithLabelValues(typ).Inc()
 	}
 	if !events.Terminal(st.Status) {
 		return
@@ -120,11 +123,11 @@ func (m *metrics) recorded(st *events.TaskState) {
 	n, spent := spend.Round(st)
 	tokens, cost := float64(max(spent.TokensIn+spent.TokensOut, 0)), max(spent.Cost, 0)
 	if spend.Resolved(st.Status) {
-		m.resolvedTokens.WithLabelValues(st.Type).Add(tokens)
-		m.resolvedCost.WithLabelValues(st.Type).Add(cost)
-		m.resolvedAttempts.WithLabelValues(st.Type).Observe(float64(n))
+		m.resolvedTokens.WithLabelValues(typ).Add(tokens)
+		m.resolvedCost.WithLabelValues(typ).Add(cost)
+		m.resolvedAttempts.WithLabelValues(typ).Observe(float64(n))
 		return
 	}
-	m.wastedTokens.WithLabelValues(st.Type).Add(tokens)
-	m.wastedCost.WithLabelValues(st.Type).Add(cost)
+	m.wastedTokens.WithLabelValues(typ).Add(tokens)
+	m.wastedCost.WithLabelValues(typ).Add(cost)
 }

@@ -48,7 +48,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry)}
+	s := &Service{cfg: cfg, log: cfg.Log.With("service", "recorder"), metrics: newMetrics(cfg.Registry, cfg.TypeLabels)}
 	if cfg.NATS != nil {
 		if err := s.hearActions(cfg.NATS); err != nil {
 			return nil, err

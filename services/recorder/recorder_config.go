@@ -44,6 +44,11 @@ type Config struct {
 	// Registry receives the spend metrics (see metrics.go). Default: nil,
 	// no metrics are registered.
 	Registry prometheus.Registerer
+	// TypeLabels bounds the type label of the recorder's metrics: the types
+	// Policy names and the first services.DefaultMaxTypeLabels others get
+	// their own, the rest "other". The services of one process share one
+	// (mesh does). Default: a set of the recorder's own.
+	TypeLabels *services.LabelSet
 	// NATS, when set, is where the recorder hears the human review actions
 	// (dispatch.review.action.*, queue group "recorder": one instance
 	// counts each) to count the tasks they end. Default nil: not counted.
@@ -70,6 +75,9 @@ func (c Config) Validate() error {
 
 // withDefaults fills what c leaves zero.
 func (c Config) withDefaults() Config {
+	if c.TypeLabels == nil {
+		c.TypeLabels = services.NewLabelSet(services.DefaultMaxTypeLabels, c.Policy.Names)
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}

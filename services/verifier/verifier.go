@@ -37,7 +37,8 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg.withDefaults(), metrics: services.NewTaskMetrics(cfg.Registry)}
+	cfg = cfg.withDefaults()
+	s := &Service{cfg: cfg, metrics: services.NewTaskMetrics(cfg.Registry, cfg.TypeLabels)}
 	s.kinds = s.registry()
 	return s, nil
 }

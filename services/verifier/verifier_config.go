@@ -42,6 +42,11 @@ type Config struct {
 	// counted as dispatch_tasks_finished_total{status="cancelled",
 	// by="verifier"}). Default: none.
 	Registry prometheus.Registerer
+	// TypeLabels bounds the type label of the verifier's metrics: the types
+	// Policy names and the first services.DefaultMaxTypeLabels others get
+	// their own, the rest "other". The services of one process share one
+	// (mesh does). Default: a set of the verifier's own.
+	TypeLabels *services.LabelSet
 	// Instance names this instance in the events' by field.
 	// Default "verifier@<hostname>:<pid>".
 	Instance string
@@ -79,6 +84,9 @@ func (c Config) Validate() error {
 
 // withDefaults fills what c leaves zero.
 func (c Config) withDefaults() Config {
+	if c.TypeLabels == nil {
+		c.TypeLabels = services.NewLabelSet(services.DefaultMaxTypeLabels, c.Policy.Names)
+	}
 	if c.Instance == "" {
 		host, _ := os.Hostname()
 		c.Instance = fmt.Sprintf("verifier@%s:%d", host, os.Getpid())
