@@ -395,12 +395,14 @@ func (c *checker) state(id string, st events.TaskState, end ending, executed []e
 	if st.Attempts != len(executed) {
 		c.problem(id, KindState, "state counts %d attempts, the stream has %d", st.Attempts, len(executed))
 	}
-	if len(st.History) != len(executed) {
-		c.problem(id, KindState, "state records %d attempts, the stream has %d", len(st.History), len(executed))
+	// The state keeps the newest records of earlier rounds only.
+	kept := executed[len(executed)-min(len(executed), len(st.History)):]
+	if want := len(task.KeptAttempts(records(executed), st.RoundStart)); len(st.History) != want {
+		c.problem(id, KindState, "state records %d attempts, the stream has %d of which it keeps %d", len(st.History), len(executed), want)
 		return
 	}
 	for i, rec := range st.History {
-		ex := executed[i]
+		ex := kept[i]
 		if rec.Pass != ex.Run.Pass || rec.Attempt != ex.Run.Attempt || rec.Outcome != ex.Result.Outcome ||
 			rec.TokensIn != ex.Result.TokensIn || rec.TokensOut != ex.Result.TokensOut {
 			c.problem(id, KindState, "attempt record %d is pass %d attempt %d %s (%d/%d tokens), the stream has pass %d attempt %d %s (%d/%d tokens)",
@@ -408,6 +410,16 @@ func (c *checker) state(id string, st events.TaskState, end ending, executed []e
 				ex.Run.Pass, ex.Run.Attempt, ex.Result.Outcome, ex.Result.TokensIn, ex.Result.TokensOut)
 		}
 	}
+}
+
+// records are the attempt records executed would make, as far as
+// task.KeptAttempts reads them.
+func records(executed []events.Executed) []events.AttemptRecord {
+	out := make([]events.AttemptRecord, len(executed))
+	for i, ex := range executed {
+		out[i] = events.AttemptRecord{Pass: ex.Run.Pass, Attempt: ex.Run.Attempt}
+	}
+	return out
 }
 
 // modelCalls holds the model's calls for a task to its recorded attempts.

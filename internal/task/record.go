@@ -58,6 +58,7 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 		TokensIn: res.TokensIn, TokensOut: res.TokensOut, Cost: res.Cost, At: now,
 		ErrorClass: res.ErrorClass,
 	})
+	st.History = KeptAttempts(st.History, st.RoundStart)
 	st.Attempts = max(st.Attempts, run.Attempt)
 	st.Unbilled = events.Usage{} // the Result billed what the attempt's cut-short tries spent
 	st.TokensIn += res.TokensIn
@@ -353,6 +354,28 @@ func modelsOwn(res events.Result) bool {
 // OneLine is s on one line, clipped to 300 bytes: how an error is quoted
 // in a reason.
 func OneLine(s string) string { return oneLine(s) }
+
+// KeepEarlierAttempts is how many attempt records of the rounds before the
+// current one a task state keeps: a round has at most its type's
+// max_retries attempts, but a human may requeue a task without end, and
+// the state must stay far below the 1 MB a KV value may hold. Every
+// attempt stays on the stream (dispatch task shows them all).
+const KeepEarlierAttempts = 16
+
+// KeptAttempts is history with the oldest records of the rounds before the
+// one that began after attempt roundStart dropped, past
+// KeepEarlierAttempts. The current round's are all kept: the ladder counts
+// them.
+func KeptAttempts(history []events.AttemptRecord, roundStart int) []events.AttemptRecord {
+	earlier := 0
+	for earlier < len(history) && history[earlier].Attempt <= roundStart {
+		earlier++
+	}
+	if earlier <= KeepEarlierAttempts {
+		return history
+	}
+	return history[earlier-KeepEarlierAttempts:]
+}
 
 func recordOf(st *events.TaskState, pass int) (events.AttemptRecord, bool) {
 	for _, r := range st.History {

@@ -187,3 +187,49 @@ func TestNextRunKeepsAStepsInputOnItsRetry(t *testing.T) {
 		t.Fatalf("the retry of implement: %+v", next)
 	}
 }
+
+// A task a human requeued round after round keeps every attempt of its
+// current round and the newest KeepEarlierAttempts of the rounds before:
+// its state stays storable however often it is requeued.
+func TestKeptAttempts(t *testing.T) {
+	attempts := func(from, to int) []events.AttemptRecord {
+		var h []events.AttemptRecord
+		for a := from; a <= to; a++ {
+			h = append(h, events.AttemptRecord{Attempt: a, Pass: a})
+		}
+		return h
+	}
+	k := task.KeepEarlierAttempts
+	for _, tt := range []struct {
+		name       string
+		history    []events.AttemptRecord
+		roundStart int
+		first      int // attempt of the first record kept
+	}{
+		{"one round", attempts(1, 7), 0, 1},
+		{"earlier rounds within the limit", attempts(1, k+3), k, 1},
+		{"earlier rounds past it", attempts(1, k+10), k + 7, 8},
+		{"a current round longer than the limit", attempts(1, 3*k), 0, 1},
+		{"empty", nil, 5, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := task.KeptAttempts(tt.history, tt.roundStart)
+			if len(tt.history) == 0 {
+				if len(got) != 0 {
+					t.Fatalf("kept %v", got)
+				}
+				return
+			}
+			last := tt.history[len(tt.history)-1].Attempt
+			if got[0].Attempt != tt.first || got[len(got)-1].Attempt != last || len(got) != last-tt.first+1 {
+				t.Fatalf("kept attempts %d-%d (%d), want %d-%d", got[0].Attempt, got[len(got)-1].Attempt, len(got), tt.first, last)
+			}
+		})
+	}
+	// Through Apply: the 30th requeue's first attempt leaves 16 earlier.
+	st := events.TaskState{ID: "t", Pass: 31, Attempts: 30, RoundStart: 30, History: attempts(1, 30)}
+	task.Apply(&st, events.Task{ID: "t"}, events.Run{Pass: 31, Attempt: 31, Rung: events.RungRefine}, failed(events.ErrorClassTask, "x"), policy.Type{}, now)
+	if len(st.History) != k+1 || st.History[0].Attempt != 30-k+1 || st.Attempts != 31 {
+		t.Fatalf("kept %d records from attempt %d, %d attempts counted", len(st.History), st.History[0].Attempt, st.Attempts)
+	}
+}
