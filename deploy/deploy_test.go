@@ -1489,13 +1489,39 @@ func TestClusterNodesFormJetStreamCluster(t *testing.T) {
 	pw := proctest.SetPasswords(t)
 	// JetStream clustering needs configured routes at startup, so pick the
 	// three route ports first and, like common.conf, give every node all three.
-	routes := proctest.FreePorts(t, 3)
+	// A port picked free may be taken by another test's process before a
+	// node binds it (the packages run in parallel): then the three start
+	// again on other ports.
 	var nodes []*server.Server
-	for i := 1; i <= 3; i++ {
-		opts := proctest.ClusterNode(t, "nats", i, -1, routes, t.TempDir())
-		opts.AllowNonTLS = false // as common.conf says: TLS for clients, and for the routes
-		nodes = append(nodes, startServer(t, opts))
+	for try := 1; nodes == nil; try++ {
+		routes := proctest.FreePorts(t, 3)
+		for i := 1; i <= 3; i++ {
+			opts := proctest.ClusterNode(t, "nats", i, -1, routes, t.TempDir())
+			opts.AllowNonTLS = false // as common.conf says: TLS for clients, and for the routes
+			ns, err := server.NewServer(opts)
+			if err != nil {
+				t.Fatalf("new server: %v", err)
+			}
+			ns.Start()
+			nodes = append(nodes, ns)
+			if !ns.ReadyForConnections(20 * time.Second) {
+				for _, n := range nodes {
+					n.Shutdown()
+					n.WaitForShutdown()
+				}
+				if nodes = nil; try == 3 {
+					t.Fatalf("node %d not ready on route ports %v, three times", i, routes)
+				}
+				break
+			}
+		}
 	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			n.Shutdown()
+			n.WaitForShutdown()
+		}
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
