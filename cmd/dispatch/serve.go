@@ -26,6 +26,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/internal/web"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
@@ -255,6 +256,10 @@ func cmdService(ctx context.Context, cfg Config, name string, args []string) err
 // receive a readiness check per service (and may hold the process's other
 // parts'); more are the metrics of those parts.
 func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName string, names []string, checks *health.Checks, more ...prometheus.Collector) error {
+	// Before any command runs: none may read this process's secrets.
+	if err := procgroup.HideEnviron(); err != nil {
+		return fmt.Errorf("hide the environment from commands (prctl PR_SET_DUMPABLE): %w", err)
+	}
 	nc, err := cfg.connect(url, connName)
 	if err != nil {
 		return err
