@@ -154,4 +154,8 @@ const (
 	HeaderService  = "Dispatch-Service" // service instance that published it
 	HeaderOrigSubj = "Dispatch-Orig-Subject"
 	HeaderOrigSeq  = "Dispatch-Orig-Seq"
+	// A record that keeps only the first MaxKeptBody bytes of what it
+	// records says how long the original was and its SHA-256 (hex).
+	HeaderOrigSize   = "Dispatch-Orig-Size"
+	HeaderOrigSHA256 = "Dispatch-Orig-Sha256"
 )

@@ -2,6 +2,8 @@ package services
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -118,6 +120,24 @@ func DeadLetter(m *Msg, stream, reason, key string, cause error) Out {
 		Subject: events.ReviewSubject(reason, key),
 		MsgID:   fmt.Sprintf("review:%s:%d", stream, m.Seq),
 		Header:  h,
-		Data:    m.Data,
+		Data:    KeepBody(h, m.Data),
 	}
+}
+
+// MaxKeptBody is the most of a message's bytes a review record keeps: with
+// its headers it must fit the streams' MaxEventSize, or the record could
+// never be stored and the input it records would be lost.
+const MaxKeptBody = MaxEventSize - 64<<10
+
+// KeepBody is what a record keeps of data: all of it up to MaxKeptBody,
+// else its first MaxKeptBody bytes, with the original's size and SHA-256
+// in h (Dispatch-Orig-Size, Dispatch-Orig-Sha256).
+func KeepBody(h nats.Header, data []byte) []byte {
+	if len(data) <= MaxKeptBody {
+		return data
+	}
+	sum := sha256.Sum256(data)
+	h.Set(events.HeaderOrigSize, strconv.Itoa(len(data)))
+	h.Set(events.HeaderOrigSHA256, hex.EncodeToString(sum[:]))
+	return data[:MaxKeptBody]
 }

@@ -29,17 +29,20 @@ type StreamConfig struct {
 	// HistoryKeep is how many revisions of a task state the bucket keeps.
 	// Default 5.
 	HistoryKeep int
-	// MaxBytes bounds Stream, SubmitMaxBytes SubmitStream; past it the
-	// oldest messages go (DiscardOld), so a full store never stops a
-	// publish or a KV write. Each is reserved against the account's
-	// max_file when the stream is made. Default unlimited.
+	// MaxBytes bounds Stream, SubmitMaxBytes SubmitStream, so that what
+	// clients send cannot take the account's whole store from the KV
+	// buckets. A full stream refuses new messages (DiscardNew): a client's
+	// submission fails, a service's output is retried, and nothing stored
+	// — a task's pending event, a submission intake has not read — is ever
+	// dropped for room; messages leave at MaxAge. Each is reserved against
+	// the account's max_file when the stream is made. Default unlimited.
 	MaxBytes, SubmitMaxBytes int64
 }
 
 // MaxEventSize is the largest message Stream and SubmitStream store: the
 // server's default max_payload. A submission is checked far below it
-// (events.MaxSubmitBytes); a record of an oversized one is kept whole up
-// to it.
+// (events.MaxSubmitBytes); a review record keeps at most MaxKeptBody of
+// what it records, so that it always fits.
 const MaxEventSize = 1 << 20
 
 func (c StreamConfig) withDefaults() StreamConfig {
@@ -101,6 +104,16 @@ var AdvisorySubjects = []string{
 	"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + SubmitStream + ".>",
 }
 
+// discard is the discard policy of a stream of maxBytes: a bounded one
+// refuses new messages rather than drop stored ones (an unbounded one
+// reaches no limit it would apply to).
+func discard(maxBytes int64) jetstream.DiscardPolicy {
+	if maxBytes > 0 {
+		return jetstream.DiscardNew
+	}
+	return jetstream.DiscardOld
+}
+
 // Provision creates or updates the stream, the advisory stream and the KV
 // buckets. It is idempotent: every service may call it at start.
 func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*Stores, error) {
@@ -116,7 +129,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		MaxMsgSize:  MaxEventSize,
 		Duplicates:  cfg.Duplicates,
 		Replicas:    cfg.Replicas,
-		Discard:     jetstream.DiscardOld,
+		Discard:     discard(cfg.MaxBytes),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", Stream, err)
@@ -134,7 +147,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		MaxMsgSize:  MaxEventSize,
 		Duplicates:  cfg.SubmitDuplicates,
 		Replicas:    cfg.Replicas,
-		Discard:     jetstream.DiscardOld,
+		Discard:     discard(cfg.SubmitMaxBytes),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", SubmitStream, err)
@@ -171,11 +184,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)
 	}
 	// The outcome stream: each type's newest outcomes, kept by its
-	// per-subject limit; no age limit, as a KV value would have none.
+	// per-subject limit, for MaxAge at most, like the gate's facts of the
+	// type: a type clients made up once does not stay.
 	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:              trust.OutcomeStream,
 		Description:       "dispatchmesh: the outcomes that count for each task type's trust, the newest of each type",
 		Subjects:          []string{trust.OutcomeFilter},
+		MaxAge:            cfg.MaxAge,
 		MaxMsgsPerSubject: trust.Keep,
 		Retention:         jetstream.LimitsPolicy,
 		Storage:           jetstream.FileStorage,

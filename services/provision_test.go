@@ -5,12 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
-// Provision bounds what clients fill: each stream's bytes (dropping the
-// oldest past them) and message size, and every bucket keyed by what a
+// Provision bounds what clients fill: each stream's bytes (refusing new
+// messages past them, never dropping stored ones) and message size, and every bucket keyed by what a
 // client chose expires a key left unwritten for the audit horizon.
 func TestProvisionBoundsWhatClientsFill(t *testing.T) {
 	srv := natstest.Start(t)
@@ -25,7 +27,7 @@ func TestProvisionBoundsWhatClientsFill(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := s.CachedInfo().Config
-		if c.MaxBytes != bytes || c.MaxMsgSize != services.MaxEventSize || c.Discard.String() != "DiscardOld" {
+		if c.MaxBytes != bytes || c.MaxMsgSize != services.MaxEventSize || c.Discard != jetstream.DiscardNew {
 			t.Errorf("%s: max bytes %d, max message %d, %s", name, c.MaxBytes, c.MaxMsgSize, c.Discard)
 		}
 	}
@@ -41,6 +43,13 @@ func TestProvisionBoundsWhatClientsFill(t *testing.T) {
 		if st.TTL() != age {
 			t.Errorf("%s keeps an unwritten key %s, want %s", bucket, st.TTL(), age)
 		}
+	}
+	outcomes, err := srv.JS.Stream(ctx, services.OutcomeStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := outcomes.CachedInfo().Config; c.MaxAge != age {
+		t.Errorf("%s keeps outcomes %s, want %s", services.OutcomeStream, c.MaxAge, age)
 	}
 	// Unset, the streams are unbounded, as before.
 	if _, err := services.Provision(ctx, srv.JS, services.StreamConfig{MaxAge: age}); err != nil {

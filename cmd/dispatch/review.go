@@ -246,7 +246,7 @@ func printDetail(out io.Writer, d review.Detail) {
 		fmt.Fprintf(w, "trust\t%s %.2f over %d outcomes, threshold %.2f: %s; recent %s\n", t.Type, t.Score, t.Outcomes, t.Threshold, gate, dots(t))
 	}
 	if st := d.Task; st != nil {
-		fmt.Fprintf(w, "spent\t%d attempts, %d tokens in, %d out, $%.4f\n", len(st.History), st.TokensIn, st.TokensOut, st.Cost)
+		fmt.Fprintf(w, "spent\t%d attempts, %d tokens in, %d out, $%.4f\n", st.Attempts, st.TokensIn, st.TokensOut, st.Cost)
 	}
 	if d.Actionable {
 		acts := "resolve, reject"
@@ -417,7 +417,7 @@ func printAudit(out io.Writer, a review.Audit) {
 		if st.Reason != "" {
 			fmt.Fprintf(out, " (%s)", oneLine(st.Reason, 120))
 		}
-		fmt.Fprintf(out, "\n%d attempts, %d tokens in, %d out, $%.4f\n\n", len(st.History), st.TokensIn, st.TokensOut, st.Cost)
+		fmt.Fprintf(out, "\n%d attempts, %d tokens in, %d out, $%.4f\n\n", st.Attempts, st.TokensIn, st.TokensOut, st.Cost)
 	} else {
 		fmt.Fprintf(out, "%s: no task state (input that never became a task)\n\n", a.ID)
 	}

@@ -3,6 +3,8 @@ package mesh_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strconv"
@@ -39,10 +41,17 @@ func TestHostileInput(t *testing.T) {
 		body    string
 		key     string   // review key; seqKey: seq-<n> of the submission
 		errs    []string // each in the record's Dispatch-Error
+		cut     bool     // the record keeps the first services.MaxKeptBody bytes
 	}{
 		{
 			name: "oversized", body: `{"id":"big-1","subject":"s","payload":"` + strings.Repeat("x", 600<<10) + `"}`,
 			key: "big-1", errs: []string{"message is 614", "limit is 262144"},
+		},
+		{
+			// With its headers a whole copy would not fit a message: the
+			// record keeps what fits, and the original's size and hash.
+			name: "oversized to the payload limit", body: `{"id":"big-3","subject":"s","payload":"` + strings.Repeat("x", 1_040_000) + `"}`,
+			key: "big-3", errs: []string{"limit is 262144"}, cut: true,
 		},
 		{
 			name: "oversized, id last", body: `{"subject":"s","payload":"` + strings.Repeat("x", 300<<10) + `","id":"big-2"}`,
@@ -158,8 +167,16 @@ func TestHostileInput(t *testing.T) {
 				key += strconv.FormatUint(ack.Sequence, 10)
 			}
 			rec := e.waitRecord(t, events.ReviewSubject(events.ReviewRejected, key), ack.Sequence)
-			if !bytes.Equal(rec.Data, []byte(c.body)) {
-				t.Errorf("record keeps %d bytes, not the original %d", len(rec.Data), len(c.body))
+			want := []byte(c.body)
+			if c.cut {
+				sum := sha256.Sum256(want)
+				if rec.Header.Get(events.HeaderOrigSize) != strconv.Itoa(len(want)) || rec.Header.Get(events.HeaderOrigSHA256) != hex.EncodeToString(sum[:]) {
+					t.Errorf("a cut record says size %q, SHA-256 %q", rec.Header.Get(events.HeaderOrigSize), rec.Header.Get(events.HeaderOrigSHA256))
+				}
+				want = want[:services.MaxKeptBody]
+			}
+			if !bytes.Equal(rec.Data, want) {
+				t.Errorf("record keeps %d bytes, not the original's %d", len(rec.Data), len(want))
 			}
 			if got := rec.Header.Get(events.HeaderOrigSubj); got != subject {
 				t.Errorf("Dispatch-Orig-Subject = %q, want %q", got, subject)

@@ -310,7 +310,7 @@ func (a *API) keepRejected(ctx context.Context, data []byte, id string, cause er
 		id = "api-" + hex.EncodeToString(sum[:8])
 	}
 	msg := nats.NewMsg(events.ReviewSubject(events.ReviewRejected, id))
-	msg.Data = data
+	msg.Data = services.KeepBody(msg.Header, data)
 	msg.Header.Set(events.HeaderEvent, events.EventRejected)
 	msg.Header.Set(events.HeaderReason, events.ReviewRejected)
 	msg.Header.Set(events.HeaderError, cause.Error())
