@@ -7,6 +7,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -65,6 +66,9 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		if events.DeploymentFault(c.Class) {
 			r.Error = s.rules.deploymentError(c.Class, o.err, cmp.Or(o.endpoint, a.endpoint))
 		}
+		// Capped as the Executed will store it, so it compares with the
+		// last error the state kept.
+		r.Error = textcut.Cut(r.Error, answerCaps.error)
 		if task.Bans(c.Class) {
 			// banned before the Executed goes out, so the next attempt sees it
 			if err := s.ledger.addFailed(ctx, a.base, a.known, o.hash, c.Class, r.Error); err != nil {

@@ -128,7 +128,17 @@ func TestDeploymentErrorsAreCalledOnceAndSayWhatToFix(t *testing.T) {
 }
 
 func TestSameErrorRetryIsCounted(t *testing.T) {
-	e := newEnv(t, always(status(http.StatusBadRequest, badRequest)), policy.Type{}, nil)
+	for name, body := range map[string]string{
+		"short": badRequest,
+		// Longer than the error an Executed keeps: compared as kept.
+		"past the cap": `{"error":{"message":"` + strings.Repeat("invalid field; ", 2000) + `","type":"invalid_request_error"}}`,
+	} {
+		t.Run(name, func(t *testing.T) { sameErrorRetry(t, body) })
+	}
+}
+
+func sameErrorRetry(t *testing.T, body string) {
+	e := newEnv(t, always(status(http.StatusBadRequest, body)), policy.Type{}, nil)
 	first := e.handle("t1", 1, testMessages).result(t)
 	// the recorder keeps the failure as the task's last error
 	e.edit("t1", func(st *events.TaskState) {
