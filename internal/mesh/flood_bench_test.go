@@ -35,7 +35,10 @@ const (
 // gate's stream position) to its admitted event, both as seen by a
 // subscriber in this process. The flood's canaries take 2 s at the model,
 // so every other flood task waits for their evidence while the trusted
-// tasks pass.
+// tasks pass. A second new type's tasks, answered at once, wait for their
+// own canaries' evidence: new-type-max-gate-wait-s is the longest (its
+// canaries queue in the executor behind the flood once the flood's type is
+// decided: minutes, see docs/benchmarks.md).
 //
 //	go test -run '^$' -bench Flood -benchtime 1x ./internal/mesh/
 func BenchmarkFlood(b *testing.B) {
@@ -58,7 +61,7 @@ func BenchmarkFlood(b *testing.B) {
 	admitted := &counter{}
 	seen := map[string]bool{} // a redelivered stage publishes again
 	sub, err := srv.NC.Subscribe(events.StageFilter(events.StageAdmitted), func(m *nats.Msg) {
-		if id := strings.Split(m.Subject, ".")[2]; strings.HasPrefix(id, "steady") && !seen[id] {
+		if id := strings.Split(m.Subject, ".")[2]; (strings.HasPrefix(id, "steady") || strings.HasPrefix(id, "fresh")) && !seen[id] {
 			seen[id] = true
 			admitted.n.Add(1)
 		}
@@ -68,7 +71,10 @@ func BenchmarkFlood(b *testing.B) {
 	}
 	sub.SetPendingLimits(-1, -1)
 	b.Cleanup(func() { _ = sub.Unsubscribe() })
-	var ids []string
+	// A second new type arrives during the flood, its tasks answered at
+	// once: its canaries go through, the rest wait for their evidence in
+	// the held consumer, where the flood's waits are too.
+	var ids, fresh []string
 	b.ResetTimer()
 	for n := range b.N {
 		for i := range floodTasks {
@@ -79,9 +85,16 @@ func BenchmarkFlood(b *testing.B) {
 				submitModelTask(b, srv, "trusted", id, 100+i/floodEvery)
 				ids = append(ids, id)
 			}
+			if i == floodTasks/2 { // a burst: more than its canaries
+				for j := range 2 * trust.DefaultMinOutcomes {
+					id := fmt.Sprintf("fresh%d_%d", n, j)
+					submitModelTask(b, srv, fmt.Sprintf("fresh%d", n), id, 200+j)
+					fresh = append(fresh, id)
+				}
+			}
 			submitFloodTask(b, srv, fmt.Sprintf("flood%d_%d", n, i), i)
 		}
-		admitted.wait(b, len(ids))
+		admitted.wait(b, len(ids)+len(fresh))
 	}
 	b.StopTimer()
 	w := gateWaits(b, srv, ids)
@@ -89,6 +102,8 @@ func BenchmarkFlood(b *testing.B) {
 	b.ReportMetric(w[len(w)/2].Seconds(), "p50-gate-wait-s")
 	b.ReportMetric(w[len(w)*9/10].Seconds(), "p90-gate-wait-s")
 	b.ReportMetric(w[len(w)-1].Seconds(), "max-gate-wait-s")
+	f := gateWaits(b, srv, fresh)
+	b.ReportMetric(slices.Max(f).Seconds(), "new-type-max-gate-wait-s")
 }
 
 // submitFloodTask submits id of the flood type; its payload names the
