@@ -252,6 +252,39 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// runWeb runs `dispatch web args...` with stdout captured until the
+// output matches printed, and returns printed's first group, the output
+// and stop, which ends the command and returns its error (called at the
+// test's end at the latest).
+func runWeb(t *testing.T, printed *regexp.Regexp, args ...string) (string, *syncBuffer, func() error) {
+	t.Helper()
+	var buf syncBuffer
+	old := stdout
+	stdout = &buf
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append([]string{"web"}, args...)) }()
+	var once sync.Once
+	var err error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+			stdout = old
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	deadline := time.Now().Add(reviewtest.Patience) // a deadlock guard
+	for !printed.MatchString(buf.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatch web printed no address: %q", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return printed.FindStringSubmatch(buf.String())[1], &buf, stop
+}
+
 func TestWebCommandServesWithToken(t *testing.T) {
 	m := reviewtest.Start(t, reviewtest.FailUnless("x"), reviewtest.Options{})
 	newCLI(t, m)
@@ -263,23 +296,7 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	metrics := "http://" + ln.Addr().String()
 	ln.Close()
 	t.Setenv("DISPATCH_METRICS_LISTEN", strings.TrimPrefix(metrics, "http://"))
-	var buf syncBuffer
-	old := stdout
-	stdout = &buf
-	t.Cleanup(func() { stdout = old })
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"web", "-listen", "0.0.0.0:0"}) }()
-	addr := regexp.MustCompile(`http://[^/ ]+/`)
-	deadline := time.Now().Add(reviewtest.Patience)
-	for !addr.MatchString(buf.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("dispatch web printed no address: %q", buf.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	base := addr.FindString(buf.String())
+	base, buf, stop := runWeb(t, regexp.MustCompile(`(http://[^/ ]+/)`), "-listen", "0.0.0.0:0")
 	if strings.Contains(buf.String(), "s3cret") {
 		t.Error("dispatch web printed its token")
 	}
@@ -321,7 +338,7 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	}
 	// The micro service dispatch-web counted the page's two requests.
 	var st services.OpsStatus
-	for {
+	for deadline := time.Now().Add(reviewtest.Patience); ; {
 		msg, err := m.Srv.NC.Request("$SRV.STATS."+services.OpsName("web"), nil, reviewtest.Patience)
 		if err != nil {
 			t.Fatal(err)
@@ -341,8 +358,7 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	if !st.Ready || !st.Running || st.Handled != 2 || st.Errors != 0 || st.InFlight != 0 {
 		t.Errorf("dispatch-web stats %+v, want ready, 2 handled", st)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("dispatch web stopped with %v", err)
 	}
 }

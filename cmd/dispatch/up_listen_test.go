@@ -211,23 +211,7 @@ func TestWebCommandMakesItsToken(t *testing.T) {
 	m := reviewtest.Start(t, reviewtest.FailUnless("x"), reviewtest.Options{})
 	newCLI(t, m)
 	t.Setenv("DISPATCH_HTTP_TOKEN", "")
-	var buf syncBuffer
-	old := stdout
-	stdout = &buf
-	t.Cleanup(func() { stdout = old })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"web", "-listen", "127.0.0.1:0"}) }()
-	t.Cleanup(func() { cancel(); <-done })
-	printed := regexp.MustCompile(`review page: (http://\S+)`)
-	deadline := time.Now().Add(reviewtest.Patience) // a deadlock guard
-	for !printed.MatchString(buf.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("dispatch web printed no address: %q", buf.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	addr := printed.FindStringSubmatch(buf.String())[1]
+	addr, _, _ := runWeb(t, regexp.MustCompile(`review page: (http://\S+)`), "-listen", "127.0.0.1:0")
 	page, err := url.Parse(addr)
 	if err != nil || page.Query().Get("token") == "" {
 		t.Fatalf("dispatch web printed %q: no token (%v)", addr, err)
