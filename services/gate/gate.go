@@ -171,8 +171,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	// nothing, so the verified consumer keeps its pace for every other
 	// type. The held consumer makes the full look.
 	if held == nil && m.Delivered == 1 && waitsForCanaries(b.Run, v, scoring, pol.IsExempt()) {
-		sc := scoring
-		sc.Canary = sc.CanariesWith(sc.PriorOf(s.pool(), t.Type))
+		sc := s.withCanaries(scoring, t.Type)
 		if b.At.Sub(m.Time) < sc.CanaryTTL && placesTaken(stats, sc, b.At, t.ID) {
 			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 			d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold,
@@ -318,10 +317,8 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 	}
 
-	if v.Unproven && !d.Exempt && !b.Run.Probe && scoring.Threshold >= 0 {
-		// One round: as many canaries as the type's evidence needs to be
-		// decided with the mesh's (the prior's Sample), MinOutcomes without.
-		scoring.Canary = scoring.CanariesWith(scoring.PriorOf(s.pool(), t.Type))
+	if canaryRound(b.Run, v, scoring, d.Exempt) {
+		scoring = s.withCanaries(scoring, t.Type)
 		if quickLook && b.At.Sub(held.At) < scoring.CanaryTTL && placesTaken(stats, scoring, b.At, t.ID) {
 			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 			return nil, services.Snooze(canaryDelay(m.Delivered, scoring.CanaryTTL), ErrCanaryWait)
@@ -370,8 +367,22 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 // taken: none of the decisions that come first (a human's requeue, an
 // exempt type, a probe, a type below its threshold) applies to it.
 func waitsForCanaries(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
-	return run.Pass == 1 && run.Attempt <= 1 && !run.Reviewed && !run.Probe &&
-		!exempt && p.Threshold >= 0 && v.Unproven && !v.Below
+	return run.Pass == 1 && run.Attempt <= 1 && !run.Reviewed && !v.Below && canaryRound(run, v, p, exempt)
+}
+
+// canaryRound reports whether a pass let through is one of its type's
+// canaries, or waits for them: the type is unproven, gated, not exempt,
+// and the pass is no probe.
+func canaryRound(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
+	return v.Unproven && !exempt && !run.Probe && p.Threshold >= 0
+}
+
+// withCanaries is p with its canary count for taskType: one round, as many
+// canaries as the type's evidence needs to be decided with the mesh's (the
+// prior's Sample), MinOutcomes without.
+func (s *Service) withCanaries(p trust.Policy, taskType string) trust.Policy {
+	p.Canary = p.CanariesWith(p.PriorOf(s.pool(), taskType))
+	return p
 }
 
 // FullLookEvery: one look in this many at a pass waiting for canaries

@@ -41,15 +41,6 @@ const (
 	RefusedClientWaits Refusal = "client_waits"
 )
 
-// Valid reports whether r is one of the refusals.
-func (r Refusal) Valid() bool {
-	switch r {
-	case RefusedStopping, RefusedBusy, RefusedWaits, RefusedClientWaits:
-		return true
-	}
-	return false
-}
-
 // EndpointLoad is what one endpoint holds and has refused since Start: the
 // data of its micro STATS (`nats micro stats dispatch`). Every key is from
 // a fixed set.
