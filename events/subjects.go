@@ -31,6 +31,7 @@ const (
 	StageVerified  = "verified"  // verifier → gate
 	StageAdmitted  = "admitted"  // gate → prompt builder
 	StageHeld      = "held"      // gate → gate's held consumer (trust, canaries)
+	StageWake      = "wake"      // gate's sweeper → gate's held consumer: a held pass looked at again
 	StagePrompted  = "prompted"  // prompt builder → executor
 	StageExecuted  = "executed"  // executor → recorder
 	StageSucceeded = "succeeded" // recorder: terminal

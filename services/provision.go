@@ -74,7 +74,7 @@ func (c StreamConfig) withDefaults() StreamConfig {
 
 // Stores are the KV buckets the services use; one a process did not bind is nil.
 type Stores struct {
-	Tasks, Trust, History, Policy jetstream.KeyValue
+	Tasks, Trust, History, Policy, Held jetstream.KeyValue
 }
 
 // PolicyRevisions is how many revisions of the policy BucketPolicy keeps:
@@ -218,6 +218,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		{&st.Tasks, BucketTasks, cfg.HistoryKeep, cfg.MaxAge},
 		{&st.Trust, BucketTrust, 1, cfg.MaxAge},
 		{&st.History, BucketHistory, 1, cfg.MaxAge},
+		{&st.Held, BucketHeld, 1, cfg.MaxAge}, // an entry lives while its pass is held
 	} {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,
@@ -262,7 +263,7 @@ func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg Stre
 }
 
 // AllBuckets are the KV buckets Provision creates.
-var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory, BucketPolicy}
+var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory, BucketPolicy, BucketHeld}
 
 // OpenStores binds to every bucket, which must exist (admin tools).
 func OpenStores(ctx context.Context, js jetstream.JetStream) (*Stores, error) {
@@ -309,6 +310,8 @@ func (s *Stores) field(bucket string) *jetstream.KeyValue {
 		return &s.History
 	case BucketPolicy:
 		return &s.Policy
+	case BucketHeld:
+		return &s.Held
 	}
 	return nil
 }

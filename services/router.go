@@ -77,6 +77,10 @@ type Spec struct {
 	// Stop, when set, is called once Run returns, after every handler
 	// finished: it releases what the handler keeps between messages.
 	Stop func()
+	// Beside, when set, runs while Run consumes (the gate's sweeper of
+	// held passes): its context ends when Run returns, and Run waits for
+	// it.
+	Beside func(ctx context.Context)
 }
 
 func (s Spec) withDefaults() Spec {
@@ -175,6 +179,12 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	}
 	r.Stats.setRunning(true)
 	defer r.Stats.setRunning(false)
+	if spec.Beside != nil {
+		bctx, stopBeside := context.WithCancel(ctx)
+		beside := make(chan struct{})
+		go func() { defer close(beside); spec.Beside(bctx) }()
+		defer func() { stopBeside(); <-beside }()
+	}
 
 	// Handlers outlive ctx by Grace so a shutdown lets them finish.
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))

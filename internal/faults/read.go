@@ -262,7 +262,7 @@ var consumerStage = map[string][]string{
 	services.ConsumerIntake:   {"submit"},
 	services.ConsumerVerifier: {events.StageQueued, events.StageRetry},
 	services.ConsumerGate:     {events.StageVerified},
-	services.ConsumerGateHeld: {events.StageHeld},
+	services.ConsumerGateHeld: {events.StageHeld, events.StageWake},
 	services.ConsumerPrompt:   {events.StageAdmitted},
 	services.ConsumerExecutor: {events.StagePrompted},
 	services.ConsumerRecorder: {events.StageExecuted, "review." + events.ReviewAction}, // and the human actions it counts

@@ -42,7 +42,7 @@ func (a Access) All() []string { return slices.Concat(a.Writes, a.Reads) }
 var Buckets = map[string]Access{
 	Intake:   {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}}, // the submit/status API too
 	Verifier: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
-	Gate: {Writes: []string{services.BucketTrust, services.BucketTasks}, Reads: []string{services.BucketPolicy},
+	Gate: {Writes: []string{services.BucketTrust, services.BucketTasks, services.BucketHeld}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}}, // a handoff's end marker
 	Prompt:   {Reads: []string{services.BucketHistory, services.BucketPolicy}},
 	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
@@ -88,6 +88,14 @@ func (s *storesOf) tasks() *services.TaskStore {
 		return nil
 	}
 	return services.NewTaskStore(s.kv.Tasks)
+}
+
+func (s *storesOf) held() *services.HeldIndex {
+	if s.kv.Held == nil {
+		s.unlisted(services.BucketHeld)
+		return nil
+	}
+	return services.NewHeldIndex(s.kv.Held)
 }
 
 func (s *storesOf) trust(scoring trust.Policy) *trust.Store {

@@ -460,7 +460,7 @@ func (o Options) gate(ctx context.Context, st *storesOf) (*gate.Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: Gate + "@" + o.Instance, Log: o.Log})
+	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Held: st.held(), JS: o.JS, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: Gate + "@" + o.Instance, Log: o.Log})
 }
 
 // spec makes the router spec of service name.

@@ -35,6 +35,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -76,6 +77,7 @@ type Service struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
+	index   atomic.Pointer[heldIndex] // the sweeper's copy of the held index, once current
 }
 
 // New checks cfg and returns the gate.
@@ -84,7 +86,9 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, log: cfg.Log.With("service", "gate"), metrics: newMetrics(cfg)}, nil
+	s := &Service{cfg: cfg, log: cfg.Log.With("service", "gate")}
+	s.metrics = newMetrics(cfg, s)
+	return s, nil
 }
 
 // Spec is the gate's consumer: verified tasks.
@@ -93,13 +97,23 @@ func (s *Service) Spec() services.Spec {
 		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxDeliver}
 }
 
-// HeldSpec is the gate's second consumer: the passes it holds back. A held
-// pass waits here, not in the verified consumer, so a flood of one type
-// waiting for its canaries or its trust never holds the verified
-// consumer's pending slots: every other type's passes keep being decided.
+// HeldSpec is the gate's second consumer: the passes it holds back, and
+// the wakes of those asleep in the held index. A held pass waits here, not
+// in the verified consumer, so a flood of one type waiting for its
+// canaries never holds the verified consumer's pending slots: every other
+// type's passes keep being decided. A pass held for trust does not wait
+// here either: its look acks it and leaves it asleep in the held index
+// (Config.Held), which the sweeper (Sweep, run beside this consumer) wakes
+// — so however many passes are held, and for however long, none takes a
+// pending slot of this consumer.
 func (s *Service) HeldSpec() services.Spec {
-	return services.Spec{Name: services.ConsumerGateHeld, Filters: []string{events.StageFilter(events.StageHeld)},
+	spec := services.Spec{Name: services.ConsumerGateHeld,
+		Filters: []string{events.StageFilter(events.StageHeld), events.StageFilter(events.StageWake)},
 		Handler: s.HandleHeld, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
+	if s.cfg.Held != nil {
+		spec.Beside = s.Sweep
+	}
+	return spec
 }
 
 // Handle decides whether one verified pass may go on to the model.
@@ -120,13 +134,53 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 	if err := services.Decode(m, &ev); err != nil {
 		return nil, err
 	}
+	asleep := s.cfg.Held != nil && ev.Hold == events.HoldTrust
 	if st, found, err := s.taskState(ctx, ev.Task.ID); err != nil {
 		return nil, err
 	} else if found && movedOn(st, ev.Run.Pass) {
 		s.log.Info("held pass dropped: the task moved on or ended", "task", ev.Task.ID, "pass", ev.Run.Pass, "status", st.Status)
+		if asleep {
+			return nil, s.cfg.Held.Delete(ctx, heldKey(ev))
+		}
 		return nil, nil
 	}
-	return s.decide(ctx, m, ev.Base, ev.Sealed, &ev)
+	outs, err := s.decide(ctx, m, ev.Base, ev.Sealed, &ev)
+	switch {
+	case !asleep:
+		return outs, err
+	case errors.Is(err, errAsleep): // its entry is in the index: the message is done
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	// The look ended the hold — admitted, to a human, or a human acted on
+	// the task — so its entry goes. Should publishing what it decided
+	// fail, the message is looked at again: nothing is lost.
+	return outs, s.cfg.Held.Delete(ctx, heldKey(ev))
+}
+
+// errAsleep ends a look that left its pass asleep in the held index.
+var errAsleep = errors.New("gate: the held pass sleeps in the held index")
+
+// heldKey is the held index key of the pass ev holds.
+func heldKey(ev events.Held) string {
+	return services.HeldKey(ev.Task.Type, ev.At, ev.Task.ID, ev.Run.Pass)
+}
+
+// sleep ends a look at a pass held for trust that must go on waiting:
+// with the held index, the pass sleeps there until the sweeper wakes it
+// (errAsleep: HandleHeld acks the message); without one, the message is
+// snoozed in the held consumer.
+func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held) error {
+	if s.cfg.Held == nil {
+		return services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
+	}
+	e := services.HeldEntry{Task: held.Task.ID, Type: held.Task.Type, Pass: held.Run.Pass, Retry: held.Run.Attempt > 1,
+		Since: held.At, Seq: m.Seq, Reason: held.Reason}
+	if err := s.cfg.Held.Put(ctx, e); err != nil {
+		return err
+	}
+	return errAsleep
 }
 
 // movedOn reports whether a held look at pass is stale: the task is at a
@@ -251,7 +305,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 		if !probe {
 			d.Cause, d.Reason = events.CauseTrust, v.Reason
-			if held != nil && held.Hold == events.HoldTrust && b.At.Sub(m.Time) >= scoring.HoldTime {
+			if held != nil && held.Hold == events.HoldTrust && b.At.Sub(held.At) >= scoring.HoldTime {
 				d.Blocked = true
 				d.Reason = fmt.Sprintf("%s; held %s without recovering", v.Reason, scoring.HoldTime)
 				return s.block(ctx, b, d, release)
@@ -280,7 +334,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 			return nil, err
 		}
 		if !ok {
-			return nil, services.Snooze(heldDelay(m.Delivered, scoring.HoldTime), ErrHeld)
+			return nil, s.sleep(ctx, m, scoring, held)
 		}
 		d.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, scoring.TrialPlaces(stats))
 	}
@@ -475,7 +529,7 @@ func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b e
 	if held == nil || held.Hold != events.HoldTrust { // a new hold: its event, and this message is done
 		return s.park(b, events.HoldTrust, d, sealed)
 	}
-	return nil, services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
+	return nil, s.sleep(ctx, m, p, held)
 }
 
 // park hands a pass to the held consumer, held for hold: one held event

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
@@ -38,6 +39,19 @@ type Config struct {
 	Spending *trust.Spending
 	// Tasks, when set, gets the status of the tasks the gate stops.
 	Tasks *services.TaskStore
+	// Held, when set, is the held index: a pass held for trust sleeps
+	// there, acked, until the sweeper wakes it, instead of being snoozed
+	// in the held consumer, where it would hold a pending slot for as long
+	// as it is held. JS is then required: the sweeper watches the index,
+	// and wakes a pass by republishing its held event.
+	Held *services.HeldIndex
+	JS   jetstream.JetStream
+	// SweepEvery is how often the sweeper looks over the held index.
+	// Default 1s.
+	SweepEvery time.Duration
+	// Readmit bounds how many held passes of one type a sweep wakes for
+	// re-admission once the type recovered, oldest first. Default 16.
+	Readmit int
 	// Policy supplies per-type exemption, threshold, canary and rung floor.
 	Policy *policy.Source
 	// Scoring defaults (window 50, minimum 10, threshold 0.15, probe after 5
@@ -66,6 +80,9 @@ func (c Config) Validate() error {
 	if c.Trust == nil {
 		errs = append(errs, errors.New("gate: Trust store is required"))
 	}
+	if c.Held != nil && c.JS == nil {
+		errs = append(errs, errors.New("gate: JS is required with the held index (the sweeper reads and publishes)"))
+	}
 	if err := c.Scoring.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("gate: Scoring: %w", err))
 	}
@@ -82,6 +99,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = time.Second
+	}
+	if c.Readmit <= 0 {
+		c.Readmit = 16
 	}
 	return c
 }

@@ -31,6 +31,8 @@ type env struct {
 	trust *trust.Store
 	spend *trust.Spending
 	tasks *services.TaskStore
+	index *services.HeldIndex
+	later time.Duration // how far past now the gate's clock is
 }
 
 func newEnv(t *testing.T, pol *policy.File) *env {
@@ -46,7 +48,9 @@ func newEnv(t *testing.T, pol *policy.File) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.view.Stop)
-	e.gate, err = gate.New(gate.Config{View: e.view, Trust: e.trust, Spending: e.spend, Tasks: e.tasks, Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now }})
+	e.index = services.NewHeldIndex(stores.Held)
+	e.gate, err = gate.New(gate.Config{View: e.view, Trust: e.trust, Spending: e.spend, Tasks: e.tasks, Held: e.index, JS: srv.JS,
+		Policy: policy.Static(pol), Instance: "gate@test", Now: func() time.Time { return now.Add(e.later) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,13 +383,18 @@ func TestHeldRetryGoesToReviewAfterTheHoldTime(t *testing.T) {
 	// Looked at within the hold time, the type having just failed (no
 	// probe due): it sleeps again.
 	e.publish("css_fix", trust.Outcome{Key: "recent", End: true, At: now})
-	if _, err := e.held("tried", "css_fix", b.Run, events.HoldTrust, time.Hour, 2); !errors.Is(err, gate.ErrHeld) {
-		t.Fatalf("a look within the hold time: %v", err)
+	if outs, err := e.held("tried", "css_fix", b.Run, events.HoldTrust, time.Hour, 2); !e.asleep("tried", b.Run.Pass, outs, err) {
+		t.Fatalf("a look within the hold time: %d outputs, %v", len(outs), err)
 	}
 	// Past it: to a human, with what it tried.
-	outs, err = e.held("tried", "css_fix", b.Run, events.HoldTrust, trust.DefaultHoldTime, 3)
+	e.later = trust.DefaultHoldTime
+	e.publish("css_fix", trust.Outcome{Key: "recent-again", End: true, At: now.Add(e.later)}) // no probe due
+	outs, err = e.held("tried", "css_fix", b.Run, events.HoldTrust, time.Hour, 3)
 	if err != nil || to(outs) != events.ReviewGated {
 		t.Fatalf("past the hold time it went to %s (%v)", to(outs), err)
+	}
+	if keys := e.asleepKeys(); len(keys) != 0 {
+		t.Fatalf("the hold ended, its entry stays: %v", keys)
 	}
 	var g events.Gated
 	if err := json.Unmarshal(records(outs)[0].Data, &g); err != nil {
@@ -421,8 +430,8 @@ func TestHeldTasksReadmittedWhenAProbeSucceeds(t *testing.T) {
 		t.Fatalf("the probe: %+v %v", a, err)
 	}
 	// Another look in the same interval sleeps.
-	if _, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 2); !errors.Is(err, gate.ErrHeld) {
-		t.Fatalf("a second look in the interval: %v", err)
+	if outs, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 2); !e.asleep("h2", 1, outs, err) {
+		t.Fatalf("a second look in the interval: %d outputs, %v", len(outs), err)
 	}
 	// The probe succeeds: the type is open again, on probation — two of
 	// the held come back at once, the third waits for one of them.
@@ -432,8 +441,8 @@ func TestHeldTasksReadmittedWhenAProbeSucceeds(t *testing.T) {
 			t.Fatalf("after the probe's success %s went to %s (%v)", id, to(outs), err)
 		}
 	}
-	if _, err := e.held("h4", "css_fix", first(), events.HoldTrust, time.Minute, 3); !errors.Is(err, gate.ErrHeld) {
-		t.Fatalf("a third re-admission while two are on trial: %v", err)
+	if outs, err := e.held("h4", "css_fix", first(), events.HoldTrust, time.Minute, 3); !e.asleep("h4", 1, outs, err) {
+		t.Fatalf("a third re-admission while two are on trial: %d outputs, %v", len(outs), err)
 	}
 	// h3 succeeds (its place is freed once it ended): four places now.
 	e.publish("css_fix", trust.Outcome{Key: "h3:1:outcome", Task: "h3", Success: true, End: true, At: now})
@@ -449,6 +458,10 @@ func TestHeldTasksReadmittedWhenAProbeSucceeds(t *testing.T) {
 	}
 	if outs, err := e.held("h2", "css_fix", first(), events.HoldTrust, time.Minute, 5); err != nil || len(outs) != 0 {
 		t.Fatalf("a held pass of a task that moved on: %d outputs, %v", len(outs), err)
+	}
+	// Every hold ended: h1 probed, h2 dropped, h3 and h4 re-admitted.
+	if keys := e.asleepKeys(); len(keys) != 0 {
+		t.Fatalf("entries left in the held index: %v", keys)
 	}
 }
 
@@ -593,8 +606,38 @@ func (e *env) held(id, typ string, run events.Run, hold events.Hold, heldFor tim
 	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: run, At: now.Add(-heldFor)}
 	data, _ := json.Marshal(events.Held{Base: b, Hold: hold})
 	return e.gate.HandleHeld(context.Background(), &services.Msg{
-		Subject: events.TaskSubject(id, events.StageHeld), Data: data, Delivered: delivered, Time: now.Add(-heldFor),
+		Subject: events.TaskSubject(id, events.StageHeld), Data: data, Delivered: delivered, Time: now.Add(-heldFor), Seq: 1,
 	})
+}
+
+// asleep reports whether a look at a pass held for trust left it asleep:
+// no output, no error (its message is acked), and the pass's entry in the
+// held index.
+func (e *env) asleep(id string, pass int, outs []services.Out, err error) bool {
+	e.t.Helper()
+	if err != nil || len(outs) != 0 {
+		return false
+	}
+	for _, key := range e.asleepKeys() {
+		if _, _, kid, kpass, ok := services.ParseHeldKey(key); ok && kid == id && kpass == pass {
+			return true
+		}
+	}
+	return false
+}
+
+// asleepKeys lists the held index.
+func (e *env) asleepKeys() []string {
+	e.t.Helper()
+	keys, err := e.index.KV().ListKeys(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var all []string
+	for k := range keys.Keys() {
+		all = append(all, k)
+	}
+	return all
 }
 
 // to is where outs went: the stage or review reason of its record.

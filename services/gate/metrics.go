@@ -17,6 +17,9 @@ import (
 //	  redelivered pass republishes it (services.OnStored)
 //	dispatch_gate_waits_total{type}            looks of a pass waiting for its type's canaries
 //	dispatch_gate_held_total{type}             tasks held for their type's trust (status held)
+//	dispatch_gate_wakes_total{type,why}        held passes the sweeper woke: readmit, probe, expired
+//	dispatch_gate_asleep{type}                 passes asleep in the held index, as this
+//	  gate's sweeper sees it (read at each scrape)
 //	dispatch_trust_score{type}                 the type's trust score now, read at each
 //	  scrape from the gate's view of the outcome stream (trustCollector)
 //	dispatch_trust_outcomes{type}              the outcomes in the type's window now (idem)
@@ -27,11 +30,12 @@ type metrics struct {
 	decisions *prometheus.CounterVec // type, cause
 	waits     *prometheus.CounterVec // type
 	held      *prometheus.CounterVec // type
+	wakes     *prometheus.CounterVec // type, why
 	tasks     *services.TaskMetrics
 	types     *services.LabelSet
 }
 
-func newMetrics(cfg Config) *metrics {
+func newMetrics(cfg Config, s *Service) *metrics {
 	reg := cfg.Registry
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -46,6 +50,10 @@ func newMetrics(cfg Config) *metrics {
 			Name: "dispatch_gate_held_total",
 			Help: "Passes held for their type's low trust (status held: no tokens, re-admitted when the type recovers), by type; a pass counts once.",
 		}, []string{"type"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispatch_gate_wakes_total",
+			Help: "Held passes the gate's sweeper woke from the held index, by type and why (readmit, probe, expired).",
+		}, []string{"type", "why"}),
 		tasks: services.NewTaskMetrics(reg, cfg.TypeLabels),
 		types: cfg.TypeLabels,
 	}
@@ -53,9 +61,37 @@ func newMetrics(cfg Config) *metrics {
 		m.decisions = services.Register(reg, m.decisions)
 		m.waits = services.Register(reg, m.waits)
 		m.held = services.Register(reg, m.held)
+		m.wakes = services.Register(reg, m.wakes)
+		if cfg.Held != nil {
+			services.Register(reg, prometheus.Collector(&asleepCollector{s: s, types: cfg.TypeLabels}))
+		}
 		if all, ok := cfg.View.(allStats); ok {
 			services.Register(reg, newTrustCollector(all, cfg.Policy, cfg.Scoring, cfg.TypeLabels))
 		}
 	}
 	return m
+}
+
+// asleepCollector reports dispatch_gate_asleep{type} from the sweeper's
+// copy of the held index: memory only.
+type asleepCollector struct {
+	s     *Service
+	types *services.LabelSet
+}
+
+var asleepDesc = prometheus.NewDesc("dispatch_gate_asleep",
+	"Passes held for trust asleep in the held index, by type, as this gate's sweeper sees it.", []string{"type"}, nil)
+
+// Describe implements prometheus.Collector.
+func (c *asleepCollector) Describe(ch chan<- *prometheus.Desc) { ch <- asleepDesc }
+
+// Collect implements prometheus.Collector.
+func (c *asleepCollector) Collect(ch chan<- prometheus.Metric) {
+	byLabel := map[string]int{}
+	for typ, n := range c.s.Asleep() {
+		byLabel[c.types.Label(typ)] += n
+	}
+	for label, n := range byLabel {
+		ch <- prometheus.MustNewConstMetric(asleepDesc, prometheus.GaugeValue, float64(n), label)
+	}
 }

@@ -1,0 +1,278 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/follow"
+	"github.com/dispatchmesh/dispatchmesh/services"
+)
+
+// Rewake is how long the sweeper leaves a pass it woke before it wakes it
+// again (its look may not have run yet). Two sweepers — two gate
+// instances — that wake a pass within the same Rewake period publish the
+// same Nats-Msg-Id: the stream keeps one wake.
+const Rewake = 5 * time.Second
+
+// MaxWakesPerSweep bounds the wakes one sweep publishes, so that a sweep
+// of a large index ends quickly; the next sweep goes on.
+const MaxWakesPerSweep = 1000
+
+// Why a sweep wakes a held pass (the "why" label of dispatch_gate_wakes_total).
+const (
+	WakeReadmit = "readmit" // its type recovered (or is exempt now): oldest first, Config.Readmit per sweep
+	WakeProbe   = "probe"   // a probe of its type is due: the oldest, once per probe interval
+	WakeExpired = "expired" // held for its hold time: its look hands it to a human
+)
+
+// Sweep wakes the passes asleep in the held index until ctx ends: every
+// Config.SweepEvery it looks at each type with held passes, in memory (a
+// watch of the index, the gate's view of the type's trust), and wakes —
+// republishes as dispatch.task.<id>.wake the held event the entry names —
+// the passes whose look may now end their hold: every pass held past its
+// hold time; while the type is below its threshold, the oldest one when
+// a probe of the type is due; once it recovered, the oldest Config.Readmit
+// (the look admits them, a few at a time while the type is on probation).
+// A woken pass's look decides as any look does, and either ends the hold
+// (its entry goes) or leaves it asleep. A sweep reads nothing from the
+// server but the events it republishes, so the gate's cost of a held pass
+// is one entry, not a look every few seconds.
+func (s *Service) Sweep(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := s.sweepIndex(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("held index sweeper stopped; restarting", "err", err)
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// heldIndex is the sweeper's copy of the held index: entries by key, and
+// each type's keys in order (oldest first).
+type heldIndex struct {
+	mu      sync.Mutex
+	entries map[string]services.HeldEntry
+	byType  map[string][]string
+}
+
+func (x *heldIndex) apply(e jetstream.KeyValueEntry) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	key := e.Key()
+	typ, _, _, _, ok := services.ParseHeldKey(key)
+	if !ok {
+		return nil // not an entry of the index: left alone
+	}
+	keys := x.byType[typ]
+	i, found := slices.BinarySearch(keys, key)
+	if e.Operation() != jetstream.KeyValuePut {
+		if found {
+			x.byType[typ] = slices.Delete(keys, i, i+1)
+			if len(x.byType[typ]) == 0 {
+				delete(x.byType, typ)
+			}
+		}
+		delete(x.entries, key)
+		return nil
+	}
+	entry, err := services.DecodeHeldEntry(key, e.Value())
+	if err != nil {
+		return err
+	}
+	x.entries[key] = entry
+	if !found {
+		x.byType[typ] = slices.Insert(keys, i, key)
+	}
+	return nil
+}
+
+// Asleep is how many passes of each type sleep in the held index, as the
+// sweeper's watch last saw it (nil before the sweeper started).
+func (s *Service) Asleep() map[string]int {
+	x := s.index.Load()
+	if x == nil {
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	counts := make(map[string]int, len(x.byType))
+	for typ, keys := range x.byType {
+		counts[typ] = len(keys)
+	}
+	return counts
+}
+
+// sweepIndex watches the index and sweeps it every SweepEvery until ctx
+// ends or the watch fails.
+func (s *Service) sweepIndex(ctx context.Context) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := follow.WatchAll(wctx, s.cfg.JS, s.cfg.Held.KV(), follow.WatchOptions{Log: s.log})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	stream, err := s.cfg.JS.Stream(ctx, services.Stream)
+	if err != nil {
+		return err
+	}
+	x := &heldIndex{entries: map[string]services.HeldEntry{}, byType: map[string][]string{}}
+	woken := map[string]time.Time{}
+	ticker := time.NewTicker(s.cfg.SweepEvery)
+	defer ticker.Stop()
+	current := false // the watch delivered every entry there was
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("the watch of the held index stopped")
+			}
+			if e == nil {
+				current = true
+				s.index.Store(x)
+				continue
+			}
+			if err := x.apply(e); err != nil {
+				s.log.Error("held index entry unreadable: left alone", "key", e.Key(), "err", err)
+			}
+		case <-ticker.C:
+			if current {
+				s.sweep(ctx, stream, x, woken)
+			}
+		}
+	}
+}
+
+// wake is one pass a sweep wakes, and why.
+type wake struct {
+	entry services.HeldEntry
+	why   string
+}
+
+// sweep wakes what is due in x; woken holds when this sweeper last woke
+// each key.
+func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woken map[string]time.Time) {
+	now := s.cfg.Now().UTC()
+	for key, at := range woken {
+		if now.Sub(at) >= Rewake {
+			delete(woken, key)
+		}
+	}
+	var due []wake
+	x.mu.Lock()
+	types := make([]string, 0, len(x.byType))
+	for typ := range x.byType {
+		types = append(types, typ)
+	}
+	slices.Sort(types)
+	for _, typ := range types {
+		var entries []services.HeldEntry
+		for _, key := range x.byType[typ] {
+			entries = append(entries, x.entries[key])
+		}
+		due = append(due, s.dueOf(typ, entries, now, woken)...)
+		if len(due) >= MaxWakesPerSweep {
+			due = due[:MaxWakesPerSweep]
+			break
+		}
+	}
+	x.mu.Unlock()
+	for _, w := range due {
+		if err := s.wake(ctx, stream, w, now); err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("waking a held pass failed; the next sweep tries again", "task", w.entry.Task, "type", w.entry.Type, "err", err)
+			}
+			continue
+		}
+		woken[w.entry.Key()] = now
+		s.metrics.wakes.WithLabelValues(s.metrics.types.Label(w.entry.Type), w.why).Inc()
+	}
+}
+
+// dueOf is what a sweep wakes of one type's held passes (oldest first):
+// those held past the hold time; then, once the type recovered, the
+// oldest Readmit; else the oldest one when a probe is due. A pass woken
+// within Rewake is left to its look.
+func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time, woken map[string]time.Time) []wake {
+	pol := s.cfg.Policy.Snapshot().For(typ)
+	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
+	stats := s.cfg.View.Stats(typ)
+	prior := scoring.PriorOf(s.pool(), typ)
+	// Judged as the look will judge it: a retry on the type's settled tasks.
+	first, retry := scoring.EvaluateWith(typ, stats, prior, false), scoring.EvaluateWith(typ, stats, prior, true)
+	exempt := pol.IsExempt() || scoring.Threshold < 0
+	_, probe := scoring.HeldProbe(stats, now)
+	var due []wake
+	readmit := 0
+	for _, e := range entries {
+		if _, ok := woken[e.Key()]; ok {
+			continue
+		}
+		open := exempt || !first.Below
+		if e.Retry {
+			open = exempt || !retry.Below
+		}
+		switch {
+		case now.Sub(e.Since) >= scoring.HoldTime:
+			due = append(due, wake{e, WakeExpired})
+		case open && readmit < s.cfg.Readmit:
+			due = append(due, wake{e, WakeReadmit})
+			readmit++
+		case !open && probe:
+			due = append(due, wake{e, WakeProbe})
+			probe = false
+		default:
+			return due // the others are younger: not expired either
+		}
+	}
+	return due
+}
+
+// wake republishes the held event entry w names as a wake of its pass,
+// for the held consumer to look at.
+func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now time.Time) error {
+	e := w.entry
+	raw, err := stream.GetMsg(ctx, e.Seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// The stream no longer holds it (older than its MaxAge): nothing
+		// can wake the pass; a human finds the task held in the review
+		// queue (it is listed from the index) and its events in the stream.
+		s.log.Error("held pass cannot be woken: its held event left the stream; its entry is removed, the task stays held",
+			"task", e.Task, "type", e.Type, "pass", e.Pass, "seq", e.Seq)
+		return s.cfg.Held.Delete(ctx, e.Key())
+	}
+	if err != nil {
+		return err
+	}
+	id, stage, ok := events.ParseTaskSubject(raw.Subject)
+	if !ok || id != e.Task || (stage != events.StageHeld && stage != events.StageWake) || raw.Header.Get(events.HeaderPass) != strconv.Itoa(e.Pass) {
+		s.log.Error("held index entry names another message: removed", "key", e.Key(), "seq", e.Seq, "subject", raw.Subject)
+		return s.cfg.Held.Delete(ctx, e.Key())
+	}
+	msg := nats.NewMsg(events.TaskSubject(e.Task, events.StageWake))
+	for k, vs := range raw.Header {
+		if !strings.HasPrefix(k, "Nats-") {
+			msg.Header[k] = vs
+		}
+	}
+	msg.Header.Set(events.HeaderService, s.cfg.Instance)
+	msg.Data = raw.Data
+	period := now.Truncate(Rewake).Unix()
+	_, err = s.cfg.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(services.MsgID(e.Task, e.Pass, "wake-"+strconv.FormatInt(period, 10))))
+	return err
+}

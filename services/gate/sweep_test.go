@@ -1,0 +1,265 @@
+package gate_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/gate"
+	"github.com/dispatchmesh/dispatchmesh/trust"
+)
+
+// meshGate is the gate running both its consumers under routers, with the
+// held index and its sweeper, on a real clock.
+type meshGate struct {
+	t      *testing.T
+	js     jetstream.JetStream
+	view   *trust.View
+	tasks  *services.TaskStore
+	index  *services.HeldIndex
+	stream jetstream.Stream
+}
+
+// startGate runs the gate with maxAckPending on each of its consumers.
+func startGate(t *testing.T, scoring trust.Policy, maxAckPending int) *meshGate {
+	t.Helper()
+	srv := natstest.Start(t)
+	ctx := t.Context()
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &meshGate{t: t, js: srv.JS, tasks: services.NewTaskStore(stores.Tasks), index: services.NewHeldIndex(stores.Held)}
+	if m.view, err = trust.NewView(ctx, srv.JS, stores.Trust, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.view.Stop)
+	if m.stream, err = srv.JS.Stream(ctx, services.Stream); err != nil {
+		t.Fatal(err)
+	}
+	g, err := gate.New(gate.Config{View: m.view, Trust: trust.NewStore(stores.Trust, scoring), Tasks: m.tasks,
+		Held: m.index, JS: srv.JS, Policy: policy.Static(nil), Scoring: scoring,
+		SweepEvery: 20 * time.Millisecond, Readmit: 3, Instance: "gate@test", Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	for _, spec := range []services.Spec{g.Spec(), g.HeldSpec()} {
+		spec.MaxAckPending = maxAckPending
+		r := &services.Router{JS: srv.JS, Instance: "gate@test", Log: quiet, Grace: time.Second}
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if err := r.Run(rctx, spec); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	t.Cleanup(func() { stop(); <-done; <-done })
+	return m
+}
+
+// submit publishes a verified first pass of task id of typ, its state
+// created, as the verifier would.
+func (m *meshGate) submit(id, typ string) {
+	m.t.Helper()
+	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: first()}
+	if _, _, err := m.tasks.Create(context.Background(), task.New(b.Task)); err != nil {
+		m.t.Fatal(err)
+	}
+	out, err := services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if _, err := m.js.PublishMsg(context.Background(), services.NatsMsg(out), jetstream.WithMsgID(out.MsgID)); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+// outcomes publishes n ended tasks of typ, successes or failures, now.
+func (m *meshGate) outcomes(typ string, n int, success bool, tag string) {
+	m.t.Helper()
+	for i := range n {
+		key := fmt.Sprintf("%s-%s-%d", typ, tag, i)
+		msg, err := trust.OutcomeMsg(typ, trust.Outcome{Key: key, Task: key, Success: success, End: true, At: time.Now().UTC()})
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		if _, err := m.js.PublishMsg(context.Background(), msg); err != nil {
+			m.t.Fatal(err)
+		}
+	}
+}
+
+// stage lists, in stream order, the tasks with an event on stage.
+func (m *meshGate) stage(stage string) []string {
+	m.t.Helper()
+	c, err := m.stream.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.StageFilter(stage)}})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	var ids []string
+	for {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			id, _, _ := events.ParseTaskSubject(msg.Subject())
+			ids = append(ids, id)
+		}
+		if n == 0 {
+			return ids
+		}
+	}
+}
+
+// asleep is the held index's entries, oldest first within a type.
+func (m *meshGate) asleep() []services.HeldEntry {
+	m.t.Helper()
+	keys, err := m.index.KV().ListKeys(context.Background())
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	var all []services.HeldEntry
+	for key := range keys.Keys() {
+		e, err := m.index.KV().Get(context.Background(), key)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		entry, err := services.DecodeHeldEntry(key, e.Value())
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		all = append(all, entry)
+	}
+	slices.SortFunc(all, func(a, b services.HeldEntry) int { return a.Since.Compare(b.Since) })
+	return all
+}
+
+// pending is how many messages a consumer has delivered and not seen acked.
+func (m *meshGate) pending(durable string) int {
+	m.t.Helper()
+	c, err := m.js.Consumer(context.Background(), services.Stream, durable)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return info.NumAckPending
+}
+
+// eventually fails the test unless ok holds within a minute.
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Passes held for trust sleep in the held index, not in the held
+// consumer's pending slots: with every consumer allowed 4 pending
+// messages, 12 held passes of a gated type leave a new type's waiting
+// passes their slots, and once the type recovers the sweeper wakes the
+// held ones oldest first, a few per sweep, and every one is admitted.
+func TestHeldPassesSleepInTheIndexAndComeBackOldestFirst(t *testing.T) {
+	// No probe while the test runs: the type stays held until it recovers.
+	scoring := trust.Policy{ProbeAfter: 1000, ProbeInterval: time.Hour, PriorWeight: -1}
+	m := startGate(t, scoring, 4)
+	m.outcomes("gated", 10, false, "before")
+	eventually(t, "the view holds the outcomes", func() bool { return len(m.view.Stats("gated").Outcomes) == 10 })
+
+	var held []string
+	for i := range 12 {
+		id := fmt.Sprintf("held-%02d", i)
+		m.submit(id, "gated")
+		held = append(held, id)
+	}
+	eventually(t, "12 passes asleep in the held index", func() bool { return len(m.asleep()) == 12 })
+	eventually(t, "no pending message in the held consumer", func() bool { return m.pending(services.ConsumerGateHeld) == 0 })
+	for _, id := range held {
+		if st, err := m.tasks.Get(context.Background(), id); err != nil || st.Status != events.StatusHeld {
+			t.Fatalf("%s: status %s (%v), want held", id, st.Status, err)
+		}
+	}
+	order := m.asleep()
+
+	// A new type's burst: its canaries go, the others wait in the held
+	// consumer — which has its slots — and go once the canaries scored it.
+	var fresh []string
+	for i := range 15 {
+		id := fmt.Sprintf("fresh-%02d", i)
+		m.submit(id, "fresh")
+		fresh = append(fresh, id)
+	}
+	ended := map[string]bool{}
+	eventually(t, "every task of the new type admitted", func() bool {
+		admitted := 0
+		for _, id := range m.stage(events.StageAdmitted) {
+			if !slices.Contains(fresh, id) {
+				continue
+			}
+			admitted++
+			if !ended[id] { // the canary succeeds, as the recorder would record it
+				ended[id] = true
+				msg, _ := trust.OutcomeMsg("fresh", trust.Outcome{Key: id + ":1:outcome", Task: id, Success: true, End: true, At: time.Now().UTC()})
+				if _, err := m.js.PublishMsg(context.Background(), msg); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := m.tasks.Update(context.Background(), id, func(st *events.TaskState, _ bool) error {
+					st.Status = events.StatusSucceeded
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return admitted == len(fresh)
+	})
+	if got := len(m.asleep()); got != 12 {
+		t.Fatalf("%d passes asleep after the new type's burst, want the 12 held", got)
+	}
+
+	// The gated type recovers: every held pass comes back, oldest first.
+	m.outcomes("gated", 40, true, "after")
+	eventually(t, "every held pass admitted and its entry gone", func() bool {
+		n := 0
+		for _, id := range m.stage(events.StageAdmitted) {
+			if slices.Contains(held, id) {
+				n++
+			}
+		}
+		return n == len(held) && len(m.asleep()) == 0
+	})
+	var woken []string
+	for _, id := range m.stage(events.StageWake) {
+		if !slices.Contains(woken, id) {
+			woken = append(woken, id)
+		}
+	}
+	want := make([]string, len(order))
+	for i, e := range order {
+		want[i] = e.Task
+	}
+	if !slices.Equal(woken, want) {
+		t.Fatalf("woken in the order %v, want oldest first %v", woken, want)
+	}
+}
