@@ -17,8 +17,9 @@ import (
 
 // cmdRebuild recomputes the task states, each type's trust (its outcomes
 // on the outcome stream, the gate's facts), each subject's history (the
-// history bucket) and the spend counters from the event stream and reports
-// where the live stores differ; -apply overwrites them.
+// history bucket), the spend counters and the gate's held index (the held
+// bucket) from the event stream and reports where the live stores differ;
+// -apply overwrites them.
 // Each event is recomputed with the policy revision it names, read from
 // the policy bucket's history; when the bucket does not hold one, rebuild
 // says so and stops, unless -policy FILE says what to use instead.
@@ -76,13 +77,13 @@ func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 		}
 		if err := enc.Encode(map[string]any{
 			"events": rebuilt.Events, "tasks": len(rebuilt.Tasks), "types": len(rebuilt.Trust),
-			"histories": len(rebuilt.History), "differences": diffs, "skipped": skipped, "policy_fallbacks": fallbacks,
+			"histories": len(rebuilt.History), "held": len(rebuilt.Held), "differences": diffs, "skipped": skipped, "policy_fallbacks": fallbacks,
 		}); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "replayed %d events: %d tasks, %d task types, %d histories\n",
-			rebuilt.Events, len(rebuilt.Tasks), len(rebuilt.Trust), len(rebuilt.History))
+		fmt.Fprintf(stdout, "replayed %d events: %d tasks, %d task types, %d histories, %d held passes\n",
+			rebuilt.Events, len(rebuilt.Tasks), len(rebuilt.Trust), len(rebuilt.History), len(rebuilt.Held))
 		for _, u := range rebuilt.Fallbacks {
 			fmt.Fprintf(stdout, "  recomputed with %s: %s\n", *fallback, u)
 		}
@@ -121,6 +122,6 @@ func liveStores(ctx context.Context, js jetstream.JetStream) (rebuild.Live, erro
 	if err != nil {
 		return rebuild.Live{}, err
 	}
-	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History, JS: js,
+	return rebuild.Live{Tasks: st.Tasks, Trust: st.Trust, History: st.History, Held: st.Held, JS: js,
 		Spending: trust.NewSpending(js, services.CounterStream)}, nil
 }

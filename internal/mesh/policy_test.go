@@ -257,7 +257,7 @@ func TestRebuildAfterPolicyChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, JS: e.srv.JS}
+	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, Held: stores.Held, JS: e.srv.JS}
 	revs, err := policy.History(ctx, kv)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package mesh_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,15 +20,19 @@ import (
 
 // After a run with concurrent recorders — successes, ladder climbs,
 // escalations, held and stale tasks — rebuilding every store from the
-// stream finds no difference; a tampered store is found and restored:
-// a task state, the gate's facts, an outcome lost from the outcome stream
-// and a subject's history record lost from the history bucket.
+// stream finds no difference, the held index included (an entry for each
+// held task); a tampered store is found and restored: a task state, the
+// gate's facts, an outcome lost from the outcome stream, a subject's
+// history record lost from the history bucket and a held pass's entry
+// lost from the held index.
 func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	// Held tasks stay held while the stores are compared: no probe of the
 	// held for an hour.
 	pol := &policy.File{Defaults: policy.Type{ProbeInterval: policy.Duration(time.Hour)}, Types: map[string]policy.Type{
 		"stale_fix": {Verifier: &policy.Verifier{Kind: policy.VerifierCommand, Command: []string{"sh", "-c", "exit 1"}}},
 		"bug_fix":   {MaxRetries: 3},
+		// Scored after 3 tasks, each one attempt that fails: then held.
+		"doomed_fix": {MaxRetries: 1, MinOutcomes: 3},
 	}}
 	e := newEnv(t, func(n int, r openaitest.Request) openaitest.Reply {
 		if strings.Contains(r.Messages[1].Content, "hard") || n%3 == 0 {
@@ -61,19 +66,68 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	for _, id := range ids {
 		e.waitSettled(id) // ended, or held for bug_fix's trust
 	}
+	// doomed_fix fails, one task after the other, until its trust holds
+	// the next ones.
+	for i := range 3 {
+		id := e.submit(events.Submit{ID: fmt.Sprintf("doomed-%d", i), Type: "doomed_fix", Subject: "hard.go"})
+		ids = append(ids, id)
+		e.waitEnd(id)
+	}
+	for i := range 2 {
+		id := e.submit(events.Submit{ID: fmt.Sprintf("doomed-held-%d", i), Type: "doomed_fix", Subject: "hard.go"})
+		ids = append(ids, id)
+		e.waitSettled(id)
+	}
 
 	ctx := context.Background()
 	stores, err := services.OpenStores(ctx, e.srv.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, JS: e.srv.JS}
+	// A held task's pass sleeps in the held index once the gate's held
+	// consumer has looked at its held event (after the task's state said
+	// held): wait for each one's entry.
+	var held []string
+	for _, id := range ids {
+		if e.state(id).Status == events.StatusHeld {
+			held = append(held, id)
+		}
+	}
+	if !slices.Contains(held, "doomed-held-0") || !slices.Contains(held, "doomed-held-1") {
+		t.Fatalf("held tasks %v: want doomed_fix's last two among them", held)
+	}
+	asleep := map[string]string{} // held task → its entry's key
+	waitFor(t, "every held task asleep in the held index", func() bool {
+		lister, err := stores.Held.ListKeys(ctx)
+		if err != nil {
+			return false
+		}
+		for k := range lister.Keys() {
+			if _, _, id, _, ok := services.ParseHeldKey(k); ok {
+				asleep[id] = k
+			}
+		}
+		for _, id := range held {
+			if asleep[id] == "" {
+				return false
+			}
+		}
+		return true
+	})
+	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, Held: stores.Held, JS: e.srv.JS}
 	built, err := rebuild.Replay(ctx, e.srv.JS, rebuild.Options{Policy: e.pol})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(built.Tasks) != 30 || len(built.Trust) != 1 || len(built.Trust["bug_fix"].Outcomes) == 0 || len(built.History) == 0 {
-		t.Fatalf("rebuilt %d tasks, %d types, %d histories", len(built.Tasks), len(built.Trust), len(built.History))
+	if len(built.Tasks) != len(ids) || len(built.Trust) != 2 || len(built.Trust["bug_fix"].Outcomes) == 0 || len(built.History) == 0 ||
+		len(built.Held) != len(held) {
+		t.Fatalf("rebuilt %d tasks, %d types, %d histories, %d held passes (%d tasks held)",
+			len(built.Tasks), len(built.Trust), len(built.History), len(built.Held), len(held))
+	}
+	for _, id := range held {
+		if built.Held[asleep[id]] == nil {
+			t.Errorf("held task %s: no rebuilt entry under its live key %s", id, asleep[id])
+		}
 	}
 	diffs, err := rebuild.Compare(ctx, live, built)
 	if err != nil {
@@ -83,8 +137,8 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 		t.Errorf("difference after a normal run: %s", d)
 	}
 
-	// Tamper with a task, the gate's facts, an outcome and a history:
-	// rebuild finds each and -apply restores them.
+	// Tamper with a task, the gate's facts, an outcome, a history and the
+	// held index: rebuild finds each and -apply restores them.
 	if _, err := stores.Tasks.Put(ctx, "r-0", []byte(`{"id":"r-0","status":"failed"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +160,10 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	if err := stores.History.Delete(ctx, hard); err != nil {
 		t.Fatal(err)
 	}
+	lost := asleep[held[0]]
+	if err := stores.Held.Delete(ctx, lost); err != nil {
+		t.Fatal(err)
+	}
 	diffs, err = rebuild.Compare(ctx, live, built)
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +173,7 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 		found[d.Store+"/"+d.Key] = true
 	}
 	for _, want := range []string{services.BucketTasks + "/r-0", services.BucketTrust + "/bug_fix",
-		rebuild.StoreOutcomes + "/bug_fix", services.BucketHistory + "/" + hard} {
+		rebuild.StoreOutcomes + "/bug_fix", services.BucketHistory + "/" + hard, services.BucketHeld + "/" + lost} {
 		if !found[want] {
 			t.Errorf("tampering with %s not found: %v", want, diffs)
 		}
@@ -134,5 +192,10 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 	}
 	if st := e.state("r-0"); st.Status == events.StatusFailed {
 		t.Fatal("task state not restored")
+	}
+	if entry, err := stores.Held.Get(ctx, lost); err != nil {
+		t.Fatalf("held entry %s not restored: %v", lost, err)
+	} else if got, err := services.DecodeHeldEntry(lost, entry.Value()); err != nil || got.Task != held[0] || got.Seq == 0 {
+		t.Fatalf("held entry %s restored as %+v (%v)", lost, got, err)
 	}
 }

@@ -1,10 +1,11 @@
 // Package rebuild recomputes the derived stores — task state, each type's
 // trust (its outcomes on the outcome stream, the gate's facts in the trust
 // bucket), each subject's outcome history (the history bucket), the spend
-// counters — from the event stream alone, with the same pure functions the
-// services use, and compares them with the live stores. After a normal run
-// they agree; a difference means a store was written outside the events (or
-// lost), and Apply can restore it from the stream.
+// counters, the gate's held index (the held bucket) — from the event stream
+// alone, with the same pure functions the services use, and compares them
+// with the live stores. After a normal run they agree; a difference means a
+// store was written outside the events (or lost), and Apply can restore it
+// from the stream.
 package rebuild
 
 import (
@@ -27,6 +28,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
@@ -48,6 +50,10 @@ type Stores struct {
 	History map[string]*history.Record
 	// Spend is what each (type, UTC day) spent: the spend counters.
 	Spend map[[2]string]trust.DaySpend
+	// Held is the gate's held index by services.HeldEntry.Key: an entry
+	// for each task held for its type's trust (status held) at its pass,
+	// built from the pass's first held event (see heldIndex).
+	Held map[string]*services.HeldEntry
 	// Events is how many stream messages were replayed.
 	Events int
 	// Skipped are the events that could not be decoded: reported and left
@@ -64,6 +70,10 @@ type Stores struct {
 	// — no replay can say: Compare and Apply take it as the live stores
 	// hold it (keepBeforeHorizon).
 	Horizon time.Time
+	// replayed is the stream sequence of the last message replayed: a held
+	// entry naming a later one is the gate's news, which the replay cannot
+	// judge (keepAfterReplay).
+	replayed uint64
 }
 
 // Unavailable is a policy revision events were decided under that the
@@ -136,10 +146,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	if o.Policy == nil && o.Revisions == nil {
 		return nil, errors.New("rebuild: no policy: set Options.Revisions (or Options.Policy)")
 	}
-	r := &replayer{o: o, requeues: map[string]events.Action{}, missing: map[uint64]*Unavailable{}, decidedBy: map[passKey]uint64{}, out: &Stores{
-		Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
-		Spend: map[[2]string]trust.DaySpend{},
-	}}
+	r := newReplayer(o)
 	cons, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{
 		// Readers come and go (every page, every command): let the server
 		// drop a forgotten consumer soon instead of after 5 minutes.
@@ -188,14 +195,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	if st := s.CachedInfo().State; st.FirstSeq > 1 {
 		r.out.Horizon = st.FirstTime.UTC() // events before it are gone
 	}
-	for _, m := range all {
-		r.recorderDecision(m)
-	}
-	for _, m := range all {
-		if err := r.apply(m.subject, m.data, m.at); err != nil {
-			r.out.Skipped = append(r.out.Skipped, Skipped{Subject: m.subject, Seq: m.seq, Error: err.Error()})
-		}
-	}
+	r.replay(all)
 	if len(r.missing) > 0 {
 		var list []Unavailable
 		for _, rev := range slices.Sorted(maps.Keys(r.missing)) {
@@ -207,6 +207,29 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		r.out.Fallbacks = list
 	}
 	return r.out, nil
+}
+
+func newReplayer(o Options) *replayer {
+	return &replayer{o: o, requeues: map[string]events.Action{}, missing: map[uint64]*Unavailable{}, decidedBy: map[passKey]uint64{},
+		held: map[passKey]services.HeldEntry{}, admitted: map[passKey]bool{},
+		out: &Stores{
+			Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
+			Spend: map[[2]string]trust.DaySpend{},
+		}}
+}
+
+// replay folds the stream messages all, in order, into r.out.
+func (r *replayer) replay(all []stored) {
+	for _, m := range all {
+		r.recorderDecision(m)
+	}
+	for _, m := range all {
+		if err := r.apply(m); err != nil {
+			r.out.Skipped = append(r.out.Skipped, Skipped{Subject: m.subject, Seq: m.seq, Error: err.Error()})
+		}
+		r.out.replayed = max(r.out.replayed, m.seq)
+	}
+	r.out.Held = r.heldIndex()
 }
 
 // stored is one stream message.
@@ -290,6 +313,10 @@ type replayer struct {
 	// requeues waits for the retry a requeue publishes after its action
 	// record: a requeue whose retry never made it was undone (void).
 	requeues map[string]events.Action
+	// held is the entry the first held event (for trust) of each pass
+	// implies; admitted the passes the gate let through.
+	held     map[passKey]services.HeldEntry
+	admitted map[passKey]bool
 }
 
 func (r *replayer) task(id string) *events.TaskState {
@@ -322,7 +349,8 @@ func (r *replayer) fold(id string, tr func(st events.TaskState, found bool) (eve
 	return c
 }
 
-func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
+func (r *replayer) apply(m stored) error {
+	subject, data := m.subject, m.data
 	if reason, _, ok := events.ParseReviewSubject(subject); ok {
 		return r.review(reason, data)
 	}
@@ -368,6 +396,7 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 			return err
 		}
 		r.gate(ev.Base, ev.Trust, false)
+		r.admitted[passKey{ev.Task.ID, ev.Run.Pass}] = true
 	case events.StageHeld:
 		var ev events.Held
 		if err := json.Unmarshal(data, &ev); err != nil {
@@ -380,14 +409,46 @@ func (r *replayer) apply(subject string, data []byte, stored time.Time) error {
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Hold(st, found, ev.Base, ev.Reason)
 		})
+		if p := (passKey{ev.Task.ID, ev.Run.Pass}); !hasKey(r.held, p) {
+			r.held[p] = services.HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
+				Since: ev.At, Seq: m.seq, Reason: ev.Reason}
+		}
 	case events.StageExecuted:
 		var ev events.Executed
 		if err := json.Unmarshal(data, &ev); err != nil {
 			return err
 		}
-		r.executed(ev, stored)
+		r.executed(ev, m.at)
 	}
+	// A wake (events.StageWake) is the gate's sweeper republishing a held
+	// event for another look: a look, no decision. It changes no store.
 	return nil
+}
+
+func hasKey[K comparable, V any](m map[K]V, k K) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// heldIndex is the held index the replayed tasks imply: one entry per task
+// held for its type's trust, at the pass it is held at, as the gate's look
+// at that pass's held event put it to sleep (services.HeldEntry: Since
+// its time, Seq its stream sequence). A pass the gate admitted has none,
+// though the replayed state still shows it held until its attempt is
+// recorded (the executor's running is in no event); the gate removed the
+// entry when its look admitted it. Any other status has none: the gate
+// removes the entry of a pass that stopped, ended or moved on.
+func (r *replayer) heldIndex() map[string]*services.HeldEntry {
+	out := map[string]*services.HeldEntry{}
+	for id, st := range r.out.Tasks {
+		p := passKey{id, st.Pass}
+		e, ok := r.held[p]
+		if st.Status != events.StatusHeld || !ok || r.admitted[p] {
+			continue
+		}
+		out[e.Key()] = &e
+	}
+	return out
 }
 
 func (r *replayer) review(reason string, data []byte) error {
@@ -531,7 +592,8 @@ func (r *replayer) executed(ev events.Executed, stored time.Time) {
 
 // Store names in a Difference, besides the buckets' (events.BucketTasks,
 // events.BucketTrust: the gate's facts; events.BucketHistory: each (type,
-// subject)'s record, keyed by history.Key).
+// subject)'s record, keyed by history.Key; events.BucketHeld: the held
+// index, keyed by services.HeldEntry.Key).
 const (
 	// StoreOutcomes is the outcome stream (trust.OutcomeStream): each
 	// type's outcomes, keyed by type.
@@ -556,8 +618,9 @@ func (d Difference) String() string {
 // Live are the live stores; one left nil is neither compared nor applied.
 type Live struct {
 	// Tasks is the task bucket; Trust the gate's facts per type; History
-	// each (type, subject)'s last outcomes and failures (history.Store).
-	Tasks, Trust, History jetstream.KeyValue
+	// each (type, subject)'s last outcomes and failures (history.Store);
+	// Held the gate's held index (services.HeldIndex).
+	Tasks, Trust, History, Held jetstream.KeyValue
 	// JS reads the outcome stream (and Apply rewrites it).
 	JS       jetstream.JetStream
 	Spending *trust.Spending
@@ -573,12 +636,15 @@ type Live struct {
 // record of the history bucket is compared field by field, as stored,
 // with the rebuilt record of its key: a field no rebuilt record has (the
 // "entries" of the former 50-entry layout) is a difference like any other.
+// So is each entry of the held index, every field of it (see
+// compareHeld).
 func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, error) {
 	cur, err := readLive(ctx, live)
 	if err != nil {
 		return nil, err
 	}
 	rebuilt.keepBeforeHorizon(cur)
+	rebuilt.keepAfterReplay(cur)
 	var diffs []Difference
 	if live.Tasks != nil {
 		diffs = append(diffs, compareValues(events.BucketTasks, cur.tasks, rebuilt.Tasks, normTask, nil)...)
@@ -595,7 +661,39 @@ func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, err
 	if live.Spending != nil {
 		diffs = append(diffs, compareSpend(cur.spend, rebuilt.Spend)...)
 	}
+	if live.Held != nil {
+		diffs = append(diffs, compareHeld(cur.held, rebuilt.Held)...)
+	}
 	return diffs, nil
+}
+
+// compareHeld compares the held index as stored, entry by entry and field
+// by field, with the rebuilt entries: its keys (type, since, task, pass),
+// and every field, Seq and Reason too. Those two are not part of the key,
+// yet a live entry holds the rebuilt ones whenever the pass is held on
+// both sides: the gate writes an entry only from a look at the pass's held
+// event or at a wake of it — the same payload, so the same Reason (and
+// Since, Retry) — and never over an entry already there (HeldIndex.Put
+// creates), so the entry keeps the Seq of the held event's own look, the
+// first. A later look (a wake) writes one only after the entry was
+// removed, which a look does only when the pass left the hold (admitted,
+// stopped, ended by a human, moved on): that entry is a stale one, which
+// the rebuilt index lacks, and is reported as extra. A second held event
+// of the pass (its verified event redelivered past the stream's
+// deduplication window) has its own time, so its own key: extra too, the
+// pass still asleep under its first.
+func compareHeld(live map[string]*json.RawMessage, rebuilt map[string]*services.HeldEntry) []Difference {
+	return compareValues(events.BucketHeld, live, heldAsStored(rebuilt), same[json.RawMessage], nil)
+}
+
+// heldAsStored is each rebuilt held entry as the held index stores it.
+func heldAsStored(entries map[string]*services.HeldEntry) map[string]*json.RawMessage {
+	out := make(map[string]*json.RawMessage, len(entries))
+	for k, e := range entries {
+		raw := marshal(e)
+		out[k] = &raw
+	}
+	return out
 }
 
 // current is what the live stores hold, each read as the services read it.
@@ -605,6 +703,7 @@ type current struct {
 	outcomes map[string]*trust.Stats     // the outcome stream: Outcomes only, by type
 	history  map[string]*json.RawMessage // the history bucket, as stored, by history.Key
 	spend    map[[2]string]trust.DaySpend
+	held     map[string]*json.RawMessage // the held index, as stored, by services.HeldEntry.Key
 }
 
 // readLive reads the stores of live that are set.
@@ -633,6 +732,11 @@ func readLive(ctx context.Context, live Live) (*current, error) {
 	}
 	if live.Spending != nil {
 		if cur.spend, err = live.Spending.All(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if live.Held != nil {
+		if cur.held, err = readBucket[json.RawMessage](ctx, live.Held); err != nil {
 			return nil, err
 		}
 	}
@@ -794,17 +898,20 @@ func compareSpend(have, rebuilt map[[2]string]trust.DaySpend) []Difference {
 // that differ (history.Store.Put; one no event implies is deleted); the
 // outcomes of each type that differ — their subject purged and the
 // rebuilt messages published again, oldest first; the spend counters
-// corrected to the rebuilt totals. Applied again, it finds nothing more
-// to rewrite in the history bucket or on the outcome stream.
+// corrected to the rebuilt totals; the held index's entries that differ
+// (one missing written, one no event implies deleted). Applied again, it
+// finds nothing more to rewrite in the history bucket, the held index or
+// on the outcome stream.
 //
 // A service that follows the outcome stream (the gate's trust.View) does
 // not see a purge: run Apply with the mesh stopped, or restart it after.
 func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
-	cur, err := readLive(ctx, Live{Trust: live.Trust, History: live.History, JS: live.JS, Spending: live.Spending})
+	cur, err := readLive(ctx, Live{Trust: live.Trust, History: live.History, Held: live.Held, JS: live.JS, Spending: live.Spending})
 	if err != nil {
 		return err
 	}
 	rebuilt.keepBeforeHorizon(cur)
+	rebuilt.keepAfterReplay(cur)
 	if live.Tasks != nil {
 		for _, k := range slices.Sorted(maps.Keys(rebuilt.Tasks)) {
 			if err := applyTask(ctx, live.Tasks, k, *rebuilt.Tasks[k], rebuilt.Horizon); err != nil {
@@ -819,6 +926,11 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 	}
 	if live.History != nil {
 		if err := applyHistory(ctx, live.History, cur.history, rebuilt.History); err != nil {
+			return err
+		}
+	}
+	if live.Held != nil {
+		if err := applyHeld(ctx, live.Held, cur.held, rebuilt.Held); err != nil {
 			return err
 		}
 	}
@@ -915,6 +1027,29 @@ func applyHistory(ctx context.Context, kv jetstream.KeyValue, have map[string]*j
 	return nil
 }
 
+// applyHeld writes the rebuilt held entries missing from the held index or
+// differing there, and deletes the entries no event implies. A pass
+// written back sleeps until the gate's sweeper wakes it, as if its look
+// had put it there.
+func applyHeld(ctx context.Context, kv jetstream.KeyValue, have map[string]*json.RawMessage, rebuilt map[string]*services.HeldEntry) error {
+	want := heldAsStored(rebuilt)
+	for _, k := range slices.Sorted(maps.Keys(union(have, want))) {
+		if entryDiffs(events.BucketHeld, k, have[k], want[k], same[json.RawMessage], nil) == nil {
+			continue
+		}
+		var err error
+		if raw := want[k]; raw != nil {
+			_, err = kv.Put(ctx, k, *raw)
+		} else {
+			err = services.NewHeldIndex(kv).Delete(ctx, k)
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", events.BucketHeld, k, err)
+		}
+	}
+	return nil
+}
+
 // rewrite purges subject from stream and publishes msgs on it in order,
 // each under its Msg-Id salted with salt.
 func rewrite(ctx context.Context, js jetstream.JetStream, stream, subject string, msgs []*nats.Msg, salt string) error {
@@ -972,12 +1107,22 @@ func applyTask(ctx context.Context, kv jetstream.KeyValue, k string, built event
 // aged out (Horizon set), what the live stores cur know from before the
 // horizon, as they hold it: a task created before it (its replay would be
 // partial), each history entry and trust outcome dated before it, each
-// day's spend up to the horizon's day. So Compare reports, and Apply
+// day's spend up to the horizon's day, the held entries of a task created
+// before it or held since before it. So Compare reports, and Apply
 // writes, only what the replayed events decide. Idempotent.
 func (s *Stores) keepBeforeHorizon(cur *current) {
 	h := s.Horizon
 	if h.IsZero() {
 		return
+	}
+	// The tasks created before the horizon, by either side's state.
+	early := map[string]bool{}
+	for _, tasks := range []map[string]*events.TaskState{s.Tasks, cur.tasks} {
+		for k, st := range tasks {
+			if st.CreatedAt.Before(h) {
+				early[k] = true
+			}
+		}
 	}
 	// The gate facts — a block streak, the gate's remembered decisions —
 	// may have begun before the horizon: the replay cannot tell.
@@ -1039,6 +1184,54 @@ func (s *Stores) keepBeforeHorizon(cur *current) {
 			s.Spend[k] = v
 		}
 	}
+	// A task created before the horizon is held, or not, as the live
+	// stores say (its replayed state is partial): its held entries too,
+	// and any entry held since before it (its held event is gone).
+	if cur.held == nil {
+		return
+	}
+	if s.Held == nil {
+		s.Held = map[string]*services.HeldEntry{}
+	}
+	for k, e := range s.Held {
+		if early[e.Task] && cur.held[k] == nil {
+			delete(s.Held, k)
+		}
+	}
+	for k, raw := range cur.held {
+		if e, ok := decodeHeld(k, raw); ok && (early[e.Task] || e.Since.Before(h)) {
+			s.Held[k] = &e
+		}
+	}
+}
+
+// keepAfterReplay takes into s, as the live stores hold them, the held
+// entries naming a stream message stored after the last one replayed: a
+// pass the gate held meanwhile, which the replay knows nothing of. Compare
+// does not report them and Apply neither deletes nor rewrites them (the
+// pass of a deleted entry would sleep unwoken). Idempotent.
+func (s *Stores) keepAfterReplay(cur *current) {
+	if cur.held == nil {
+		return
+	}
+	if s.Held == nil {
+		s.Held = map[string]*services.HeldEntry{}
+	}
+	for k, raw := range cur.held {
+		if e, ok := decodeHeld(k, raw); ok && e.Seq > s.replayed {
+			s.Held[k] = &e
+		}
+	}
+}
+
+// decodeHeld decodes a held index entry as stored; ok is false for one
+// unreadable or not under its own key.
+func decodeHeld(key string, raw *json.RawMessage) (services.HeldEntry, bool) {
+	if raw == nil {
+		return services.HeldEntry{}, false
+	}
+	e, err := services.DecodeHeldEntry(key, *raw)
+	return e, err == nil
 }
 
 // normTask leaves out what is not derived from events.

@@ -36,7 +36,7 @@ func TestRebuildAfterHumanActions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	diffs, err := rebuild.Compare(bg, rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, JS: m.Srv.JS}, built)
+	diffs, err := rebuild.Compare(bg, rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, Held: stores.Held, JS: m.Srv.JS}, built)
 	if err != nil {
 		t.Fatal(err)
 	}
