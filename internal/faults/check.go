@@ -749,7 +749,7 @@ func (c *checker) rebuild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, History: live.History, JS: c.in.JS,
+	diffs, err := rebuild.Compare(ctx, rebuild.Live{Tasks: live.Tasks, Trust: live.Trust, History: live.History, Held: live.Held, JS: c.in.JS,
 		Spending: trust.NewSpending(c.in.JS, services.CounterStream)}, rebuilt)
 	if err != nil {
 		return fmt.Errorf("rebuild: %w", err)

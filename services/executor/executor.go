@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -183,10 +185,32 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		ev.Result = capResult(ev.Result, tightCaps)
 		out, err = services.Next(base, events.StageExecuted, events.EventExecuted, ev)
 	}
+	if err == nil && len(out.Data) > MaxExecuted {
+		// Still too large: the run's dead ends (32 of 4 KiB, each byte of
+		// <, > or & escaped as 6) are cut too — the ones before this
+		// attempt, kept whole in their own attempts' events.
+		ev.Run.DeadEnds = cutDeadEnds(ev.Run.DeadEnds)
+		out, err = services.Next(base, events.StageExecuted, events.EventExecuted, ev)
+	}
 	if err != nil {
 		return nil, err
 	}
+	if len(out.Data) > services.MaxEventSize {
+		// Nothing more to cut: storing it would fail on every redelivery,
+		// and each would pay the model again. One call, then a human.
+		return nil, &services.DeadError{Reason: events.ReviewPoison, Err: fmt.Errorf(
+			"the executed event is %d bytes even with its answer and dead ends cut, over the stream's %d", len(out.Data), services.MaxEventSize)}
+	}
 	return []services.Out{out}, nil
+}
+
+// cutDeadEnds cuts each dead end's approach and reason to 256 bytes.
+func cutDeadEnds(des []events.DeadEnd) []events.DeadEnd {
+	out := slices.Clone(des)
+	for i := range out {
+		out[i].Approach, out[i].Reason = textcut.Cut(out[i].Approach, 256), textcut.Cut(out[i].Reason, 256)
+	}
+	return out
 }
 
 // MaxCarried bounds an Executed event that carries the task's state

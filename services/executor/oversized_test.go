@@ -161,3 +161,57 @@ func TestAnAnswerBesideALargeTaskIsCutTighter(t *testing.T) {
 		t.Fatalf("the summary's cut is not marked: …%q", r.Summary[max(0, len(r.Summary)-40):])
 	}
 }
+
+// A run whose 32 dead ends are full of characters JSON escapes as six
+// bytes, beside a large task, still leaves an Executed that can be
+// stored: the dead ends it carries are cut too. A task too large even
+// then ends its attempt in review after one call, never paid again.
+func TestDeadEndsBesideALargeTaskAreCutOrTheAttemptEnds(t *testing.T) {
+	answer, _ := json.Marshal(map[string]any{"status": "failure", "approach": "x", "summary": "y"})
+	var deadEnds []events.DeadEnd
+	for i := range 32 {
+		deadEnds = append(deadEnds, events.DeadEnd{Approach: strings.Repeat("<", events.MaxApproach), Reason: strings.Repeat(">", events.MaxApproach), Attempt: i + 1, Rung: events.RungRefine})
+	}
+	for _, tc := range []struct {
+		name    string
+		payload int
+		stored  bool
+	}{{"large task", 200 << 10, true}, {"too large even then", 1000 << 10, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, always(openaitest.Reply{Content: string(answer)}), policy.Type{}, nil)
+			payload, _ := json.Marshal(map[string]string{"file": strings.Repeat("p", tc.payload)})
+			in := events.Prompted{
+				Base: events.Base{
+					Task: events.Task{ID: "t1", Type: "css_fix", Subject: "app.css", Payload: payload},
+					Run:  events.Run{Pass: 33, Attempt: 33, Rung: events.RungResearch, Step: events.StepExecute, DeadEnds: deadEnds}, At: testNow, By: "prompt@test",
+				},
+				Prompt: events.Prompt{Messages: testMessages},
+			}
+			data, err := json.Marshal(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs, err := e.Handle(t.Context(), &services.Msg{Subject: events.TaskSubject("t1", events.StagePrompted), Data: data, Delivered: 1})
+			if !tc.stored {
+				var dead *services.DeadError
+				if !errors.As(err, &dead) || e.model.Calls() != 1 {
+					t.Fatalf("err %v after %d calls; want a dead letter after one call", err, e.model.Calls())
+				}
+				return
+			}
+			if err != nil || len(outs) != 1 {
+				t.Fatalf("%d outputs, %v", len(outs), err)
+			}
+			if n := len(outs[0].Data); n > executor.MaxExecuted {
+				t.Fatalf("Executed of %d bytes, over %d", n, executor.MaxExecuted)
+			}
+			var ev events.Executed
+			if err := json.Unmarshal(outs[0].Data, &ev); err != nil {
+				t.Fatal(err)
+			}
+			if len(ev.Run.DeadEnds) != 32 || len(ev.Run.DeadEnds[0].Approach) > 256 || !strings.HasSuffix(ev.Run.DeadEnds[0].Reason, " bytes more]") {
+				t.Fatalf("dead ends: %d, the first %d bytes of approach, reason …%q", len(ev.Run.DeadEnds), len(ev.Run.DeadEnds[0].Approach), ev.Run.DeadEnds[0].Reason[max(0, len(ev.Run.DeadEnds[0].Reason)-30):])
+			}
+		})
+	}
+}

@@ -35,8 +35,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
@@ -78,6 +81,7 @@ type Service struct {
 	log     *slog.Logger
 	metrics *metrics
 	index   atomic.Pointer[heldIndex] // the sweeper's copy of the held index, once current
+	bound   atomic.Pointer[jetstream.Stream]
 }
 
 // New checks cfg and returns the gate.
@@ -135,9 +139,23 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 		return nil, err
 	}
 	asleep := s.cfg.Held != nil && ev.Hold == events.HoldTrust
-	if st, found, err := s.taskState(ctx, ev.Task.ID); err != nil {
+	st, found, err := s.taskState(ctx, ev.Task.ID)
+	if err != nil {
 		return nil, err
-	} else if found && movedOn(st, ev.Run.Pass) {
+	}
+	if asleep && found && task.Held(st, ev.Run.Pass) {
+		// Admitted by an earlier look, the pass still shows held until the
+		// executor starts it: a wake published meanwhile must not hold it
+		// again.
+		if found, err = s.admitted(ctx, ev.Task.ID, ev.Run.Pass); err != nil {
+			return nil, err
+		} else if found {
+			s.log.Info("held pass dropped: an earlier look admitted it", "task", ev.Task.ID, "pass", ev.Run.Pass)
+			return nil, s.cfg.Held.Delete(ctx, heldKey(ev))
+		}
+		found = true
+	}
+	if found && movedOn(st, ev.Run.Pass) {
 		s.log.Info("held pass dropped: the task moved on or ended", "task", ev.Task.ID, "pass", ev.Run.Pass, "status", st.Status)
 		if asleep {
 			return nil, s.cfg.Held.Delete(ctx, heldKey(ev))
@@ -157,6 +175,36 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 	// the task — so its entry goes. Should publishing what it decided
 	// fail, the message is looked at again: nothing is lost.
 	return outs, s.cfg.Held.Delete(ctx, heldKey(ev))
+}
+
+// admitted reports whether the stream holds the admission of the task's
+// pass: the newest admitted event on its subject is of that pass.
+func (s *Service) admitted(ctx context.Context, id string, pass int) (bool, error) {
+	stream, err := s.stream(ctx)
+	if err != nil {
+		return false, err
+	}
+	raw, err := stream.GetLastMsgForSubject(ctx, events.TaskSubject(id, events.StageAdmitted))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return raw.Header.Get(events.HeaderPass) == strconv.Itoa(pass), nil
+}
+
+// stream is the task stream, bound once.
+func (s *Service) stream(ctx context.Context) (jetstream.Stream, error) {
+	if st := s.bound.Load(); st != nil {
+		return *st, nil
+	}
+	st, err := s.cfg.JS.Stream(ctx, services.Stream)
+	if err != nil {
+		return nil, err
+	}
+	s.bound.Store(&st)
+	return st, nil
 }
 
 // errAsleep ends a look that left its pass asleep in the held index.

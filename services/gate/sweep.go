@@ -125,7 +125,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 		return err
 	}
 	defer w.Stop()
-	stream, err := s.cfg.JS.Stream(ctx, services.Stream)
+	stream, err := s.stream(ctx)
 	if err != nil {
 		return err
 	}
