@@ -133,6 +133,33 @@ func (p Policy) Gate(s Stats, key string, below bool) (next Stats, probe, change
 	return next, probe, true
 }
 
+// StreakStep says whether a gate decision steps its type's block streak
+// (Policy.Gate), and how: the one rule the gate decides by and rebuild
+// replays by. cause is the decision's cause — for the gate, the cause
+// before a probe is chosen: CauseTrust for a pass below its threshold —
+// probe whether the pass went as a probe, attempt the pass's attempt, and
+// heldForTrust whether it is a look at a pass already held for trust.
+//
+//   - a trusted pass resets it (not below), whatever pass it is;
+//   - a look at a held pass is no other step (its hold was): its probe
+//     is Policy.HeldProbe's, its stop at the hold time no block;
+//   - only new tasks count: a retry stopped or probed is no step;
+//   - a new task below its threshold (held, or let through as the probe
+//     its streak earned) steps it (below);
+//   - any other cause (exempt, reviewed, budget, rung_rate, unproven)
+//     leaves it.
+func StreakStep(cause events.Cause, probe bool, attempt int, heldForTrust bool) (step, below bool) {
+	switch {
+	case cause == events.CauseTrusted:
+		return true, false
+	case heldForTrust, attempt > 1:
+		return false, false
+	case cause == events.CauseTrust, cause == events.CauseProbe && probe:
+		return true, true
+	}
+	return false, false
+}
+
 // AdmitCanary decides whether task key (its id) may go while its type is
 // unproven (fewer than MinOutcomes settled tasks): it may when it already
 // holds a place (a retry or a redelivery: a canary keeps its place until it

@@ -145,3 +145,39 @@ func TestStatsClone(t *testing.T) {
 		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)
 	}
 }
+
+// StreakStep is the one rule the gate steps a block streak by and rebuild
+// replays it by.
+func TestStreakStep(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		cause        events.Cause
+		probe        bool
+		attempt      int
+		heldForTrust bool
+		step, below  bool
+	}{
+		{"a new task below: held", events.CauseTrust, false, 1, false, true, true},
+		{"a new task below: its streak's probe", events.CauseProbe, true, 1, false, true, true},
+		{"a probe's retry", events.CauseProbe, false, 2, false, false, false},
+		{"a retry below", events.CauseTrust, false, 3, false, false, false},
+		{"a held pass stopped at its hold time", events.CauseTrust, false, 1, true, false, false},
+		{"a held pass probed", events.CauseProbe, true, 1, true, false, false},
+		{"trusted resets", events.CauseTrusted, false, 1, false, true, false},
+		{"a held pass re-admitted trusted resets", events.CauseTrusted, false, 1, true, true, false},
+		{"a trusted retry resets", events.CauseTrusted, false, 4, false, true, false},
+		{"exempt", events.CauseExempt, false, 1, false, false, false},
+		{"budget", events.CauseBudget, false, 1, false, false, false},
+		{"reviewed", events.CauseReviewed, false, 1, false, false, false},
+		{"rung rate", events.CauseRungRate, false, 2, false, false, false},
+		{"unproven", events.CauseUnproven, false, 1, false, false, false},
+		{"no cause", "", true, 1, false, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			step, below := trust.StreakStep(tt.cause, tt.probe, tt.attempt, tt.heldForTrust)
+			if step != tt.step || below != tt.below {
+				t.Fatalf("StreakStep = %v, %v; want %v, %v", step, below, tt.step, tt.below)
+			}
+		})
+	}
+}

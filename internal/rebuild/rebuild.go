@@ -395,7 +395,7 @@ func (r *replayer) apply(m stored) error {
 		if err := json.Unmarshal(data, &ev); err != nil {
 			return err
 		}
-		r.gate(ev.Base, ev.Trust, false)
+		r.gate(ev.Base, ev.Trust)
 		r.admitted[passKey{ev.Task.ID, ev.Run.Pass}] = true
 	case events.StageHeld:
 		var ev events.Held
@@ -405,7 +405,7 @@ func (r *replayer) apply(m stored) error {
 		if ev.Hold != events.HoldTrust {
 			return nil // waiting for canaries: neither the state nor the streak changes
 		}
-		r.gate(ev.Base, ev.Trust, false)
+		r.gate(ev.Base, ev.Trust)
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Hold(st, found, ev.Base, ev.Reason)
 		})
@@ -458,7 +458,7 @@ func (r *replayer) review(reason string, data []byte) error {
 		if err := json.Unmarshal(data, &ev); err != nil {
 			return err
 		}
-		r.gate(ev.Base, ev.Trust, true)
+		r.gate(ev.Base, ev.Trust)
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 			return task.Block(st, found, ev.Base, ev.Reason, ev.Trust.Cause)
 		})
@@ -499,42 +499,11 @@ func (r *replayer) review(reason string, data []byte) error {
 // gate mirrors the gate's writes to its type's gate facts: the block
 // streak and the remembered decisions (trust.Policy.Gate). Its canary
 // places are not mirrored (see Stores.Trust).
-func (r *replayer) gate(b events.Base, d events.TrustDecision, blocked bool) {
-	if st, ok := r.out.Tasks[b.Task.ID]; ok && task.Held(*st, b.Run.Pass) && (blocked || d.Cause == events.CauseProbe) {
-		// A held pass's later stop or probe — its hold run out, a probe of
-		// the held — is no step of the block streak: its hold was.
-		return
-	}
+func (r *replayer) gate(b events.Base, d events.TrustDecision) {
+	st, ok := r.out.Tasks[b.Task.ID]
+	step, below := trust.StreakStep(d.Cause, d.Probe, b.Run.Attempt, ok && task.Held(*st, b.Run.Pass))
 	s := r.stats(b.Task.Type)
-	var below bool
-	switch d.Cause {
-	case events.CauseTrust:
-		if b.Run.Attempt > 1 {
-			return // a retry stopped: only new tasks count towards the streak
-		}
-		below = true
-	case events.CauseProbe:
-		if !d.Probe || b.Run.Attempt > 1 {
-			return // a probe's retry, or a held retry's probe: the streak is not touched
-		}
-		below = true
-	case events.CauseTrusted:
-	case "": // recorded before gate causes existed: read the decision as it was then
-		switch {
-		case blocked:
-			if !strings.HasPrefix(d.Reason, "Blocked: "+b.Task.Type+" trust score") {
-				return // a budget block does not touch the streak
-			}
-			below = true
-		case d.Probe:
-			below = true
-		case b.Run.Reviewed || d.Exempt || b.Run.Pass > 1: // the gate did not weigh trust
-			return
-		}
-	default: // exempt, reviewed, budget, rung_rate, unproven (a canary place): the streak is not touched
-		return
-	}
-	if !below && s.BlockStreak == 0 {
+	if !step || (!below && s.BlockStreak == 0) {
 		return
 	}
 	scoring := r.policyFor(b.PolicyRev, b.Task.Type).Scoring(r.o.Scoring).WithDefaults() // its probe_after

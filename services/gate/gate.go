@@ -366,8 +366,8 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		d.Cause = events.CauseUnproven
 	default:
 		d.Cause = events.CauseTrusted
-		if stats.BlockStreak > 0 { // the type recovered: the block streak ends
-			if _, _, err := s.cfg.Trust.GateUnder(ctx, scoring, t.Type, gateKey, false); err != nil {
+		if step, below := trust.StreakStep(d.Cause, false, b.Run.Attempt, false); step && stats.BlockStreak > 0 { // the type recovered: the block streak ends
+			if _, _, err := s.cfg.Trust.GateUnder(ctx, scoring, t.Type, gateKey, below); err != nil {
 				return nil, err
 			}
 		}
@@ -538,10 +538,11 @@ func pooledRungs(pool *trust.Pool, taskType string, rung events.Rung) string {
 // outcomes are the type's, as the decision read them.
 func (s *Service) probe(ctx context.Context, b events.Base, p trust.Policy, held *events.Held, gateKey string, outcomes []trust.Outcome) (bool, error) {
 	t := b.Task
-	switch {
-	case held != nil && held.Hold == events.HoldTrust:
+	heldForTrust := held != nil && held.Hold == events.HoldTrust
+	if heldForTrust {
 		return s.cfg.Trust.HeldProbe(ctx, p, t.Type, b.At, outcomes)
-	case b.Run.Attempt > 1:
+	}
+	if step, _ := trust.StreakStep(events.CauseTrust, false, b.Run.Attempt, heldForTrust); !step {
 		return false, nil
 	}
 	probe, streak, err := s.cfg.Trust.GateUnder(ctx, p, t.Type, gateKey, true)
