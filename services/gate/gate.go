@@ -6,7 +6,8 @@
 //     task's attempts count once; a type with few tasks is scored with the
 //     mesh's pooled evidence; a run of failures its history makes unlikely
 //     is a regression) is not dispatched: the task is held (status held,
-//     no tokens) in the gate's second consumer, gate_held, and re-admitted
+//     no tokens) — asleep in the held index, not in any consumer's pending
+//     messages (sweep.go) — and re-admitted, oldest first,
 //     when a probe of its type succeeds or its score recovers — after
 //     ProbeAfter consecutive blocks of new tasks the next goes as a probe,
 //     and held tasks send one probe per probe interval; held past the hold
@@ -33,9 +34,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +42,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
@@ -129,159 +129,29 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	return s.decide(ctx, m, ev.Base, ev.Sealed, nil)
 }
 
-// HandleHeld looks again at a pass the gate held back: admitted when its
-// type's canaries have scored it or its trust recovered (or as a probe of
-// its held tasks), looked at later while it must still wait, and sent to
-// a human once held for trust past the hold time.
-func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.Out, error) {
-	var ev events.Held
-	if err := services.Decode(m, &ev); err != nil {
-		return nil, err
-	}
-	asleep := s.cfg.Held != nil && ev.Hold == events.HoldTrust
-	st, found, err := s.taskState(ctx, ev.Task.ID)
-	if err != nil {
-		return nil, err
-	}
-	if asleep && found && task.Held(st, ev.Run.Pass) {
-		// Admitted by an earlier look, the pass still shows held until the
-		// executor starts it: a wake published meanwhile must not hold it
-		// again.
-		if found, err = s.admitted(ctx, ev.Task.ID, ev.Run.Pass); err != nil {
-			return nil, err
-		} else if found {
-			s.log.Info("held pass dropped: an earlier look admitted it", "task", ev.Task.ID, "pass", ev.Run.Pass)
-			return nil, s.cfg.Held.Delete(ctx, heldKey(ev))
-		}
-		found = true
-	}
-	if found && movedOn(st, ev.Run.Pass) {
-		s.log.Info("held pass dropped: the task moved on or ended", "task", ev.Task.ID, "pass", ev.Run.Pass, "status", st.Status)
-		if asleep {
-			return nil, s.cfg.Held.Delete(ctx, heldKey(ev))
-		}
-		return nil, nil
-	}
-	outs, err := s.decide(ctx, m, ev.Base, ev.Sealed, &ev)
-	switch {
-	case !asleep:
-		return outs, err
-	case errors.Is(err, errAsleep): // its entry is in the index: the message is done
-		return nil, nil
-	case err != nil:
-		return nil, err
-	}
-	// The look ended the hold — admitted, to a human, or a human acted on
-	// the task — so its entry goes. Should publishing what it decided
-	// fail, the message is looked at again: nothing is lost.
-	return outs, s.cfg.Held.Delete(ctx, heldKey(ev))
-}
-
-// admitted reports whether the stream holds the admission of the task's
-// pass: the newest admitted event on its subject is of that pass.
-func (s *Service) admitted(ctx context.Context, id string, pass int) (bool, error) {
-	stream, err := s.stream(ctx)
-	if err != nil {
-		return false, err
-	}
-	raw, err := stream.GetLastMsgForSubject(ctx, events.TaskSubject(id, events.StageAdmitted))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return raw.Header.Get(events.HeaderPass) == strconv.Itoa(pass), nil
-}
-
-// stream is the task stream, bound once.
-func (s *Service) stream(ctx context.Context) (jetstream.Stream, error) {
-	if st := s.bound.Load(); st != nil {
-		return *st, nil
-	}
-	st, err := s.cfg.JS.Stream(ctx, services.Stream)
-	if err != nil {
-		return nil, err
-	}
-	s.bound.Store(&st)
-	return st, nil
-}
-
-// errAsleep ends a look that left its pass asleep in the held index.
-var errAsleep = errors.New("gate: the held pass sleeps in the held index")
-
-// heldKey is the held index key of the pass ev holds.
-func heldKey(ev events.Held) string {
-	return services.HeldKey(ev.Task.Type, ev.At, ev.Task.ID, ev.Run.Pass)
-}
-
-// sleep ends a look at a pass held for trust that must go on waiting:
-// with the held index, the pass sleeps there until the sweeper wakes it
-// (errAsleep: HandleHeld acks the message); without one, the message is
-// snoozed in the held consumer.
-func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held) error {
-	if s.cfg.Held == nil {
-		return services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
-	}
-	e := services.HeldEntry{Task: held.Task.ID, Type: held.Task.Type, Pass: held.Run.Pass, Retry: held.Run.Attempt > 1,
-		Since: held.At, Seq: m.Seq, Reason: held.Reason}
-	if err := s.cfg.Held.Put(ctx, e); err != nil {
-		return err
-	}
-	return errAsleep
-}
-
-// movedOn reports whether a held look at pass is stale: the task is at a
-// later pass (a human's requeue), a human ended it, or the pass was
-// admitted already (running, or its attempt recorded: a look redelivered
-// after the admission it decided). A stop of the pass by the gate (a
-// handoff, a hold past its time) is not: the look goes on to republish
-// its record (stopped).
-func movedOn(st events.TaskState, pass int) bool {
-	switch {
-	case st.Pass > pass:
-		return true
-	case events.Terminal(st.Status) && task.EndedByHuman(st):
-		return true
-	case st.Pass == pass && st.Status == events.StatusRunning:
-		return true
-	}
-	return task.Attempted(st, pass)
-}
-
-// decide is the gate's decision on a pass, verified (held nil) or held.
+// decide is the gate's decision on a pass, verified (held nil) or held:
+// it reads what the pass needs (the type's evidence from the view, its
+// spend, its state when it may have been stopped), decides its cause
+// (decideCause), moves a retry up the ladder or hands it off (climb), and
+// lets a pass of an unproven type through as a canary or makes it wait
+// (canaries).
 func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, sealed *events.Sealed, held *events.Held) ([]services.Out, error) {
 	snap := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
-	pol := snap.For(t.Type)
-	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
-	scoring.Exempt = []string{} // the policy says which types are exempt
-	retry := b.Run.Attempt > 1
-	evaluate := func() (trust.Stats, trust.Verdict) {
-		stats := s.cfg.View.Stats(t.Type)
-		return stats, scoring.EvaluateWith(t.Type, stats, scoring.PriorOf(s.pool(), t.Type), retry)
-	}
-	stats, v := evaluate()
+	l := &look{m: m, b: b, sealed: sealed, held: held, pol: snap.For(t.Type)}
+	l.scoring = l.pol.Scoring(s.cfg.Scoring).WithDefaults()
+	l.scoring.Exempt = []string{} // the policy says which types are exempt
+	s.evaluate(l)
 	// Most looks at a pass waiting for canaries find every place still
 	// taken: they read nothing from the server (quickLook); one in
 	// FullLookEvery does the full look, which also frees the places of
 	// canaries a human ended.
-	quickLook := held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
-	// A flood of a new type: a pass that arrives while the view shows
-	// every canary place taken goes to the held consumer at once, reading
-	// nothing, so the verified consumer keeps its pace for every other
-	// type. The held consumer makes the full look.
-	if held == nil && m.Delivered == 1 && waitsForCanaries(b.Run, v, scoring, pol.IsExempt()) {
-		sc := s.withCanaries(scoring, t.Type)
-		if b.At.Sub(m.Time) < sc.CanaryTTL && placesTaken(stats, sc, b.At, t.ID) {
-			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-			d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold,
-				Cause: events.CauseUnproven, Reason: fmt.Sprintf("waiting for the canaries of %s", t.Type)}
-			return s.park(b, events.HoldCanary, d, sealed)
-		}
+	l.quick = held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
+	if outs, parked, err := s.flood(l); parked {
+		return outs, err
 	}
-	if !quickLook && mayHinge(b.Run, v, scoring, pol.IsExempt()) {
+	if !l.quick && mayHinge(b.Run, l.v, l.scoring, l.pol.IsExempt()) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
 		// end before it submitted this task — and the view may not have
@@ -289,18 +159,15 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		if err := s.cfg.View.Sync(ctx, t.Type); err != nil {
 			return nil, err
 		}
-		stats, v = evaluate()
+		s.evaluate(l)
 	}
-	d := events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: pol.IsExempt()}
-	gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
-	var (
-		spent trust.Spend
-		err   error
-	)
-	if pol.DailyBudget != nil {
+	l.d = events.TrustDecision{Score: l.v.Score, Outcomes: l.v.Outcomes, Threshold: l.v.Threshold, Exempt: l.pol.IsExempt()}
+	var spent trust.Spend
+	if l.pol.DailyBudget != nil {
 		if s.cfg.Spending == nil {
 			return nil, fmt.Errorf("gate: type %s has a daily budget but the gate has no spend counters", t.Type)
 		}
+		var err error
 		if spent, err = s.cfg.Spending.On(ctx, t.Type, b.At); err != nil {
 			return nil, err
 		}
@@ -308,160 +175,239 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	// A redelivered pass that an earlier delivery stopped stays stopped (a
 	// human's requeue too: the daily budget may have stopped it).
 	if m.Delivered > 1 || held != nil {
-		if outs, ok, err := s.stopped(ctx, b, d); ok || err != nil {
+		if outs, ok, err := s.stopped(ctx, b, l.d); ok || err != nil {
 			return outs, err
 		}
 	}
 	// A canary that the gate stops gives up its place.
-	release := ""
-	if slices.ContainsFunc(stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
-		release = t.ID
+	if slices.ContainsFunc(l.stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
+		l.release = t.ID
 	}
+	if outs, done, err := s.decideCause(ctx, l, spent); done || err != nil {
+		return outs, err
+	}
+	if held != nil && held.Hold == events.HoldTrust && l.v.Probation && !l.b.Run.Probe {
+		// Re-admitted on a probe's word alone: a few at a time, more with
+		// every success (a slow start), so a lucky probe of a type that
+		// still fails does not send the whole backlog.
+		ok, err := s.trial(ctx, t, l.b.At, l.scoring, l.stats)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, s.sleep(ctx, m, l.scoring, held)
+		}
+		l.d.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, l.scoring.TrialPlaces(l.stats))
+	}
+	if l.b.Run.Attempt > 1 && l.b.Run.Rung != "" {
+		if handoff := s.climb(l); handoff {
+			return s.handoff(ctx, l.b, l.d, l.release)
+		}
+	}
+	if canaryRound(l.b.Run, l.v, l.scoring, l.d.Exempt) {
+		if outs, done, err := s.canaries(ctx, l); done || err != nil {
+			return outs, err
+		}
+	}
+	return s.admit(ctx, l.b, l.d, l.sealed)
+}
 
-	overBudget := pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost)
+// look is one decision on a pass: what it read and what it decided so far.
+type look struct {
+	m       *services.Msg
+	b       events.Base // the pass, as it will go on
+	sealed  *events.Sealed
+	held    *events.Held // nil for a verified pass
+	pol     policy.Type
+	scoring trust.Policy
+	stats   trust.Stats   // the type's evidence, from the view
+	v       trust.Verdict // its score under scoring
+	d       events.TrustDecision
+	release string // the task's canary place, given up if the gate stops it
+	quick   bool   // a look at a waiting pass that reads nothing (see decide)
+}
+
+// evaluate reads the type's evidence from the view and scores it: a retry
+// on its settled tasks only.
+func (s *Service) evaluate(l *look) {
+	t := l.b.Task
+	l.stats = s.cfg.View.Stats(t.Type)
+	l.v = l.scoring.EvaluateWith(t.Type, l.stats, l.scoring.PriorOf(s.pool(), t.Type), l.b.Run.Attempt > 1)
+}
+
+// flood parks a pass of a flood of a new type: one that arrives while
+// the view shows every canary place taken goes to the held consumer at
+// once, reading nothing, so the verified consumer keeps its pace for
+// every other type. The held consumer makes the full look.
+func (s *Service) flood(l *look) (outs []services.Out, parked bool, err error) {
+	t := l.b.Task
+	if l.held != nil || l.m.Delivered != 1 || !waitsForCanaries(l.b.Run, l.v, l.scoring, l.pol.IsExempt()) {
+		return nil, false, nil
+	}
+	sc := s.withCanaries(l.scoring, t.Type)
+	if l.b.At.Sub(l.m.Time) >= sc.CanaryTTL || !placesTaken(l.stats, sc, l.b.At, t.ID) {
+		return nil, false, nil
+	}
+	s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
+	d := events.TrustDecision{Score: l.v.Score, Outcomes: l.v.Outcomes, Threshold: l.v.Threshold,
+		Cause: events.CauseUnproven, Reason: fmt.Sprintf("waiting for the canaries of %s", t.Type)}
+	outs, err = s.park(l.b, events.HoldCanary, d, l.sealed)
+	return outs, true, err
+}
+
+// decideCause decides why the pass may go (l.d.Cause), or stops it: over
+// its daily budget (blocked), below its threshold (held, unless it goes as
+// a probe), held past its hold time (to a human). done reports a stop.
+func (s *Service) decideCause(ctx context.Context, l *look, spent trust.Spend) (outs []services.Out, done bool, err error) {
+	t, b := l.b.Task, l.b
+	overBudget := l.pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost)
 	if overBudget && b.Run.Reviewed {
 		// A human's requeue is let past a spent budget for its own pass —
 		// the human asked for that call — not for the retries of the round
 		// it starts: they would spend past the cap on their own.
 		requeue, err := s.requeuePass(ctx, b)
 		if err != nil {
-			return nil, err
+			return nil, true, err
 		}
 		overBudget = !requeue
 	}
 	switch {
 	case overBudget:
-		d.Blocked, d.Cause = true, events.CauseBudget
-		d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
-		return s.block(ctx, b, d, release)
+		l.d.Blocked, l.d.Cause = true, events.CauseBudget
+		l.d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
+		outs, err = s.block(ctx, b, l.d, l.release)
+		return outs, true, err
 	case b.Run.Reviewed:
-		d.Cause, d.Reason = events.CauseReviewed, "requeued by a human reviewer"
-		return s.admit(ctx, b, d, sealed)
-	case d.Exempt:
-		d.Cause = events.CauseExempt
+		l.d.Cause, l.d.Reason = events.CauseReviewed, "requeued by a human reviewer"
+		outs, err = s.admit(ctx, b, l.d, l.sealed)
+		return outs, true, err
+	case l.d.Exempt:
+		l.d.Cause = events.CauseExempt
 	case b.Run.Probe:
-		d.Cause = events.CauseProbe // a probe's retries go on: it re-measures the type
-	case v.Below:
+		l.d.Cause = events.CauseProbe // a probe's retries go on: it re-measures the type
+	case l.v.Below:
 		// Held, not handed to a human: the type may recover (a probe
 		// succeeds, the score climbs back) and take its held tasks back.
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
-			return nil, err
+			return nil, true, err
 		}
-		probe, err := s.probe(ctx, b, scoring, held, gateKey, stats.Outcomes)
+		gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
+		probe, err := s.probe(ctx, b, l.scoring, l.held, gateKey, l.stats.Outcomes)
 		if err != nil {
-			return nil, err
+			return nil, true, err
 		}
 		if !probe {
-			d.Cause, d.Reason = events.CauseTrust, v.Reason
-			if held != nil && held.Hold == events.HoldTrust && b.At.Sub(held.At) >= scoring.HoldTime {
-				d.Blocked = true
-				d.Reason = fmt.Sprintf("%s; held %s without recovering", v.Reason, scoring.HoldTime)
-				return s.block(ctx, b, d, release)
+			l.d.Cause, l.d.Reason = events.CauseTrust, l.v.Reason
+			if l.held != nil && l.held.Hold == events.HoldTrust && b.At.Sub(l.held.At) >= l.scoring.HoldTime {
+				l.d.Blocked = true
+				l.d.Reason = fmt.Sprintf("%s; held %s without recovering", l.v.Reason, l.scoring.HoldTime)
+				outs, err = s.block(ctx, b, l.d, l.release)
+				return outs, true, err
 			}
-			return s.hold(ctx, m, scoring, b, d, sealed, held, release)
+			outs, err = s.hold(ctx, l.m, l.scoring, b, l.d, l.sealed, l.held, l.release)
+			return outs, true, err
 		}
-		d.Probe, d.Cause, b.Run.Probe = true, events.CauseProbe, true
-		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", v.Score, "held", held != nil)
-	case v.Unproven && scoring.Threshold >= 0:
-		d.Cause = events.CauseUnproven
+		l.d.Probe, l.d.Cause, l.b.Run.Probe = true, events.CauseProbe, true
+		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", l.v.Score, "held", l.held != nil)
+	case l.v.Unproven && l.scoring.Threshold >= 0:
+		l.d.Cause = events.CauseUnproven
 	default:
-		d.Cause = events.CauseTrusted
-		if step, below := trust.StreakStep(d.Cause, false, b.Run.Attempt, false); step && stats.BlockStreak > 0 { // the type recovered: the block streak ends
-			if _, _, err := s.cfg.Trust.GateUnder(ctx, scoring, t.Type, gateKey, below); err != nil {
-				return nil, err
+		l.d.Cause = events.CauseTrusted
+		if step, below := trust.StreakStep(l.d.Cause, false, b.Run.Attempt, false); step && l.stats.BlockStreak > 0 { // the type recovered: the block streak ends
+			if _, _, err := s.cfg.Trust.GateUnder(ctx, l.scoring, t.Type, services.MsgID(t.ID, b.Run.Pass, "gate"), below); err != nil {
+				return nil, true, err
 			}
 		}
 	}
+	return nil, false, nil
+}
 
-	if held != nil && held.Hold == events.HoldTrust && v.Probation && !b.Run.Probe {
-		// Re-admitted on a probe's word alone: a few at a time, more with
-		// every success (a slow start), so a lucky probe of a type that
-		// still fails does not send the whole backlog.
-		ok, err := s.trial(ctx, t, b.At, scoring, stats)
-		if err != nil {
-			return nil, err
+// climb applies the rung floor to a retry: it stays on its rung, moves up
+// to the next rung whose retries pay (ladder.Skip), or — when none does —
+// is handed off (handoff true). It sets l.d's rung figures and reason.
+func (s *Service) climb(l *look) (handoff bool) {
+	t := l.b.Task
+	pool := s.pool()
+	explore := services.MsgID(t.ID, l.b.Run.Pass, "explore") // the retry's own rung may be explored
+	below := func(rung events.Rung) bool {
+		key := ""
+		if rung == l.b.Run.Rung {
+			key = explore
 		}
-		if !ok {
-			return nil, s.sleep(ctx, m, scoring, held)
-		}
-		d.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, scoring.TrialPlaces(stats))
+		low, _, _ := l.scoring.RungBelowWith(l.stats, rung, pool, key)
+		return low
 	}
+	_, tries, successes := l.scoring.RungBelowWith(l.stats, l.b.Run.Rung, pool, explore)
+	l.d.RungTries, l.d.RungSuccesses = tries, successes
+	measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
+		l.b.Run.Rung, t.Type, successes, tries, 100*l.scoring.RungFloor)
+	if tries < l.scoring.RungMinSamples {
+		measured = fmt.Sprintf("%s retries of %s succeeded %d of %d times: too few to judge alone, and with its retries on every rung and %s below the floor of %.0f%%",
+			l.b.Run.Rung, t.Type, successes, tries, pooledRungs(pool, t.Type, l.b.Run.Rung), 100*l.scoring.RungFloor)
+	}
+	switch next := ladder.Skip(l.b.Run.Rung, ladder.ResearchUsed(l.b.Run.DeadEnds), below); next {
+	case l.b.Run.Rung:
+	case events.RungHandoff:
+		l.d.Cause = events.CauseRungRate
+		l.d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s, and so do the rungs above it", l.b.Run.Attempt, measured)
+		return true
+	default:
+		l.d.Rung, l.d.Reason = next, fmt.Sprintf("attempt %d runs on %s: %s", l.b.Run.Attempt, next, measured)
+		s.log.Info("retry moved up the ladder", "task", t.ID, "type", t.Type, "from", l.b.Run.Rung, "to", next)
+		l.b.Run.Rung = next
+	}
+	return false
+}
 
-	if retry && b.Run.Rung != "" {
-		pool := s.pool()
-		explore := services.MsgID(t.ID, b.Run.Pass, "explore") // the retry's own rung may be explored
-		below := func(rung events.Rung) bool {
-			key := ""
-			if rung == b.Run.Rung {
-				key = explore
-			}
-			low, _, _ := scoring.RungBelowWith(stats, rung, pool, key)
-			return low
-		}
-		_, tries, successes := scoring.RungBelowWith(stats, b.Run.Rung, pool, explore)
-		d.RungTries, d.RungSuccesses = tries, successes
-		measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
-			b.Run.Rung, t.Type, successes, tries, 100*scoring.RungFloor)
-		if tries < scoring.RungMinSamples {
-			measured = fmt.Sprintf("%s retries of %s succeeded %d of %d times: too few to judge alone, and with its retries on every rung and %s below the floor of %.0f%%",
-				b.Run.Rung, t.Type, successes, tries, pooledRungs(pool, t.Type, b.Run.Rung), 100*scoring.RungFloor)
-		}
-		switch next := ladder.Skip(b.Run.Rung, ladder.ResearchUsed(b.Run.DeadEnds), below); next {
-		case b.Run.Rung:
-		case events.RungHandoff:
-			d.Cause = events.CauseRungRate
-			d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s, and so do the rungs above it", b.Run.Attempt, measured)
-			return s.handoff(ctx, b, d, release)
-		default:
-			d.Rung, d.Reason = next, fmt.Sprintf("attempt %d runs on %s: %s", b.Run.Attempt, next, measured)
-			s.log.Info("retry moved up the ladder", "task", t.ID, "type", t.Type, "from", b.Run.Rung, "to", next)
-			b.Run.Rung = next
+// canaries lets a pass of an unproven type through as one of its
+// canaries when a place is free (or frees the places of canaries that
+// ended), and otherwise makes it wait in the held consumer, up to the
+// canary TTL, after which it goes anyway. done reports a wait.
+func (s *Service) canaries(ctx context.Context, l *look) (outs []services.Out, done bool, err error) {
+	t, b, held := l.b.Task, l.b, l.held
+	scoring := s.withCanaries(l.scoring, t.Type)
+	if l.quick && b.At.Sub(held.At) < scoring.CanaryTTL && placesTaken(l.stats, scoring, b.At, t.ID) {
+		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
+		return nil, true, services.Snooze(canaryDelay(l.m.Delivered, scoring.CanaryTTL), ErrCanaryWait)
+	}
+	if held == nil { // a held look read the state already (HandleHeld)
+		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
+			return nil, true, err
 		}
 	}
-
-	if canaryRound(b.Run, v, scoring, d.Exempt) {
-		scoring = s.withCanaries(scoring, t.Type)
-		if quickLook && b.At.Sub(held.At) < scoring.CanaryTTL && placesTaken(stats, scoring, b.At, t.ID) {
-			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-			return nil, services.Snooze(canaryDelay(m.Delivered, scoring.CanaryTTL), ErrCanaryWait)
-		}
-		if held == nil { // a held look read the state already (HandleHeld)
-			if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
-				return nil, err
+	admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, l.stats.Outcomes)
+	if err != nil {
+		return nil, true, err
+	}
+	if !admit { // places held by tasks that ended are free
+		if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil {
+			return nil, true, err
+		} else if freed {
+			if admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, l.stats.Outcomes); err != nil {
+				return nil, true, err
 			}
-		}
-		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes)
-		if err != nil {
-			return nil, err
-		}
-		if !admit { // places held by tasks that ended are free
-			if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil {
-				return nil, err
-			} else if freed {
-				if admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, stats.Outcomes); err != nil {
-					return nil, err
-				}
-			}
-		}
-		waited := b.At.Sub(m.Time) // since it reached the gate's stream position
-		if held != nil {
-			waited = b.At.Sub(held.At) // since the gate first held it
-		}
-		if !admit && waited < scoring.CanaryTTL {
-			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-			if held == nil { // to the held consumer: this one decides the others
-				d.Cause, d.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
-				return s.park(b, events.HoldCanary, d, sealed)
-			}
-			delay := canaryDelay(m.Delivered, scoring.CanaryTTL)
-			s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", v.Outcomes, "delay", delay)
-			return nil, services.Snooze(delay, ErrCanaryWait)
-		}
-		if !admit {
-			d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
 		}
 	}
-	return s.admit(ctx, b, d, sealed)
+	waited := b.At.Sub(l.m.Time) // since it reached the gate's stream position
+	if held != nil {
+		waited = b.At.Sub(held.At) // since the gate first held it
+	}
+	switch {
+	case admit:
+	case waited < scoring.CanaryTTL:
+		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
+		if held == nil { // to the held consumer: this one decides the others
+			l.d.Cause, l.d.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
+			outs, err = s.park(b, events.HoldCanary, l.d, l.sealed)
+			return outs, true, err
+		}
+		delay := canaryDelay(l.m.Delivered, scoring.CanaryTTL)
+		s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", l.v.Outcomes, "delay", delay)
+		return nil, true, services.Snooze(delay, ErrCanaryWait)
+	default:
+		l.d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
+	}
+	return nil, false, nil
 }
 
 // waitsForCanaries reports whether a new task's first pass of a type the
@@ -550,69 +496,6 @@ func (s *Service) probe(ctx context.Context, b events.Base, p trust.Policy, held
 		s.log.Info("task held", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "streak", streak)
 	}
 	return probe, err
-}
-
-// hold holds the pass for its type's trust: the task's status is held
-// (SPEC §2), and the pass waits in the held consumer, looked at again
-// every few seconds (held: snoozed; verified: handed over as a held event).
-func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b events.Base, d events.TrustDecision, sealed *events.Sealed, held *events.Held, release string) ([]services.Out, error) {
-	if err := s.release(ctx, b.Task.Type, release); err != nil {
-		return nil, err
-	}
-	if s.cfg.Tasks != nil {
-		_, cause, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
-			return task.Hold(st, found, b, d.Reason)
-		})
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case cause == task.CauseMovedOn, cause == task.CauseEnded:
-			return nil, nil // a human acted on it meanwhile
-		case cause.Changed():
-			s.metrics.held.WithLabelValues(s.metrics.types.Label(b.Task.Type)).Inc()
-			s.log.Info("task held for its type's trust", "task", b.Task.ID, "type", b.Task.Type, "pass", b.Run.Pass, "reason", d.Reason)
-			sealed = nil // the state changed since it was sealed: the executor reads
-		}
-	}
-	if held == nil || held.Hold != events.HoldTrust { // a new hold: its event, and this message is done
-		return s.park(b, events.HoldTrust, d, sealed)
-	}
-	return nil, s.sleep(ctx, m, p, held)
-}
-
-// park hands a pass to the held consumer, held for hold: one held event
-// per pass and hold (its Nats-Msg-Id names both), so a pass that waited for
-// its canaries and is then held for trust is held anew.
-func (s *Service) park(b events.Base, hold events.Hold, d events.TrustDecision, sealed *events.Sealed) ([]services.Out, error) {
-	if hold == events.HoldTrust { // a wait for canaries is no decision: dispatch_gate_waits_total counts it
-		s.decided(context.Background(), b, d)
-	}
-	out, err := services.NextAs(b, events.StageHeld, events.StageHeld+"-"+string(hold), events.EventHeld,
-		events.Held{Base: b, Hold: hold, Trust: d, Reason: d.Reason, Sealed: sealed})
-	return []services.Out{out}, err
-}
-
-// heldDelay is how long a held pass sleeps before it is looked at again:
-// 1s doubling per look up to MaxHeldDelay, with jitter — longer for a hold
-// time so long that MaxHeldDeliver looks would not cover it.
-func heldDelay(delivered int, holdTime time.Duration) time.Duration {
-	return backoff(delivered, time.Second, max(MaxHeldDelay, spread(holdTime)))
-}
-
-// spread is the longest delay between looks for MaxHeldDeliver looks to
-// cover d, with the jitter's shortest (half the delay) taken at each.
-func spread(d time.Duration) time.Duration { return 2 * d / MaxHeldDeliver }
-
-// backoff is base doubling per delivery up to limit, with jitter (half to
-// all of it) so that a burst does not come back all at once.
-func backoff(delivered int, base, limit time.Duration) time.Duration {
-	d := base
-	for i := 1; i < delivered && d < limit; i++ {
-		d *= 2
-	}
-	d = min(d, limit)
-	return d/2 + rand.N(d/2+1)
 }
 
 // SyncMargin is how close to its threshold a type's score must be, at

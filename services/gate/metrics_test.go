@@ -200,6 +200,15 @@ func TestGateCountsEachDecisionOnce(t *testing.T) {
 	if _, err := e.trust.Release(context.Background(), "careful", "w1"); err != nil {
 		t.Fatal(err) // w1's place is free too
 	}
+	// Once the gate's view shows it free: else d2 would be parked in the
+	// held consumer (every place taken, as far as the view knows) and its
+	// admission republished from there.
+	waitCount(t, func() float64 {
+		if slices.ContainsFunc(e.view.Stats("careful").Canaries, func(c trust.Canary) bool { return c.Key == "w1" }) {
+			return 0
+		}
+		return 1
+	}, 1)
 	verified("d2")
 	waitCount(t, func() float64 {
 		return metricstest.Family(t, reg, "dispatch_published_total")["duplicate=true,service="+services.ConsumerGate]
