@@ -243,6 +243,22 @@ func checkPermissions(t *testing.T, u *server.User) {
 			}
 		}
 	}
+	if u.Username == "auditor" {
+		// The operators' read-only identity reads every bucket (dispatch
+		// review, audit, status -v, the nats CLI) and writes none.
+		for _, b := range services.AllBuckets {
+			for _, s := range watchGrants(b) {
+				if !slices.Contains(p.Publish.Allow, s) {
+					t.Errorf("user auditor reads every bucket but lacks publish %s", s)
+				}
+			}
+		}
+		for _, s := range p.Publish.Allow {
+			if strings.HasPrefix(s, "$KV.") {
+				t.Errorf("user auditor may publish %s: it writes no bucket", s)
+			}
+		}
+	}
 	checkKnownNames(t, u.Username, slices.Concat(p.Publish.Allow, p.Publish.Deny))
 	if u.Username == "client" {
 		// Clients go through the API only: no stream, consumer or bucket.
@@ -311,9 +327,10 @@ func watchGrants(b string) []string {
 // reviewAccess is what the review client (dispatch web, dispatch review)
 // and the task explorer use beyond the stream DISPATCH and the task bucket,
 // by user: web follows the trust outcomes and watches the gate's facts
-// (trust.View, as the gate sees them); client only lists tasks.
+// (trust.View, as the gate sees them) and lists the held index (the held
+// tasks of the review queue); client only lists tasks.
 var reviewAccess = map[string]mesh.Access{
-	"web":    {Reads: []string{services.BucketTrust, services.BucketPolicy}, Follows: []string{services.OutcomeStream}},
+	"web":    {Reads: []string{services.BucketTrust, services.BucketPolicy, services.BucketHeld}, Follows: []string{services.OutcomeStream}},
 	"client": {},
 }
 
@@ -722,7 +739,7 @@ func provision(ctx context.Context, t *testing.T, admin *conn, replicas int) {
 
 // testBuckets are the buckets provision creates (the policy bucket is
 // tested with the binaries, processes_test.go).
-var testBuckets = []string{services.BucketTasks, services.BucketTrust, services.BucketHistory}
+var testBuckets = []string{services.BucketTasks, services.BucketTrust, services.BucketHistory, services.BucketHeld}
 
 // The outcome the tests publish and read: one of seedType.
 const seedType = "css_fix"
@@ -1327,9 +1344,17 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 		t.Fatal(err)
 	}
 	tv, err := rc.TrustOf(ctx, seedType)
-	rc.Close()
 	if err != nil {
+		rc.Close()
 		t.Fatalf("web reads trust: %v", err)
+	}
+	// The held tasks of the review queue: a listing of the held index
+	// (its keys — seed, the services' smoke tests — are no entries: read,
+	// not listed).
+	hl, err := rc.Held(ctx, "")
+	rc.Close()
+	if err != nil || hl.Scanned == 0 || hl.Total != 0 || !hl.Complete {
+		t.Fatalf("web lists the held index: %+v, %v", hl, err)
 	}
 	if !slices.ContainsFunc(tv.Recent, func(o trust.Outcome) bool { return o.Key == "seed" }) {
 		t.Fatalf("web's trust of %s: %+v, without the seed outcome", seedType, tv)
@@ -1369,6 +1394,7 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	web.denyPublish(t, events.TaskSubject("t1", events.StageAdmitted))
 	web.denyPublish(t, events.ReviewSubject(events.ReviewEscalated, "t1"))
 	web.denyPublish(t, "$KV."+services.BucketTrust+".css_fix")
+	web.denyPublish(t, "$KV."+services.BucketHeld+".css_fix.0000000000000000001.t1.1")
 	web.denyPublish(t, trust.OutcomeSubject(seedType))
 	web.denyPublish(t, "$KV."+services.BucketHistory+".css_fix")
 	web.denyPublish(t, "$JS.API.STREAM.INFO.KV_"+services.BucketHistory)

@@ -18,7 +18,8 @@ import (
 
 const reviewUsage = `usage:
   dispatch review list [-reason R] [-type T] [-age 24h] [-all] [-answered] [-limit N] [-cursor C] [-o json]
-      newest first, a page at a time: a page ends with the command that prints the next (older) one
+      newest first, a page at a time: a page ends with the command that prints the next (older) one;
+      without -reason and -cursor it first lists the tasks held for their type's trust, oldest first
   dispatch review show ID [-o json]
   dispatch review resolve ID -note TEXT [-by WHO]
   dispatch review reject ID -note TEXT [-by WHO]
@@ -123,11 +124,56 @@ func reviewList(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The held tasks are on no review subject: the first page of every
+	// reason lists them from the gate's held index.
+	if f.ListsHeld() {
+		if hl, err := rc.Held(ctx, f.Type); err != nil {
+			fmt.Fprintf(stderr, "warning: the held tasks could not be read: %v\n", err)
+		} else {
+			q.Held = &hl
+		}
+	}
 	if *output == "json" {
 		return writeJSON(stdout, q)
 	}
+	if q.Held != nil {
+		printHeld(stdout, *q.Held)
+	}
 	printQueue(stdout, q, f, args)
 	return nil
+}
+
+// printHeld prints the tasks the gate holds for their type's trust, oldest
+// first, with when each goes to a human.
+func printHeld(out io.Writer, hl review.HeldList) {
+	if len(hl.Items) == 0 && hl.Total == 0 {
+		fmt.Fprintln(out, "No task is held for its type's trust.")
+		fmt.Fprintln(out)
+		return
+	}
+	from := "each type's hold time in the policy in force"
+	if hl.HoldTimeFrom != review.HoldTimeFromPolicy {
+		from = "the default hold time; a type's hold_time in the policy may differ"
+	}
+	fmt.Fprintf(out, "HELD for their type's low trust, oldest first: each is re-admitted when its type recovers, else goes to a human at TO HUMAN (%s).\n", from)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SINCE\tTASK\tTYPE\tPASS\tTO HUMAN\tWHY")
+	for _, it := range hl.Items {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", it.Since.Local().Format("2006-01-02 15:04:05"), it.TaskID, it.Type, it.Pass,
+			it.ToHuman.Local().Format("2006-01-02 15:04:05"), oneLine(it.Reason, 100))
+	}
+	_ = w.Flush()
+	what := fmt.Sprintf("%d held", len(hl.Items))
+	switch {
+	case !hl.Complete:
+		what += fmt.Sprintf(", the oldest of at least %d (the listing stops after reading %d messages of the held index)", hl.Total, hl.Scanned)
+	case hl.Total > len(hl.Items)+hl.MovedOn:
+		what += fmt.Sprintf(", the oldest of %d", hl.Total)
+	}
+	if hl.MovedOn > 0 {
+		what += fmt.Sprintf("; %d whose task moved on since (a human acted) left out", hl.MovedOn)
+	}
+	fmt.Fprintf(out, "%s. A human may act on a held task: dispatch review resolve|reject|requeue ID -note TEXT.\n\n", what)
 }
 
 // printQueue prints one page of the queue, what it read, and the command

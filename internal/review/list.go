@@ -49,6 +49,10 @@ type Filter struct {
 	Limit int
 }
 
+// ListsHeld reports whether the queue's views list the held tasks with
+// this page (Queue.Held): on the first page of every reason.
+func (f Filter) ListsHeld() bool { return f.Reason == "" && f.Cursor == "" }
+
 // AnsweredRejection reports whether a review record is a rejection the
 // submit API already answered to its caller.
 func AnsweredRejection(r Record) bool {
@@ -121,6 +125,12 @@ type Queue struct {
 	// dispatch_review_queue reports (OpenCounts). List leaves it empty;
 	// the review page and /api/review fill it.
 	Open map[string]int `json:"open,omitempty"`
+	// Held are the tasks the gate holds for their type's low trust, from
+	// the held index (Client.Held, of Filter.Type), oldest first: they are
+	// on no review subject. List leaves it nil; the review page,
+	// /api/review and `dispatch review list` fill it on the first page of
+	// every reason (Filter.ListsHeld).
+	Held *HeldList `json:"held,omitempty"`
 	// Retention is how long the stream keeps records: older ones are gone.
 	Retention Retention `json:"retention"`
 }

@@ -1,10 +1,13 @@
 // Package review is the human side of the mesh (SPEC §9): the queue of
 // everything on the review subjects dispatch.review.<reason>.<id> (rejected
-// input, gated, escalated, poison and stuck tasks), the full record of one
-// task (state, trust score, every attempt, dead ends, review records, the
-// timeline), the three human decisions — resolve, reject, requeue — and
-// cancel (stop a task that has not ended), and the task explorer (Tasks:
-// every task, newest first, a page at a time, from the task index).
+// input, gated, escalated, poison and stuck tasks) and the tasks the gate
+// holds for their type's low trust (Held, from the gate's held index: they
+// are on no review subject, but a human may act on them), the full record
+// of one task (state, trust score, every attempt, dead ends, review
+// records, the timeline), the three human decisions — resolve, reject,
+// requeue — and cancel (stop a task that has not ended), and the task
+// explorer (Tasks: every task, newest first, a page at a time, from the
+// task index).
 //
 // Every decision is itself an event: an events.Action on
 // dispatch.review.action.<id>, and an entry in the task's TaskState.Actions,

@@ -101,7 +101,24 @@ func (h *Handler) apiReview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q.Open = h.openCounts(r)
+	q.Held = h.held(r, f)
 	h.writeJSON(w, http.StatusOK, q)
+}
+
+// held reads the tasks the gate holds for trust (review.Client.Held, of
+// the filter's type) for a page that lists them (Filter.ListsHeld); nil
+// when it does not, or, logged, when they cannot be read: the page of
+// items does not depend on them.
+func (h *Handler) held(r *http.Request, f review.Filter) *review.HeldList {
+	if !f.ListsHeld() {
+		return nil
+	}
+	hl, err := h.cfg.Review.Held(r.Context(), f.Type)
+	if err != nil {
+		h.cfg.Log.Warn("web: held tasks", "err", err)
+		return nil
+	}
+	return &hl
 }
 
 // openCounts reads the open items per reason of the whole queue

@@ -126,6 +126,9 @@ type queueData struct {
 	AnsweredLink string
 	Next         string // link to the next (older) page
 	First        string // link to the newest page of the same filter
+	// ListsHeld: the page lists the held tasks (Filter.ListsHeld); they
+	// could not be read when Queue.Held is nil.
+	ListsHeld bool
 }
 
 // tab is one reason filter link with the open items of that reason (-1:
@@ -149,6 +152,7 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q.Open = h.openCounts(r)
+	q.Held = h.held(r, f)
 	tr, err := h.cfg.Review.Trust(r.Context())
 	if err != nil {
 		h.renderError(w, r, err)
@@ -184,7 +188,7 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		return ""
 	}
 	d := queueData{
-		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor,
+		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(),
 		AllLink:      link(map[string]string{"all": flag(!f.All), "cursor": ""}),
 		AnsweredLink: link(map[string]string{"answered": flag(!f.Answered), "cursor": ""}),
 	}

@@ -5,11 +5,12 @@
 // and, per task, its payload, why it stopped, what was tried, what the
 // model answered, its timeline and a cancel button while it has not ended.
 //
-//	GET  /                               the review queue, newest first, a page at a time, and trust per type (same query as /api/review)
+//	GET  /                               the review queue, newest first, a page at a time, the held tasks, and trust per type (same query as /api/review)
 //	GET  /tasks                          the task explorer: every task, newest first (?id= &type= &status= &subject= &since= &until= &cursor= &limit=)
 //	GET  /tasks/{id}                     one task: payload, why it stopped, attempts and answers, dead ends, timeline
 //	POST /tasks/{id}/{action}            form: resolve, reject or requeue with a note, or cancel, then back
-//	GET  /api/review                     one page of the queue (review.Queue; ?reason= &type= &age=24h &all=1 &answered=1 &cursor= &limit=)
+//	GET  /api/review                     one page of the queue (review.Queue; ?reason= &type= &age=24h &all=1 &answered=1 &cursor= &limit=),
+//	                                     with the held tasks (held: review.HeldList) on the first page of every reason
 //	GET  /api/tasks                      one page of the explorer (review.TaskPage; same query as /tasks)
 //	GET  /api/tasks/{id}                 one task (review.Detail)
 //	GET  /api/tasks/{id}/timeline        its events from the stream
