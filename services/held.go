@@ -93,13 +93,20 @@ func (h *HeldIndex) Put(ctx context.Context, e HeldEntry) error {
 	return nil
 }
 
-// Delete removes the entry under key; one already gone is no error.
+// Delete removes the entry under key; one already gone is no error. It
+// purges the key with a marker that expires after HeldMarkerTTL, so the
+// bucket holds only the live entries, not a marker for every pass ever
+// held (a watcher sees the purge as it is stored).
 func (h *HeldIndex) Delete(ctx context.Context, key string) error {
-	if err := h.kv.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := h.kv.Purge(ctx, key, jetstream.PurgeTTL(HeldMarkerTTL)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("held index: delete %s: %w", key, err)
 	}
 	return nil
 }
+
+// HeldMarkerTTL is how long the held bucket keeps the marker of a removed
+// entry (its LimitMarkerTTL, and each purge's).
+const HeldMarkerTTL = time.Minute
 
 // DecodeHeldEntry decodes an entry's value, checking it against its key.
 func DecodeHeldEntry(key string, data []byte) (HeldEntry, error) {

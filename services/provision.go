@@ -220,10 +220,14 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		{&st.History, BucketHistory, 1, cfg.MaxAge},
 		{&st.Held, BucketHeld, 1, cfg.MaxAge}, // an entry lives while its pass is held
 	} {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		kc := jetstream.KeyValueConfig{
 			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,
 			Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
-		})
+		}
+		if b.name == BucketHeld { // removed entries leave no marker for long (HeldIndex.Delete)
+			kc.LimitMarkerTTL = HeldMarkerTTL
+		}
+		kv, err := js.CreateOrUpdateKeyValue(ctx, kc)
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}

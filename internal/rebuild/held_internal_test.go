@@ -184,7 +184,7 @@ func entries(m map[string]*services.HeldEntry) []services.HeldEntry {
 func TestApplyRestoresTheHeldIndex(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx := context.Background()
-	kv, err := srv.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketHeld})
+	kv, err := srv.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketHeld, LimitMarkerTTL: services.HeldMarkerTTL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -250,8 +250,8 @@ func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now
 	raw, err := stream.GetMsg(ctx, e.Seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// The stream no longer holds it (older than its MaxAge): nothing
-		// can wake the pass; a human finds the task held in the review
-		// queue (it is listed from the index) and its events in the stream.
+		// can wake the pass. Its entry goes; the task stays held, found by
+		// `dispatch ls -status held` and the explorer.
 		s.log.Error("held pass cannot be woken: its held event left the stream; its entry is removed, the task stays held",
 			"task", e.Task, "type", e.Type, "pass", e.Pass, "seq", e.Seq)
 		return s.cfg.Held.Delete(ctx, e.Key())
