@@ -18,10 +18,32 @@ import (
 )
 
 // Rewake is how long the sweeper leaves a pass it woke before it wakes it
-// again (its look may not have run yet). Two sweepers — two gate
-// instances — that wake a pass within the same Rewake period publish the
-// same Nats-Msg-Id: the stream keeps one wake.
-const Rewake = 5 * time.Second
+// again (its look may not have run yet, or left it asleep), doubling with
+// every wake of the same pass up to MaxRewake: a pass whose looks keep
+// leaving it asleep (trial places all taken while its type is on
+// probation, a look that judges the type below where the sweeper's view
+// did not yet) costs a wake every few minutes, not every few seconds. Two
+// sweepers — two gate instances — that wake a pass within the same Rewake
+// period publish the same Nats-Msg-Id: the stream keeps one wake.
+const (
+	Rewake    = 5 * time.Second
+	MaxRewake = 5 * time.Minute
+)
+
+// woken is when a sweeper last woke a pass, and how many times it has.
+type woken struct {
+	at time.Time
+	n  int
+}
+
+// due reports whether a pass woken as w may be woken again at now.
+func (w woken) due(now time.Time) bool {
+	after := Rewake
+	for i := 1; i < w.n && after < MaxRewake; i++ {
+		after *= 2
+	}
+	return now.Sub(w.at) >= min(after, MaxRewake)
+}
 
 // MaxWakesPerSweep bounds the wakes one sweep publishes, so that a sweep
 // of a large index ends quickly; the next sweep goes on.
@@ -130,7 +152,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 		return err
 	}
 	x := &heldIndex{entries: map[string]services.HeldEntry{}, byType: map[string][]string{}}
-	woken := map[string]time.Time{}
+	woke := map[string]woken{}
 	ticker := time.NewTicker(s.cfg.SweepEvery)
 	defer ticker.Stop()
 	current := false // the watch delivered every entry there was
@@ -152,7 +174,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 			}
 		case <-ticker.C:
 			if current {
-				s.sweep(ctx, stream, x, woken)
+				s.sweep(ctx, stream, x, woke)
 			}
 		}
 	}
@@ -164,17 +186,17 @@ type wake struct {
 	why   string
 }
 
-// sweep wakes what is due in x; woken holds when this sweeper last woke
-// each key.
-func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woken map[string]time.Time) {
+// sweep wakes what is due in x; woke holds when this sweeper last woke
+// each key still in the index.
+func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woke map[string]woken) {
 	now := s.cfg.Now().UTC()
-	for key, at := range woken {
-		if now.Sub(at) >= Rewake {
-			delete(woken, key)
-		}
-	}
 	var due []wake
 	x.mu.Lock()
+	for key := range woke {
+		if _, ok := x.entries[key]; !ok {
+			delete(woke, key) // its hold ended
+		}
+	}
 	types := make([]string, 0, len(x.byType))
 	for typ := range x.byType {
 		types = append(types, typ)
@@ -185,7 +207,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 		for _, key := range x.byType[typ] {
 			entries = append(entries, x.entries[key])
 		}
-		due = append(due, s.dueOf(typ, entries, now, woken)...)
+		due = append(due, s.dueOf(typ, entries, now, woke)...)
 		if len(due) >= MaxWakesPerSweep {
 			due = due[:MaxWakesPerSweep]
 			break
@@ -199,16 +221,17 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			}
 			continue
 		}
-		woken[w.entry.Key()] = now
+		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1}
 		s.metrics.wakes.WithLabelValues(s.metrics.types.Label(w.entry.Type), w.why).Inc()
 	}
 }
 
 // dueOf is what a sweep wakes of one type's held passes (oldest first):
 // those held past the hold time; then, once the type recovered, the
-// oldest Readmit; else the oldest one when a probe is due. A pass woken
-// within Rewake is left to its look.
-func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time, woken map[string]time.Time) []wake {
+// oldest Readmit — while it is on probation, no more than its free trial
+// places; else the oldest one when a probe is due. A pass woken lately
+// (woken.due) is left to its look.
+func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time, woke map[string]woken) []wake {
 	pol := s.cfg.Policy.Snapshot().For(typ)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	stats := s.cfg.View.Stats(typ)
@@ -217,10 +240,20 @@ func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time,
 	first, retry := scoring.EvaluateWith(typ, stats, prior, false), scoring.EvaluateWith(typ, stats, prior, true)
 	exempt := pol.IsExempt() || scoring.Threshold < 0
 	_, probe := scoring.HeldProbe(stats, now)
+	readmits := s.cfg.Readmit
+	if first.Probation { // the look admits no more than the free trial places
+		taken := 0
+		for _, c := range stats.Canaries {
+			if now.Sub(c.At) < scoring.CanaryTTL {
+				taken++
+			}
+		}
+		readmits = min(readmits, max(1, scoring.TrialPlaces(stats)-taken))
+	}
 	var due []wake
 	readmit := 0
 	for _, e := range entries {
-		if _, ok := woken[e.Key()]; ok {
+		if w, ok := woke[e.Key()]; ok && !w.due(now) {
 			continue
 		}
 		open := exempt || !first.Below
@@ -230,7 +263,7 @@ func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time,
 		switch {
 		case now.Sub(e.Since) >= scoring.HoldTime:
 			due = append(due, wake{e, WakeExpired})
-		case open && readmit < s.cfg.Readmit:
+		case open && readmit < readmits:
 			due = append(due, wake{e, WakeReadmit})
 			readmit++
 		case !open && probe:
