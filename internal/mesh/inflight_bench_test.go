@@ -155,10 +155,14 @@ func startModelMesh(b testing.TB, model *openaitest.Server, concurrency map[stri
 // submitModelTask submits task id of taskType; its payload carries #n#,
 // which the prompt carries to the model.
 func submitModelTask(b testing.TB, srv *natstest.Server, taskType, id string, n int) {
-	data := fmt.Appendf(nil, `{"id":"%s","subject":"src/app%d.css","payload":{"issue":"button misaligned","n":"#%d#"}}`, id, n%1000, n)
-	if _, err := srv.JS.PublishAsync(events.SubmitSubject(taskType), data); err != nil {
+	if _, err := srv.JS.PublishAsync(events.SubmitSubject(taskType), modelTask(id, n)); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// modelTask is the submission of task id, on subject n%1000, carrying #n#.
+func modelTask(id string, n int) []byte {
+	return fmt.Appendf(nil, `{"id":"%s","subject":"src/app%d.css","payload":{"issue":"button misaligned","n":"#%d#"}}`, id, n%1000, n)
 }
 
 // taskNumber is the #n# of a model request, -1 if none.
@@ -285,7 +289,7 @@ func percentile(ds []time.Duration, p int) float64 {
 // `succeeded` (`e2e`), the saturation rate and the CPU time per task at
 // it (`sat-`), the rate used and the CPU time per task at that rate:
 //
-//	go test -run '^$' -bench OpenLoop -benchtime 2000x -count 3 ./internal/mesh/
+//	go test -run '^$' -bench 'OpenLoop$' -benchtime 2000x -count 3 ./internal/mesh/
 func BenchmarkOpenLoop(b *testing.B) {
 	const warm, burst = 500, 2000
 	total := warm + burst + b.N
