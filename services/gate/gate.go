@@ -41,8 +41,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
@@ -130,28 +128,30 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 }
 
 // decide is the gate's decision on a pass, verified (held nil) or held:
-// it reads what the pass needs (the type's evidence from the view, its
-// spend, its state when it may have been stopped), decides its cause
-// (decideCause), moves a retry up the ladder or hands it off (climb), and
-// lets a pass of an unproven type through as a canary or makes it wait
-// (canaries).
+// it reads what the decision needs — the type's evidence from the view
+// (synced when an outcome or two could change the decision), its spend,
+// its state when an earlier delivery may have stopped it — and lets
+// task.Decide decide, taking the claims it asks for (a probe, a trial or
+// canary place: compare-and-set writes of the type's gate facts); then it
+// writes and emits what was decided.
 func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, sealed *events.Sealed, held *events.Held) ([]services.Out, error) {
 	snap := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
-	l := &look{m: m, b: b, sealed: sealed, held: held, pol: snap.For(t.Type)}
-	l.scoring = l.pol.Scoring(s.cfg.Scoring).WithDefaults()
-	l.scoring.Exempt = []string{} // the policy says which types are exempt
-	s.evaluate(l)
-	// Most looks at a pass waiting for canaries find every place still
-	// taken: they read nothing from the server (quickLook); one in
-	// FullLookEvery does the full look, which also frees the places of
-	// canaries a human ended.
-	l.quick = held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
-	if outs, parked, err := s.flood(l); parked {
-		return outs, err
+	pol := snap.For(t.Type)
+	in := task.GateIn{Task: t, Run: b.Run, Arrived: m.Time, Delivered: m.Delivered, Now: b.At,
+		Exempt: pol.IsExempt(), Claimed: map[task.Claim]bool{}}
+	if held != nil {
+		in.Hold, in.Since = held.Hold, held.At
 	}
-	if !l.quick && mayHinge(b.Run, l.v, l.scoring, l.pol.IsExempt()) {
+	in.Scoring = pol.Scoring(s.cfg.Scoring).WithDefaults()
+	in.Scoring.Exempt = []string{} // the policy says which types are exempt
+	s.evaluate(&in)
+	out := task.Decide(in)
+	if out.Quick { // a flood's pass parked, or a look that waits on: nothing read
+		return s.act(ctx, m, b, sealed, held, in, out, "")
+	}
+	if mayHinge(b.Run, in.Verdict, in.Scoring, in.Exempt) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
 		// end before it submitted this task — and the view may not have
@@ -159,344 +159,147 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		if err := s.cfg.View.Sync(ctx, t.Type); err != nil {
 			return nil, err
 		}
-		s.evaluate(l)
+		s.evaluate(&in)
 	}
-	l.d = events.TrustDecision{Score: l.v.Score, Outcomes: l.v.Outcomes, Threshold: l.v.Threshold, Exempt: l.pol.IsExempt()}
-	var spent trust.Spend
-	if l.pol.DailyBudget != nil {
+	if pol.DailyBudget != nil {
 		if s.cfg.Spending == nil {
 			return nil, fmt.Errorf("gate: type %s has a daily budget but the gate has no spend counters", t.Type)
 		}
 		var err error
-		if spent, err = s.cfg.Spending.On(ctx, t.Type, b.At); err != nil {
+		if in.Spent, err = s.cfg.Spending.On(ctx, t.Type, b.At); err != nil {
 			return nil, err
+		}
+		if in.OverBudget = pol.DailyBudget.Exceeded(in.Spent.Tokens, in.Spent.Cost); in.OverBudget && b.Run.Reviewed {
+			// A human's requeue is let past a spent budget for its own pass —
+			// the human asked for that call — not for the retries of the round
+			// it starts: they would spend past the cap on their own.
+			requeue, err := s.requeuePass(ctx, b)
+			if err != nil {
+				return nil, err
+			}
+			in.OverBudget = !requeue
 		}
 	}
 	// A redelivered pass that an earlier delivery stopped stays stopped (a
 	// human's requeue too: the daily budget may have stopped it).
 	if m.Delivered > 1 || held != nil {
-		if outs, ok, err := s.stopped(ctx, b, l.d); ok || err != nil {
+		d := events.TrustDecision{Score: in.Verdict.Score, Outcomes: in.Verdict.Outcomes, Threshold: in.Verdict.Threshold, Exempt: in.Exempt}
+		if outs, ok, err := s.stopped(ctx, b, d); ok || err != nil {
 			return outs, err
 		}
 	}
 	// A canary that the gate stops gives up its place.
-	if slices.ContainsFunc(l.stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
-		l.release = t.ID
+	release := ""
+	if slices.ContainsFunc(in.Stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
+		release = t.ID
 	}
-	if outs, done, err := s.decideCause(ctx, l, spent); done || err != nil {
-		return outs, err
+	for out = task.Decide(in); out.Act == task.ActAsk; out = task.Decide(in) {
+		granted, ended, err := s.claim(ctx, out.Ask, b, in, held)
+		if ended || err != nil {
+			return nil, err // a human ended the task: it takes nothing
+		}
+		in.Claimed[out.Ask] = granted
 	}
-	if held != nil && held.Hold == events.HoldTrust && l.v.Probation && !l.b.Run.Probe {
-		// Re-admitted on a probe's word alone: a few at a time, more with
-		// every success (a slow start), so a lucky probe of a type that
-		// still fails does not send the whole backlog.
-		ok, err := s.trial(ctx, t, l.b.At, l.scoring, l.stats)
-		if err != nil {
+	return s.act(ctx, m, b, sealed, held, in, out, release)
+}
+
+// evaluate reads the type's evidence from the view and scores it (a retry
+// on its settled tasks only), with its number of canaries resolved from
+// the mesh's pooled evidence.
+func (s *Service) evaluate(in *task.GateIn) {
+	t := in.Task
+	in.Pool = s.pool()
+	prior := in.Scoring.PriorOf(in.Pool, t.Type)
+	in.Scoring.Canary = in.Scoring.CanariesWith(prior)
+	in.Stats = s.cfg.View.Stats(t.Type)
+	in.Verdict = in.Scoring.EvaluateWith(t.Type, in.Stats, prior, in.Run.Attempt > 1)
+}
+
+// claim takes what the decision asked for of the type's gate facts and
+// reports whether it was granted. A task a human ended takes nothing
+// (ended): the verified pass's state is read first.
+func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, in task.GateIn, held *events.Held) (granted, ended bool, err error) {
+	t := b.Task
+	if c != task.ClaimTrial && (c != task.ClaimCanary || held == nil) { // a held look read the state already (HandleHeld)
+		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
+			return false, ended, err
+		}
+	}
+	switch c {
+	case task.ClaimStreak:
+		probe, streak, err := s.cfg.Trust.GateUnder(ctx, in.Scoring, t.Type, services.MsgID(t.ID, b.Run.Pass, "gate"), true)
+		if err == nil && !probe {
+			s.log.Info("task held", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "streak", streak)
+		}
+		return probe, false, err
+	case task.ClaimProbe:
+		probe, err := s.cfg.Trust.HeldProbe(ctx, in.Scoring, t.Type, b.At, in.Stats.Outcomes)
+		return probe, false, err
+	case task.ClaimTrial:
+		ok, err := s.trial(ctx, t, b.At, in.Scoring, in.Stats)
+		return ok, false, err
+	case task.ClaimCanary:
+		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
+		if admit || err != nil {
+			return admit, false, err
+		}
+		// Places held by tasks that ended are free.
+		if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil || !freed {
+			return false, false, err
+		}
+		admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
+		return admit, false, err
+	}
+	return false, false, fmt.Errorf("gate: unknown claim %q", c)
+}
+
+// act does what the gate decided with the pass: writes the task's state
+// when the gate stops it, and emits where the pass goes next.
+func (s *Service) act(ctx context.Context, m *services.Msg, b events.Base, sealed *events.Sealed, held *events.Held, in task.GateIn, out task.GateOut, release string) ([]services.Out, error) {
+	t, d := b.Task, out.Trust
+	if out.ResetStreak { // the type recovered: the block streak ends
+		if _, _, err := s.cfg.Trust.GateUnder(ctx, in.Scoring, t.Type, services.MsgID(t.ID, b.Run.Pass, "gate"), false); err != nil {
 			return nil, err
 		}
-		if !ok {
-			return nil, s.sleep(ctx, m, l.scoring, held)
-		}
-		l.d.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, l.scoring.TrialPlaces(l.stats))
 	}
-	if l.b.Run.Attempt > 1 && l.b.Run.Rung != "" {
-		if handoff := s.climb(l); handoff {
-			return s.handoff(ctx, l.b, l.d, l.release)
-		}
+	if out.Run.Probe && !b.Run.Probe {
+		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", d.Score, "held", held != nil)
 	}
-	if canaryRound(l.b.Run, l.v, l.scoring, l.d.Exempt) {
-		if outs, done, err := s.canaries(ctx, l); done || err != nil {
-			return outs, err
-		}
+	if out.Run.Rung != b.Run.Rung {
+		s.log.Info("retry moved up the ladder", "task", t.ID, "type", t.Type, "from", b.Run.Rung, "to", out.Run.Rung)
 	}
-	return s.admit(ctx, l.b, l.d, l.sealed)
-}
-
-// look is one decision on a pass: what it read and what it decided so far.
-type look struct {
-	m       *services.Msg
-	b       events.Base // the pass, as it will go on
-	sealed  *events.Sealed
-	held    *events.Held // nil for a verified pass
-	pol     policy.Type
-	scoring trust.Policy
-	stats   trust.Stats   // the type's evidence, from the view
-	v       trust.Verdict // its score under scoring
-	d       events.TrustDecision
-	release string // the task's canary place, given up if the gate stops it
-	quick   bool   // a look at a waiting pass that reads nothing (see decide)
-}
-
-// evaluate reads the type's evidence from the view and scores it: a retry
-// on its settled tasks only.
-func (s *Service) evaluate(l *look) {
-	t := l.b.Task
-	l.stats = s.cfg.View.Stats(t.Type)
-	l.v = l.scoring.EvaluateWith(t.Type, l.stats, l.scoring.PriorOf(s.pool(), t.Type), l.b.Run.Attempt > 1)
-}
-
-// flood parks a pass of a flood of a new type: one that arrives while
-// the view shows every canary place taken goes to the held consumer at
-// once, reading nothing, so the verified consumer keeps its pace for
-// every other type. The held consumer makes the full look.
-func (s *Service) flood(l *look) (outs []services.Out, parked bool, err error) {
-	t := l.b.Task
-	if l.held != nil || l.m.Delivered != 1 || !waitsForCanaries(l.b.Run, l.v, l.scoring, l.pol.IsExempt()) {
-		return nil, false, nil
-	}
-	sc := s.withCanaries(l.scoring, t.Type)
-	if l.b.At.Sub(l.m.Time) >= sc.CanaryTTL || !placesTaken(l.stats, sc, l.b.At, t.ID) {
-		return nil, false, nil
-	}
-	s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-	d := events.TrustDecision{Score: l.v.Score, Outcomes: l.v.Outcomes, Threshold: l.v.Threshold,
-		Cause: events.CauseUnproven, Reason: fmt.Sprintf("waiting for the canaries of %s", t.Type)}
-	outs, err = s.park(l.b, events.HoldCanary, d, l.sealed)
-	return outs, true, err
-}
-
-// decideCause decides why the pass may go (l.d.Cause), or stops it: over
-// its daily budget (blocked), below its threshold (held, unless it goes as
-// a probe), held past its hold time (to a human). done reports a stop.
-func (s *Service) decideCause(ctx context.Context, l *look, spent trust.Spend) (outs []services.Out, done bool, err error) {
-	t, b := l.b.Task, l.b
-	overBudget := l.pol.DailyBudget.Exceeded(spent.Tokens, spent.Cost)
-	if overBudget && b.Run.Reviewed {
-		// A human's requeue is let past a spent budget for its own pass —
-		// the human asked for that call — not for the retries of the round
-		// it starts: they would spend past the cap on their own.
-		requeue, err := s.requeuePass(ctx, b)
-		if err != nil {
-			return nil, true, err
-		}
-		overBudget = !requeue
-	}
-	switch {
-	case overBudget:
-		l.d.Blocked, l.d.Cause = true, events.CauseBudget
-		l.d.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, spent.Tokens, spent.Cost)
-		outs, err = s.block(ctx, b, l.d, l.release)
-		return outs, true, err
-	case b.Run.Reviewed:
-		l.d.Cause, l.d.Reason = events.CauseReviewed, "requeued by a human reviewer"
-		outs, err = s.admit(ctx, b, l.d, l.sealed)
-		return outs, true, err
-	case l.d.Exempt:
-		l.d.Cause = events.CauseExempt
-	case b.Run.Probe:
-		l.d.Cause = events.CauseProbe // a probe's retries go on: it re-measures the type
-	case l.v.Below:
-		// Held, not handed to a human: the type may recover (a probe
-		// succeeds, the score climbs back) and take its held tasks back.
-		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
-			return nil, true, err
-		}
-		gateKey := services.MsgID(t.ID, b.Run.Pass, "gate")
-		probe, err := s.probe(ctx, b, l.scoring, l.held, gateKey, l.stats.Outcomes)
-		if err != nil {
-			return nil, true, err
-		}
-		if !probe {
-			l.d.Cause, l.d.Reason = events.CauseTrust, l.v.Reason
-			if l.held != nil && l.held.Hold == events.HoldTrust && b.At.Sub(l.held.At) >= l.scoring.HoldTime {
-				l.d.Blocked = true
-				l.d.Reason = fmt.Sprintf("%s; held %s without recovering", l.v.Reason, l.scoring.HoldTime)
-				outs, err = s.block(ctx, b, l.d, l.release)
-				return outs, true, err
-			}
-			outs, err = s.hold(ctx, l.m, l.scoring, b, l.d, l.sealed, l.held, l.release)
-			return outs, true, err
-		}
-		l.d.Probe, l.d.Cause, l.b.Run.Probe = true, events.CauseProbe, true
-		s.log.Info("exploration probe let through", "task", t.ID, "type", t.Type, "score", l.v.Score, "held", l.held != nil)
-	case l.v.Unproven && l.scoring.Threshold >= 0:
-		l.d.Cause = events.CauseUnproven
-	default:
-		l.d.Cause = events.CauseTrusted
-		if step, below := trust.StreakStep(l.d.Cause, false, b.Run.Attempt, false); step && l.stats.BlockStreak > 0 { // the type recovered: the block streak ends
-			if _, _, err := s.cfg.Trust.GateUnder(ctx, l.scoring, t.Type, services.MsgID(t.ID, b.Run.Pass, "gate"), below); err != nil {
-				return nil, true, err
-			}
-		}
-	}
-	return nil, false, nil
-}
-
-// climb applies the rung floor to a retry: it stays on its rung, moves up
-// to the next rung whose retries pay (ladder.Skip), or — when none does —
-// is handed off (handoff true). It sets l.d's rung figures and reason.
-func (s *Service) climb(l *look) (handoff bool) {
-	t := l.b.Task
-	pool := s.pool()
-	explore := services.MsgID(t.ID, l.b.Run.Pass, "explore") // the retry's own rung may be explored
-	below := func(rung events.Rung) bool {
-		key := ""
-		if rung == l.b.Run.Rung {
-			key = explore
-		}
-		low, _, _ := l.scoring.RungBelowWith(l.stats, rung, pool, key)
-		return low
-	}
-	_, tries, successes := l.scoring.RungBelowWith(l.stats, l.b.Run.Rung, pool, explore)
-	l.d.RungTries, l.d.RungSuccesses = tries, successes
-	measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
-		l.b.Run.Rung, t.Type, successes, tries, 100*l.scoring.RungFloor)
-	if tries < l.scoring.RungMinSamples {
-		measured = fmt.Sprintf("%s retries of %s succeeded %d of %d times: too few to judge alone, and with its retries on every rung and %s below the floor of %.0f%%",
-			l.b.Run.Rung, t.Type, successes, tries, pooledRungs(pool, t.Type, l.b.Run.Rung), 100*l.scoring.RungFloor)
-	}
-	switch next := ladder.Skip(l.b.Run.Rung, ladder.ResearchUsed(l.b.Run.DeadEnds), below); next {
-	case l.b.Run.Rung:
-	case events.RungHandoff:
-		l.d.Cause = events.CauseRungRate
-		l.d.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s, and so do the rungs above it", l.b.Run.Attempt, measured)
-		return true
-	default:
-		l.d.Rung, l.d.Reason = next, fmt.Sprintf("attempt %d runs on %s: %s", l.b.Run.Attempt, next, measured)
-		s.log.Info("retry moved up the ladder", "task", t.ID, "type", t.Type, "from", l.b.Run.Rung, "to", next)
-		l.b.Run.Rung = next
-	}
-	return false
-}
-
-// canaries lets a pass of an unproven type through as one of its
-// canaries when a place is free (or frees the places of canaries that
-// ended), and otherwise makes it wait in the held consumer, up to the
-// canary TTL, after which it goes anyway. done reports a wait.
-func (s *Service) canaries(ctx context.Context, l *look) (outs []services.Out, done bool, err error) {
-	t, b, held := l.b.Task, l.b, l.held
-	scoring := s.withCanaries(l.scoring, t.Type)
-	if l.quick && b.At.Sub(held.At) < scoring.CanaryTTL && placesTaken(l.stats, scoring, b.At, t.ID) {
+	b.Run = out.Run
+	switch out.Act {
+	case task.ActAdmit:
+		return s.admit(ctx, b, d, sealed)
+	case task.ActHold:
+		return s.hold(ctx, m, in.Scoring, b, d, sealed, held, release)
+	case task.ActSleep:
+		return nil, s.sleep(ctx, m, in.Scoring, held)
+	case task.ActPark:
 		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-		return nil, true, services.Snooze(canaryDelay(l.m.Delivered, scoring.CanaryTTL), ErrCanaryWait)
-	}
-	if held == nil { // a held look read the state already (HandleHeld)
-		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
-			return nil, true, err
-		}
-	}
-	admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, l.stats.Outcomes)
-	if err != nil {
-		return nil, true, err
-	}
-	if !admit { // places held by tasks that ended are free
-		if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil {
-			return nil, true, err
-		} else if freed {
-			if admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, scoring, l.stats.Outcomes); err != nil {
-				return nil, true, err
-			}
-		}
-	}
-	waited := b.At.Sub(l.m.Time) // since it reached the gate's stream position
-	if held != nil {
-		waited = b.At.Sub(held.At) // since the gate first held it
-	}
-	switch {
-	case admit:
-	case waited < scoring.CanaryTTL:
+		return s.park(b, events.HoldCanary, d, sealed)
+	case task.ActWait:
 		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-		if held == nil { // to the held consumer: this one decides the others
-			l.d.Cause, l.d.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
-			outs, err = s.park(b, events.HoldCanary, l.d, l.sealed)
-			return outs, true, err
-		}
-		delay := canaryDelay(l.m.Delivered, scoring.CanaryTTL)
-		s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", l.v.Outcomes, "delay", delay)
-		return nil, true, services.Snooze(delay, ErrCanaryWait)
-	default:
-		l.d.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
+		delay := canaryDelay(m.Delivered, in.Scoring.CanaryTTL)
+		s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", in.Verdict.Outcomes, "delay", delay)
+		return nil, services.Snooze(delay, ErrCanaryWait)
+	case task.ActBlock:
+		return s.block(ctx, b, d, release)
+	case task.ActHandoff:
+		return s.handoff(ctx, b, d, release)
 	}
-	return nil, false, nil
-}
-
-// waitsForCanaries reports whether a new task's first pass of a type the
-// view shows unproven would wait for its canaries if every place is
-// taken: none of the decisions that come first (a human's requeue, an
-// exempt type, a probe, a type below its threshold) applies to it.
-func waitsForCanaries(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
-	return run.Pass == 1 && run.Attempt <= 1 && !run.Reviewed && !v.Below && canaryRound(run, v, p, exempt)
-}
-
-// canaryRound reports whether a pass let through is one of its type's
-// canaries, or waits for them: the type is unproven, gated, not exempt,
-// and the pass is no probe.
-func canaryRound(run events.Run, v trust.Verdict, p trust.Policy, exempt bool) bool {
-	return v.Unproven && !exempt && !run.Probe && p.Threshold >= 0
-}
-
-// withCanaries is p with its canary count for taskType: one round, as many
-// canaries as the type's evidence needs to be decided with the mesh's (the
-// prior's Sample), MinOutcomes without.
-func (s *Service) withCanaries(p trust.Policy, taskType string) trust.Policy {
-	p.Canary = p.CanariesWith(p.PriorOf(s.pool(), taskType))
-	return p
+	return nil, fmt.Errorf("gate: unknown decision %q", out.Act)
 }
 
 // FullLookEvery: one look in this many at a pass waiting for canaries
-// reads the server whatever the view shows (see quickLook).
-const FullLookEvery = 8
-
-// placesTaken reports whether the view shows every canary place of the
-// type taken by another task still in flight — unexpired, with no final
-// result among the type's outcomes — so a look would be refused.
-func placesTaken(stats trust.Stats, p trust.Policy, now time.Time, self string) bool {
-	if p.Canary < 0 {
-		return false
-	}
-	ended := map[string]bool{}
-	for _, r := range trust.Tasks(stats.Outcomes) {
-		if r.Settled() {
-			ended[r.Task] = true
-		}
-	}
-	taken := 0
-	for _, c := range stats.Canaries {
-		if c.Key != self && now.Sub(c.At) < p.CanaryTTL && !ended[c.Key] {
-			taken++
-		}
-	}
-	return taken >= p.Canary
-}
+// reads the server whatever the view shows (task.FullLookEvery).
+const FullLookEvery = task.FullLookEvery
 
 // pool is the mesh's pooled evidence, every type's window as the
 // mesh-wide scoring takes it (a type's own window may differ: the pool is
 // what the mesh knows, the same for every type).
 func (s *Service) pool() *trust.Pool { return s.cfg.View.Pool(s.cfg.Scoring) }
-
-// pooledRungs says what the other types' retries on rung tell.
-func pooledRungs(pool *trust.Pool, taskType string, rung events.Rung) string {
-	mean, types := pool.Rung(taskType, rung)
-	if types < 2 {
-		return "nothing pooled from other types"
-	}
-	return fmt.Sprintf("%.0f%% for %d other types", 100*mean, types)
-}
-
-// probe decides whether a pass of a type below its threshold goes through
-// as an exploration probe: a new task after ProbeAfter consecutive blocks
-// of new tasks (the block streak, SPEC §4; a task that waited for its
-// canaries counts as new); a task held for trust once the type's probe
-// interval has passed since its last probe of held tasks (doubled per
-// failed probe in a row), so a backlog of held tasks sends one probe per
-// interval however often they are looked at. A retry held on arrival
-// takes no step of the streak.
-// outcomes are the type's, as the decision read them.
-func (s *Service) probe(ctx context.Context, b events.Base, p trust.Policy, held *events.Held, gateKey string, outcomes []trust.Outcome) (bool, error) {
-	t := b.Task
-	heldForTrust := held != nil && held.Hold == events.HoldTrust
-	if heldForTrust {
-		return s.cfg.Trust.HeldProbe(ctx, p, t.Type, b.At, outcomes)
-	}
-	if step, _ := trust.StreakStep(events.CauseTrust, false, b.Run.Attempt, heldForTrust); !step {
-		return false, nil
-	}
-	probe, streak, err := s.cfg.Trust.GateUnder(ctx, p, t.Type, gateKey, true)
-	if err == nil && !probe {
-		s.log.Info("task held", "task", t.ID, "type", t.Type, "pass", b.Run.Pass, "streak", streak)
-	}
-	return probe, err
-}
 
 // SyncMargin is how close to its threshold a type's score must be, at
 // least, for the gate to make sure its view holds the type's newest
