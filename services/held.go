@@ -106,7 +106,9 @@ func (h *HeldIndex) Delete(ctx context.Context, key string) error {
 
 // HeldMarkerTTL is how long the held bucket keeps the marker of a removed
 // entry (its LimitMarkerTTL, and each purge's).
-const HeldMarkerTTL = time.Minute
+// An hour: far longer than a watcher lags or reconnects, so the
+// sweeper's copy of the index sees every removal.
+const HeldMarkerTTL = time.Hour
 
 // DecodeHeldEntry decodes an entry's value, checking it against its key.
 func DecodeHeldEntry(key string, data []byte) (HeldEntry, error) {

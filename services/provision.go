@@ -218,7 +218,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		{&st.Tasks, BucketTasks, cfg.HistoryKeep, cfg.MaxAge},
 		{&st.Trust, BucketTrust, 1, cfg.MaxAge},
 		{&st.History, BucketHistory, 1, cfg.MaxAge},
-		{&st.Held, BucketHeld, 1, cfg.MaxAge}, // an entry lives while its pass is held
+		// An entry lives while its pass is held: no age removes it (a
+		// hold time past MaxAge would strand its pass); its look does.
+		{&st.Held, BucketHeld, 1, 0},
 	} {
 		kc := jetstream.KeyValueConfig{
 			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,

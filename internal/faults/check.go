@@ -295,8 +295,10 @@ func (c *checker) task(id string, plan Plan) {
 	var end ending
 	switch {
 	case len(te.endings) == 0 && hasState && st.Status == events.StatusHeld && te.held > 0:
-		// Held for its type's trust: settled, not stranded — it waits in
-		// the gate's held consumer for its type to recover (SPEC §2).
+		// Held for its type's trust: settled, not stranded — it sleeps in
+		// the held index until its type recovers or its hold time runs out
+		// (SPEC §2); the rebuild comparison reports a held pass without
+		// its entry.
 		c.r.Held++
 	case len(te.endings) == 0:
 		c.r.Stranded++

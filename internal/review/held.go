@@ -22,8 +22,8 @@ const HeldLimit = 100
 
 // HeldScan bounds the messages a listing of the held index reads: the
 // entries of held passes and the removal markers of passes no longer held
-// (the bucket keeps one per pass until its MaxAge). A listing that stops
-// there is not Complete.
+// (each kept for services.HeldMarkerTTL). A listing that stops there is
+// not Complete.
 const HeldScan = 10_000
 
 // Where a held task's hand-off time comes from (HeldList.HoldTimeFrom).
@@ -105,8 +105,9 @@ type HeldList struct {
 // It costs one listing of the index — one push consumer on the bucket's
 // stream, the newest message of each key, filtered by type on the server,
 // at most HeldScan messages read, deleted when done — and one task-state
-// get per listed entry, so that a task a human already acted on (its
-// entry stays until the gate's next look at the pass) is left out. It
+// get per entry read, oldest first, until HeldLimit are listed: a task a
+// human already acted on (its entry stays until the gate's next look at
+// the pass) is left out. It
 // reads no other task state. Its user needs read access to the bucket
 // (stream info, consumer create and delete, flow control), never
 // $KV.dispatch_held.>.
@@ -129,7 +130,12 @@ func (c *Client) Held(ctx context.Context, taskType string) (HeldList, error) {
 	if c.cfg.Policy == nil {
 		hl.HoldTimeFrom = HoldTimeFromDefault
 	}
-	for _, e := range entries[:min(len(entries), HeldLimit)] {
+	// The oldest HeldLimit still held: entries of tasks a human acted on
+	// are passed over (at most HeldScan task reads in all).
+	for i, e := range entries {
+		if len(hl.Items) >= HeldLimit || i >= HeldScan {
+			break
+		}
 		it := HeldItem{
 			TaskID: e.Task, Type: e.Type, Pass: e.Pass, Retry: e.Retry, Since: e.Since, Reason: e.Reason,
 			HoldTime: c.holdTime(e.Type),

@@ -155,6 +155,11 @@ func Decide(in GateIn) GateOut {
 		if !asked {
 			return ask(out, ClaimTrial)
 		}
+		if !ok && in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
+			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
+			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s is on probation, and held %s without a place", t.Type, in.Scoring.HoldTime)
+			return act(out, ActBlock)
+		}
 		if !ok {
 			return act(out, ActSleep)
 		}

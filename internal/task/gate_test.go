@@ -76,6 +76,8 @@ func TestDecide(t *testing.T) {
 			act: task.ActAsk, ask: task.ClaimTrial},
 		{name: "held, on probation, no place: sleeps", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimTrial, false)},
 			act: task.ActSleep},
+		{name: "held past its hold time, on probation, no place: to a human", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Claimed: claimed(task.ClaimTrial, false)},
+			act: task.ActBlock, cause: events.CauseTrust, reason: "without a place"},
 		{name: "held, on probation, a place: re-admitted", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimTrial, true)},
 			act: task.ActAdmit, cause: events.CauseTrusted, reason: "re-admitted"},
 		{name: "a retry whose rungs rarely pay: handed off", in: task.GateIn{Run: retry, Verdict: trusted, Stats: trust.Stats{Outcomes: failedRetries}},

@@ -195,7 +195,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, err
 	}
-	if len(out.Data) > services.MaxEventSize {
+	if len(out.Data) > services.MaxEventSize-headerRoom {
 		// Nothing more to cut: storing it would fail on every redelivery,
 		// and each would pay the model again. One call, then a human.
 		return nil, &services.DeadError{Reason: events.ReviewPoison, Err: fmt.Errorf(
@@ -203,6 +203,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	return []services.Out{out}, nil
 }
+
+// headerRoom is what an event's headers may take of the stream's
+// MaxEventSize (they count toward it and toward max_payload).
+const headerRoom = 4 << 10
 
 // cutDeadEnds cuts each dead end's approach and reason to 256 bytes.
 func cutDeadEnds(des []events.DeadEnd) []events.DeadEnd {

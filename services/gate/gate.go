@@ -80,6 +80,7 @@ type Service struct {
 	metrics *metrics
 	index   atomic.Pointer[heldIndex] // the sweeper's copy of the held index, once current
 	bound   atomic.Pointer[jetstream.Stream]
+	turn    int // the type the sweeper's next sweep starts after (sweep)
 }
 
 // New checks cfg and returns the gate.

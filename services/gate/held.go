@@ -33,13 +33,14 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 		// Admitted by an earlier look, the pass still shows held until the
 		// executor starts it: a wake published meanwhile must not hold it
 		// again.
-		if found, err = s.admitted(ctx, ev.Task.ID, ev.Run.Pass); err != nil {
+		admitted, err := s.admitted(ctx, ev.Task.ID, ev.Run.Pass)
+		if err != nil {
 			return nil, err
-		} else if found {
+		}
+		if admitted {
 			s.log.Info("held pass dropped: an earlier look admitted it", "task", ev.Task.ID, "pass", ev.Run.Pass)
 			return nil, s.cfg.Held.Delete(ctx, heldKey(ev))
 		}
-		found = true
 	}
 	if found && movedOn(st, ev.Run.Pass) {
 		s.log.Info("held pass dropped: the task moved on or ended", "task", ev.Task.ID, "pass", ev.Run.Pass, "status", st.Status)

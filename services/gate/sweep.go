@@ -3,6 +3,7 @@ package gate
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Rewake is how long the sweeper leaves a pass it woke before it wakes it
@@ -173,9 +175,35 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 				s.log.Error("held index entry unreadable: left alone", "key", e.Key(), "err", err)
 			}
 		case <-ticker.C:
-			if current {
-				s.sweep(ctx, stream, x, woke)
+			if !current {
+				continue
 			}
+			// Every update the watch holds first: a sweep slower than a
+			// tick must not leave the copy behind the index.
+			if err := drain(w.Updates(), x, s.log); err != nil {
+				return err
+			}
+			s.sweep(ctx, stream, x, woke)
+		}
+	}
+}
+
+// drain applies to x every update already waiting on updates.
+func drain(updates <-chan jetstream.KeyValueEntry, x *heldIndex, log *slog.Logger) error {
+	for {
+		select {
+		case e, ok := <-updates:
+			if !ok {
+				return errors.New("the watch of the held index stopped")
+			}
+			if e == nil {
+				continue
+			}
+			if err := x.apply(e); err != nil {
+				log.Error("held index entry unreadable: left alone", "key", e.Key(), "err", err)
+			}
+		default:
+			return nil
 		}
 	}
 }
@@ -187,7 +215,8 @@ type wake struct {
 }
 
 // sweep wakes what is due in x; woke holds when this sweeper last woke
-// each key still in the index.
+// each key still in the index. Types take turns at the head of the sweep
+// (the start rotates), so MaxWakesPerSweep favours none.
 func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woke map[string]woken) {
 	now := s.cfg.Now().UTC()
 	var due []wake
@@ -202,58 +231,81 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 		types = append(types, typ)
 	}
 	slices.Sort(types)
+	if len(types) > 0 {
+		s.turn = (s.turn + 1) % len(types)
+		types = append(types[s.turn:], types[:s.turn]...)
+	}
 	for _, typ := range types {
-		var entries []services.HeldEntry
-		for _, key := range x.byType[typ] {
-			entries = append(entries, x.entries[key])
-		}
-		due = append(due, s.dueOf(typ, entries, now, woke)...)
+		due = append(due, s.dueOf(typ, x.byType[typ], x.entries, now, woke, MaxWakesPerSweep-len(due))...)
 		if len(due) >= MaxWakesPerSweep {
-			due = due[:MaxWakesPerSweep]
 			break
 		}
 	}
 	x.mu.Unlock()
+	// Published together, then their acks awaited: a sweep of a thousand
+	// wakes takes a few round trips, not a thousand.
+	type sent struct {
+		w   wake
+		ack jetstream.PubAckFuture
+	}
+	var pending []sent
 	for _, w := range due {
-		if err := s.wake(ctx, stream, w, now); err != nil {
+		ack, err := s.wake(ctx, stream, w, now)
+		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("waking a held pass failed; the next sweep tries again", "task", w.entry.Task, "type", w.entry.Type, "err", err)
 			}
 			continue
 		}
 		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1}
-		s.metrics.wakes.WithLabelValues(s.metrics.types.Label(w.entry.Type), w.why).Inc()
+		if ack != nil {
+			pending = append(pending, sent{w, ack})
+		}
+	}
+	for _, p := range pending {
+		select {
+		case a := <-p.ack.Ok():
+			if !a.Duplicate { // another sweeper's wake of this period was stored first
+				s.metrics.wakes.WithLabelValues(s.metrics.types.Label(p.w.entry.Type), p.w.why).Inc()
+			}
+		case err := <-p.ack.Err():
+			s.log.Warn("waking a held pass failed; it is woken again later", "task", p.w.entry.Task, "type", p.w.entry.Type, "err", err)
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
-// dueOf is what a sweep wakes of one type's held passes (oldest first):
-// those held past the hold time; then, once the type recovered, the
-// oldest Readmit — while it is on probation, no more than its free trial
-// places; else the oldest one when a probe is due. A pass woken lately
-// (woken.due) is left to its look.
-func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time, woke map[string]woken) []wake {
+// dueOf is what a sweep wakes of one type's held passes, keys oldest
+// first, at most limit: each held past the hold time; once the type
+// recovered — for a retry, judged on its settled tasks — the oldest
+// Readmit, expired ones among them, and while it is on probation no more
+// than its free trial places; while it is below, the oldest one when a
+// probe is due. A pass woken lately (woken.due) is left to its look.
+func (s *Service) dueOf(typ string, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int) []wake {
 	pol := s.cfg.Policy.Snapshot().For(typ)
 	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
 	stats := s.cfg.View.Stats(typ)
 	prior := scoring.PriorOf(s.pool(), typ)
-	// Judged as the look will judge it: a retry on the type's settled tasks.
 	first, retry := scoring.EvaluateWith(typ, stats, prior, false), scoring.EvaluateWith(typ, stats, prior, true)
 	exempt := pol.IsExempt() || scoring.Threshold < 0
 	_, probe := scoring.HeldProbe(stats, now)
+	probe = probe && !exempt && (first.Below || retry.Below)
 	readmits := s.cfg.Readmit
 	if first.Probation { // the look admits no more than the free trial places
-		taken := 0
-		for _, c := range stats.Canaries {
-			if now.Sub(c.At) < scoring.CanaryTTL {
-				taken++
-			}
-		}
-		readmits = min(readmits, max(1, scoring.TrialPlaces(stats)-taken))
+		readmits = min(readmits, freePlaces(stats, scoring, scoring.TrialPlaces(stats), now))
 	}
 	var due []wake
-	readmit := 0
-	for _, e := range entries {
-		if w, ok := woke[e.Key()]; ok && !w.due(now) {
+	for _, key := range keys {
+		if len(due) >= limit {
+			break
+		}
+		e := entries[key]
+		expired := now.Sub(e.Since) >= scoring.HoldTime
+		if !expired && readmits <= 0 && !probe {
+			break // nothing younger can be due
+		}
+		if w, ok := woke[key]; ok && !w.due(now) {
 			continue
 		}
 		open := exempt || !first.Below
@@ -261,24 +313,43 @@ func (s *Service) dueOf(typ string, entries []services.HeldEntry, now time.Time,
 			open = exempt || !retry.Below
 		}
 		switch {
-		case now.Sub(e.Since) >= scoring.HoldTime:
-			due = append(due, wake{e, WakeExpired})
-		case open && readmit < readmits:
+		case open && readmits > 0:
 			due = append(due, wake{e, WakeReadmit})
-			readmit++
-		case !open && probe:
+			readmits--
+		case open:
+			// Re-admitted in turn, even past its hold time: its look
+			// admits it, or hands it to a human.
+		case expired:
+			due = append(due, wake{e, WakeExpired})
+		case probe:
 			due = append(due, wake{e, WakeProbe})
 			probe = false
-		default:
-			return due // the others are younger: not expired either
 		}
 	}
 	return due
 }
 
+// freePlaces is how many of places are not taken by a live holder: one
+// whose place has not expired and who has no final outcome in the view.
+func freePlaces(stats trust.Stats, p trust.Policy, places int, now time.Time) int {
+	ended := map[string]bool{}
+	for _, r := range trust.Tasks(stats.Outcomes) {
+		if r.Settled() {
+			ended[r.Task] = true
+		}
+	}
+	for _, c := range stats.Canaries {
+		if now.Sub(c.At) < p.CanaryTTL && !ended[c.Key] {
+			places--
+		}
+	}
+	return max(0, places)
+}
+
 // wake republishes the held event entry w names as a wake of its pass,
-// for the held consumer to look at.
-func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now time.Time) error {
+// for the held consumer to look at; ack is nil when there was nothing to
+// publish.
+func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now time.Time) (ack jetstream.PubAckFuture, err error) {
 	e := w.entry
 	raw, err := stream.GetMsg(ctx, e.Seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -287,15 +358,15 @@ func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now
 		// `dispatch ls -status held` and the explorer.
 		s.log.Error("held pass cannot be woken: its held event left the stream; its entry is removed, the task stays held",
 			"task", e.Task, "type", e.Type, "pass", e.Pass, "seq", e.Seq)
-		return s.cfg.Held.Delete(ctx, e.Key())
+		return nil, s.cfg.Held.Delete(ctx, e.Key())
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	id, stage, ok := events.ParseTaskSubject(raw.Subject)
 	if !ok || id != e.Task || (stage != events.StageHeld && stage != events.StageWake) || raw.Header.Get(events.HeaderPass) != strconv.Itoa(e.Pass) {
 		s.log.Error("held index entry names another message: removed", "key", e.Key(), "seq", e.Seq, "subject", raw.Subject)
-		return s.cfg.Held.Delete(ctx, e.Key())
+		return nil, s.cfg.Held.Delete(ctx, e.Key())
 	}
 	msg := nats.NewMsg(events.TaskSubject(e.Task, events.StageWake))
 	for k, vs := range raw.Header {
@@ -306,6 +377,5 @@ func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now
 	msg.Header.Set(events.HeaderService, s.cfg.Instance)
 	msg.Data = raw.Data
 	period := now.Truncate(Rewake).Unix()
-	_, err = s.cfg.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(services.MsgID(e.Task, e.Pass, "wake-"+strconv.FormatInt(period, 10))))
-	return err
+	return s.cfg.JS.PublishMsgAsync(msg, jetstream.WithMsgID(services.MsgID(e.Task, e.Pass, "wake-"+strconv.FormatInt(period, 10))))
 }
