@@ -152,7 +152,10 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	if out.Quick { // a flood's pass parked, or a look that waits on: nothing read
 		return s.act(ctx, m, b, sealed, held, in, out, "")
 	}
-	if mayHinge(b.Run, in.Verdict, in.Scoring, in.Exempt) {
+	// A look at a pass waiting for canaries reads only what its claim
+	// needs: the view, not the server — one in FullLookEvery syncs.
+	quickLook := held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
+	if !quickLook && mayHinge(b.Run, in.Verdict, in.Scoring, in.Exempt) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
 		// end before it submitted this task — and the view may not have
