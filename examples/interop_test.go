@@ -215,7 +215,7 @@ func startDeployed(t *testing.T, natsServer, dispatch string) target {
 	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := js.AccountInfo(ctx); return err })
 
 	as := func(user string) []string {
-		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+		return proctest.Env("NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
 	}
 	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
 		t.Fatalf("dispatch provision said:\n%s", out)

@@ -21,10 +21,14 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
-// Config is read from the environment, prefix DISPATCH_ (e.g. DISPATCH_NATS_URL).
+// Config is read from the environment, prefix DISPATCH_ (e.g.
+// DISPATCH_DATA_DIR); the NATS URL is read from NATS_URL, like every NATS
+// client (see resolveNATSURL).
 type Config struct {
-	// NATSURL is where client commands and single services connect.
-	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222"`
+	// NATSURL is where client commands and single services connect:
+	// NATS_URL, or DISPATCH_NATS_URL (still honoured), default
+	// nats://127.0.0.1:4222. Set by loadConfig.
+	NATSURL string `ignored:"true"`
 	// NATSCreds is a credentials file; NATSUser/NATSPassword a plain login,
 	// which `dispatch up`'s embedded server then requires of every client.
 	NATSCreds    string `envconfig:"NATS_CREDS"`
@@ -199,7 +203,37 @@ func loadConfig() (Config, error) {
 	if err := envconfig.Process("dispatch", &c); err != nil {
 		return c, err
 	}
+	url, err := resolveNATSURL(os.LookupEnv)
+	if err != nil {
+		return c, err
+	}
+	c.NATSURL = url
 	return c, c.Validate()
+}
+
+// DefaultNATSURL is where clients connect when neither NATS_URL nor
+// DISPATCH_NATS_URL is set.
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
+// resolveNATSURL is where to connect: NATS_URL, the variable every NATS client
+// reads (the nats CLI, nats.js, nats.c, the examples), or
+// DISPATCH_NATS_URL, this command's older name, still honoured. Both set
+// to different URLs is an error rather than a silent choice: one of them
+// is stale.
+func resolveNATSURL(lookup func(string) (string, bool)) (string, error) {
+	plain, _ := lookup("NATS_URL")
+	old, _ := lookup("DISPATCH_NATS_URL")
+	plain, old = strings.TrimSpace(plain), strings.TrimSpace(old)
+	if plain != "" && old != "" && plain != old {
+		return "", fmt.Errorf("NATS_URL=%s and DISPATCH_NATS_URL=%s differ: unset one (NATS_URL is the name every NATS client reads)", plain, old)
+	}
+	if plain != "" {
+		return plain, nil
+	}
+	if old != "" {
+		return old, nil
+	}
+	return DefaultNATSURL, nil
 }
 
 // Validate reports every problem at once.
@@ -368,7 +402,7 @@ func (c Config) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
-// connect opens a connection to DISPATCH_NATS_URL (or url) named name:
+// connect opens a connection to NATS_URL (or url) named name:
 // client commands connect as "client", the web page as "web", a service as
 // itself — the user names deploy/ grants permissions to.
 func (c Config) connect(url, name string) (*nats.Conn, error) {
@@ -376,11 +410,17 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 		url = c.NATSURL
 	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	user, password := c.NATSUser, c.NATSPassword
+	if user == "" && c.NATSCreds == "" {
+		// The login every NATS client reads (the nats CLI, the examples),
+		// as up's banner prints it for a login-protected server.
+		user, password = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD")
+	}
 	switch {
 	case c.NATSCreds != "":
 		opts = append(opts, nats.UserCredentials(c.NATSCreds))
-	case c.NATSUser != "":
-		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
+	case user != "":
+		opts = append(opts, nats.UserInfo(user, password))
 	}
 	if c.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(c.NATSCA))
@@ -388,8 +428,8 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 	// Replies come to _INBOX.<user>.>: the per-service users of deploy/ may
 	// subscribe only there.
 	inbox := name
-	if c.NATSUser != "" {
-		inbox = c.NATSUser
+	if user != "" {
+		inbox = user
 	}
 	opts = append(opts, nats.CustomInboxPrefix("_INBOX."+inbox))
 	nc, err := nats.Connect(url, opts...)
