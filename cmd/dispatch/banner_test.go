@@ -56,14 +56,15 @@ func TestSubmitBadPayload(t *testing.T) {
 // Every command up's banner prints works pasted into a shell as it is, on
 // a port that is not the default: the export of the NATS line, the policy
 // lines, the nats submit line (which prints the id the wait line asks
-// for), the dispatch submit line, the nats wait line. The nats lines need
+// for), the dispatch submit line, the nats wait line, and the client
+// API's curl lines (submit, then wait). The nats lines need
 // the nats CLI (.ci/run builds it): without it they are skipped, saying
 // so, except in CI.
 func TestUpBannerLinesWork(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs dispatch up and a shell: not with -short")
 	}
-	_, url, _, out := startUpOut(t, t.TempDir())
+	_, url, _, out := startUpOut(t, t.TempDir(), "DISPATCH_HTTP_LISTEN=127.0.0.1:0")
 	if strings.HasSuffix(url, ":4222") {
 		t.Fatalf("up listens on the default port %s: the test needs another", url)
 	}
@@ -76,12 +77,12 @@ func TestUpBannerLinesWork(t *testing.T) {
 	label := regexp.MustCompile(`^\s+(?:[a-z ]+:\s+)?`)
 	for line := range strings.Lines(banner) {
 		cmd := strings.TrimSpace(label.ReplaceAllString(line, ""))
-		if strings.HasPrefix(cmd, "nats ") || strings.HasPrefix(cmd, "NATS_URL=") {
+		if strings.HasPrefix(cmd, "nats ") || strings.HasPrefix(cmd, "NATS_URL=") || strings.HasPrefix(cmd, "curl ") {
 			commands = append(commands, cmd)
 		}
 	}
-	if len(commands) != 5 {
-		t.Fatalf("want 5 commands in the banner, found %d: %q\n%s", len(commands), commands, banner)
+	if len(commands) != 7 {
+		t.Fatalf("want 7 commands in the banner, found %d: %q\n%s", len(commands), commands, banner)
 	}
 
 	// `dispatch` is this test binary, running main.
@@ -130,7 +131,8 @@ func TestUpBannerLinesWork(t *testing.T) {
 	if got, code := shell(export[1] + "; dispatch tasks"); code != 0 {
 		t.Fatalf("%s; dispatch tasks: exited %d\n%s", export[1], code, got)
 	}
-	wants := []string{"", "", `"id":"` + bannerTaskID + `"`, "succeeded after 1 attempt(s)", `"status":"succeeded"`}
+	wants := []string{"", "", `"id":"` + bannerTaskID + `"`, "succeeded after 1 attempt(s)", `"status":"succeeded"`,
+		`"id":"` + bannerHTTPTaskID + `"`, `"status":"succeeded"`}
 	for i, line := range commands {
 		if strings.HasPrefix(line, "nats ") && natsCLI == "" {
 			if os.Getenv("CI") != "" {

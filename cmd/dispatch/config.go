@@ -110,6 +110,15 @@ type Config struct {
 	// HTTPListen to loopback addresses; the process then makes a token at
 	// every start and prints the page's address with it.
 	HTTPToken string `envconfig:"HTTP_TOKEN"`
+	// HTTPClientToken is what the client HTTP API (/api/v1/ on the same
+	// listener) requires, as Authorization: Bearer — never HTTPToken,
+	// which resolves and requeues. Default: on a loopback listener, a new
+	// one each start, printed in up's banner; beyond loopback, none: the
+	// API is off until one is set. "off" turns the API off.
+	HTTPClientToken string `envconfig:"HTTP_CLIENT_TOKEN"`
+	// HTTPMaxWaits bounds the client API's waits held at once (past it:
+	// 503). Default web.DefaultMaxClientWaits (1,024).
+	HTTPMaxWaits int `envconfig:"HTTP_MAX_WAITS"`
 
 	// MetricsListen serves /metrics and /healthz when set.
 	MetricsListen string `envconfig:"METRICS_LISTEN"`
@@ -257,10 +266,13 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("DISPATCH_CONCURRENCY must not be negative, got %d", c.Concurrency))
 	}
 	for name, n := range map[string]int{"METRICS_TYPE_LABELS": c.MetricsTypeLabels, "API_MAX_REQUESTS": c.APIMaxRequests,
-		"API_MAX_WAITS": c.APIMaxWaits, "API_MAX_CLIENT_WAITS": c.APIMaxClientWaits} {
+		"API_MAX_WAITS": c.APIMaxWaits, "API_MAX_CLIENT_WAITS": c.APIMaxClientWaits, "HTTP_MAX_WAITS": c.HTTPMaxWaits} {
 		if n < 0 {
 			errs = append(errs, fmt.Errorf("DISPATCH_%s must not be negative, got %d", name, n))
 		}
+	}
+	if c.HTTPClientToken != "" && c.HTTPClientToken == c.HTTPToken {
+		errs = append(errs, errors.New("DISPATCH_HTTP_CLIENT_TOKEN must differ from DISPATCH_HTTP_TOKEN: clients must not hold the reviewers' token"))
 	}
 	if _, err := c.stateKey(); err != nil {
 		errs = append(errs, err)

@@ -62,7 +62,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	var webLn net.Listener
-	var token string
+	var token, apiToken string
 	if cfg.HTTPListen != "" && cfg.HTTPListen != "off" {
 		ln, err := web.Listen(cfg.HTTPListen, cfg.HTTPToken)
 		if err != nil {
@@ -71,6 +71,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		webLn = ln
 		defer ln.Close()
 		token = pageToken(cfg)
+		apiToken = clientToken(cfg, ln)
 	}
 	ns, err := startServer(opts, cfg.NATSListen)
 	if err != nil {
@@ -93,7 +94,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	checks := &health.Checks{}
 	var more []prometheus.Collector
 	if webLn != nil {
-		page, stop, err := startWeb(ctx, cfg, log, url, webLn, token)
+		page, stop, err := startWeb(ctx, cfg, log, url, webLn, token, apiToken)
 		if err != nil {
 			return err
 		}
@@ -112,12 +113,16 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	// One write: whoever reads "is up" reads the whole banner.
 	var banner strings.Builder
 	fmt.Fprintf(&banner, "dispatchmesh %s is up\n", version)
-	review := ""
+	b := bannerInfo{url: url, user: opts.Username, dataDir: dataDir, model: modelLabel(cfg),
+		policy: policyLine, metrics: cfg.MetricsListen}
 	if webLn != nil {
-		review = webURL(webLn, cfg.HTTPToken, token)
+		b.review = webURL(webLn, cfg.HTTPToken, token)
+		b.api = apiLine(webLn, cfg.HTTPClientToken, apiToken)
+		if apiToken != "" {
+			b.apiBase, b.apiAuth = apiBase(webLn), apiAuth(cfg.HTTPClientToken, apiToken)
+		}
 	}
-	writeBanner(&banner, bannerInfo{url: url, user: opts.Username, dataDir: dataDir, model: modelLabel(cfg),
-		policy: policyLine, metrics: cfg.MetricsListen, review: review})
+	writeBanner(&banner, b)
 	fmt.Print(banner.String())
 	return <-served
 }
@@ -125,7 +130,14 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 // bannerInfo is what up's banner reports.
 type bannerInfo struct {
 	url, user, dataDir, model, policy, metrics, review string
+	// api is the client API's line; apiBase and apiAuth, when it is on,
+	// its URL and Authorization header for the curl lines.
+	api, apiBase, apiAuth string
 }
+
+// bannerHTTPTaskID is the id of the task the banner's curl lines submit
+// and wait for.
+const bannerHTTPTaskID = "first-http-task"
 
 // bannerTaskID is the id of the task the banner's lines submit and wait
 // for: the submit line prints it, the wait line asks for it.
@@ -159,6 +171,14 @@ func writeBanner(w io.Writer, b bannerInfo) {
 	fmt.Fprintf(w, "            NATS_URL=%s dispatch submit -type css_fix -subject src/app.css -wait\n", b.url)
 	fmt.Fprintf(w, "  wait:     nats -s %s req --raw --timeout 65s %s '{\"id\":\"%s\",\"timeout\":\"60s\"}'\n",
 		b.url, events.APIWait, bannerTaskID)
+	if b.api != "" {
+		fmt.Fprintf(w, "  api:      %s\n", b.api)
+	}
+	if b.apiBase != "" {
+		fmt.Fprintf(w, "            curl -sS -H \"%s\" -d '{\"id\":\"%s\",\"type\":\"css_fix\",\"subject\":\"src/app.css\"}' %s\n",
+			b.apiAuth, bannerHTTPTaskID, b.apiBase)
+		fmt.Fprintf(w, "            curl -sS -H \"%s\" '%s/%s?wait=60s'\n", b.apiAuth, b.apiBase, bannerHTTPTaskID)
+	}
 }
 
 // waitAPI returns once the micro service "dispatch" at url answers a ping,
@@ -188,12 +208,12 @@ func waitAPI(ctx context.Context, cfg Config, url string, served <-chan error) e
 
 // startWeb serves the review page on ln, requiring token, on its own
 // connection to url, until ctx ends; stop waits for it to finish.
-func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener, token string) (page *webPage, stop func(), err error) {
+func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener, token, apiToken string) (page *webPage, stop func(), err error) {
 	nc, err := cfg.connect(url, "web")
 	if err != nil {
 		return nil, nil, err
 	}
-	page, err = newWebPage(ctx, cfg, nc, log, token)
+	page, err = newWebPage(ctx, cfg, nc, log, token, apiToken)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
