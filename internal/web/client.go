@@ -113,6 +113,14 @@ func newClientAPI(cfg ClientAPI, rc *review.Client, log *slog.Logger) (*clientAP
 	return c, nil
 }
 
+// ClientWaits is how many waits the client API holds now (0 without it).
+func (h *Handler) ClientWaits() int {
+	if h.client == nil {
+		return 0
+	}
+	return len(h.client.waits)
+}
+
 func (c *clientAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	bearer, ok := bearerToken(r)
 	sum := sha256.Sum256([]byte(bearer))
@@ -203,7 +211,10 @@ func (c *clientAPI) wait(w http.ResponseWriter, r *http.Request, id, timeout str
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + 2*apiPatience))
 	req, _ := json.Marshal(events.TaskRequest{ID: id, Timeout: timeout})
 	inbox := c.cfg.NC.NewInbox() + ".w"
-	sub, err := c.cfg.NC.SubscribeSync(inbox)
+	// One answer comes: a channel of one. (SubscribeSync's channel holds
+	// 65,536 messages, 512 KiB of it allocated per wait.)
+	answers := make(chan *nats.Msg, 1)
+	sub, err := c.cfg.NC.ChanSubscribe(inbox, answers)
 	if err != nil {
 		c.relay(w, r, nil, err, nil)
 		return
@@ -215,9 +226,14 @@ func (c *clientAPI) wait(w http.ResponseWriter, r *http.Request, id, timeout str
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), d+apiPatience)
 	defer cancel()
-	msg, err := sub.NextMsgWithContext(ctx)
-	if err == nil && len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
-		err = nats.ErrNoResponders
+	var msg *nats.Msg
+	select {
+	case msg = <-answers:
+		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
+			err = nats.ErrNoResponders
+		}
+	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	c.relay(w, r, msg, err, nil)
 }

@@ -33,19 +33,23 @@ const patience = 2 * time.Minute
 // apiMesh is a whole mesh (simulated model) on an embedded NATS server,
 // and the web handler with the client API on an httptest server.
 type apiMesh struct {
-	t     *testing.T
-	srv   *natstest.Server
-	tasks *services.TaskStore
-	http  *httptest.Server
+	t       testing.TB
+	srv     *natstest.Server
+	tasks   *services.TaskStore
+	http    *httptest.Server
+	handler *web.Handler
 }
 
-func newAPIMesh(t *testing.T, maxWaits int) *apiMesh {
+// newAPIMesh runs the named services of the mesh (default all).
+func newAPIMesh(t testing.TB, maxWaits int, only ...string) *apiMesh {
 	t.Helper()
 	srv := natstest.Start(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- mesh.Run(ctx, mesh.Options{NC: srv.NC, JS: srv.JS, Provision: true, Log: quiet}) }()
+	go func() {
+		done <- mesh.Run(ctx, mesh.Options{NC: srv.NC, JS: srv.JS, Provision: true, Log: quiet, Services: only})
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	deadline := time.Now().Add(patience)
 	for {
@@ -76,7 +80,7 @@ func newAPIMesh(t *testing.T, maxWaits int) *apiMesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &apiMesh{t: t, srv: srv, tasks: services.NewTaskStore(kv), http: httptest.NewServer(h)}
+	m := &apiMesh{t: t, srv: srv, tasks: services.NewTaskStore(kv), http: httptest.NewServer(h), handler: h}
 	t.Cleanup(m.http.Close)
 	return m
 }
@@ -322,4 +326,35 @@ func TestClientAPIWaitBound(t *testing.T) {
 	// A status is not a wait: still served.
 	code, body := m.call("GET", "/api/v1/tasks/third", "")
 	apiErr(t, events.CodeNotFound, code, body)
+}
+
+// With no intake running, every request is answered 503 with the error
+// object, saying so, at once (NATS's no-responders), waits included.
+func TestClientAPINoService(t *testing.T) {
+	srv := natstest.Start(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if _, err := services.Provision(bg, srv.JS, services.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := review.New(review.Config{JS: srv.JS, Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	h, err := web.New(web.Config{Review: rc, Token: token, Log: quiet, Client: &web.ClientAPI{NC: srv.NC, Token: clientToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &apiMesh{t: t, srv: srv, http: httptest.NewServer(h), handler: h}
+	t.Cleanup(m.http.Close)
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/api/v1/tasks", `{"type":"css_fix","subject":"a.css"}`},
+		{"GET", "/api/v1/tasks/x", ""},
+		{"GET", "/api/v1/tasks/x?wait=10m", ""},
+	} {
+		code, body := m.call(c.method, c.path, c.body)
+		if ae := apiErr(t, events.CodeUnavailable, code, body); !strings.Contains(ae.Message, "no dispatch service answers") {
+			t.Errorf("%s %s: %s", c.method, c.path, body)
+		}
+	}
 }
