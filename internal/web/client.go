@@ -24,7 +24,7 @@ import (
 
 // The client HTTP API: submit, status, wait and cancel for clients that
 // hold no NATS connection (a web backend, a CI job, Python's urllib, curl).
-// Schema: schemas/openapi.v1.yaml.
+// OpenAPI: schemas/openapi/api.v1.json.
 //
 //	POST /api/v1/tasks                 the task (submit.v1): 201 {"id"}; the same id and body again 200 {"id","duplicate":true};
 //	                                   the same id with another body 409; an invalid task 400 (api.error.v1)

@@ -17,6 +17,10 @@
 //	GET  /api/trust                      trust per type with recent outcomes
 //	POST /api/tasks/{id}/{action}        JSON {"note": "...", "by": "..."} or a form
 //
+// With Config.Client, the client HTTP API is served beside them under
+// /api/v1/ (submit, state, wait, cancel: client.go), with a token of its
+// own and nothing else of the review page.
+//
 // Every request needs the token (Authorization: Bearer, or ?token= once,
 // which sets an HttpOnly cookie for the browser). Neither the Host header
 // nor the remote address stands in for it: a reverse proxy on the same host
