@@ -156,3 +156,20 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// The same id submitted again with another body is refused, saying what
+// differs; with the same body it is the same task.
+func TestSubmitConflict(t *testing.T) {
+	_, url, _ := startUp(t, t.TempDir())
+	args := []string{"submit", "-id", "cli-409", "-type", "css_fix", "-subject", "src/app.css", "-payload", `{"issue":"a"}`}
+	if out, code := runDispatch(t, url, append(args, "-wait")...); code != 0 {
+		t.Fatalf("submit: exited %d\n%s", code, out)
+	}
+	if out, code := runDispatch(t, url, args...); code != 0 || !strings.Contains(out, "cli-409") {
+		t.Fatalf("the same again: exited %d\n%s", code, out)
+	}
+	out, code := runDispatch(t, url, "submit", "-id", "cli-409", "-type", "css_fix", "-subject", "src/app.css", "-payload", `{"issue":"b"}`)
+	if code != 1 || !strings.Contains(out, `exists and was submitted with another body ("payload" differs at .issue)`) || !strings.Contains(out, "(409)") {
+		t.Fatalf("another body: exited %d, want the 409 naming the payload:\n%s", code, out)
+	}
+}

@@ -319,7 +319,8 @@ func (a *API) sameTask(ctx context.Context, st events.TaskState, sub events.Subm
 		return nil
 	}
 	return events.NewAPIError(events.CodeConflict, fmt.Sprintf(
-		"task %s exists and was submitted with another body: nothing was queued; submit the same body again, or this one under another id", st.ID), diff...)
+		"task %s exists and was submitted with another body (%s): nothing was queued; submit the same body again, or this one under another id",
+		st.ID, strings.Join(diff, "; ")), diff...)
 }
 
 // submitMsgID is the Msg-Id the API queues a submission under: the same
