@@ -202,8 +202,8 @@ func (c *clientAPI) wait(w http.ResponseWriter, r *http.Request, id, timeout str
 			fmt.Sprintf("busy: %d waits in progress, this web server's limit: ask again", c.cfg.MaxWaits)))
 		return
 	}
-	d, err := time.ParseDuration(timeout)
-	if err != nil || d <= 0 || d > events.MaxWaitTimeout {
+	d, perr := time.ParseDuration(timeout)
+	if perr != nil || d <= 0 || d > events.MaxWaitTimeout {
 		d = events.DefaultWaitTimeout // intake answers a bad timeout with 400 at once
 	}
 	// The answer comes after the server's WriteTimeout: this response's
@@ -227,6 +227,7 @@ func (c *clientAPI) wait(w http.ResponseWriter, r *http.Request, id, timeout str
 	ctx, cancel := context.WithTimeout(r.Context(), d+apiPatience)
 	defer cancel()
 	var msg *nats.Msg
+	err = nil
 	select {
 	case msg = <-answers:
 		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
