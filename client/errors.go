@@ -16,6 +16,9 @@ var (
 	// ErrRejected: the task submitted with this id was rejected as invalid
 	// and never ran (422); Problems says why.
 	ErrRejected = errors.New("task rejected")
+	// ErrConflict: a task with this id exists and was submitted with
+	// another body (409); Problems names what differs. Nothing was queued.
+	ErrConflict = errors.New("task id taken by another body")
 	// ErrUnavailable: no service answered, or it is stopping or busy (503):
 	// try again.
 	ErrUnavailable = errors.New("dispatch service unavailable")
@@ -23,7 +26,7 @@ var (
 
 // Error is a failed answer of the mesh's API (schema api.error.v1).
 type Error struct {
-	// Code is 400, 404, 422, 500 or 503 (events.Code*).
+	// Code is 400, 404, 409, 422, 500 or 503 (events.Code*).
 	Code int `json:"code"`
 	// Message says what went wrong, on one line.
 	Message string `json:"message"`
@@ -42,6 +45,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == events.CodeNotFound
 	case ErrRejected:
 		return e.Code == events.CodeRejected
+	case ErrConflict:
+		return e.Code == events.CodeConflict
 	case ErrUnavailable:
 		return e.Code == events.CodeUnavailable
 	}

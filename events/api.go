@@ -48,6 +48,11 @@ const (
 	CodeBadRequest = 400
 	// CodeNotFound: no task has this id (wait: none appeared before the timeout).
 	CodeNotFound = 404
+	// CodeConflict: (submit) a task with this id exists and was submitted
+	// with another body: Problems names what differs (Submit.Differences).
+	// Nothing was queued; send the same body again, or this one under
+	// another id.
+	CodeConflict = 409
 	// CodeRejected: the task submitted with this id was rejected as
 	// invalid: Problems says why. It never ran; submit it again, fixed.
 	CodeRejected = 422

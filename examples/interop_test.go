@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -69,6 +70,9 @@ func TestExamplesInterop(t *testing.T) {
 		{"c", toolchain("cc", "/usr/include/nats/nats.h"), []string{filepath.Join(bin, "submit-c")},
 			[]string{"cc", "-Wall", "-Werror", "-o", filepath.Join(bin, "submit-c"), "c/submit.c", "-lnats"}},
 		{"go", tc{}, []string{filepath.Join(bin, "go")}, nil},
+		// Over HTTP, the client API: no NATS client at all.
+		{"curl", toolchain("curl", ""), []string{"sh", "curl/submit.sh"}, nil},
+		{"python", toolchain("python3", ""), []string{"python3", "python/submit.py"}, nil},
 	}
 
 	t.Run("up", func(t *testing.T) {
@@ -81,7 +85,7 @@ func TestExamplesInterop(t *testing.T) {
 				"tools": [{"name": "lookup_selector", "subject": "tool.css.lookup", "description": "Find where a CSS selector is defined",
 					"parameters": {"type": "object", "properties": {"selector": {"type": "string"}}, "required": ["selector"]}}]}}}`
 		}
-		url := startUp(t, dispatch, model.URL+"/v1", policy)
+		url, api := startUp(t, dispatch, model.URL+"/v1", policy)
 		t.Logf("dispatch up at %s after %s", url, time.Since(begun).Round(time.Millisecond))
 		nc, err := nats.Connect(url)
 		if err != nil {
@@ -92,7 +96,7 @@ func TestExamplesInterop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := target{url: url, answer: "aligned the button"}
+		m := target{url: url, answer: "aligned the button", vars: apiVars(api)}
 
 		// The JavaScript verifier and tool: every css_fix task goes through them.
 		if node.missing == "" {
@@ -103,6 +107,7 @@ func TestExamplesInterop(t *testing.T) {
 			m.succeeded = func(t *testing.T, id, out string) { throughJS(t, c, id, out) }
 		}
 		runExamples(t, m, submitters)
+		conflict(t, m)
 
 		// The JavaScript verifier can also say a problem is gone: the task is
 		// cancelled before any model call.
@@ -121,6 +126,7 @@ func TestExamplesInterop(t *testing.T) {
 		m := startDeployed(t, natsServer, dispatch)
 		t.Logf("the deployment at %s after %s", m.url, time.Since(begun).Round(time.Millisecond))
 		runExamples(t, m, submitters)
+		conflict(t, m)
 	})
 	t.Logf("interop test took %s", time.Since(start).Round(time.Millisecond))
 }
@@ -215,7 +221,7 @@ func startDeployed(t *testing.T, natsServer, dispatch string) target {
 	proctest.WaitFor(t, patience, "JetStream", func() error { _, err := js.AccountInfo(ctx); return err })
 
 	as := func(user string) []string {
-		return proctest.Env("DISPATCH_NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
+		return proctest.Env("NATS_URL="+url, "DISPATCH_NATS_USER="+user, "DISPATCH_NATS_PASSWORD="+pw[user])
 	}
 	if out := proctest.RunToEnd(t, patience, "provision", as("admin"), dispatch, "provision"); !strings.Contains(out, "provisioned:") {
 		t.Fatalf("dispatch provision said:\n%s", out)
@@ -245,8 +251,59 @@ func startDeployed(t *testing.T, natsServer, dispatch string) target {
 		}
 		return nil
 	})
-	return target{url: url, running: running,
-		vars: []string{"NATS_USER=client", "NATS_PASSWORD=" + pw["client"], "NATS_INBOX_PREFIX=" + inbox}}
+	// The client HTTP API: `dispatch web` as the web user, a client token
+	// of its own.
+	web := proctest.Start(t, "web", append(as("web"), "DISPATCH_HTTP_LISTEN=127.0.0.1:0",
+		"DISPATCH_HTTP_TOKEN=interop-reviewers", "DISPATCH_HTTP_CLIENT_TOKEN="+apiToken), dispatch, "web")
+	running["web"] = web
+	var api string
+	proctest.WaitFor(t, patience, "dispatch web", func() error {
+		proctest.CheckRunning(t, running)
+		m := webAPI.FindStringSubmatch(web.Output())
+		if m == nil {
+			return errors.New("no client API address printed yet")
+		}
+		api = m[1]
+		return nil
+	})
+	vars := append([]string{"NATS_USER=client", "NATS_PASSWORD=" + pw["client"], "NATS_INBOX_PREFIX=" + inbox}, apiVars(api)...)
+	return target{url: url, running: running, vars: vars}
+}
+
+// apiToken is the client API's token in this test.
+const apiToken = "interop-client-token"
+
+// apiVars are the HTTP examples' settings for the client API at url.
+func apiVars(url string) []string {
+	return []string{"DISPATCH_API_URL=" + url, "DISPATCH_API_TOKEN=" + apiToken}
+}
+
+// webAPI finds the client API's address `dispatch web` prints.
+var webAPI = regexp.MustCompile(`client API: (http://\S+)`)
+
+// conflict: the same id submitted again with another body is answered
+// 409 naming what differs (over HTTP, with curl), after Python submitted
+// it.
+func conflict(t *testing.T, m target) {
+	t.Run("conflict", func(t *testing.T) {
+		for _, c := range []string{"python3", "curl"} {
+			if toolchain(c, "").missing != "" {
+				if os.Getenv("CI") != "" {
+					t.Fatalf("%s is missing: .ci/run installs it", c)
+				}
+				t.Skipf("%s is missing: skipped", c)
+			}
+		}
+		id := "interop-409-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		out, code := run(t, m.env(), "python3", "python/submit.py", `{"id":"`+id+`","type":"css_fix","subject":"src/app.css"}`)
+		if code != 0 || !strings.Contains(out, "succeeded") {
+			t.Fatalf("python: exited %d:\n%s", code, out)
+		}
+		out, code = run(t, m.env(), "sh", "curl/submit.sh", `{"id":"`+id+`","type":"css_fix","subject":"src/other.css"}`)
+		if code != 1 || !strings.Contains(out, "409 ") || !strings.Contains(out, `\"subject\" differs: the task has \"src/app.css\", this submission \"src/other.css\"`) {
+			t.Fatalf("another body under the same id: exited %d, want the 409 naming the subject:\n%s", code, out)
+		}
+	})
 }
 
 // submitted finds the id an example printed: "submitted <id>, waiting".
@@ -363,8 +420,8 @@ func background(t *testing.T, env []string, dir string, argv ...string) *lockedB
 }
 
 // startUp runs `dispatch up` until the test ends and returns its NATS URL
-// once it says it is up.
-func startUp(t *testing.T, dispatch, modelURL, policy string) string {
+// and its client HTTP API's once it says it is up.
+func startUp(t *testing.T, dispatch, modelURL, policy string) (string, string) {
 	t.Helper()
 	dir := t.TempDir()
 	policyFile := filepath.Join(dir, "policy.json")
@@ -374,7 +431,7 @@ func startUp(t *testing.T, dispatch, modelURL, policy string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := procgroup.Command(ctx, []string{dispatch, "up"}, dir, nil, nil, procgroup.Limits{})
 	cmd.Env = append(env(""), "DISPATCH_NATS_LISTEN=127.0.0.1:-1", "DISPATCH_DATA_DIR="+filepath.Join(dir, "data"),
-		"DISPATCH_HTTP_LISTEN=off", "DISPATCH_POLICY_FILE="+policyFile,
+		"DISPATCH_HTTP_LISTEN=127.0.0.1:0", "DISPATCH_HTTP_CLIENT_TOKEN="+apiToken, "DISPATCH_POLICY_FILE="+policyFile,
 		"DISPATCH_OPENAI_BASE_URL="+modelURL, "DISPATCH_OPENAI_API_KEY=interop", "DISPATCH_MODEL=fake")
 	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -394,7 +451,11 @@ func startUp(t *testing.T, dispatch, modelURL, policy string) string {
 	deadline := time.Now().Add(patience)
 	for {
 		if m := upURL.FindStringSubmatch(out.String()); m != nil && strings.Contains(out.String(), " is up") {
-			return m[1]
+			a := upAPI.FindStringSubmatch(out.String())
+			if a == nil {
+				t.Fatalf("dispatch up printed no client API address:\n%s", out.String())
+			}
+			return m[1], a[1]
 		}
 		select {
 		case <-done:
@@ -408,7 +469,10 @@ func startUp(t *testing.T, dispatch, modelURL, policy string) string {
 	}
 }
 
-var upURL = regexp.MustCompile(`NATS:\s+(nats://\S+)`)
+var (
+	upURL = regexp.MustCompile(`NATS:\s+(nats://\S+)`)
+	upAPI = regexp.MustCompile(`api:\s+(http://\S+)`)
+)
 
 // waitServices waits until each named micro service answers a ping.
 func waitServices(t *testing.T, nc *nats.Conn, names ...string) {

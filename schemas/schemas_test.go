@@ -200,7 +200,7 @@ func TestAPIErrorCodesMatchConstants(t *testing.T) {
 		}
 		enum = append(enum, int(n))
 	}
-	want := []int{events.CodeBadRequest, events.CodeNotFound, events.CodeRejected, events.CodeInternal, events.CodeUnavailable}
+	want := []int{events.CodeBadRequest, events.CodeNotFound, events.CodeConflict, events.CodeRejected, events.CodeInternal, events.CodeUnavailable}
 	slices.Sort(enum)
 	if !slices.Equal(enum, want) {
 		t.Errorf("api.error.v1 codes %v, events.Code* constants %v", enum, want)

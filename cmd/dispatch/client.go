@@ -80,6 +80,9 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	}
 	task := client.Task{ID: *id, Type: *typ, Subject: *subject, MaxRetries: *maxRetries}
 	if *payload != "" {
+		if err := payloadJSON(*payload); err != nil {
+			return &exitError{1, err}
+		}
 		task.Payload = json.RawMessage(*payload)
 	}
 	if task.ID == "" {
@@ -101,6 +104,41 @@ func cmdSubmit(ctx context.Context, cfg Config, args []string) error {
 	wctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	return waitFor(wctx, stdout, c, sub.ID, *every)
+}
+
+// payloadJSON checks -payload is one JSON value, and says what is wrong
+// with it in the terms of the command line: where in the text, and what
+// was found there. (Left to the encoder, a bad payload fails as
+// "json: error calling MarshalJSON for type json.RawMessage".)
+func payloadJSON(p string) error {
+	var v any
+	dec := json.NewDecoder(strings.NewReader(p))
+	err := dec.Decode(&v)
+	if err == nil {
+		end := dec.InputOffset()
+		if _, terr := dec.Token(); terr != io.EOF {
+			return fmt.Errorf("-payload is not one JSON value: it goes on after byte %d (%q); quote it whole, e.g. -payload '{\"issue\":\"button misaligned\"}'", end, clip(strings.TrimSpace(p[end:]), 20))
+		}
+		return nil
+	}
+	var syn *json.SyntaxError
+	at := ""
+	if errors.As(err, &syn) {
+		at = fmt.Sprintf(" at byte %d", syn.Offset)
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		msg = "it ends before the JSON value does"
+	}
+	return fmt.Errorf("-payload is not JSON%s: %s (%q); give a JSON value, e.g. -payload '{\"issue\":\"button misaligned\"}'", at, msg, clip(p, 40))
+}
+
+// clip shortens s to n bytes for a message.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // waitFor prints the task's events as they happen and, every `every` while

@@ -18,7 +18,7 @@ func runDispatch(t *testing.T, url string, args ...string) (string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a deadlock guard
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(os.Environ(), runMainEnv+"=1", "DISPATCH_NATS_URL="+url)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "NATS_URL="+url)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {

@@ -21,10 +21,14 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 
-// Config is read from the environment, prefix DISPATCH_ (e.g. DISPATCH_NATS_URL).
+// Config is read from the environment, prefix DISPATCH_ (e.g.
+// DISPATCH_DATA_DIR); the NATS URL is read from NATS_URL, like every NATS
+// client (see resolveNATSURL).
 type Config struct {
-	// NATSURL is where client commands and single services connect.
-	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222"`
+	// NATSURL is where client commands and single services connect:
+	// NATS_URL, or DISPATCH_NATS_URL (still honoured), default
+	// nats://127.0.0.1:4222. Set by loadConfig.
+	NATSURL string `ignored:"true"`
 	// NATSCreds is a credentials file; NATSUser/NATSPassword a plain login,
 	// which `dispatch up`'s embedded server then requires of every client.
 	NATSCreds    string `envconfig:"NATS_CREDS"`
@@ -106,6 +110,15 @@ type Config struct {
 	// HTTPListen to loopback addresses; the process then makes a token at
 	// every start and prints the page's address with it.
 	HTTPToken string `envconfig:"HTTP_TOKEN"`
+	// HTTPClientToken is what the client HTTP API (/api/v1/ on the same
+	// listener) requires, as Authorization: Bearer — never HTTPToken,
+	// which resolves and requeues. Default: on a loopback listener, a new
+	// one each start, printed in up's banner; beyond loopback, none: the
+	// API is off until one is set. "off" turns the API off.
+	HTTPClientToken string `envconfig:"HTTP_CLIENT_TOKEN"`
+	// HTTPMaxWaits bounds the client API's waits held at once (past it:
+	// 503). Default web.DefaultMaxClientWaits (1,024).
+	HTTPMaxWaits int `envconfig:"HTTP_MAX_WAITS"`
 
 	// MetricsListen serves /metrics and /healthz when set.
 	MetricsListen string `envconfig:"METRICS_LISTEN"`
@@ -199,7 +212,37 @@ func loadConfig() (Config, error) {
 	if err := envconfig.Process("dispatch", &c); err != nil {
 		return c, err
 	}
+	url, err := resolveNATSURL(os.LookupEnv)
+	if err != nil {
+		return c, err
+	}
+	c.NATSURL = url
 	return c, c.Validate()
+}
+
+// DefaultNATSURL is where clients connect when neither NATS_URL nor
+// DISPATCH_NATS_URL is set.
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
+// resolveNATSURL is where to connect: NATS_URL, the variable every NATS client
+// reads (the nats CLI, nats.js, nats.c, the examples), or
+// DISPATCH_NATS_URL, this command's older name, still honoured. Both set
+// to different URLs is an error rather than a silent choice: one of them
+// is stale.
+func resolveNATSURL(lookup func(string) (string, bool)) (string, error) {
+	plain, _ := lookup("NATS_URL")
+	old, _ := lookup("DISPATCH_NATS_URL")
+	plain, old = strings.TrimSpace(plain), strings.TrimSpace(old)
+	if plain != "" && old != "" && plain != old {
+		return "", fmt.Errorf("NATS_URL=%s and DISPATCH_NATS_URL=%s differ: unset one (NATS_URL is the name every NATS client reads)", plain, old)
+	}
+	if plain != "" {
+		return plain, nil
+	}
+	if old != "" {
+		return old, nil
+	}
+	return DefaultNATSURL, nil
 }
 
 // Validate reports every problem at once.
@@ -223,10 +266,13 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("DISPATCH_CONCURRENCY must not be negative, got %d", c.Concurrency))
 	}
 	for name, n := range map[string]int{"METRICS_TYPE_LABELS": c.MetricsTypeLabels, "API_MAX_REQUESTS": c.APIMaxRequests,
-		"API_MAX_WAITS": c.APIMaxWaits, "API_MAX_CLIENT_WAITS": c.APIMaxClientWaits} {
+		"API_MAX_WAITS": c.APIMaxWaits, "API_MAX_CLIENT_WAITS": c.APIMaxClientWaits, "HTTP_MAX_WAITS": c.HTTPMaxWaits} {
 		if n < 0 {
 			errs = append(errs, fmt.Errorf("DISPATCH_%s must not be negative, got %d", name, n))
 		}
+	}
+	if c.HTTPClientToken != "" && c.HTTPClientToken == c.HTTPToken {
+		errs = append(errs, errors.New("DISPATCH_HTTP_CLIENT_TOKEN must differ from DISPATCH_HTTP_TOKEN: clients must not hold the reviewers' token"))
 	}
 	if _, err := c.stateKey(); err != nil {
 		errs = append(errs, err)
@@ -368,7 +414,7 @@ func (c Config) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
-// connect opens a connection to DISPATCH_NATS_URL (or url) named name:
+// connect opens a connection to NATS_URL (or url) named name:
 // client commands connect as "client", the web page as "web", a service as
 // itself — the user names deploy/ grants permissions to.
 func (c Config) connect(url, name string) (*nats.Conn, error) {
@@ -376,11 +422,17 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 		url = c.NATSURL
 	}
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	user, password := c.NATSUser, c.NATSPassword
+	if user == "" && c.NATSCreds == "" {
+		// The login every NATS client reads (the nats CLI, the examples),
+		// as up's banner prints it for a login-protected server.
+		user, password = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD")
+	}
 	switch {
 	case c.NATSCreds != "":
 		opts = append(opts, nats.UserCredentials(c.NATSCreds))
-	case c.NATSUser != "":
-		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
+	case user != "":
+		opts = append(opts, nats.UserInfo(user, password))
 	}
 	if c.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(c.NATSCA))
@@ -388,8 +440,8 @@ func (c Config) connect(url, name string) (*nats.Conn, error) {
 	// Replies come to _INBOX.<user>.>: the per-service users of deploy/ may
 	// subscribe only there.
 	inbox := name
-	if c.NATSUser != "" {
-		inbox = c.NATSUser
+	if user != "" {
+		inbox = user
 	}
 	opts = append(opts, nats.CustomInboxPrefix("_INBOX."+inbox))
 	nc, err := nats.Connect(url, opts...)

@@ -2,7 +2,7 @@
 //
 //	dispatch up                          embedded NATS + every service, one process
 //	dispatch intake|verifier|gate|prompt|executor|recorder
-//	                                     one service against DISPATCH_NATS_URL
+//	                                     one service against NATS_URL
 //	dispatch submit -type T -subject S [-payload JSON] [-id ID] [-wait [-progress 5s]]
 //	dispatch status [-v] ID [-o json]
 //	dispatch tasks|ls [-type T] [-status S] [-subject S] [-id ID] [-since T] [-until T] [-cursor C] [-o json]
@@ -33,7 +33,7 @@ Usage:
   dispatch up                         start an embedded NATS server and every service
   dispatch provision                  create or update the stream and buckets (as an admin user)
   dispatch intake|verifier|gate|prompt|executor|recorder|reaper
-                                      run one service against DISPATCH_NATS_URL
+                                      run one service against NATS_URL
   dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait [-progress 5s] [-timeout 10m]]
   dispatch status [-v] ID [-o json]   a task's current state; -v: its payload and every attempt's answer
   dispatch tasks [-type T] [-status S] [-subject TEXT] [-id ID] [-since T] [-until T] [-limit N] [-cursor C] [-o json]

@@ -26,7 +26,7 @@ const reviewUsage = `usage:
   dispatch review requeue ID -note TEXT [-by WHO]
   dispatch review requeue -type T -reason R -note TEXT [-by WHO]   (bulk: every open item matching)`
 
-// reviewClient connects to DISPATCH_NATS_URL and returns a review client.
+// reviewClient connects to NATS_URL and returns a review client.
 func reviewClient(cfg Config) (*review.Client, func(), error) {
 	return newReviewClient(cfg, true)
 }

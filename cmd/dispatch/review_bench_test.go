@@ -46,7 +46,7 @@ func BenchmarkReviewQueue(b *testing.B) {
 		b.Fatal(err)
 	}
 	reviewtest.FileQueue(b, srv.JS, n)
-	b.Setenv("DISPATCH_NATS_URL", srv.ClientURL())
+	b.Setenv("NATS_URL", srv.ClientURL())
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	rc, err := review.New(review.Config{JS: srv.JS, Log: quiet})
 	if err != nil {

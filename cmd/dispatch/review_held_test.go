@@ -44,7 +44,7 @@ func TestReviewListShowsHeldTasks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv("DISPATCH_NATS_URL", srv.ClientURL())
+	t.Setenv("NATS_URL", srv.ClientURL())
 
 	out, err := dispatch(t, "review", "list")
 	if err != nil {

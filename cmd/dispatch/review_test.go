@@ -33,7 +33,7 @@ type cli struct {
 }
 
 func newCLI(t *testing.T, m *reviewtest.Mesh) *cli {
-	t.Setenv("DISPATCH_NATS_URL", m.Srv.ClientURL())
+	t.Setenv("NATS_URL", m.Srv.ClientURL())
 	t.Setenv("USER", "tester")
 	return &cli{t: t, m: m}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,11 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/dirlock"
 	"github.com/dispatchmesh/dispatchmesh/internal/health"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/internal/web"
 	"github.com/dispatchmesh/dispatchmesh/services"
@@ -61,7 +62,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	var webLn net.Listener
-	var token string
+	var token, apiToken string
 	if cfg.HTTPListen != "" && cfg.HTTPListen != "off" {
 		ln, err := web.Listen(cfg.HTTPListen, cfg.HTTPToken)
 		if err != nil {
@@ -70,6 +71,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 		webLn = ln
 		defer ln.Close()
 		token = pageToken(cfg)
+		apiToken = clientToken(cfg, ln)
 	}
 	ns, err := startServer(opts, cfg.NATSListen)
 	if err != nil {
@@ -92,7 +94,7 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	checks := &health.Checks{}
 	var more []prometheus.Collector
 	if webLn != nil {
-		page, stop, err := startWeb(ctx, cfg, log, url, webLn, token)
+		page, stop, err := startWeb(ctx, cfg, log, url, webLn, token, apiToken)
 		if err != nil {
 			return err
 		}
@@ -111,26 +113,72 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	// One write: whoever reads "is up" reads the whole banner.
 	var banner strings.Builder
 	fmt.Fprintf(&banner, "dispatchmesh %s is up\n", version)
-	if opts.Username != "" {
-		fmt.Fprintf(&banner, "  NATS:     %s  (login required; clients: export DISPATCH_NATS_URL=%s DISPATCH_NATS_USER=%s DISPATCH_NATS_PASSWORD=…)\n", url, url, opts.Username)
-	} else {
-		fmt.Fprintf(&banner, "  NATS:     %s  (clients: export DISPATCH_NATS_URL=%s)\n", url, url)
-	}
-	fmt.Fprintf(&banner, "  data dir: %s\n", dataDir)
-	fmt.Fprintf(&banner, "  model:    %s\n", modelLabel(cfg))
-	fmt.Fprintf(&banner, "  policy:   %s\n", policyLine)
-	fmt.Fprintf(&banner, "            change it: dispatch policy set FILE (or nats kv put %s %s); every service applies it at once\n", services.BucketPolicy, policy.Key)
-	if cfg.MetricsListen != "" {
-		fmt.Fprintf(&banner, "  metrics:  http://%s/metrics  (health: /healthz, /readyz)\n", cfg.MetricsListen)
-	}
+	b := bannerInfo{url: url, user: opts.Username, dataDir: dataDir, model: modelLabel(cfg),
+		policy: policyLine, metrics: cfg.MetricsListen}
 	if webLn != nil {
-		fmt.Fprintf(&banner, "  review:   %s\n", webURL(webLn, cfg.HTTPToken, token))
+		b.review = webURL(webLn, cfg.HTTPToken, token)
+		b.api = apiLine(webLn, cfg.HTTPClientToken, apiToken)
+		if apiToken != "" {
+			b.apiBase, b.apiAuth = apiBase(webLn), apiAuth(cfg.HTTPClientToken, apiToken)
+		}
 	}
-	fmt.Fprintf(&banner, "  submit:   nats pub dispatch.submit.css_fix '{\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n")
-	fmt.Fprintf(&banner, "            dispatch submit -type css_fix -subject src/app.css -wait\n")
-	fmt.Fprintf(&banner, "  wait:     nats req dispatch.api.wait '{\"id\":\"ID\",\"timeout\":\"60s\"}' --timeout 65s\n")
+	writeBanner(&banner, b)
 	fmt.Print(banner.String())
 	return <-served
+}
+
+// bannerInfo is what up's banner reports.
+type bannerInfo struct {
+	url, user, dataDir, model, policy, metrics, review string
+	// api is the client API's line; apiBase and apiAuth, when it is on,
+	// its URL and Authorization header for the curl lines.
+	api, apiBase, apiAuth string
+}
+
+// bannerHTTPTaskID is the id of the task the banner's curl lines submit
+// and wait for.
+const bannerHTTPTaskID = "first-http-task"
+
+// bannerTaskID is the id of the task the banner's lines submit and wait
+// for: the submit line prints it, the wait line asks for it.
+const bannerTaskID = "first-task"
+
+// writeBanner writes the lines after "is up". Every command it prints
+// works pasted into a shell as it is, whatever the port: the nats lines
+// name the server (-s; with a login they read NATS_USER and NATS_PASSWORD,
+// as the NATS line says to export), the dispatch lines set NATS_URL, and
+// the wait line asks for the id the submit line printed. TestUpBannerLinesWork
+// runs them.
+func writeBanner(w io.Writer, b bannerInfo) {
+	if b.user != "" {
+		fmt.Fprintf(w, "  NATS:     %s  (login required; clients: export NATS_URL=%s NATS_USER=%s NATS_PASSWORD=…)\n", b.url, b.url, b.user)
+	} else {
+		fmt.Fprintf(w, "  NATS:     %s  (clients: export NATS_URL=%s)\n", b.url, b.url)
+	}
+	fmt.Fprintf(w, "  data dir: %s\n", b.dataDir)
+	fmt.Fprintf(w, "  model:    %s\n", b.model)
+	fmt.Fprintf(w, "  policy:   %s\n", b.policy)
+	fmt.Fprintf(w, "            NATS_URL=%s dispatch policy get > policy.json   # edit it, then:\n", b.url)
+	fmt.Fprintf(w, "            NATS_URL=%s dispatch policy set policy.json     # every service applies it at once\n", b.url)
+	if b.metrics != "" {
+		fmt.Fprintf(w, "  metrics:  http://%s/metrics  (health: /healthz, /readyz)\n", b.metrics)
+	}
+	if b.review != "" {
+		fmt.Fprintf(w, "  review:   %s\n", b.review)
+	}
+	fmt.Fprintf(w, "  submit:   nats -s %s req --raw %s '{\"id\":\"%s\",\"type\":\"css_fix\",\"subject\":\"src/app.css\",\"payload\":{\"issue\":\"button misaligned\"}}'\n",
+		b.url, events.SubmitAPI, bannerTaskID)
+	fmt.Fprintf(w, "            NATS_URL=%s dispatch submit -type css_fix -subject src/app.css -wait\n", b.url)
+	fmt.Fprintf(w, "  wait:     nats -s %s req --raw --timeout 65s %s '{\"id\":\"%s\",\"timeout\":\"60s\"}'\n",
+		b.url, events.APIWait, bannerTaskID)
+	if b.api != "" {
+		fmt.Fprintf(w, "  api:      %s\n", b.api)
+	}
+	if b.apiBase != "" {
+		fmt.Fprintf(w, "            curl -sS -H \"%s\" -d '{\"id\":\"%s\",\"type\":\"css_fix\",\"subject\":\"src/app.css\"}' %s\n",
+			b.apiAuth, bannerHTTPTaskID, b.apiBase)
+		fmt.Fprintf(w, "            curl -sS -H \"%s\" '%s/%s?wait=60s'\n", b.apiAuth, b.apiBase, bannerHTTPTaskID)
+	}
 }
 
 // waitAPI returns once the micro service "dispatch" at url answers a ping,
@@ -160,12 +208,12 @@ func waitAPI(ctx context.Context, cfg Config, url string, served <-chan error) e
 
 // startWeb serves the review page on ln, requiring token, on its own
 // connection to url, until ctx ends; stop waits for it to finish.
-func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener, token string) (page *webPage, stop func(), err error) {
+func startWeb(ctx context.Context, cfg Config, log *slog.Logger, url string, ln net.Listener, token, apiToken string) (page *webPage, stop func(), err error) {
 	nc, err := cfg.connect(url, "web")
 	if err != nil {
 		return nil, nil, err
 	}
-	page, err = newWebPage(ctx, cfg, nc, log, token)
+	page, err = newWebPage(ctx, cfg, nc, log, token, apiToken)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -243,7 +291,7 @@ func modelLabel(cfg Config) string {
 	return fmt.Sprintf("%s at %s", cfg.Model, cfg.OpenAIBaseURL)
 }
 
-// cmdService runs one service against DISPATCH_NATS_URL.
+// cmdService runs one service against NATS_URL.
 func cmdService(ctx context.Context, cfg Config, name string, args []string) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	if err := fs.Parse(args); err != nil {

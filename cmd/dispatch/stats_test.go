@@ -32,7 +32,7 @@ func seedTasks(t *testing.T, states ...events.TaskState) {
 			t.Fatalf("seed %s: created %v, %v", st.ID, created, err)
 		}
 	}
-	t.Setenv("DISPATCH_NATS_URL", srv.ClientURL())
+	t.Setenv("NATS_URL", srv.ClientURL())
 }
 
 func dispatch(t *testing.T, args ...string) (string, error) {

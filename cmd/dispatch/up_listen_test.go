@@ -9,6 +9,7 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -108,8 +109,14 @@ func TestUpWithLoginBeyondLoopback(t *testing.T) {
 	if _, err := nc.Request("$SRV.PING."+services.MicroService, nil, reviewtest.Patience); err != nil {
 		t.Fatalf("the API does not answer a client with the login: %v", err)
 	}
-	if !strings.Contains(out.String(), "DISPATCH_NATS_USER=mesh") {
+	if !strings.Contains(out.String(), "export NATS_URL="+natsURL+" NATS_USER=mesh NATS_PASSWORD=…") {
 		t.Errorf("the banner does not say a login is needed:\n%s", out.String())
+	}
+	// What the banner says to export is what dispatch, as a client, reads.
+	cmd := exec.Command(os.Args[0], "tasks")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "NATS_URL="+natsURL, "NATS_USER=mesh", "NATS_PASSWORD="+password)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("dispatch tasks with NATS_USER and NATS_PASSWORD: %v\n%s", err, b)
 	}
 	kill()
 	if strings.Contains(out.String(), password) {

@@ -33,6 +33,12 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	// Where to connect is each test's to say: a developer's nats CLI
+	// settings (NATS_URL, which dispatch reads) or an old
+	// DISPATCH_NATS_URL must not reach it, nor make the two disagree.
+	for _, name := range []string{"NATS_URL", "NATS_USER", "NATS_PASSWORD", "DISPATCH_NATS_URL"} {
+		_ = os.Unsetenv(name)
+	}
 	os.Exit(m.Run())
 }
 
@@ -87,7 +93,8 @@ func upCommand(ctx context.Context, dataDir string, env ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, os.Args[0], "up")
 	var base []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPATCH_") {
+		// Nor the nats CLI's settings, which dispatch reads too.
+		if name, _, _ := strings.Cut(kv, "="); !strings.HasPrefix(kv, "DISPATCH_") && name != "NATS_URL" && name != "NATS_USER" && name != "NATS_PASSWORD" {
 			base = append(base, kv)
 		}
 	}

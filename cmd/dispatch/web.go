@@ -46,7 +46,8 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 	}
 	defer nc.Close()
 	token := pageToken(cfg)
-	page, err := newWebPage(ctx, cfg, nc, log, token)
+	apiToken := clientToken(cfg, ln)
+	page, err := newWebPage(ctx, cfg, nc, log, token, apiToken)
 	if err != nil {
 		ln.Close()
 		return err
@@ -65,6 +66,7 @@ func cmdWeb(ctx context.Context, cfg Config, args []string) error {
 		defer stop()
 	}
 	fmt.Fprintf(stdout, "dispatchmesh review page: %s\n", webURL(ln, cfg.HTTPToken, token))
+	fmt.Fprintf(stdout, "dispatchmesh client API: %s\n", apiLine(ln, cfg.HTTPClientToken, apiToken))
 	return page.serve(ctx, ln, log)
 }
 
@@ -80,9 +82,9 @@ type webPage struct {
 	review  *review.Client
 }
 
-// newWebPage builds the review page on nc, requiring token, and registers
-// its micro service.
-func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger, token string) (*webPage, error) {
+// newWebPage builds the review page on nc, requiring token, with the
+// client HTTP API when apiToken is set, and registers its micro service.
+func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger, token, apiToken string) (*webPage, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -95,7 +97,11 @@ func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	h, err := web.New(web.Config{Review: rc, Token: token, Log: log})
+	wc := web.Config{Review: rc, Token: token, Log: log}
+	if apiToken != "" {
+		wc.Client = &web.ClientAPI{NC: nc, Token: apiToken, MaxWaits: cfg.HTTPMaxWaits}
+	}
+	h, err := web.New(wc)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +187,55 @@ func pageToken(cfg Config) string {
 		return cfg.HTTPToken
 	}
 	return web.NewToken()
+}
+
+// clientToken is the client API's token: DISPATCH_HTTP_CLIENT_TOKEN; "" —
+// the API off — when that is "off", or unset on a listener beyond
+// loopback (a token made here is printed on this terminal only); else one
+// made for this process.
+func clientToken(cfg Config, ln net.Listener) string {
+	switch cfg.HTTPClientToken {
+	case "off":
+		return ""
+	case "":
+		if local, err := web.Loopback(ln.Addr().String()); err != nil || !local {
+			return ""
+		}
+		return web.NewToken()
+	}
+	return cfg.HTTPClientToken
+}
+
+// apiBase is the client API's base URL on ln.
+func apiBase(ln net.Listener) string {
+	addr := ln.Addr().(*net.TCPAddr)
+	host := addr.IP.String()
+	if addr.IP.IsUnspecified() {
+		host = "localhost"
+	}
+	return fmt.Sprintf("http://%s/api/v1/tasks", net.JoinHostPort(host, fmt.Sprint(addr.Port)))
+}
+
+// apiLine says where the client API is and with which token: the one
+// made here, or $DISPATCH_HTTP_CLIENT_TOKEN (never a configured one).
+func apiLine(ln net.Listener, configured, token string) string {
+	switch {
+	case token == "" && configured == "off":
+		return "off (DISPATCH_HTTP_CLIENT_TOKEN=off)"
+	case token == "":
+		return "off (beyond localhost it needs DISPATCH_HTTP_CLIENT_TOKEN)"
+	case configured != "":
+		return apiBase(ln) + "  (Authorization: Bearer $DISPATCH_HTTP_CLIENT_TOKEN)"
+	}
+	return apiBase(ln) + "  (Authorization: Bearer " + token + ", a new token each start; DISPATCH_HTTP_CLIENT_TOKEN sets one)"
+}
+
+// apiAuth is the Authorization header of the banner's curl lines.
+func apiAuth(configured, token string) string {
+	if configured != "" {
+		return "Authorization: Bearer $DISPATCH_HTTP_CLIENT_TOKEN"
+	}
+	return "Authorization: Bearer " + token
 }
 
 // webURL is what to open in a browser: with the token this process made

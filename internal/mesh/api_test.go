@@ -87,6 +87,35 @@ func TestSubmitAPI(t *testing.T) {
 	}
 }
 
+// The same id submitted again with the same body (normalised: white
+// space, key order, fields left out as their zero) is a duplicate; with
+// another body it is answered 409, naming what differs, and nothing is
+// queued.
+func TestSubmitAPIConflict(t *testing.T) {
+	e := newEnv(t, succeed, nil)
+	e.start()
+	first := `{"id":"conflict-1","type":"css_fix","subject":"src/app.css","payload":{"issue":"x","sizes":[1,2]},"metadata":{"team":"web","k":"v"}}`
+	var r intake.SubmitReply
+	e.askAPI(events.SubmitAPI, first).decodes(t, &r)
+	if r.ID != "conflict-1" || r.Duplicate {
+		t.Fatalf("first submit: %+v", r)
+	}
+	e.waitEnd(r.ID)
+	same := `{ "metadata": {"k":"v","team":"web"}, "payload": {"sizes": [1, 2], "issue": "x"}, "max_retries": 0,
+		"subject": "src/app.css", "type": "css_fix", "id": "conflict-1" }`
+	e.askAPI(events.SubmitAPI, same).decodes(t, &r)
+	if r.ID != "conflict-1" || !r.Duplicate {
+		t.Fatalf("the same body again: %+v, want a duplicate", r)
+	}
+	other := `{"id":"conflict-1","type":"css_fix","subject":"src/b.css","payload":{"issue":"x","sizes":[1,3]},"metadata":{"team":"web","k":"v"},"max_retries":2}`
+	ae := e.askAPI(events.SubmitAPI, other).fails(t, events.CodeConflict)
+	want := []string{`"subject" differs: the task has "src/app.css", this submission "src/b.css"`, `"payload" differs at .sizes[1]`,
+		`"max_retries" differs: the task has 0, this submission 2`}
+	if !slices.Equal(ae.Problems, want) || !strings.Contains(ae.Message, "task conflict-1 exists and was submitted with another body") {
+		t.Fatalf("another body answered %+v, want the problems %q", ae, want)
+	}
+}
+
 // apiAnswer is one answer of the request-reply API.
 type apiAnswer struct {
 	data       []byte

@@ -53,13 +53,19 @@ func Root(t testing.TB) string {
 }
 
 // Env is this process's environment without DISPATCH_ and NATS_PASSWORD_
-// variables, plus vars.
+// variables, nor NATS_URL, NATS_USER and NATS_PASSWORD (which dispatch
+// reads too: a developer's nats CLI settings must not reach the processes
+// under test), plus vars.
 func Env(vars ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPATCH_") && !strings.HasPrefix(kv, "NATS_PASSWORD_") {
-			env = append(env, kv)
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(kv, "DISPATCH_"), strings.HasPrefix(kv, "NATS_PASSWORD_"),
+			name == "NATS_URL", name == "NATS_USER", name == "NATS_PASSWORD":
+			continue
 		}
+		env = append(env, kv)
 	}
 	return append(env, vars...)
 }

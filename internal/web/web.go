@@ -17,6 +17,10 @@
 //	GET  /api/trust                      trust per type with recent outcomes
 //	POST /api/tasks/{id}/{action}        JSON {"note": "...", "by": "..."} or a form
 //
+// With Config.Client, the client HTTP API is served beside them under
+// /api/v1/ (submit, state, wait, cancel: client.go), with a token of its
+// own and nothing else of the review page.
+//
 // Every request needs the token (Authorization: Bearer, or ?token= once,
 // which sets an HttpOnly cookie for the browser). Neither the Host header
 // nor the remote address stands in for it: a reverse proxy on the same host
@@ -56,6 +60,9 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the clock of the page's "3m ago". Default time.Now.
 	Now func() time.Time
+	// Client, when set, serves the client HTTP API under /api/v1/
+	// (client.go), with a token of its own.
+	Client *ClientAPI
 }
 
 // ErrNoToken: New was given no token. The page never serves without one.
@@ -77,6 +84,7 @@ type Handler struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	token   [32]byte
+	client  *clientAPI // nil: no client API
 }
 
 // New builds the handler.
@@ -94,6 +102,16 @@ func New(cfg Config) (*Handler, error) {
 		cfg.Now = time.Now
 	}
 	h := &Handler{cfg: cfg, mux: http.NewServeMux(), token: sha256.Sum256([]byte(cfg.Token))}
+	if cfg.Client != nil {
+		if cfg.Client.Token == cfg.Token {
+			return nil, errors.New("web: the client API's token must differ from the reviewers' token")
+		}
+		c, err := newClientAPI(*cfg.Client, cfg.Review, cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		h.client = c
+	}
 	h.routes()
 	// Browsers' cross-site form posts are refused (CSRF): a page elsewhere
 	// cannot requeue tasks through a reviewer's browser.
@@ -120,6 +138,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Referrer-Policy", "no-referrer")
+	// The client API is apart: its own token, never the reviewers' (nor
+	// their cookie), and the reviewers' routes never take its token.
+	if h.client != nil && strings.HasPrefix(r.URL.Path, clientPrefix) {
+		h.client.ServeHTTP(w, r)
+		return
+	}
 	h.handler.ServeHTTP(w, r)
 }
 

@@ -251,8 +251,11 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 	if sub.ID == "" {
 		sub.ID = nuid.Next()
 	}
-	switch _, err := a.Tasks.Get(ctx, sub.ID); {
+	switch st, err := a.Tasks.Get(ctx, sub.ID); {
 	case err == nil:
+		if err := a.sameTask(ctx, st, sub); err != nil {
+			return SubmitReply{}, err
+		}
 		return SubmitReply{ID: sub.ID, Duplicate: true}, nil
 	case !errors.Is(err, services.ErrTaskNotFound):
 		return SubmitReply{}, err
@@ -281,6 +284,43 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 		}
 	}
 	return SubmitReply{ID: sub.ID, Duplicate: ack.Duplicate}, nil
+}
+
+// sameTask returns nil when sub, submitted again under the id of the task
+// in state st, is the task as it was submitted (events.Submit.Differences:
+// the submitted fields, normalised), else the 409 (events.CodeConflict)
+// naming what differs. The task as submitted is the submission that
+// created it, read from the submissions' stream at st.SubmitSeq; once that
+// is gone (older than the stream's MaxAge, like the task's events), the
+// type and subject the state keeps are compared, the rest taken as the same.
+func (a *API) sameTask(ctx context.Context, st events.TaskState, sub events.Submit) error {
+	stored := events.Submit{ID: st.ID, Type: st.Type, Subject: st.Subject}
+	partial := true
+	if st.SubmitSeq > 0 {
+		s, err := a.bind(ctx, services.SubmitStream, &a.submits)
+		if err != nil {
+			return err
+		}
+		switch raw, err := s.GetMsg(ctx, st.SubmitSeq); {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return fmt.Errorf("read the submission of task %s (%s#%d): %w", st.ID, services.SubmitStream, st.SubmitSeq, err)
+		default:
+			if orig, err := events.DecodeSubmitFrom(raw.Subject, raw.Data); err == nil && (orig.ID == st.ID || orig.ID == "") {
+				stored, partial = orig, false
+			}
+		}
+	}
+	if partial {
+		sub = events.Submit{ID: sub.ID, Type: sub.Type, Subject: sub.Subject}
+	}
+	diff := stored.Differences(sub)
+	if len(diff) == 0 {
+		return nil
+	}
+	return events.NewAPIError(events.CodeConflict, fmt.Sprintf(
+		"task %s exists and was submitted with another body (%s): nothing was queued; submit the same body again, or this one under another id",
+		st.ID, strings.Join(diff, "; ")), diff...)
 }
 
 // submitMsgID is the Msg-Id the API queues a submission under: the same
