@@ -188,14 +188,18 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 	}
 	var msg *nats.Msg
 	var err error
+	unanswered := false // some request found no service
 	for retry := 50 * time.Millisecond; ; retry = min(2*retry, time.Second) {
 		msg, err = c.nc.RequestWithContext(ctx, subject, body)
+		unanswered = unanswered || errors.Is(err, nats.ErrNoResponders)
 		if !errors.Is(err, nats.ErrNoResponders) || !sleep(ctx, retry) {
 			break
 		}
 	}
 	switch {
-	case errors.Is(err, nats.ErrNoResponders):
+	case errors.Is(err, nats.ErrNoResponders), unanswered && ctx.Err() != nil:
+		// No service answered until ctx ended: the last request may have
+		// run out of time rather than found none, it is the same answer.
 		return &Error{Code: events.CodeUnavailable, Problems: []string{},
 			Message: fmt.Sprintf("no dispatch service answers on %s: is the mesh up (dispatch up)?", subject)}
 	case err != nil:
