@@ -98,6 +98,11 @@ func started(t *testing.T, a *API, srv *natstest.Server) micro.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Stop(); a.Stop() })
+	// The server knows the API's subscriptions before any test asks: a
+	// request from another connection sent earlier finds no responders.
+	if err := srv.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	return svc
 }
 
