@@ -468,7 +468,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 	inst := name + "@" + o.Instance
 	switch name {
 	case Intake:
-		s, err := intake.New(intake.Config{Tasks: st.tasks().Sealing(o.sealer), Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Instance: inst, Log: o.Log})
+		s, err := intake.New(intake.Config{Tasks: st.tasks().Sealing(o.sealer), JS: o.JS, Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

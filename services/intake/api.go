@@ -287,24 +287,42 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 }
 
 // sameTask returns nil when sub, submitted again under the id of the task
-// in state st, is the task as it was submitted (events.Submit.Differences:
-// the submitted fields, normalised), else the 409 (events.CodeConflict)
-// naming what differs. The task as submitted is the submission that
-// created it, read from the submissions' stream at st.SubmitSeq; once that
-// is gone (older than the stream's MaxAge, like the task's events), the
-// type and subject the state keeps are compared, the rest taken as the same.
+// in state st, is the task as it was submitted (Resubmitted), else the 409
+// (events.CodeConflict) naming what differs.
 func (a *API) sameTask(ctx context.Context, st events.TaskState, sub events.Submit) error {
+	s, err := a.bind(ctx, services.SubmitStream, &a.submits)
+	if err != nil {
+		return err
+	}
+	diff, err := Resubmitted(ctx, s, st, sub)
+	if err != nil || len(diff) == 0 {
+		return err
+	}
+	return events.NewAPIError(events.CodeConflict, conflict(st.ID, diff), diff...)
+}
+
+// conflict says that task id exists with another body.
+func conflict(id string, diff []string) string {
+	return fmt.Sprintf("task %s exists and was submitted with another body (%s): nothing was queued; submit the same body again, or this one under another id",
+		id, strings.Join(diff, "; "))
+}
+
+// Resubmitted compares sub, submitted again under the id of the task in
+// state st, with the submission that created the task, read from the
+// submissions' stream s at st.SubmitSeq, and names what differs
+// (events.Submit.Differences: the submitted fields, normalised); none,
+// the same task. Once that submission is gone (older than the stream's
+// MaxAge, like the task's events), the type and subject the state keeps
+// are compared, the rest taken as the same. The API answers a difference
+// with 409, the intake stage files it as a rejection.
+func Resubmitted(ctx context.Context, s jetstream.Stream, st events.TaskState, sub events.Submit) ([]string, error) {
 	stored := events.Submit{ID: st.ID, Type: st.Type, Subject: st.Subject}
 	partial := true
 	if st.SubmitSeq > 0 {
-		s, err := a.bind(ctx, services.SubmitStream, &a.submits)
-		if err != nil {
-			return err
-		}
 		switch raw, err := s.GetMsg(ctx, st.SubmitSeq); {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
-			return fmt.Errorf("read the submission of task %s (%s#%d): %w", st.ID, services.SubmitStream, st.SubmitSeq, err)
+			return nil, fmt.Errorf("read the submission of task %s (%s#%d): %w", st.ID, services.SubmitStream, st.SubmitSeq, err)
 		default:
 			if orig, err := events.DecodeSubmitFrom(raw.Subject, raw.Data); err == nil && (orig.ID == st.ID || orig.ID == "") {
 				stored, partial = orig, false
@@ -314,13 +332,7 @@ func (a *API) sameTask(ctx context.Context, st events.TaskState, sub events.Subm
 	if partial {
 		sub = events.Submit{ID: sub.ID, Type: sub.Type, Subject: sub.Subject}
 	}
-	diff := stored.Differences(sub)
-	if len(diff) == 0 {
-		return nil
-	}
-	return events.NewAPIError(events.CodeConflict, fmt.Sprintf(
-		"task %s exists and was submitted with another body (%s): nothing was queued; submit the same body again, or this one under another id",
-		st.ID, strings.Join(diff, "; ")), diff...)
+	return stored.Differences(sub), nil
 }
 
 // submitMsgID is the Msg-Id the API queues a submission under: the same

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
@@ -71,6 +72,23 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		run.Rung, run.Step = at.State.Rung, at.State.Step
 	}
 	if !publish {
+		// Another submission of the id: the same task is nothing to do;
+		// another body is kept as a rejection, saying what differs (the
+		// API answers it 409 before it is queued).
+		var diff []string
+		if s.cfg.JS != nil {
+			stream, err := s.cfg.JS.Stream(ctx, services.SubmitStream)
+			if err != nil {
+				return nil, err
+			}
+			if diff, err = Resubmitted(ctx, stream, at.State, sub); err != nil {
+				return nil, err
+			}
+		}
+		if len(diff) > 0 {
+			return nil, services.DeadKey(events.ReviewRejected, sub.ID+"-"+strconv.FormatUint(m.Seq, 10),
+				errors.New(conflict(t.ID, diff)))
+		}
 		s.log.Info("duplicate submission ignored", "task", t.ID, "seq", m.Seq)
 		return nil, nil
 	}

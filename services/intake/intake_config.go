@@ -2,6 +2,7 @@ package intake
 
 import (
 	"errors"
+	"github.com/nats-io/nats.go/jetstream"
 	"log/slog"
 	"time"
 
@@ -13,6 +14,10 @@ import (
 type Config struct {
 	// Tasks is the task state store (required).
 	Tasks *services.TaskStore
+	// JS, when set, reads the submissions' stream: a re-submission of an
+	// id with another body is then kept as a rejection saying what
+	// differs. Without it every re-submission of an id is ignored.
+	JS jetstream.JetStream
 	// Policy gives a pipeline type its first step, and names the types
 	// KnownTypesOnly accepts.
 	Policy *policy.Source

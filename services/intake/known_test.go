@@ -167,3 +167,66 @@ func TestKnownTypesOnlyKeepsWhatItDecided(t *testing.T) {
 		}
 	}
 }
+
+// An id submitted again with another body makes no second task and is not
+// ignored: it is kept as a rejection naming what differs (the API answers
+// it 409 before it is queued). The same body again is nothing to do.
+func TestResubmittedWithAnotherBodyIsKeptAsARejection(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := context.Background()
+	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := services.NewTaskStore(stores.Tasks)
+	runIntake(t, srv, Config{Tasks: tasks, JS: srv.JS, Policy: knownOnly, Log: quiet})
+	for i, body := range []string{`{"id":"r-1","subject":"src/a.css"}`, `{"id":"r-1","subject":"src/a.css"}`, `{"id":"r-1","subject":"src/b.css"}`} {
+		if _, err := srv.JS.Publish(ctx, events.SubmitSubject("css_fix"), []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 { // the first makes the task before the others arrive
+			proctest.WaitFor(t, 30*time.Second, "task r-1", func() error { _, err := tasks.Get(ctx, "r-1"); return err })
+		}
+	}
+	s, err := srv.JS.Stream(ctx, services.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rejections []*jetstream.RawStreamMsg
+	proctest.WaitFor(t, 30*time.Second, "the intake consumer done with all three", func() error {
+		c, err := srv.JS.Consumer(ctx, services.SubmitStream, services.ConsumerIntake)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending > 0 || info.NumAckPending > 0 || info.AckFloor.Stream < 3 {
+			return errors.New("still busy")
+		}
+		return nil
+	})
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(events.ReviewSubject(events.ReviewRejected, ">")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subject := range info.State.Subjects {
+		m, err := s.GetLastMsgForSubject(ctx, subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rejections = append(rejections, m)
+	}
+	if len(rejections) != 1 || rejections[0].Subject != events.ReviewSubject(events.ReviewRejected, "r-1-3") ||
+		!bytes.Contains([]byte(rejections[0].Header.Get(events.HeaderError)), []byte(`"subject" differs`)) {
+		var got []string
+		for _, m := range rejections {
+			got = append(got, m.Subject+": "+m.Header.Get(events.HeaderError))
+		}
+		t.Fatalf("rejections %q; want one, of the third submission, naming the subject", got)
+	}
+	if st, err := tasks.Get(ctx, "r-1"); err != nil || st.Subject != "src/a.css" || st.SubmitSeq != 1 {
+		t.Fatalf("task r-1: %+v %v; want the first submission's", st, err)
+	}
+}
