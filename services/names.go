@@ -36,6 +36,7 @@ const (
 	ConsumerVerifier = "verifier"
 	ConsumerGate     = "gate"
 	ConsumerGateHeld = "gate_held"
+	ConsumerGateWake = "gate_wake"
 	ConsumerPrompt   = "prompt"
 	ConsumerExecutor = "executor"
 	ConsumerRecorder = "recorder"

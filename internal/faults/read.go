@@ -262,7 +262,8 @@ var consumerStage = map[string][]string{
 	services.ConsumerIntake:   {"submit"},
 	services.ConsumerVerifier: {events.StageQueued, events.StageRetry},
 	services.ConsumerGate:     {events.StageVerified},
-	services.ConsumerGateHeld: {events.StageHeld, events.StageWake},
+	services.ConsumerGateHeld: {events.StageHeld},
+	services.ConsumerGateWake: {events.StageWake},
 	services.ConsumerPrompt:   {events.StageAdmitted},
 	services.ConsumerExecutor: {events.StagePrompted},
 	services.ConsumerRecorder: {events.StageExecuted, "review." + events.ReviewAction}, // and the human actions it counts
@@ -270,7 +271,7 @@ var consumerStage = map[string][]string{
 
 // Durables are the stage consumers of DISPATCH, in pipeline order.
 var Durables = []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
-	services.ConsumerGateHeld, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+	services.ConsumerGateHeld, services.ConsumerGateWake, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
 
 // redeliveries is, per durable, how many deliveries went beyond each
 // message's first: the consumer's delivery sequence counts every delivery,
@@ -315,11 +316,9 @@ func Idle(ctx context.Context, js jetstream.JetStream) (bool, string, error) {
 		if err != nil {
 			return false, "", fmt.Errorf("consumer %s: %w", name, err)
 		}
-		unacked := info.NumAckPending
-		if name == services.ConsumerGateHeld {
-			unacked = 0 // held passes wait there, looked at again and again: settled, not in flight
-		}
-		if info.NumPending > 0 || unacked > 0 {
+		// A pass held for trust is acked asleep in the held index: what a
+		// consumer still holds is in flight (a canary wait, a look).
+		if info.NumPending > 0 || info.NumAckPending > 0 {
 			busy = append(busy, fmt.Sprintf("%s: %d pending, %d unacked", name, info.NumPending, info.NumAckPending))
 		}
 	}

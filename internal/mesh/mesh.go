@@ -419,10 +419,10 @@ func (o Options) build(ctx context.Context, all *services.Stores) (specs []servi
 	for _, name := range o.Services {
 		st := newStoresOf(name, all)
 		var built []services.Spec
-		if name == Gate { // two consumers: verified passes, and held ones
+		if name == Gate { // three consumers: verified passes, held ones, wakes
 			var g *gate.Service
 			if g, err = o.gate(ctx, st); err == nil {
-				built = []services.Spec{g.Spec(), g.HeldSpec()}
+				built = []services.Spec{g.Spec(), g.HeldSpec(), g.WakeSpec()}
 			}
 		} else {
 			var spec services.Spec

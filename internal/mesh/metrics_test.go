@@ -294,6 +294,7 @@ func TestMetricsOfAScriptedRun(t *testing.T) {
 				t.Errorf("%s: no look at the held doomed0", c.name)
 			}
 			delete(got, "service="+services.ConsumerGateHeld)
+			delete(got, "service="+services.ConsumerGateWake) // its probe's wake, if it was woken
 		}
 		if !maps.Equal(got, c.want) {
 			t.Errorf("%s:\n got %v\nwant %v", c.name, sorted(got), sorted(c.want))
@@ -345,7 +346,7 @@ func (e *env) waitStatus(id string, status events.Status) {
 
 // stageDurables are the six stages' consumers.
 var stageDurables = []string{services.ConsumerIntake, services.ConsumerVerifier, services.ConsumerGate,
-	services.ConsumerGateHeld, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+	services.ConsumerGateHeld, services.ConsumerGateWake, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
 
 // waitIdle waits until no stage consumer has anything pending or unacked.
 func (e *env) waitIdle() {

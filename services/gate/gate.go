@@ -100,18 +100,27 @@ func (s *Service) Spec() services.Spec {
 		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxDeliver}
 }
 
-// HeldSpec is the gate's second consumer: the passes it holds back, and
-// the wakes of those asleep in the held index. A held pass waits here, not
-// in the verified consumer, so a flood of one type waiting for its
-// canaries never holds the verified consumer's pending slots: every other
-// type's passes keep being decided. A pass held for trust does not wait
-// here either: its look acks it and leaves it asleep in the held index
-// (Config.Held), which the sweeper (Sweep, run beside this consumer) wakes
-// — so however many passes are held, and for however long, none takes a
-// pending slot of this consumer.
+// HeldSpec is the gate's second consumer: the passes it holds back. A
+// held pass waits here, not in the verified consumer, so a flood of one
+// type waiting for its canaries never holds the verified consumer's
+// pending slots: every other type's passes keep being decided. A pass
+// held for trust does not wait here either: its first look acks it and
+// leaves it asleep in the held index (Config.Held), which the sweeper
+// wakes — so however many passes are held, and for however long, none
+// takes a pending slot.
 func (s *Service) HeldSpec() services.Spec {
-	spec := services.Spec{Name: services.ConsumerGateHeld,
-		Filters: []string{events.StageFilter(events.StageHeld), events.StageFilter(events.StageWake)},
+	return services.Spec{Name: services.ConsumerGateHeld, Filters: []string{events.StageFilter(events.StageHeld)},
+		Handler: s.HandleHeld, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
+}
+
+// WakeSpec is the gate's third consumer: the wakes of passes asleep in
+// the held index, looked at as HandleHeld looks at a held pass. Wakes
+// have a consumer of their own, so a flood of a new type waiting for its
+// canaries in gate_held never delays a held type's re-admission, probe
+// or hand-off. The sweeper (Sweep) runs beside it; without a held index
+// it has nothing to consume.
+func (s *Service) WakeSpec() services.Spec {
+	spec := services.Spec{Name: services.ConsumerGateWake, Filters: []string{events.StageFilter(events.StageWake)},
 		Handler: s.HandleHeld, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
 	if s.cfg.Held != nil {
 		spec.Beside = s.Sweep

@@ -53,8 +53,8 @@ func startGate(t *testing.T, scoring trust.Policy, maxAckPending int) *meshGate 
 		t.Fatal(err)
 	}
 	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{}, 2)
-	for _, spec := range []services.Spec{g.Spec(), g.HeldSpec()} {
+	done := make(chan struct{}, 3)
+	for _, spec := range []services.Spec{g.Spec(), g.HeldSpec(), g.WakeSpec()} {
 		spec.MaxAckPending = maxAckPending
 		r := &services.Router{JS: srv.JS, Instance: "gate@test", Log: quiet, Grace: time.Second}
 		go func() {
@@ -64,7 +64,7 @@ func startGate(t *testing.T, scoring trust.Policy, maxAckPending int) *meshGate 
 			}
 		}()
 	}
-	t.Cleanup(func() { stop(); <-done; <-done })
+	t.Cleanup(func() { stop(); <-done; <-done; <-done })
 	return m
 }
 
@@ -195,6 +195,10 @@ func TestHeldPassesSleepInTheIndexAndComeBackOldestFirst(t *testing.T) {
 	}
 	eventually(t, "12 passes asleep in the held index", func() bool { return len(m.asleep()) == 12 })
 	eventually(t, "no pending message in the held consumer", func() bool { return m.pending(services.ConsumerGateHeld) == 0 })
+	// Wakes come on a consumer of their own: none is due yet.
+	if n := m.pending(services.ConsumerGateWake); n != 0 {
+		t.Fatalf("%d wakes pending while the type is below and no probe is due", n)
+	}
 	for _, id := range held {
 		if st, err := m.tasks.Get(context.Background(), id); err != nil || st.Status != events.StatusHeld {
 			t.Fatalf("%s: status %s (%v), want held", id, st.Status, err)
