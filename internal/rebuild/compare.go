@@ -14,6 +14,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
@@ -530,7 +531,7 @@ func describe(live, built json.RawMessage) (string, string) {
 		return s
 	}
 	if lo, bo := only(lk, bk), only(bk, lk); len(lo) > 0 || len(bo) > 0 {
-		return clipText(side(lk, lo)), clipText(side(bk, bo))
+		return textcut.Clip(side(lk, lo), shown), textcut.Clip(side(bk, bo), shown)
 	}
 	for _, l := range lk {
 		i := slices.IndexFunc(bk, func(x keyedEntry) bool { return x.Key == l.Key })
@@ -543,7 +544,7 @@ func describe(live, built json.RawMessage) (string, string) {
 		for i, e := range entries {
 			keys[i] = e.Key
 		}
-		return clipText("in the order " + strings.Join(keys, " "))
+		return textcut.Clip("in the order "+strings.Join(keys, " "), shown)
 	}
 	return order(lk), order(bk)
 }
@@ -621,17 +622,13 @@ func near(x, y any) bool {
 	return fmt.Sprint(x) == fmt.Sprint(y)
 }
 
+// shown is how many bytes of a value a Difference shows.
+const shown = 200
+
 func clip(b json.RawMessage) string {
 	s := string(b)
 	if s == "" {
 		s = "(none)"
 	}
-	return clipText(s)
-}
-
-func clipText(s string) string {
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
+	return textcut.Clip(s, shown)
 }
