@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -237,9 +238,16 @@ func answerError(msg *nats.Msg) *Error {
 	return &Error{Code: n, Message: desc, Problems: []string{}}
 }
 
+// clip is the start of b for an error message: at most 200 bytes, cut on
+// a rune boundary and marked. (Not textcut's Clip: the client imports
+// only events and nats.go.)
 func clip(b []byte) string {
-	if len(b) > 200 {
-		return string(b[:200]) + "…"
+	s, n := string(b), 200
+	if len(s) <= n {
+		return s
 	}
-	return string(b)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -118,89 +118,8 @@ func discard(maxBytes int64) jetstream.DiscardPolicy {
 // buckets. It is idempotent: every service may call it at start.
 func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*Stores, error) {
 	cfg = cfg.withDefaults()
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        Stream,
-		Description: "dispatchmesh: every task event and review record, published by the services",
-		Subjects:    StreamSubjects,
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      cfg.MaxAge,
-		MaxBytes:    cfg.MaxBytes,
-		MaxMsgSize:  MaxEventSize,
-		Duplicates:  cfg.Duplicates,
-		Replicas:    cfg.Replicas,
-		Discard:     discard(cfg.MaxBytes),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", Stream, err)
-	}
-	// After Stream: a stream of an earlier version held the submissions
-	// too, and two streams cannot share subjects.
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        SubmitStream,
-		Description: "dispatchmesh: every submission, as clients published it",
-		Subjects:    SubmitSubjects,
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      cfg.MaxAge,
-		MaxBytes:    cfg.SubmitMaxBytes,
-		MaxMsgSize:  MaxEventSize,
-		Duplicates:  cfg.SubmitDuplicates,
-		Replicas:    cfg.Replicas,
-		Discard:     discard(cfg.SubmitMaxBytes),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", SubmitStream, err)
-	}
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        AdvisoryStream,
-		Description: "max-delivery advisories of " + Stream + " and " + SubmitStream + " consumers, for the reaper",
-		Subjects:    AdvisorySubjects,
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      cfg.MaxAge,
-		Replicas:    cfg.Replicas,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", AdvisoryStream, err)
-	}
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        CounterStream,
-		Description: "dispatchmesh: what each task type spent per day, server-side counters deduplicated by outcome",
-		Subjects:    []string{CounterSubjects},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Duplicates:  cfg.Duplicates,
-		Replicas:    cfg.Replicas,
-		// Every increment is kept for the audit horizon, not only each
-		// counter's latest: a server rebuilds its Msg-Id dedup window from
-		// the messages it stores, so an increment deleted early would be
-		// counted again by a redelivery after a restart.
-		MaxAge:          cfg.MaxAge,
-		AllowMsgCounter: true,
-		AllowDirect:     true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", CounterStream, err)
-	}
-	// The outcome stream: each type's newest outcomes, kept by its
-	// per-subject limit, for MaxAge at most, like the gate's facts of the
-	// type: a type clients made up once does not stay.
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:              trust.OutcomeStream,
-		Description:       "dispatchmesh: the outcomes that count for each task type's trust, the newest of each type",
-		Subjects:          []string{trust.OutcomeFilter},
-		MaxAge:            cfg.MaxAge,
-		MaxMsgsPerSubject: trust.Keep,
-		Retention:         jetstream.LimitsPolicy,
-		Storage:           jetstream.FileStorage,
-		Discard:           jetstream.DiscardOld,
-		Duplicates:        cfg.Duplicates,
-		Replicas:          cfg.Replicas,
-		AllowDirect:       true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", trust.OutcomeStream, err)
+	if err := provisionStreams(ctx, js, cfg); err != nil {
+		return nil, err
 	}
 	if err := provisionPolicyBucket(ctx, js, cfg); err != nil {
 		return nil, err
@@ -235,10 +154,101 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		}
 		*b.kv = kv
 	}
+	var err error
 	if st.Policy, err = js.KeyValue(ctx, BucketPolicy); err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketPolicy, err)
 	}
 	return &st, nil
+}
+
+// provisionStreams creates or updates the streams: the task events', the
+// submissions', the advisories', the spend counters' and the outcomes'.
+func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Stream,
+		Description: "dispatchmesh: every task event and review record, published by the services",
+		Subjects:    StreamSubjects,
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.MaxBytes,
+		MaxMsgSize:  MaxEventSize,
+		Duplicates:  cfg.Duplicates,
+		Replicas:    cfg.Replicas,
+		Discard:     discard(cfg.MaxBytes),
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", Stream, err)
+	}
+	// After Stream: a stream of an earlier version held the submissions
+	// too, and two streams cannot share subjects.
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        SubmitStream,
+		Description: "dispatchmesh: every submission, as clients published it",
+		Subjects:    SubmitSubjects,
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.SubmitMaxBytes,
+		MaxMsgSize:  MaxEventSize,
+		Duplicates:  cfg.SubmitDuplicates,
+		Replicas:    cfg.Replicas,
+		Discard:     discard(cfg.SubmitMaxBytes),
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", SubmitStream, err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        AdvisoryStream,
+		Description: "max-delivery advisories of " + Stream + " and " + SubmitStream + " consumers, for the reaper",
+		Subjects:    AdvisorySubjects,
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      cfg.MaxAge,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", AdvisoryStream, err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        CounterStream,
+		Description: "dispatchmesh: what each task type spent per day, server-side counters deduplicated by outcome",
+		Subjects:    []string{CounterSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Duplicates:  cfg.Duplicates,
+		Replicas:    cfg.Replicas,
+		// Every increment is kept for the audit horizon, not only each
+		// counter's latest: a server rebuilds its Msg-Id dedup window from
+		// the messages it stores, so an increment deleted early would be
+		// counted again by a redelivery after a restart.
+		MaxAge:          cfg.MaxAge,
+		AllowMsgCounter: true,
+		AllowDirect:     true,
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", CounterStream, err)
+	}
+	// The outcome stream: each type's newest outcomes, kept by its
+	// per-subject limit, for MaxAge at most, like the gate's facts of the
+	// type: a type clients made up once does not stay.
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              trust.OutcomeStream,
+		Description:       "dispatchmesh: the outcomes that count for each task type's trust, the newest of each type",
+		Subjects:          []string{trust.OutcomeFilter},
+		MaxAge:            cfg.MaxAge,
+		MaxMsgsPerSubject: trust.Keep,
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        cfg.Duplicates,
+		Replicas:          cfg.Replicas,
+		AllowDirect:       true,
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", trust.OutcomeStream, err)
+	}
+	return nil
 }
 
 // provisionPolicyBucket creates or updates BucketPolicy: the stream a KV

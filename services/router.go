@@ -190,23 +190,7 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 	stopped := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			r.Stats.setRunning(false) // no longer taking messages
-			drain()
-			grace := r.Grace
-			if grace <= 0 {
-				grace = 25 * time.Second
-			}
-			select {
-			case <-time.After(grace):
-				cancelHandlers()
-			case <-stopped:
-			}
-		case <-stopped:
-		}
-	}()
+	go r.shutdown(ctx, drain, cancelHandlers, stopped)
 
 	h := r.chain(log, spec)
 	log.Info("service started", "filters", spec.Filters, "concurrency", spec.Concurrency)
@@ -268,6 +252,27 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	}
 	log.Info("service stopped")
 	return nil
+}
+
+// shutdown lets the handlers outlive ctx by Grace (default 25s): once ctx
+// ends it stops taking messages (drain), and cancels the handlers
+// (cancelHandlers) unless they are all done (stopped) within Grace.
+func (r *Router) shutdown(ctx context.Context, drain, cancelHandlers func(), stopped <-chan struct{}) {
+	select {
+	case <-ctx.Done():
+		r.Stats.setRunning(false) // no longer taking messages
+		drain()
+		grace := r.Grace
+		if grace <= 0 {
+			grace = 25 * time.Second
+		}
+		select {
+		case <-time.After(grace):
+			cancelHandlers()
+		case <-stopped:
+		}
+	case <-stopped:
+	}
 }
 
 // puller returns how Run takes messages: from a buffered iterator, or (for

@@ -46,7 +46,8 @@ type View struct {
 	poolAt      time.Time
 	poolWindow  int
 
-	stop func()
+	stop func()            // ends following
+	done []<-chan struct{} // each closed when a follower has stopped applying
 }
 
 // PoolEvery is how often, at most, the View measures the pool again while
@@ -96,7 +97,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 	// logged and dropped.
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	caught := make(chan struct{})
-	_, err = follow.Stream(fctx, js, follow.Config{
+	outcomes, err := follow.Stream(fctx, js, follow.Config{
 		Stream: OutcomeStream, Filters: []string{OutcomeFilter}, Log: log,
 		CaughtUp: func() { close(caught) },
 	}, func(m follow.Msg) { v.apply(m.Subject, m.Data, m.Seq) })
@@ -104,15 +105,19 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 		cancel()
 		return nil, fmt.Errorf("trust: follow %s: %w", OutcomeStream, err)
 	}
-	v.stop = cancel
+	v.stop, v.done = cancel, []<-chan struct{}{outcomes.Done()}
 	if facts != nil {
 		w, err := follow.WatchAll(fctx, js, facts, follow.WatchOptions{Log: log})
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("trust: watch %s: %w", facts.Bucket(), err)
 		}
-		initial := make(chan struct{})
-		go v.followFacts(w, initial)
+		initial, factsDone := make(chan struct{}), make(chan struct{})
+		v.done = append(v.done, factsDone)
+		go func() {
+			defer close(factsDone)
+			v.followFacts(w, initial)
+		}()
 		select {
 		case <-initial:
 		case <-ctx.Done():
@@ -129,8 +134,15 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 	return v, nil
 }
 
-// Stop stops following the stream and the bucket.
-func (v *View) Stop() { v.stop() }
+// Stop stops following the stream and the bucket. It returns once the
+// View has stopped changing: no outcome or gate fact is applied after it,
+// so a Sync that needs a later outcome fails.
+func (v *View) Stop() {
+	v.stop()
+	for _, done := range v.done {
+		<-done
+	}
+}
 
 func (v *View) followFacts(w jetstream.KeyWatcher, initial chan struct{}) {
 	closed := false

@@ -135,7 +135,7 @@ func TestViewSync(t *testing.T) {
 	if n := len(v.Stats("css_fix").Outcomes); n != 3 {
 		t.Fatalf("after Sync the view holds %d outcomes, want 3", n)
 	}
-	v.Stop()
+	v.Stop() // returns once the view applies nothing more: "late" never reaches it
 	v.SyncWait = 50 * time.Millisecond
 	publish(t, srv.JS, "css_fix", trust.Outcome{Key: "late", Success: true, At: time.Now()})
 	if err := v.Sync(t.Context(), "css_fix"); err == nil {

@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
 	"github.com/dispatchmesh/dispatchmesh/schemas"
 )
@@ -371,15 +371,7 @@ func cmdStatus(ctx context.Context, cfg Config, args []string) error {
 // every control character a space: text from a model, a tool or a task
 // cannot move the cursor, hide itself or talk to the terminal.
 func oneLine(s string, n int) string {
-	s = blankControls(s, false)
-	if len(s) > n {
-		cut := n
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		return s[:cut] + "…"
-	}
-	return s
+	return textcut.Clip(blankControls(s, false), n)
 }
 
 // printable is s with every control character but a newline or a tab

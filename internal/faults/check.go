@@ -292,50 +292,9 @@ func (c *checker) task(id string, plan Plan) {
 		c.problem(id, KindDuplicated, "%d entries in the task index", te.indexed)
 	}
 
-	var end ending
-	switch {
-	case len(te.endings) == 0 && hasState && st.Status == events.StatusHeld && te.held > 0:
-		// Held for its type's trust: settled, not stranded — it sleeps in
-		// the held index until its type recovers or its hold time runs out
-		// (SPEC §2); the rebuild comparison reports a held pass without
-		// its entry.
-		c.r.Held++
-	case len(te.endings) == 0:
-		c.r.Stranded++
-		c.problem(id, KindStranded, "no terminal record: state %s at pass %d after %d attempts (reason %q); events %s",
-			st.Status, st.Pass, st.Attempts, st.Reason, strings.Join(te.trail, " "))
-	default:
-		c.r.Terminal++
-		end = te.endings[0]
-		if len(te.endings) > 1 {
-			c.r.Duplicated++
-			c.problem(id, KindDuplicated, "%d terminal records: %v; events %s", len(te.endings), te.endings, strings.Join(te.trail, " "))
-		}
-		label := end.Kind
-		if end.Cause == events.CauseRungRate {
-			label = endRungRate
-		}
-		c.r.Ends[label]++
-	}
+	end := c.ending(id, te, st, hasState)
 
-	// The attempts, one Executed per pass and one pass per attempt.
-	passes := slices.Sorted(maps.Keys(te.executed))
-	var executed []events.Executed
-	byAttempt := map[int]int{}
-	for i, pass := range passes {
-		evs := te.executed[pass]
-		if len(evs) > 1 {
-			c.problem(id, KindDuplicated, "pass %d has %d executed events", pass, len(evs))
-		}
-		ex := evs[0]
-		if prev, ok := byAttempt[ex.Run.Attempt]; ok {
-			c.problem(id, KindDuplicated, "attempt %d executed twice (passes %d and %d)", ex.Run.Attempt, prev, pass)
-		} else if ex.Run.Attempt != i+1 {
-			c.problem(id, KindAttempts, "pass %d ran attempt %d, expected attempt %d", pass, ex.Run.Attempt, i+1)
-		}
-		byAttempt[ex.Run.Attempt] = pass
-		executed = append(executed, ex)
-	}
+	executed := c.attempts(id, te)
 	n := len(executed)
 	c.r.Attempts += n
 
@@ -378,6 +337,60 @@ func (c *checker) task(id string, plan Plan) {
 	}
 
 	c.modelCalls(id, te, executed)
+}
+
+// ending is how task id ended (its first terminal record; none while it
+// is held or stranded), counted in the report.
+func (c *checker) ending(id string, te *taskEvents, st events.TaskState, hasState bool) ending {
+	var end ending
+	switch {
+	case len(te.endings) == 0 && hasState && st.Status == events.StatusHeld && te.held > 0:
+		// Held for its type's trust: settled, not stranded — it sleeps in
+		// the held index until its type recovers or its hold time runs out
+		// (SPEC §2); the rebuild comparison reports a held pass without
+		// its entry.
+		c.r.Held++
+	case len(te.endings) == 0:
+		c.r.Stranded++
+		c.problem(id, KindStranded, "no terminal record: state %s at pass %d after %d attempts (reason %q); events %s",
+			st.Status, st.Pass, st.Attempts, st.Reason, strings.Join(te.trail, " "))
+	default:
+		c.r.Terminal++
+		end = te.endings[0]
+		if len(te.endings) > 1 {
+			c.r.Duplicated++
+			c.problem(id, KindDuplicated, "%d terminal records: %v; events %s", len(te.endings), te.endings, strings.Join(te.trail, " "))
+		}
+		label := end.Kind
+		if end.Cause == events.CauseRungRate {
+			label = endRungRate
+		}
+		c.r.Ends[label]++
+	}
+	return end
+}
+
+// attempts are the Executed events of task id, one per pass in pass
+// order: each pass must have one, and run the next attempt.
+func (c *checker) attempts(id string, te *taskEvents) []events.Executed {
+	passes := slices.Sorted(maps.Keys(te.executed))
+	var executed []events.Executed
+	byAttempt := map[int]int{}
+	for i, pass := range passes {
+		evs := te.executed[pass]
+		if len(evs) > 1 {
+			c.problem(id, KindDuplicated, "pass %d has %d executed events", pass, len(evs))
+		}
+		ex := evs[0]
+		if prev, ok := byAttempt[ex.Run.Attempt]; ok {
+			c.problem(id, KindDuplicated, "attempt %d executed twice (passes %d and %d)", ex.Run.Attempt, prev, pass)
+		} else if ex.Run.Attempt != i+1 {
+			c.problem(id, KindAttempts, "pass %d ran attempt %d, expected attempt %d", pass, ex.Run.Attempt, i+1)
+		}
+		byAttempt[ex.Run.Attempt] = pass
+		executed = append(executed, ex)
+	}
+	return executed
 }
 
 // endStatus is the task status each terminal record leaves.
@@ -637,43 +650,7 @@ func union[A, B any](a map[string]A, b map[string]B) map[string]bool {
 // the sum of the recorded attempts' tokens and cost — the figures a
 // recorder killed before its ack must not count twice.
 func (c *checker) trust(ctx context.Context, windows map[string][]trust.Outcome, stored map[string]map[string]int) error {
-	recorded := map[string]trust.Outcome{}  // by key, of attempts that count for trust
-	implied := map[string][]trust.Outcome{} // by type: the newest Keep of them
-	total := map[string]int{}               // by type: how many
-	want := map[[2]string]trust.DaySpend{}
-	for _, id := range slices.Sorted(maps.Keys(c.states)) {
-		st := c.states[id]
-		// The gate's handoff before an attempt, and its stop of a retry,
-		// mark the task ended on its type's outcomes (trust.EndMarker),
-		// dated by the gate's decision.
-		if te := c.v.tasks[id]; te != nil {
-			for _, e := range te.endings {
-				if (e.Kind == EndEscalated && e.Cause == events.CauseRungRate) || (e.Kind == EndGated && e.Attempt > 1) {
-					o := trust.EndMarker(id, e.Pass, e.At)
-					recorded[o.Key] = o
-					implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
-					total[st.Type]++
-				}
-			}
-		}
-		for _, rec := range st.History {
-			if task.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
-				o := trust.Outcome{Key: services.MsgID(id, rec.Pass, "outcome"), Success: rec.Outcome == events.OutcomeSuccess, At: rec.At}
-				recorded[o.Key] = o
-				implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
-				total[st.Type]++
-			}
-			spent := events.Result{TokensIn: rec.TokensIn, TokensOut: rec.TokensOut, Cost: rec.Cost}
-			if tokens, cost := task.DailySpend(spent, c.in.Policy.For(st.Type).DailyBudget); tokens != 0 || cost != 0 {
-				k := [2]string{st.Type, trust.Day(rec.At)}
-				d := want[k]
-				d.Type, d.Day = k[0], k[1]
-				d.Tokens += int64(tokens)
-				d.NanoUSD += trust.NanoUSD(cost)
-				want[k] = d
-			}
-		}
-	}
+	recorded, implied, total, want := c.impliedByAttempts()
 	drift := func(format string, args ...any) {
 		c.r.CounterDrift++
 		c.problem("", KindDrift, format, args...)
@@ -719,6 +696,57 @@ func (c *checker) trust(ctx context.Context, windows map[string][]trust.Outcome,
 			}
 		}
 	}
+	return c.spendDrift(ctx, want)
+}
+
+// impliedByAttempts is what the recorded attempts of the tasks imply for
+// trust and spend: each outcome that counts for trust (the gate's end
+// markers too), each type's newest trust.Keep of them and how many there
+// are, and what each (type, day) spent under a daily budget.
+func (c *checker) impliedByAttempts() (recorded map[string]trust.Outcome, implied map[string][]trust.Outcome, total map[string]int, want map[[2]string]trust.DaySpend) {
+	recorded = map[string]trust.Outcome{}  // by key, of attempts that count for trust
+	implied = map[string][]trust.Outcome{} // by type: the newest Keep of them
+	total = map[string]int{}               // by type: how many
+	want = map[[2]string]trust.DaySpend{}
+	for _, id := range slices.Sorted(maps.Keys(c.states)) {
+		st := c.states[id]
+		// The gate's handoff before an attempt, and its stop of a retry,
+		// mark the task ended on its type's outcomes (trust.EndMarker),
+		// dated by the gate's decision.
+		if te := c.v.tasks[id]; te != nil {
+			for _, e := range te.endings {
+				if (e.Kind == EndEscalated && e.Cause == events.CauseRungRate) || (e.Kind == EndGated && e.Attempt > 1) {
+					o := trust.EndMarker(id, e.Pass, e.At)
+					recorded[o.Key] = o
+					implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
+					total[st.Type]++
+				}
+			}
+		}
+		for _, rec := range st.History {
+			if task.CountsForTrust(events.Result{Outcome: rec.Outcome, ErrorClass: rec.ErrorClass}) {
+				o := trust.Outcome{Key: services.MsgID(id, rec.Pass, "outcome"), Success: rec.Outcome == events.OutcomeSuccess, At: rec.At}
+				recorded[o.Key] = o
+				implied[st.Type], _ = trust.Insert(implied[st.Type], o, trust.Keep)
+				total[st.Type]++
+			}
+			spent := events.Result{TokensIn: rec.TokensIn, TokensOut: rec.TokensOut, Cost: rec.Cost}
+			if tokens, cost := task.DailySpend(spent, c.in.Policy.For(st.Type).DailyBudget); tokens != 0 || cost != 0 {
+				k := [2]string{st.Type, trust.Day(rec.At)}
+				d := want[k]
+				d.Type, d.Day = k[0], k[1]
+				d.Tokens += int64(tokens)
+				d.NanoUSD += trust.NanoUSD(cost)
+				want[k] = d
+			}
+		}
+	}
+	return recorded, implied, total, want
+}
+
+// spendDrift checks the spend counters against want, what the recorded
+// attempts spent.
+func (c *checker) spendDrift(ctx context.Context, want map[[2]string]trust.DaySpend) error {
 	have, err := trust.NewSpending(c.in.JS, services.CounterStream).All(ctx)
 	if err != nil {
 		return fmt.Errorf("spend counters: %w", err)

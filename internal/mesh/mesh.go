@@ -170,33 +170,10 @@ func (o Options) sealing() (*services.Sealer, error) {
 // Run provisions, starts the selected services and blocks until ctx ends and
 // every service has drained.
 func Run(ctx context.Context, o Options) error {
-	if o.NC == nil {
-		return errors.New("mesh: NC is required")
+	if err := o.setDefaults(); err != nil {
+		return err
 	}
 	var err error
-	if o.JS == nil {
-		if o.JS, err = jetstream.New(o.NC); err != nil {
-			return err
-		}
-	}
-	if len(o.Services) == 0 {
-		o.Services = All
-	}
-	for _, s := range o.Services {
-		if !slices.Contains(All, s) {
-			return fmt.Errorf("mesh: unknown service %q", s)
-		}
-	}
-	if o.Log == nil {
-		o.Log = slog.Default()
-	}
-	if o.Instance == "" {
-		host, _ := os.Hostname()
-		o.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
-	}
-	if o.Version == "" {
-		o.Version = "0.1.0"
-	}
 
 	if o.Health != nil { // until its consumer is bound
 		for _, name := range o.Services {
@@ -248,6 +225,64 @@ func Run(ctx context.Context, o Options) error {
 		}
 		stopSpecs(specs)
 	}()
+	metrics := o.metrics(specs)
+
+	stats := make([]*services.RunStats, len(specs))
+	for i := range specs {
+		stats[i] = &services.RunStats{}
+	}
+	stopOps, err := o.startOps(specs, owners, stats)
+	defer stopOps()
+	if err != nil {
+		return err
+	}
+	if slices.Contains(o.Services, Intake) {
+		stopAPI, err := o.startAPI(ctx, stores)
+		defer stopAPI()
+		if err != nil {
+			return err
+		}
+	}
+
+	routing = true
+	return o.route(ctx, specs, stats, metrics)
+}
+
+// setDefaults checks o and fills in what it leaves out.
+func (o *Options) setDefaults() error {
+	if o.NC == nil {
+		return errors.New("mesh: NC is required")
+	}
+	if o.JS == nil {
+		js, err := jetstream.New(o.NC)
+		if err != nil {
+			return err
+		}
+		o.JS = js
+	}
+	if len(o.Services) == 0 {
+		o.Services = All
+	}
+	for _, s := range o.Services {
+		if !slices.Contains(All, s) {
+			return fmt.Errorf("mesh: unknown service %q", s)
+		}
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Instance == "" {
+		host, _ := os.Hostname()
+		o.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if o.Version == "" {
+		o.Version = "0.1.0"
+	}
+	return nil
+}
+
+// metrics registers the mesh's collectors with o.Registry (nil: none).
+func (o Options) metrics(specs []services.Spec) *services.Metrics {
 	var metrics *services.Metrics
 	if o.Registry != nil {
 		metrics = services.NewMetrics(o.Registry)
@@ -262,15 +297,23 @@ func Run(ctx context.Context, o Options) error {
 			services.Register(o.Registry, c)
 		}
 	}
+	return metrics
+}
 
+// startOps starts the micro service of each service, ready while its
+// consumers run (stats). stop stops those started, the last first; it is
+// set on an error too.
+func (o Options) startOps(specs []services.Spec, owners []string, stats []*services.RunStats) (stop func(), err error) {
+	var stops []func() error
+	stop = func() {
+		for _, s := range slices.Backward(stops) {
+			_ = s()
+		}
+	}
 	// Every service answers $SRV.PING|INFO|STATS as dispatch-<service>
 	// with its counters and readiness (`nats micro ls`).
 	// A service with a second consumer (the gate's held passes) is one
 	// micro service, ready while both consume; it counts its first's.
-	stats := make([]*services.RunStats, len(specs))
-	for i := range specs {
-		stats[i] = &services.RunStats{}
-	}
 	for i, spec := range specs {
 		if i > 0 && owners[i] == owners[i-1] {
 			continue
@@ -294,52 +337,55 @@ func Run(ctx context.Context, o Options) error {
 			Counts:      stats[i].Counts, Ready: ready,
 		})
 		if err != nil {
-			return fmt.Errorf("micro service %s: %w", services.OpsName(owners[i]), err)
+			return stop, fmt.Errorf("micro service %s: %w", services.OpsName(owners[i]), err)
 		}
-		defer svc.Stop()
+		stops = append(stops, svc.Stop)
 		if o.Health != nil {
 			o.Health.Add(owners[i], ready)
 		}
 	}
-	if err := checkSubscribed(o, "micro services"); err != nil {
-		return err
-	}
-	if slices.Contains(o.Services, Intake) {
-		st := newStoresOf(Intake, stores)
-		api := &intake.API{JS: o.JS, Tasks: st.tasks(), Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Log: o.Log,
-			MaxRequests: o.APIMaxRequests, MaxWaits: o.APIMaxWaits, MaxClientWaits: o.APIMaxClientWaits}
-		if st.err != nil {
-			return st.err
-		}
-		svc, err := api.Start(o.NC, o.Version)
-		if err != nil {
-			return fmt.Errorf("micro api: %w", err)
-		}
-		defer api.Stop() // then answers the waits in progress
-		defer svc.Stop() // first: no new requests
-		// A stopping mesh answers its waits at once (503: ask again), not
-		// after its services drained.
-		context.AfterFunc(ctx, api.Stop)
-		if o.Health != nil {
-			o.Health.Add("api", func() error {
-				if svc.Stopped() {
-					return errors.New("stopped")
-				}
-				return nil
-			})
-		}
-		if err := checkSubscribed(o, "micro api"); err != nil {
-			return err
-		}
-	}
+	return stop, checkSubscribed(o, "micro services")
+}
 
+// startAPI starts intake's request-reply API; stop stops it (it is set on
+// an error too).
+func (o Options) startAPI(ctx context.Context, stores *services.Stores) (stop func(), err error) {
+	st := newStoresOf(Intake, stores)
+	api := &intake.API{JS: o.JS, Tasks: st.tasks(), Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Log: o.Log,
+		MaxRequests: o.APIMaxRequests, MaxWaits: o.APIMaxWaits, MaxClientWaits: o.APIMaxClientWaits}
+	if st.err != nil {
+		return func() {}, st.err
+	}
+	svc, err := api.Start(o.NC, o.Version)
+	if err != nil {
+		return func() {}, fmt.Errorf("micro api: %w", err)
+	}
+	stop = func() {
+		_ = svc.Stop() // first: no new requests
+		api.Stop()     // then answers the waits in progress
+	}
+	// A stopping mesh answers its waits at once (503: ask again), not
+	// after its services drained.
+	context.AfterFunc(ctx, api.Stop)
+	if o.Health != nil {
+		o.Health.Add("api", func() error {
+			if svc.Stopped() {
+				return errors.New("stopped")
+			}
+			return nil
+		})
+	}
+	return stop, checkSubscribed(o, "micro api")
+}
+
+// route runs a router for each spec until ctx ends or one fails.
+func (o Options) route(ctx context.Context, specs []services.Spec, stats []*services.RunStats, metrics *services.Metrics) error {
 	// One service failing stops them all: a mesh with a dead stage would
 	// look alive while tasks pile up in front of it.
 	ctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(specs))
-	routing = true
 	for i, spec := range specs {
 		spec.MaxDeliver = max(o.MaxDeliver, spec.MaxDeliver)
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // Build builds nats-server (the module's dependency) and dispatch into a
@@ -113,14 +114,8 @@ func (p *Process) Output() string {
 	return p.out.String()
 }
 
-// Tail is the last n bytes of Output.
-func (p *Process) Tail(n int) string {
-	out := p.Output()
-	if len(out) > n {
-		return "…" + out[len(out)-n:]
-	}
-	return out
-}
+// Tail is the last n bytes of Output, from a rune boundary.
+func (p *Process) Tail(n int) string { return textcut.ClipEnd(p.Output(), n) }
 
 // Quiet keeps the output out of a failed test's log (the caller reports
 // what matters itself).

@@ -20,6 +20,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
@@ -121,7 +122,7 @@ func validateInput(note, by string) error {
 // characters (the web page checks the name it saves with it too).
 func ValidateBy(by string) error {
 	if len(by) > MaxByLen || strings.ContainsFunc(by, unicode.IsControl) {
-		return fmt.Errorf("%w: reviewer name %q must be at most %d printable characters", ErrInvalid, clip(by, 40), MaxByLen)
+		return fmt.Errorf("%w: reviewer name %q must be at most %d printable characters", ErrInvalid, textcut.Clip(by, 40), MaxByLen)
 	}
 	return nil
 }
@@ -223,7 +224,7 @@ func (c *Client) decideSeen(ctx context.Context, action, id, note, by string, se
 			return Decision{}, c.revert(ctx, tasks, prev, next, fmt.Errorf("requeue of %s did not take effect (its action record is void): %w", id, err))
 		}
 	}
-	c.cfg.Log.Info("human review action", "task", id, "action", action, "by", by, "note", clip(note, 200), "status", next.Status)
+	c.cfg.Log.Info("human review action", "task", id, "action", action, "by", by, "note", textcut.Clip(note, 200), "status", next.Status)
 	return Decision{Action: a, Task: &next}, nil
 }
 
@@ -255,7 +256,7 @@ func (c *Client) decideRecord(ctx context.Context, a events.Action, salt string,
 	if err := c.publishAction(ctx, a, salt); err != nil {
 		return Decision{}, err
 	}
-	c.cfg.Log.Info("human review action", "record", a.TaskID, "action", a.Action, "by", a.By, "note", clip(a.Note, 200))
+	c.cfg.Log.Info("human review action", "record", a.TaskID, "action", a.Action, "by", a.By, "note", textcut.Clip(a.Note, 200))
 	return Decision{Action: a}, nil
 }
 

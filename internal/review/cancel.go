@@ -12,6 +12,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // ErrEnded: the task to cancel has already ended with another status
@@ -82,6 +83,6 @@ func (c *Client) Cancel(ctx context.Context, id, note, by string) (Decision, err
 	if err := c.publishAction(ctx, a, nuid.Next()); err != nil {
 		return Decision{}, c.revert(ctx, tasks, prev, next, fmt.Errorf("cancel of %s did not take effect: %w", id, err))
 	}
-	c.cfg.Log.Info("task cancelled", "task", id, "by", by, "note", clip(note, 200), "was", prev.Status)
+	c.cfg.Log.Info("task cancelled", "task", id, "by", by, "note", textcut.Clip(note, 200), "was", prev.Status)
 	return Decision{Action: a, Task: &next}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
@@ -24,7 +25,7 @@ func Describe(e timeline.Entry) string {
 	}
 	s := fmt.Sprintf("%s by %s", strings.ToUpper(a.Action), a.By)
 	if a.Note != "" {
-		s += fmt.Sprintf(": %q", clip(strings.ReplaceAll(a.Note, "\n", " "), 200))
+		s += fmt.Sprintf(": %q", textcut.Clip(strings.ReplaceAll(a.Note, "\n", " "), 200))
 	}
 	return s
 }

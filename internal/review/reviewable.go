@@ -8,6 +8,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // ReviewStatuses are the task statuses a human can resolve, reject or
@@ -40,7 +41,7 @@ type DecidedError struct {
 
 func (e *DecidedError) Error() string {
 	return fmt.Sprintf("cannot %s task %s: %s decided %s at %s since you looked (%q); reload it and decide again",
-		e.Action, e.ID, e.Latest.By, e.Latest.Action, e.Latest.At.UTC().Format(time.RFC3339), clip(e.Latest.Note, 200))
+		e.Action, e.ID, e.Latest.By, e.Latest.Action, e.Latest.At.UTC().Format(time.RFC3339), textcut.Clip(e.Latest.Note, 200))
 }
 
 // Is makes a DecidedError an ErrNotReviewable (a conflict).

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 func TestCheckReviewable(t *testing.T) {
@@ -132,7 +133,7 @@ func TestValidateInput(t *testing.T) {
 			continue
 		}
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.says) {
-			t.Errorf("validateInput(%q, %q) = %v, want %q", clip(c.note, 10), clip(c.by, 10), err, c.says)
+			t.Errorf("validateInput(%q, %q) = %v, want %q", textcut.Clip(c.note, 10), textcut.Clip(c.by, 10), err, c.says)
 		}
 	}
 }

@@ -7,12 +7,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // Record is one message on a review subject, as stored.
@@ -79,7 +79,7 @@ func decodeBody(subject string, h nats.Header, data []byte) Record {
 	}
 	r.Reason, r.Key, _ = events.ParseReviewSubject(r.Subject)
 	if !json.Valid(data) {
-		r.Raw = clip(string(data), maxRaw)
+		r.Raw = textcut.Clip(string(data), maxRaw)
 		return r
 	}
 	r.Body = data
@@ -152,15 +152,4 @@ func (c *Client) records(ctx context.Context, filters ...string) ([]Record, erro
 	var out []Record
 	err := read(ctx, c.cfg.JS, c.cfg.Stream, filters, func(m jetstream.Msg) { out = append(out, record(m)) })
 	return out, err
-}
-
-// clip cuts s to at most n bytes, on a rune boundary.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }

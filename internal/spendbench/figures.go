@@ -163,114 +163,9 @@ func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, led
 	}
 	for _, t := range tasks {
 		o := outcomes[t.ID]
-		calls := ledger[t.ID]
-		var tt Tally
-		tt.Tasks = 1
-		if o.resolved {
-			tt.Resolved = 1
-		}
-		if Resolvable(t.Scenario) {
-			tt.Solvable = 1
-			if o.status != string(events.StatusSucceeded) && o.status != string(events.StatusCancelled) {
-				tt.SolvableUnresolved = 1
-			}
-		}
-		if o.ended && o.seconds > 0 {
-			tt.timed, tt.secondsSum = 1, o.seconds
-		}
-		res := TaskResult{ID: t.ID, Type: t.TaskType(), Scenario: t.Scenario, Class: t.Class, Status: o.status, Resolved: o.resolved, Ended: o.ended, EndRecords: o.endRecords, Calls: len(calls)}
-		banned := map[string]bool{}
-		stopped := false
-		for _, c := range calls {
-			tt.Calls++
-			tt.TokensIn += c.TokensIn
-			tt.TokensOut += c.TokensOut
-			if stopped {
-				tt.CallsAfterAuthOrQuota++
-			}
-			if banned[c.Hash] {
-				tt.IdenticalAfterDeterministic++
-			}
-			if c.Deterministic() {
-				banned[c.Hash] = true
-			}
-			stopped = stopped || c.Stop()
-			if c.Kind == kindSuccess {
-				res.SuccessAnswers++
-			}
-			if c.Transient() {
-				tt.TransientCalls++
-				continue
-			}
-			tt.Attempts++
-			if tt.Attempts > 1 {
-				tt.Retries++
-				if c.Kind == kindSuccess {
-					tt.RetrySuccesses++
-				}
-			}
-		}
-		tt.Tokens = tt.TokensIn + tt.TokensOut
-		if !o.resolved {
-			tt.WastedTokens = tt.Tokens
-		}
-		res.Attempts, res.Tokens = tt.Attempts, tt.Tokens
-
-		f.Statuses[o.status]++
-		switch {
-		case o.status == string(events.StatusHeld):
-			f.Held++
-		case !o.ended:
-			f.NotEnded++
-		}
-		if o.endRecords != 1 && o.status != string(events.StatusHeld) {
-			f.BadEndRecords++
-		}
-		if o.poison {
-			f.Poison++
-		}
-		if res.SuccessAnswers > 0 && !o.resolved {
-			f.SuccessNotResolved++
-		}
-		if res.SuccessAnswers == 0 && o.resolved {
-			f.ResolvedWithoutSuccess++
-		}
-		if st := o.mesh; st != nil {
-			res.MeshAttempts = st.Attempts - st.Refused
-			res.MeshTokens = o.clientTokens
-			f.Refused += st.Refused
-			f.MeshTokens += o.clientTokens
-			if d := res.MeshAttempts - tt.Attempts; d > 0 {
-				f.TransientCountedAsAttempts += d
-				f.OvercountedTasks++
-			} else if d < 0 {
-				f.UncountedAttempts -= d
-			}
-			for _, h := range st.History {
-				if h.TokensIn == 0 {
-					continue // refused: nothing was sent
-				}
-				r := f.PromptTokensByRung[string(h.Rung)]
-				r.Calls++
-				r.PromptTokens += h.TokensIn
-				if h.Outcome == events.OutcomeSuccess {
-					r.ResolvedOnRung++
-				}
-				f.PromptTokensByRung[string(h.Rung)] = r
-			}
-		}
-		f.Tally.add(tt)
-		s := f.ByScenario[t.Scenario]
-		s.add(tt)
-		f.ByScenario[t.Scenario] = s
-		if t.Class != "" {
-			if f.ByClass == nil {
-				f.ByClass = map[string]Tally{}
-			}
-			c := f.ByClass[t.Class]
-			c.add(tt)
-			f.ByClass[t.Class] = c
-		}
+		tt, res := tally(t, o, ledger[t.ID])
+		f.note(o, tt, &res)
+		f.add(t, tt)
 		f.Results = append(f.Results, res)
 	}
 	f.Tally.finish()
@@ -285,6 +180,126 @@ func figures(runner, mode string, tasks []Task, outcomes map[string]outcome, led
 		f.PromptTokensByRung[k] = r
 	}
 	return f
+}
+
+// tally is what task t's calls add up to, ended as o.
+func tally(t Task, o outcome, calls []Call) (Tally, TaskResult) {
+	var tt Tally
+	tt.Tasks = 1
+	if o.resolved {
+		tt.Resolved = 1
+	}
+	if Resolvable(t.Scenario) {
+		tt.Solvable = 1
+		if o.status != string(events.StatusSucceeded) && o.status != string(events.StatusCancelled) {
+			tt.SolvableUnresolved = 1
+		}
+	}
+	if o.ended && o.seconds > 0 {
+		tt.timed, tt.secondsSum = 1, o.seconds
+	}
+	res := TaskResult{ID: t.ID, Type: t.TaskType(), Scenario: t.Scenario, Class: t.Class, Status: o.status, Resolved: o.resolved, Ended: o.ended, EndRecords: o.endRecords, Calls: len(calls)}
+	banned := map[string]bool{}
+	stopped := false
+	for _, c := range calls {
+		tt.Calls++
+		tt.TokensIn += c.TokensIn
+		tt.TokensOut += c.TokensOut
+		if stopped {
+			tt.CallsAfterAuthOrQuota++
+		}
+		if banned[c.Hash] {
+			tt.IdenticalAfterDeterministic++
+		}
+		if c.Deterministic() {
+			banned[c.Hash] = true
+		}
+		stopped = stopped || c.Stop()
+		if c.Kind == kindSuccess {
+			res.SuccessAnswers++
+		}
+		if c.Transient() {
+			tt.TransientCalls++
+			continue
+		}
+		tt.Attempts++
+		if tt.Attempts > 1 {
+			tt.Retries++
+			if c.Kind == kindSuccess {
+				tt.RetrySuccesses++
+			}
+		}
+	}
+	tt.Tokens = tt.TokensIn + tt.TokensOut
+	if !o.resolved {
+		tt.WastedTokens = tt.Tokens
+	}
+	res.Attempts, res.Tokens = tt.Attempts, tt.Tokens
+	return tt, res
+}
+
+// note counts how a task ended (o) and what the mesh counted of it;
+// res takes the mesh's figures of the task.
+func (f *Figures) note(o outcome, tt Tally, res *TaskResult) {
+	f.Statuses[o.status]++
+	switch {
+	case o.status == string(events.StatusHeld):
+		f.Held++
+	case !o.ended:
+		f.NotEnded++
+	}
+	if o.endRecords != 1 && o.status != string(events.StatusHeld) {
+		f.BadEndRecords++
+	}
+	if o.poison {
+		f.Poison++
+	}
+	if res.SuccessAnswers > 0 && !o.resolved {
+		f.SuccessNotResolved++
+	}
+	if res.SuccessAnswers == 0 && o.resolved {
+		f.ResolvedWithoutSuccess++
+	}
+	if st := o.mesh; st != nil {
+		res.MeshAttempts = st.Attempts - st.Refused
+		res.MeshTokens = o.clientTokens
+		f.Refused += st.Refused
+		f.MeshTokens += o.clientTokens
+		if d := res.MeshAttempts - tt.Attempts; d > 0 {
+			f.TransientCountedAsAttempts += d
+			f.OvercountedTasks++
+		} else if d < 0 {
+			f.UncountedAttempts -= d
+		}
+		for _, h := range st.History {
+			if h.TokensIn == 0 {
+				continue // refused: nothing was sent
+			}
+			r := f.PromptTokensByRung[string(h.Rung)]
+			r.Calls++
+			r.PromptTokens += h.TokensIn
+			if h.Outcome == events.OutcomeSuccess {
+				r.ResolvedOnRung++
+			}
+			f.PromptTokensByRung[string(h.Rung)] = r
+		}
+	}
+}
+
+// add adds a task's tally to the totals, its scenario's and its class's.
+func (f *Figures) add(t Task, tt Tally) {
+	f.Tally.add(tt)
+	s := f.ByScenario[t.Scenario]
+	s.add(tt)
+	f.ByScenario[t.Scenario] = s
+	if t.Class != "" {
+		if f.ByClass == nil {
+			f.ByClass = map[string]Tally{}
+		}
+		c := f.ByClass[t.Class]
+		c.add(tt)
+		f.ByClass[t.Class] = c
+	}
 }
 
 // setWall records the run's wall time.

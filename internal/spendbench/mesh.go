@@ -15,6 +15,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
@@ -71,34 +72,11 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		return Figures{}, err
 	}
 
-	meshCtx, stopMesh := context.WithCancel(ctx)
-	defer stopMesh()
-	stopped := make(chan error, 1)
-	go func() {
-		stopped <- mesh.Run(meshCtx, mesh.Options{
-			NC: meshNC, Provision: true, Policy: pol,
-			Model:        executor.NewOpenAI(executor.OpenAIConfig{BaseURL: model.BaseURL(), APIKey: "sk-spendbench"}),
-			DefaultModel: cfg.Model,
-			Instance:     "spendbench",
-			Log:          cfg.Log,
-			Grace:        5 * time.Second,
-		})
-	}()
-	stop := func() error {
-		stopMesh()
-		select {
-		case err := <-stopped:
-			if errors.Is(err, context.Canceled) {
-				err = nil
-			}
-			return err
-		case <-time.After(time.Minute):
-			return errors.New("the mesh did not stop within a minute")
-		}
-	}
-	kv, err := waitBucket(ctx, js, stopped)
+	m := startMesh(ctx, cfg, pol, model, meshNC)
+	defer m.cancel()
+	kv, err := waitBucket(ctx, js, m.stopped)
 	if err != nil {
-		_ = stop()
+		_ = m.stop()
 		return Figures{}, err
 	}
 
@@ -119,7 +97,7 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		submitted[t.ID] = time.Now()
 		return submit(ctx, js, t)
 	}); err != nil {
-		_ = stop()
+		_ = m.stop()
 		return Figures{}, err
 	}
 	states := <-done
@@ -127,10 +105,10 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	werr := <-watchErr
 	wall := time.Since(start)
 	if werr != nil && ctx.Err() != nil {
-		_ = stop()
+		_ = m.stop()
 		return Figures{}, ctx.Err()
 	}
-	if err := stop(); err != nil {
+	if err := m.stop(); err != nil {
 		return Figures{}, fmt.Errorf("mesh: %w", err)
 	}
 
@@ -138,6 +116,54 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	if err != nil {
 		return Figures{}, err
 	}
+	outcomes := meshOutcomes(tasks, ends, submitted, ended)
+	f := figures(RunnerMesh, cfg.Mode, tasks, outcomes, model.Ledger(), model.Unassigned())
+	f.setWall(wall)
+	return f, nil
+}
+
+// meshProcess is a mesh running in this process (startMesh).
+type meshProcess struct {
+	cancel  context.CancelFunc // stops it
+	stopped chan error         // receives what mesh.Run returned
+}
+
+// startMesh runs every service on nc, with the policy pol and the OpenAI
+// model that model serves, until ctx ends or stop is called.
+func startMesh(ctx context.Context, cfg Config, pol *policy.Source, model *Server, nc *nats.Conn) *meshProcess {
+	meshCtx, stopMesh := context.WithCancel(ctx)
+	m := &meshProcess{cancel: stopMesh, stopped: make(chan error, 1)}
+	go func() {
+		m.stopped <- mesh.Run(meshCtx, mesh.Options{
+			NC: nc, Provision: true, Policy: pol,
+			Model:        executor.NewOpenAI(executor.OpenAIConfig{BaseURL: model.BaseURL(), APIKey: "sk-spendbench"}),
+			DefaultModel: cfg.Model,
+			Instance:     "spendbench",
+			Log:          cfg.Log,
+			Grace:        5 * time.Second,
+		})
+	}()
+	return m
+}
+
+// stop stops the mesh and returns its error if it failed (not if it was
+// stopped); it waits a minute at most. Call it once.
+func (m *meshProcess) stop() error {
+	m.cancel()
+	select {
+	case err := <-m.stopped:
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
+		return err
+	case <-time.After(time.Minute):
+		return errors.New("the mesh did not stop within a minute")
+	}
+}
+
+// meshOutcomes is how each task ended, as the mesh tells it (ends), and
+// how long it took from its submission (submitted) to its end (ended).
+func meshOutcomes(tasks []Task, ends map[string]meshEnd, submitted, ended map[string]time.Time) map[string]outcome {
 	outcomes := make(map[string]outcome, len(tasks))
 	for _, t := range tasks {
 		e := ends[t.ID]
@@ -156,9 +182,7 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		}
 		outcomes[t.ID] = o
 	}
-	f := figures(RunnerMesh, cfg.Mode, tasks, outcomes, model.Ledger(), model.Unassigned())
-	f.setWall(wall)
-	return f, nil
+	return outcomes
 }
 
 // startNATS starts a JetStream server on a random local port with its store

@@ -10,6 +10,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
 	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
@@ -259,12 +260,10 @@ func stepOutput(step string, res events.Result) string {
 	return b.String()
 }
 
+// oneLine is s on one line, its runs of white space single spaces, cut
+// to 300 bytes (and "…"): an error quoted in a reason.
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 300 {
-		s = s[:300] + "…"
-	}
-	return s
+	return textcut.Clip(strings.Join(strings.Fields(s), " "), 300)
 }
 
 // Judge applies the PIVOT rule: an answer whose declared approach repeats a

@@ -2,6 +2,11 @@
 // before it is stored: in an event (the servers' max_payload is 1 MB), a
 // task's state or a subject's history. Every cut is marked, so a reader
 // knows the text goes on: "… [cut: 12,345 bytes more]".
+//
+// It also shortens text shown to people — a log line, an error, a table
+// cell — where a bare "…" marks the cut (Clip, ClipEnd, ClipRunes), and
+// gives the start or end of a text (Start, End). Every cut, marked or not,
+// falls on a rune boundary: no function here splits a UTF-8 character.
 package textcut
 
 import (
@@ -58,6 +63,60 @@ func List(items []string, n, each int) []string {
 	return out
 }
 
+// Ellipsis marks where Clip, ClipEnd and ClipRunes cut a text.
+const Ellipsis = "…"
+
+// Clip returns s when it is at most n bytes long, otherwise Start(s, n)
+// followed by Ellipsis (n+3 bytes at most): text for people, where how
+// much was left out does not matter.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return Start(s, n) + Ellipsis
+}
+
+// ClipEnd returns s when it is at most n bytes long, otherwise Ellipsis
+// followed by End(s, n): the end of a text, where its news is (a command's
+// last output).
+func ClipEnd(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return Ellipsis + End(s, n)
+}
+
+// ClipRunes returns s when it has at most n runes, otherwise its first n
+// runes followed by Ellipsis.
+func ClipRunes(s string, n int) string {
+	i := 0
+	for pos := range s {
+		if i == n {
+			return s[:pos] + Ellipsis
+		}
+		i++
+	}
+	return s
+}
+
+// Start is the longest start of s of at most n bytes that ends on a rune
+// boundary: s when it fits, "" when n ≤ 0.
+func Start(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:runeStart(s, max(n, 0))]
+}
+
+// End is the longest end of s of at most n bytes that starts on a rune
+// boundary: s when it fits, "" when n ≤ 0.
+func End(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[runeEnd(s, len(s)-max(n, 0)):]
+}
+
 // runeStart is the largest i ≤ n at which a rune of s starts (n itself
 // when s is not valid UTF-8 there: a cut never backs up past a rune).
 func runeStart(s string, n int) int {
@@ -68,6 +127,18 @@ func runeStart(s string, n int) int {
 	}
 	if n < utf8.UTFMax {
 		return 0
+	}
+	return n
+}
+
+// runeEnd is the smallest i ≥ n at which a rune of s starts, or len(s)
+// (n itself when s is not valid UTF-8 there: a cut never skips past a
+// rune).
+func runeEnd(s string, n int) int {
+	for i := n; i < n+utf8.UTFMax && i <= len(s); i++ {
+		if i == len(s) || utf8.RuneStart(s[i]) {
+			return i
+		}
 	}
 	return n
 }

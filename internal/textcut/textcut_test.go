@@ -121,3 +121,130 @@ func FuzzCut(f *testing.F) {
 		}
 	})
 }
+
+func TestClip(t *testing.T) {
+	tests := []struct {
+		name string
+		s    string
+		n    int
+		want string
+	}{
+		{"fits", "short", 5, "short"},
+		{"cut", "abcdefgh", 5, "abcde…"},
+		{"zero", "abc", 0, "…"},
+		{"negative", "abc", -1, "…"},
+		// "é" is 2 bytes: a cut at 5 would split the third; it backs up to 4.
+		{"rune boundary", "ééééé", 5, "éé…"},
+		// "日" is 3 bytes: 7 would split the third character.
+		{"three-byte runes", "日本語です", 7, "日本…"},
+		{"emoji", "ok 👍👍", 5, "ok …"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := textcut.Clip(tt.s, tt.n); got != tt.want {
+				t.Fatalf("Clip(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestClipEnd(t *testing.T) {
+	tests := []struct {
+		name string
+		s    string
+		n    int
+		want string
+	}{
+		{"fits", "short", 5, "short"},
+		{"cut", "abcdefgh", 3, "…fgh"},
+		{"zero", "abc", 0, "…"},
+		// The last 3 bytes of "ééé" start inside the second "é": skipped.
+		{"rune boundary", "ééé", 3, "…é"},
+		{"three-byte runes", "exit: 日本語", 7, "…本語"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := textcut.ClipEnd(tt.s, tt.n); got != tt.want {
+				t.Fatalf("ClipEnd(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestClipRunes(t *testing.T) {
+	tests := []struct {
+		name string
+		s    string
+		n    int
+		want string
+	}{
+		{"fits", "short", 5, "short"},
+		{"cut", "abcdefgh", 3, "abc…"},
+		{"counts runes, not bytes", "ééééé", 3, "ééé…"},
+		{"fits in runes", "日本語", 3, "日本語"},
+		{"zero", "abc", 0, "…"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := textcut.ClipRunes(tt.s, tt.n); got != tt.want {
+				t.Fatalf("ClipRunes(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStartEnd(t *testing.T) {
+	tests := []struct {
+		s          string
+		n          int
+		start, end string
+	}{
+		{"abc", 3, "abc", "abc"},
+		{"abc", 2, "ab", "bc"},
+		{"abc", 0, "", ""},
+		{"abc", -2, "", ""},
+		{"aéb", 2, "a", "b"},
+		{"日本", 4, "日", "本"},
+		{"😀x", 3, "", "x"},
+	}
+	for _, tt := range tests {
+		if got := textcut.Start(tt.s, tt.n); got != tt.start {
+			t.Errorf("Start(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.start)
+		}
+		if got := textcut.End(tt.s, tt.n); got != tt.end {
+			t.Errorf("End(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.end)
+		}
+	}
+}
+
+// Whatever the text and the limit, Start and End keep at most n bytes of
+// one end of the text, valid UTF-8 when the text was, and Clip and ClipEnd
+// add the ellipsis exactly when they cut.
+func FuzzStartEnd(f *testing.F) {
+	f.Add("plain", 3)
+	f.Add(strings.Repeat("é", 100), 31)
+	f.Add("日本語\xff\xfe\x80\x80\x80\x80 text", 9)
+	f.Add(strings.Repeat("\x80", 64), 33)
+	f.Fuzz(func(t *testing.T, s string, n int) {
+		n %= 1 << 16
+		start, end := textcut.Start(s, n), textcut.End(s, n)
+		for _, c := range []struct{ name, got string }{{"Start", start}, {"End", end}} {
+			if len(c.got) > max(n, 0) && len(s) > n {
+				t.Fatalf("%s(%q, %d) = %q: more than %d bytes", c.name, s, n, c.got, n)
+			}
+			if utf8.ValidString(s) && !utf8.ValidString(c.got) {
+				t.Fatalf("%s(%q, %d) = %q is not valid UTF-8", c.name, s, n, c.got)
+			}
+		}
+		if !strings.HasPrefix(s, start) || !strings.HasSuffix(s, end) {
+			t.Fatalf("Start, End (%q, %d) = %q, %q: not an end of the text", s, n, start, end)
+		}
+		if utf8.ValidString(s) && len(s) > n && n >= utf8.UTFMax && (len(start) <= n-utf8.UTFMax || len(end) <= n-utf8.UTFMax) {
+			t.Fatalf("Start, End (%q, %d) = %q, %q: backed up more than a rune", s, n, start, end)
+		}
+		clip, clipEnd := textcut.Clip(s, n), textcut.ClipEnd(s, n)
+		if len(s) <= n && (clip != s || clipEnd != s) || len(s) > n && (clip != start+textcut.Ellipsis || clipEnd != textcut.Ellipsis+end) {
+			t.Fatalf("Clip, ClipEnd (%q, %d) = %q, %q", s, n, clip, clipEnd)
+		}
+	})
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -166,10 +167,7 @@ func (e Entry) Summary() string {
 	return strings.Join(parts, " ")
 }
 
+// clip is s on one line, cut to n bytes (and "…").
 func clip(s string, n int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
+	return textcut.Clip(strings.ReplaceAll(s, "\n", " "), n)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
 )
@@ -111,7 +112,7 @@ func (w *tailBuffer) String() string {
 		return s
 	}
 	i := 0
-	for i < len(s) && !utf8RuneStart(s[i]) {
+	for i < len(s) && !utf8.RuneStart(s[i]) { // the front was dropped: start at a rune
 		i++
 	}
 	return "…" + s[i:]

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // deploymentError is the Result.Error of a model call that failed through
@@ -35,7 +36,7 @@ func (r Rules) fix(class events.ErrorClass, err error, endpoint string) string {
 			why = ce.Err.Error()
 		}
 		return fmt.Sprintf("deployment: the command %q cannot run (%s) — install it where the executor runs (on its PATH) or fix the command in the type's policy",
-			excerpt(strings.Join(ce.Argv, " "), 120), why)
+			textcut.ClipRunes(strings.Join(ce.Argv, " "), 120), why)
 	}
 	if status == 0 && class == events.ErrorClassConfig {
 		if fix, ok := endpointFix(err, endpoint); ok {

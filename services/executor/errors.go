@@ -9,6 +9,8 @@ import (
 	"time"
 
 	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // ProviderError is a failed call to an OpenAI-compatible endpoint. Err is the
@@ -70,7 +72,7 @@ func (e *ProviderError) Detail() string {
 		if body == "" {
 			body = "(empty body)"
 		}
-		return fmt.Sprintf("model %s answered %s: %s", e.Model, statusText(status), tail(body, MaxErrorOutput))
+		return fmt.Sprintf("model %s answered %s: %s", e.Model, statusText(status), textcut.ClipEnd(body, MaxErrorOutput))
 	}
 	return e.Error()
 }
@@ -168,38 +170,12 @@ type InvalidOutputError struct {
 const answerExcerpt = 200
 
 func (e *InvalidOutputError) Error() string {
-	return fmt.Sprintf("invalid model output: %s; the answer was %q", e.Reason, excerpt(e.Answer, answerExcerpt))
+	return fmt.Sprintf("invalid model output: %s; the answer was %q", e.Reason, textcut.ClipRunes(e.Answer, answerExcerpt))
 }
 
 // Is makes errors.Is(err, ErrInvalidOutput) true.
 func (e *InvalidOutputError) Is(target error) bool { return target == ErrInvalidOutput }
 
-// excerpt cuts s to at most n runes, marking the cut.
-func excerpt(s string, n int) string {
-	i := 0
-	for pos := range s {
-		if i == n {
-			return s[:pos] + "…"
-		}
-		i++
-	}
-	return s
-}
-
 // MaxErrorOutput is how many bytes of a command's output, or of a provider's
 // non-JSON error body, a Result.Error keeps: the last ones.
 const MaxErrorOutput = 4096
-
-// tail keeps the last n bytes of s, cut at a rune boundary and marked.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	i := len(s) - n
-	for i < len(s) && !utf8RuneStart(s[i]) {
-		i++
-	}
-	return "…" + s[i:]
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

@@ -131,21 +131,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	a := &attempt{s: s, in: in, base: base, pol: pol, f: f, known: k, banned: map[string]string{}}
 	start := s.cfg.Now()
-	var result events.Result
-	switch {
-	case isStep:
-		result, err = s.runStep(ctx, in, step)
-		// A command step spends nothing, but its Result is the one the
-		// recorder records: it bills what earlier tries left unbilled.
-		result.TokensIn, result.TokensOut, result.Cost = f.unbilled.TokensIn, f.unbilled.TokensOut, f.unbilled.Cost
-	case pol.Executor == ExecutorCommand:
-		result, err = s.runAgent(ctx, a)
-	case pol.Executor == "" || pol.Executor == ExecutorModel:
-		result, err = s.runModel(ctx, a)
-	default:
-		result = events.Result{Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassDeterministic,
-			Error: fmt.Sprintf("policy of type %q: unknown executor %q (model, command)", in.Task.Type, pol.Executor)}
-	}
+	result, err := s.execute(ctx, a, step, isStep)
 	if ended() {
 		// The call was cut short by a cancel heard on the wire: only a
 		// task whose state did end is dropped. A cancel that did not take
@@ -171,7 +157,38 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	s.logCall(in, result)
 
 	base.At = end
-	ev := events.Executed{Base: base, Result: result, State: k.state()}
+	out, err := executedOut(events.Executed{Base: base, Result: result, State: k.state()})
+	if err != nil {
+		return nil, err
+	}
+	return []services.Out{out}, nil
+}
+
+// execute runs the attempt as its policy says: a command step of a
+// pipeline, an agent's command, or a call to the model.
+func (s *Service) execute(ctx context.Context, a *attempt, step policy.Step, isStep bool) (events.Result, error) {
+	switch {
+	case isStep:
+		result, err := s.runStep(ctx, a.in, step)
+		// A command step spends nothing, but its Result is the one the
+		// recorder records: it bills what earlier tries left unbilled.
+		result.TokensIn, result.TokensOut, result.Cost = a.f.unbilled.TokensIn, a.f.unbilled.TokensOut, a.f.unbilled.Cost
+		return result, err
+	case a.pol.Executor == ExecutorCommand:
+		return s.runAgent(ctx, a)
+	case a.pol.Executor == "" || a.pol.Executor == ExecutorModel:
+		return s.runModel(ctx, a)
+	default:
+		return events.Result{Outcome: events.OutcomeFailure, ErrorClass: events.ErrorClassDeterministic,
+			Error: fmt.Sprintf("policy of type %q: unknown executor %q (model, command)", a.in.Task.Type, a.pol.Executor)}, nil
+	}
+}
+
+// executedOut is the attempt's Executed event as it is published: cut
+// until it fits, its answer never lost; one that cannot fit the stream is
+// poison.
+func executedOut(ev events.Executed) (services.Out, error) {
+	base := ev.Base
 	out, err := services.Next(base, events.StageExecuted, events.EventExecuted, ev)
 	if err == nil && ev.State != nil && len(out.Data) > MaxCarried {
 		// A large task (its payload, a long history) goes without its
@@ -193,15 +210,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		out, err = services.Next(base, events.StageExecuted, events.EventExecuted, ev)
 	}
 	if err != nil {
-		return nil, err
+		return services.Out{}, err
 	}
 	if len(out.Data) > services.MaxEventSize-headerRoom {
 		// Nothing more to cut: storing it would fail on every redelivery,
 		// and each would pay the model again. One call, then a human.
-		return nil, &services.DeadError{Reason: events.ReviewPoison, Err: fmt.Errorf(
+		return services.Out{}, &services.DeadError{Reason: events.ReviewPoison, Err: fmt.Errorf(
 			"the executed event is %d bytes even with its answer and dead ends cut, over the stream's %d", len(out.Data), services.MaxEventSize)}
 	}
-	return []services.Out{out}, nil
+	return out, nil
 }
 
 // headerRoom is what an event's headers may take of the stream's

@@ -3,11 +3,11 @@ package prompt
 import (
 	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // DefaultPromptBudget is how many tokens (≈ characters / 4) of the past a
@@ -147,28 +147,11 @@ func clip(s string, n int) string {
 	}
 	const mark = " … "
 	if n <= len(mark)+8 {
-		return cutRunes(s, max(n, 0))
+		return textcut.Start(s, n)
 	}
 	head := (n - len(mark)) * 2 / 3
 	tail := n - len(mark) - head
-	h := cutRunes(s, head)
-	t := s[len(s)-tail:]
-	for len(t) > 0 && !utf8.RuneStart(t[0]) {
-		t = t[1:]
-	}
-	return h + mark + t
-}
-
-// cutRunes is the longest prefix of s of at most n bytes that ends on a rune
-// boundary.
-func cutRunes(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
+	return textcut.Start(s, head) + mark + textcut.End(s, tail)
 }
 
 // oneLine collapses runs of white space to single spaces.

@@ -146,16 +146,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
-	score := 0.0 // reported by an escalation record only
-	if st.Decision == events.DecisionHandoff || st.Decision == events.DecisionFail {
-		scoring := pol.Scoring(s.cfg.Scoring) // the type's window and weights
-		stats := s.cfg.Trust.Stats(t.Type)
-		if counted != nil { // the type's window with this outcome in it
-			stats, _ = scoring.Record(stats, *counted)
-		}
-		score, _, _ = trust.Score(stats.Outcomes, scoring)
-	}
-	e := task.Emit(st, b, res, pol, score)
+	e := task.Emit(st, b, res, pol, s.score(t.Type, st, pol, counted))
 	// A retry carries the state as recorded, sealed: the next executor's
 	// write starts from it.
 	switch ev := e.Event.(type) {
@@ -175,6 +166,22 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		out, err = services.ToReview(e.Base, e.Review, e.Name, e.Reason, e.Event)
 	}
 	return append(outs, out), err
+}
+
+// score is the trust score of taskType, with this attempt's outcome
+// (counted, nil: none) in its window, that an escalation record reports;
+// 0 for a task the attempt did not hand off or fail.
+func (s *Service) score(taskType string, st events.TaskState, pol policy.Type, counted *trust.Outcome) float64 {
+	score := 0.0 // reported by an escalation record only
+	if st.Decision == events.DecisionHandoff || st.Decision == events.DecisionFail {
+		scoring := pol.Scoring(s.cfg.Scoring) // the type's window and weights
+		stats := s.cfg.Trust.Stats(taskType)
+		if counted != nil { // the type's window with this outcome in it
+			stats, _ = scoring.Record(stats, *counted)
+		}
+		score, _, _ = trust.Score(stats.Outcomes, scoring)
+	}
+	return score
 }
 
 // recorded is what an attempt's outcome adds to its type's trust window and

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
 )
 
 // Checker asks one verifier whether a task's problem still exists. It returns
@@ -66,10 +66,5 @@ func clip(s string) string {
 	if len(s) <= MaxDetail {
 		return s
 	}
-	const mark = "…"
-	cut := MaxDetail - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return strings.TrimSpace(s[:cut]) + mark
+	return strings.TrimSpace(textcut.Start(s, MaxDetail-len(textcut.Ellipsis))) + textcut.Ellipsis
 }
