@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"text/template"
 	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // TemplateFuncs are the functions a prompt template may call, as the
@@ -288,5 +290,5 @@ type File struct {
 const DefaultMaxRetries = 7
 
 // DefaultExempt are the self-repair types the gate never blocks for trust
-// (Type.Exempt).
-var DefaultExempt = []string{"triage_fix", "security_fix", "service_restart"}
+// (Type.Exempt): trust.DefaultExempt, the one list.
+var DefaultExempt = trust.DefaultExempt()
