@@ -58,7 +58,9 @@ func TestAPITasksExplorer(t *testing.T) {
 	}
 
 	code, body = s.do("GET", "/tasks?type=css_fix", "", "")
-	for _, want := range []string{`data-task="run-1"`, `data-cancel="run-1"`, `data-task="blk-1"`, "needs_human_review"} {
+	// A stopped task shows why (a held one: its type's trust).
+	for _, want := range []string{`data-task="run-1"`, `data-cancel="run-1"`, `data-task="blk-1"`, "needs_human_review",
+		`<small class="muted reason">Blocked: css_fix trust score 0.08 below 0.15</small>`} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Fatalf("the explorer page lacks %s: %d", want, code)
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,7 +38,10 @@ var funcs = template.FuncMap{
 	"span":        span,
 	"msec":        func(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond },
 	"cancellable": review.Cancellable,
-	"openable":    func(it review.Item) bool { return it.TaskID != "" },
+	// stopped: a status a human may act on (held, needs_human_review, …),
+	// whose reason the explorer shows.
+	"stopped":  func(st events.Status) bool { return slices.Contains(review.ReviewStatuses, st) },
+	"openable": func(it review.Item) bool { return it.TaskID != "" },
 	"plural": func(n int, word string) string {
 		if n == 1 {
 			return fmt.Sprintf("%d %s", n, word)
