@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 )
 
@@ -258,9 +259,9 @@ func (w *window) insert(o Outcome, limit int) {
 	}
 	n := len(w.outcomes)
 	switch {
-	case n == 0 || !outcomeAfter(w.outcomes[n-1], o):
+	case n == 0 || !scoring.OutcomeAfter(w.outcomes[n-1], o):
 		w.outcomes = append(w.outcomes, o)
-	case n >= limit && !outcomeAfter(o, w.outcomes[0]):
+	case n >= limit && !scoring.OutcomeAfter(o, w.outcomes[0]):
 		return // older than everything a full window keeps
 	default:
 		w.outcomes, _ = Insert(w.outcomes, o, n+1) // a copy: slices handed out stay as they were

@@ -1,4 +1,4 @@
-package trust_test
+package scoring_test
 
 import (
 	"fmt"
@@ -7,17 +7,17 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 var t0 = time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
 
 // ladder is one task's attempts, oldest first: S succeeds, F fails; end
 // marks the last failure as the end of its ladder.
-func ladder(id string, start int, pattern string, end bool) []trust.Outcome {
-	var out []trust.Outcome
+func ladder(id string, start int, pattern string, end bool) []scoring.Outcome {
+	var out []scoring.Outcome
 	for i, c := range pattern {
-		o := trust.Outcome{
+		o := scoring.Outcome{
 			Key: fmt.Sprintf("%s:%d:outcome", id, i+1), Task: id, Success: c == 'S',
 			At: t0.Add(time.Duration(start+i) * time.Second), Retry: i > 0, Rung: events.RungRefine,
 		}
@@ -28,22 +28,22 @@ func ladder(id string, start int, pattern string, end bool) []trust.Outcome {
 }
 
 // window orders outcomes as a type's window keeps them (by time, then key).
-func window(outcomes []trust.Outcome) []trust.Outcome {
-	var w []trust.Outcome
+func window(outcomes []scoring.Outcome) []scoring.Outcome {
+	var w []scoring.Outcome
 	for _, o := range outcomes {
-		w, _ = trust.Insert(w, o, 1000)
+		w, _ = scoring.Insert(w, o, 1000)
 	}
 	return w
 }
 
 func TestTasksFoldAttempts(t *testing.T) {
-	var all []trust.Outcome
+	var all []scoring.Outcome
 	all = append(all, ladder("a", 0, "FFS", false)...)
 	all = append(all, ladder("b", 1, "FFFFFFF", true)...)
 	all = append(all, ladder("c", 2, "FF", false)...)
-	all = append(all, trust.EndMarker("c", 3, t0.Add(time.Minute)))
-	got := trust.Tasks(window(all))
-	want := []trust.TaskResult{
+	all = append(all, scoring.EndMarker("c", 3, t0.Add(time.Minute)))
+	got := scoring.Tasks(window(all))
+	want := []scoring.TaskResult{
 		{Task: "a", Success: true, Ended: true, Failures: 2, At: t0.Add(2 * time.Second)},
 		{Task: "b", Ended: true, Failures: 7, At: t0.Add(7 * time.Second)},
 		{Task: "c", Ended: true, Failures: 2, At: t0.Add(time.Minute)},
@@ -61,12 +61,12 @@ func TestTasksFoldAttempts(t *testing.T) {
 // The SPEC §4 rule that motivated task weighing: one hard task climbing 7
 // rungs is one failure of its type, not seven.
 func TestAHardTaskIsOneFailure(t *testing.T) {
-	var all []trust.Outcome
+	var all []scoring.Outcome
 	for i := range 10 {
 		all = append(all, ladder(fmt.Sprintf("ok%d", i), i, "S", false)...)
 	}
 	all = append(all, ladder("hard", 20, "FFFFFFF", true)...)
-	v := trust.Policy{}.Evaluate("css_fix", trust.Stats{Outcomes: all})
+	v := scoring.Policy{}.Evaluate("css_fix", scoring.Stats{Outcomes: all})
 	if v.Below || v.Outcomes != 11 || v.Failures != 1 {
 		t.Fatalf("%+v: want 11 tasks, 1 failure, not below", v)
 	}
@@ -76,15 +76,15 @@ func TestAHardTaskIsOneFailure(t *testing.T) {
 // A pipeline step that passed is no success of its task: the task succeeds
 // when the attempt that succeeded ended it.
 func TestAPassedStepIsNoTaskSuccess(t *testing.T) {
-	var all []trust.Outcome
+	var all []scoring.Outcome
 	for i := range 12 {
 		id := fmt.Sprintf("p%d", i)
 		all = append(all,
-			trust.Outcome{Key: id + ":1:outcome", Task: id, Success: true, At: t0.Add(time.Duration(3*i) * time.Second)}, // plan passed
-			trust.Outcome{Key: id + ":2:outcome", Task: id, At: t0.Add(time.Duration(3*i+1) * time.Second)},              // implement failed
-			trust.Outcome{Key: id + ":3:outcome", Task: id, End: true, At: t0.Add(time.Duration(3*i+2) * time.Second)})   // and the task failed
+			scoring.Outcome{Key: id + ":1:outcome", Task: id, Success: true, At: t0.Add(time.Duration(3*i) * time.Second)}, // plan passed
+			scoring.Outcome{Key: id + ":2:outcome", Task: id, At: t0.Add(time.Duration(3*i+1) * time.Second)},              // implement failed
+			scoring.Outcome{Key: id + ":3:outcome", Task: id, End: true, At: t0.Add(time.Duration(3*i+2) * time.Second)})   // and the task failed
 	}
-	if v := (trust.Policy{}).Evaluate("pipe", trust.Stats{Outcomes: all}); !v.Below || v.Successes != 0 {
+	if v := (scoring.Policy{}).Evaluate("pipe", scoring.Stats{Outcomes: all}); !v.Below || v.Successes != 0 {
 		t.Fatalf("12 pipelines that failed after their first step: %+v", v)
 	}
 }
@@ -92,27 +92,27 @@ func TestAPassedStepIsNoTaskSuccess(t *testing.T) {
 // Outcomes recorded before they named their task are tasks of their own,
 // ended: a type gated before the upgrade stays gated.
 func TestOutcomesWithoutTaskAreEndedTasks(t *testing.T) {
-	var all []trust.Outcome
+	var all []scoring.Outcome
 	for i := range 12 {
-		all = append(all, trust.Outcome{Key: fmt.Sprintf("old%d:1:outcome", i), At: t0.Add(time.Duration(i) * time.Second)})
+		all = append(all, scoring.Outcome{Key: fmt.Sprintf("old%d:1:outcome", i), At: t0.Add(time.Duration(i) * time.Second)})
 	}
-	if v := (trust.Policy{}).Evaluate("old", trust.Stats{Outcomes: all}); !v.Below || v.Settled != 12 {
+	if v := (scoring.Policy{}).Evaluate("old", scoring.Stats{Outcomes: all}); !v.Below || v.Settled != 12 {
 		t.Fatalf("12 old failures: %+v", v)
 	}
 }
 
 func TestEvaluateWith(t *testing.T) {
-	healthyMesh := trust.Prior{Mean: 0.9, Weight: 10, Types: 8}
-	splitMesh := trust.Prior{Mean: 0.7, Weight: 0.5, Types: 30}
-	failed := func(n int) []trust.Outcome {
-		var out []trust.Outcome
+	healthyMesh := scoring.Prior{Mean: 0.9, Weight: 10, Types: 8}
+	splitMesh := scoring.Prior{Mean: 0.7, Weight: 0.5, Types: 30}
+	failed := func(n int) []scoring.Outcome {
+		var out []scoring.Outcome
 		for i := range n {
 			out = append(out, ladder(fmt.Sprintf("f%d", i), i*10, "FF", true)...)
 		}
 		return out
 	}
-	climbing := func(n int) []trust.Outcome { // first attempts failed, ladders in flight
-		var out []trust.Outcome
+	climbing := func(n int) []scoring.Outcome { // first attempts failed, ladders in flight
+		var out []scoring.Outcome
 		for i := range n {
 			out = append(out, ladder(fmt.Sprintf("c%d", i), i, "F", false)...)
 		}
@@ -120,13 +120,13 @@ func TestEvaluateWith(t *testing.T) {
 	}
 	tests := []struct {
 		name     string
-		outcomes []trust.Outcome
-		prior    trust.Prior
+		outcomes []scoring.Outcome
+		prior    scoring.Prior
 		settled  bool
 		below    bool
 		reason   string
 	}{
-		{"no prior: a new type is never gated on its own evidence", failed(5), trust.Prior{}, false, false, ""},
+		{"no prior: a new type is never gated on its own evidence", failed(5), scoring.Prior{}, false, false, ""},
 		{"types either healthy or hopeless: 2 failed tasks gate", failed(2), splitMesh, false, true, "pooled with 30 types' rate 0.70"},
 		{"  but 1 does not", failed(1), splitMesh, false, false, ""},
 		{"a healthy mesh presumes a new type healthy", failed(5), healthyMesh, false, false, ""},
@@ -136,7 +136,7 @@ func TestEvaluateWith(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimSpace(tt.name), func(t *testing.T) {
-			v := trust.Policy{}.EvaluateWith("css_fix", trust.Stats{Outcomes: tt.outcomes}, tt.prior, tt.settled)
+			v := scoring.Policy{}.EvaluateWith("css_fix", scoring.Stats{Outcomes: tt.outcomes}, tt.prior, tt.settled)
 			if v.Below != tt.below || !strings.Contains(v.Reason, tt.reason) {
 				t.Fatalf("%+v; want below=%v with %q", v, tt.below, tt.reason)
 			}
@@ -148,29 +148,29 @@ func TestEvaluateWith(t *testing.T) {
 // regression after 40 successes in 2 tasks; a type that fails half the
 // time only after a run its rate does not explain.
 func TestARegressionStopsTheTypeInAFewTasks(t *testing.T) {
-	var all []trust.Outcome
+	var all []scoring.Outcome
 	for i := range 40 {
 		all = append(all, ladder(fmt.Sprintf("ok%d", i), i, "S", false)...)
 	}
-	p := trust.Policy{}
-	one := append(append([]trust.Outcome{}, all...), ladder("r1", 100, "F", true)...)
-	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: one}); v.Below {
+	p := scoring.Policy{}
+	one := append(append([]scoring.Outcome{}, all...), ladder("r1", 100, "F", true)...)
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: one}); v.Below {
 		t.Fatalf("one failure after 40 successes stopped the type: %+v", v)
 	}
 	two := append(one, ladder("r2", 101, "F", true)...)
-	v := p.Evaluate("css_fix", trust.Stats{Outcomes: two})
+	v := p.Evaluate("css_fix", scoring.Stats{Outcomes: two})
 	if !v.Below || v.Run != 2 || !strings.Contains(v.Reason, "its last 2 tasks failed") {
 		t.Fatalf("two failures after 40 successes: %+v", v)
 	}
 	// Half of 40 succeeded: 9 failures in a row happen more than 1 in
 	// 1,000 times, 10 do not.
-	var half []trust.Outcome
+	var half []scoring.Outcome
 	for i := range 40 {
 		half = append(half, ladder(fmt.Sprintf("h%d", i), i, map[bool]string{true: "S", false: "F"}[i%2 == 1], true)...)
 	}
 	for i := range 10 {
 		half = append(half, ladder(fmt.Sprintf("x%d", i), 100+i, "F", true)...)
-		v := p.Evaluate("css_fix", trust.Stats{Outcomes: half})
+		v := p.Evaluate("css_fix", scoring.Stats{Outcomes: half})
 		if want := i+1 >= 10; v.Below != want {
 			t.Fatalf("%d failures in a row at a 50%% rate: below=%v, want %v (%+v)", i+1, v.Below, want, v)
 		}
@@ -180,26 +180,26 @@ func TestARegressionStopsTheTypeInAFewTasks(t *testing.T) {
 // A probe's success re-opens a gated type; the next failure closes it.
 func TestAProbeWinReopensTheType(t *testing.T) {
 	all := failedTasks(12)
-	p := trust.Policy{}
-	if !p.Evaluate("css_fix", trust.Stats{Outcomes: all}).Below {
+	p := scoring.Policy{}
+	if !p.Evaluate("css_fix", scoring.Stats{Outcomes: all}).Below {
 		t.Fatal("12 failed tasks: not below")
 	}
-	win := trust.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
+	win := scoring.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
 	all = append(all, win)
-	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); v.Below || !v.Opened {
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: all}); v.Below || !v.Opened {
 		t.Fatalf("after a probe's win: %+v", v)
 	}
-	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: append(all, ladder("ok", 3700, "S", false)...)}); v.Below {
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: append(all, ladder("ok", 3700, "S", false)...)}); v.Below {
 		t.Fatalf("a success after the probe closed it: %+v", v)
 	}
 	all = append(all, ladder("bad", 3800, "F", true)...)
-	if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); !v.Below || v.Opened {
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: all}); !v.Below || v.Opened {
 		t.Fatalf("a failure right after the probe kept it open: %+v", v)
 	}
 }
 
-func failedTasks(n int) []trust.Outcome {
-	var out []trust.Outcome
+func failedTasks(n int) []scoring.Outcome {
+	var out []scoring.Outcome
 	for i := range n {
 		out = append(out, ladder(fmt.Sprintf("f%d", i), i, "F", true)...)
 	}
@@ -209,8 +209,8 @@ func failedTasks(n int) []trust.Outcome {
 // Held tasks send one probe per interval, the interval doubling with each
 // probe that failed, counted from the type's newest outcome.
 func TestHeldProbeSpacing(t *testing.T) {
-	p := trust.Policy{ProbeInterval: 10 * time.Second}
-	s := trust.Stats{Outcomes: failedTasks(12)} // newest at t0+11s
+	p := scoring.Policy{ProbeInterval: 10 * time.Second}
+	s := scoring.Stats{Outcomes: failedTasks(12)} // newest at t0+11s
 	newest := t0.Add(11 * time.Second)
 	if _, probe := p.HeldProbe(s, newest.Add(5*time.Second)); probe {
 		t.Fatal("probed 5s after the type's newest failure")
@@ -223,7 +223,7 @@ func TestHeldProbeSpacing(t *testing.T) {
 		t.Fatal("a second probe within the interval")
 	}
 	// The probe failed: the next waits twice as long.
-	s.Outcomes = append(s.Outcomes, trust.Outcome{Key: "p:1:outcome", Task: "p", Probe: true, End: true, At: newest.Add(11 * time.Second)})
+	s.Outcomes = append(s.Outcomes, scoring.Outcome{Key: "p:1:outcome", Task: "p", Probe: true, End: true, At: newest.Add(11 * time.Second)})
 	if _, probe := p.HeldProbe(s, newest.Add(25*time.Second)); probe {
 		t.Fatal("probed 14s after a failed probe (want 20s)")
 	}
@@ -233,8 +233,8 @@ func TestHeldProbeSpacing(t *testing.T) {
 }
 
 func TestPoolPrior(t *testing.T) {
-	rate := func(typ string, ok, n int) trust.Stats {
-		var out []trust.Outcome
+	rate := func(typ string, ok, n int) scoring.Stats {
+		var out []scoring.Outcome
 		for i := range n {
 			c := "F"
 			if i < ok {
@@ -242,15 +242,15 @@ func TestPoolPrior(t *testing.T) {
 			}
 			out = append(out, ladder(fmt.Sprintf("%s%d", typ, i), i, c, true)...)
 		}
-		return trust.Stats{Type: typ, Outcomes: out}
+		return scoring.Stats{Type: typ, Outcomes: out}
 	}
-	alike := trust.NewPool([]trust.Stats{rate("a", 9, 10), rate("b", 8, 10), rate("c", 9, 10), rate("d", 8, 10)}, trust.Policy{})
-	split := trust.NewPool([]trust.Stats{rate("a", 10, 10), rate("b", 0, 10), rate("c", 10, 10), rate("d", 10, 10), rate("e", 0, 10)}, trust.Policy{})
-	few := trust.NewPool([]trust.Stats{rate("a", 10, 10), rate("b", 10, 10)}, trust.Policy{})
+	alike := scoring.NewPool([]scoring.Stats{rate("a", 9, 10), rate("b", 8, 10), rate("c", 9, 10), rate("d", 8, 10)}, scoring.Policy{})
+	split := scoring.NewPool([]scoring.Stats{rate("a", 10, 10), rate("b", 0, 10), rate("c", 10, 10), rate("d", 10, 10), rate("e", 0, 10)}, scoring.Policy{})
+	few := scoring.NewPool([]scoring.Stats{rate("a", 10, 10), rate("b", 10, 10)}, scoring.Policy{})
 	if pr := alike.Prior("new"); !pr.Known() || pr.Weight < 5 || pr.Mean < 0.8 {
 		t.Errorf("types alike: %+v, want a strong prior near 0.85", pr)
 	}
-	if pr := split.Prior("new"); !pr.Known() || pr.Weight != trust.MinPriorWeight {
+	if pr := split.Prior("new"); !pr.Known() || pr.Weight != scoring.MinPriorWeight {
 		t.Errorf("types healthy or hopeless: %+v, want the weakest prior", pr)
 	}
 	if pr := few.Prior("new"); pr.Known() {
@@ -268,17 +268,17 @@ func TestPoolPrior(t *testing.T) {
 // mesh where retries never pay, its first retries are handed off — but one
 // in RungExplore climbs anyway, so the rung keeps being measured.
 func TestRungBelowWithPool(t *testing.T) {
-	retries := func(typ string, rung events.Rung, ok, n int) trust.Stats {
-		var out []trust.Outcome
+	retries := func(typ string, rung events.Rung, ok, n int) scoring.Stats {
+		var out []scoring.Outcome
 		for i := range n {
-			out = append(out, trust.Outcome{Key: fmt.Sprintf("%s%d:2:outcome", typ, i), Task: fmt.Sprintf("%s%d", typ, i), Retry: true, Rung: rung, Success: i < ok, At: t0})
+			out = append(out, scoring.Outcome{Key: fmt.Sprintf("%s%d:2:outcome", typ, i), Task: fmt.Sprintf("%s%d", typ, i), Retry: true, Rung: rung, Success: i < ok, At: t0})
 		}
-		return trust.Stats{Type: typ, Outcomes: out}
+		return scoring.Stats{Type: typ, Outcomes: out}
 	}
-	never := trust.NewPool([]trust.Stats{retries("a", events.RungRefine, 0, 6), retries("b", events.RungRefine, 0, 6)}, trust.Policy{})
-	often := trust.NewPool([]trust.Stats{retries("a", events.RungRefine, 5, 6), retries("b", events.RungRefine, 4, 6)}, trust.Policy{})
-	p := trust.Policy{}
-	fresh := trust.Stats{Type: "new"}
+	never := scoring.NewPool([]scoring.Stats{retries("a", events.RungRefine, 0, 6), retries("b", events.RungRefine, 0, 6)}, scoring.Policy{})
+	often := scoring.NewPool([]scoring.Stats{retries("a", events.RungRefine, 5, 6), retries("b", events.RungRefine, 4, 6)}, scoring.Policy{})
+	p := scoring.Policy{}
+	fresh := scoring.Stats{Type: "new"}
 	if below, _, _ := p.RungBelowWith(fresh, events.RungRefine, often, ""); below {
 		t.Error("retries pay elsewhere: a new type's retry was stopped")
 	}
@@ -296,7 +296,7 @@ func TestRungBelowWithPool(t *testing.T) {
 		}
 	}
 	if explored < 10 || explored > 30 {
-		t.Errorf("%d of 100 retries explored, want about 1 in %d", explored, trust.DefaultRungExplore)
+		t.Errorf("%d of 100 retries explored, want about 1 in %d", explored, scoring.DefaultRungExplore)
 	}
 	// The type's own evidence, once it has enough, decides alone.
 	own := retries("new", events.RungRefine, 8, 8)
@@ -309,19 +309,19 @@ func TestRungBelowWithPool(t *testing.T) {
 // every task that succeeds, up to MinOutcomes.
 func TestTrialPlaces(t *testing.T) {
 	base := failedTasks(12)
-	win := trust.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
-	p := trust.Policy{}
+	win := scoring.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
+	p := scoring.Policy{}
 	for _, tt := range []struct {
 		successes, want int
 	}{{0, 2}, {1, 4}, {2, 8}, {3, 10}, {6, 10}} {
-		all := append(append([]trust.Outcome{}, base...), win)
+		all := append(append([]scoring.Outcome{}, base...), win)
 		for i := range tt.successes {
 			all = append(all, ladder(fmt.Sprintf("ok%d", i), 3700+i, "S", false)...)
 		}
-		if got := p.TrialPlaces(trust.Stats{Outcomes: all}); got != tt.want {
+		if got := p.TrialPlaces(scoring.Stats{Outcomes: all}); got != tt.want {
 			t.Errorf("%d successes after the win: %d places, want %d", tt.successes, got, tt.want)
 		}
-		if v := p.Evaluate("css_fix", trust.Stats{Outcomes: all}); tt.successes == 0 && !v.Probation {
+		if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: all}); tt.successes == 0 && !v.Probation {
 			t.Errorf("right after the win: not on probation: %+v", v)
 		}
 	}

@@ -1,4 +1,4 @@
-package trust_test
+package scoring_test
 
 import (
 	"encoding/json"
@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 func TestPolicyRecord(t *testing.T) {
-	p := trust.Policy{Window: 3}
-	var st trust.Stats
+	p := scoring.Policy{Window: 3}
+	var st scoring.Stats
 	for i, o := range seq("SFSF") {
 		next, changed := p.Record(st, o)
 		if !changed {
@@ -23,7 +23,7 @@ func TestPolicyRecord(t *testing.T) {
 	if ok, failed := st.Counts(); ok != 1 || failed != 2 { // the window of 3: F S F
 		t.Errorf("counts = %d/%d, want 1/2", ok, failed)
 	}
-	keys := func(s trust.Stats) []string {
+	keys := func(s scoring.Stats) []string {
 		var k []string
 		for _, o := range s.Outcomes {
 			k = append(k, o.Key)
@@ -39,7 +39,7 @@ func TestPolicyRecord(t *testing.T) {
 	if changed || len(same.Outcomes) != 3 {
 		t.Errorf("duplicate key recorded: changed=%v %+v", changed, same)
 	}
-	if _, changed := p.Record(st, trust.Outcome{Key: "new", Success: true, At: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}); !changed {
+	if _, changed := p.Record(st, scoring.Outcome{Key: "new", Success: true, At: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}); !changed {
 		t.Error("new key not recorded")
 	}
 	if !slices.Equal(st.Outcomes, before) {
@@ -75,8 +75,8 @@ func TestPolicyGate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p trust.Policy
-			st := trust.Stats{Type: "css_fix"}
+			var p scoring.Policy
+			st := scoring.Stats{Type: "css_fix"}
 			for i, s := range tt.steps {
 				next, probe, changed := p.Gate(st, s.key, s.below)
 				if probe != s.probe || next.BlockStreak != s.streak || changed != s.changed {
@@ -90,8 +90,8 @@ func TestPolicyGate(t *testing.T) {
 }
 
 func TestPolicyGateProbeRedelivery(t *testing.T) {
-	var p trust.Policy
-	st := trust.Stats{BlockStreak: 5, Gates: []trust.GateMark{{Key: "e"}}}
+	var p scoring.Policy
+	st := scoring.Stats{BlockStreak: 5, Gates: []scoring.GateMark{{Key: "e"}}}
 	st, probe, _ := p.Gate(st, "f", true)
 	if !probe {
 		t.Fatal("no probe after 5 blocks")
@@ -113,9 +113,9 @@ func TestPolicyGateProbeRedelivery(t *testing.T) {
 // An outcome recorded again after it left a full window — a recorder killed
 // after its update, redelivered behind newer outcomes — changes nothing.
 func TestPolicyRecordLateDuplicate(t *testing.T) {
-	p := trust.Policy{Window: 3}
+	p := scoring.Policy{Window: 3}
 	all := seq("FSSSS")
-	var st trust.Stats
+	var st scoring.Stats
 	for _, o := range all {
 		st, _ = p.Record(st, o)
 	}
@@ -129,10 +129,10 @@ func TestPolicyRecordLateDuplicate(t *testing.T) {
 // its JSON says it was.
 func TestStatsClone(t *testing.T) {
 	at := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
-	st := trust.Stats{Type: "css_fix", BlockStreak: 2,
-		Outcomes: []trust.Outcome{{Key: "a:1", Success: true, At: at, Tokens: 10, Rung: events.RungRefine}, {Key: "b:1", At: at, Retry: true}},
-		Gates:    []trust.GateMark{{Key: "c:1", Probe: true}},
-		Canaries: []trust.Canary{{Key: "d", At: at}},
+	st := scoring.Stats{Type: "css_fix", BlockStreak: 2,
+		Outcomes: []scoring.Outcome{{Key: "a:1", Success: true, At: at, Tokens: 10, Rung: events.RungRefine}, {Key: "b:1", At: at, Retry: true}},
+		Gates:    []scoring.GateMark{{Key: "c:1", Probe: true}},
+		Canaries: []scoring.Canary{{Key: "d", At: at}},
 	}
 	before, _ := json.Marshal(st)
 	c := st.Clone()
@@ -140,7 +140,7 @@ func TestStatsClone(t *testing.T) {
 		t.Fatalf("clone %s, want %s", after, before)
 	}
 	c.Outcomes[0].Key, c.Gates[0].Key, c.Canaries[0].Key = "x", "x", "x"
-	c.Outcomes = append(c.Outcomes[:1], trust.Outcome{Key: "y"})
+	c.Outcomes = append(c.Outcomes[:1], scoring.Outcome{Key: "y"})
 	if after, _ := json.Marshal(st); string(after) != string(before) {
 		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)
 	}
@@ -174,7 +174,7 @@ func TestStreakStep(t *testing.T) {
 		{"no cause", "", true, 1, false, false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			step, below := trust.StreakStep(tt.cause, tt.probe, tt.attempt, tt.heldForTrust)
+			step, below := scoring.StreakStep(tt.cause, tt.probe, tt.attempt, tt.heldForTrust)
 			if step != tt.step || below != tt.below {
 				t.Fatalf("StreakStep = %v, %v; want %v, %v", step, below, tt.step, tt.below)
 			}

@@ -1,15 +1,15 @@
-package trust_test
+package scoring_test
 
 import (
 	"fmt"
 	"strings"
 
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 func ExamplePolicy_Evaluate() {
-	var p trust.Policy // the SPEC defaults
-	st := trust.Stats{Type: "css_fix", Outcomes: seq("FFFFFSFFFFFF")}
+	var p scoring.Policy // the SPEC defaults
+	st := scoring.Stats{Type: "css_fix", Outcomes: seq("FFFFFSFFFFFF")}
 	v := p.Evaluate("css_fix", st)
 	fmt.Println(v.Below, v.Reason)
 

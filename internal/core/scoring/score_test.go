@@ -1,4 +1,4 @@
-package trust_test
+package scoring_test
 
 import (
 	"math"
@@ -7,16 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 // seq builds outcomes from a pattern of S (success) and F (failure), oldest
 // first: each one a task of one attempt, which ended.
-func seq(pattern string) []trust.Outcome {
+func seq(pattern string) []scoring.Outcome {
 	base := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
-	out := make([]trust.Outcome, len(pattern))
+	out := make([]scoring.Outcome, len(pattern))
 	for i, c := range pattern {
-		out[i] = trust.Outcome{Key: "t" + strconv.Itoa(i) + ":1", Success: c == 'S', End: true, At: base.Add(time.Duration(i) * time.Minute)}
+		out[i] = scoring.Outcome{Key: "t" + strconv.Itoa(i) + ":1", Success: c == 'S', End: true, At: base.Add(time.Duration(i) * time.Minute)}
 	}
 	return out
 }
@@ -26,7 +26,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 func TestScore(t *testing.T) {
 	tests := []struct {
 		name                    string
-		outcomes                []trust.Outcome
+		outcomes                []scoring.Outcome
 		score, overall, recency float64
 	}{
 		{"empty", nil, 0, 0, 0},
@@ -43,7 +43,7 @@ func TestScore(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			score, overall, recency := trust.Score(tt.outcomes, trust.Policy{})
+			score, overall, recency := scoring.Score(tt.outcomes, scoring.Policy{})
 			if !near(score, tt.score) || !near(overall, tt.overall) || !near(recency, tt.recency) {
 				t.Errorf("Score = %v, %v, %v; want %v, %v, %v", score, overall, recency, tt.score, tt.overall, tt.recency)
 			}
@@ -52,8 +52,8 @@ func TestScore(t *testing.T) {
 }
 
 func TestScoreRecentFailuresWeighMore(t *testing.T) {
-	oldFailure, _, _ := trust.Score(seq("FSSSSSSSSS"), trust.Policy{})
-	newFailure, _, _ := trust.Score(seq("SSSSSSSSSF"), trust.Policy{})
+	oldFailure, _, _ := scoring.Score(seq("FSSSSSSSSS"), scoring.Policy{})
+	newFailure, _, _ := scoring.Score(seq("SSSSSSSSSF"), scoring.Policy{})
 	if newFailure >= oldFailure {
 		t.Errorf("recent failure scores %v, old failure %v: want the recent one lower", newFailure, oldFailure)
 	}
@@ -63,7 +63,7 @@ func TestScoreRecentFailuresWeighMore(t *testing.T) {
 }
 
 func TestScoreCustomWindow(t *testing.T) {
-	score, _, _ := trust.Score(seq("FFFSS"), trust.Policy{Window: 2})
+	score, _, _ := scoring.Score(seq("FFFSS"), scoring.Policy{Window: 2})
 	if score != 1 {
 		t.Errorf("score over a 2-outcome window = %v, want 1", score)
 	}
@@ -74,54 +74,54 @@ func TestEvaluate(t *testing.T) {
 	lowTrust := seq("FFFFFSFFFFFF")
 	tests := []struct {
 		name     string
-		policy   trust.Policy
+		policy   scoring.Policy
 		taskType string
-		outcomes []trust.Outcome
-		want     trust.Verdict
+		outcomes []scoring.Outcome
+		want     scoring.Verdict
 	}{
 		{
 			name: "below threshold", taskType: "css_fix", outcomes: lowTrust,
-			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Settled: 12, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.08 below 0.15"},
+			want: scoring.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Settled: 12, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.08 below 0.15"},
 		},
 		{
 			name: "below min outcomes never gated", taskType: "css_fix", outcomes: seq(strings.Repeat("F", 9)),
-			want: trust.Verdict{Outcomes: 9, Failures: 9, Settled: 9, Unproven: true, Threshold: 0.15},
+			want: scoring.Verdict{Outcomes: 9, Failures: 9, Settled: 9, Unproven: true, Threshold: 0.15},
 		},
 		{
 			name: "exactly min outcomes gated", taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.00 below 0.15"},
+			want: scoring.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: 0.15, Below: true, Reason: "Blocked: css_fix trust score 0.00 below 0.15"},
 		},
 		{
 			name: "default exempt never gated", taskType: "security_fix", outcomes: seq(strings.Repeat("F", 30)),
-			want: trust.Verdict{Outcomes: 30, Failures: 30, Settled: 30, Threshold: 0.15, Exempt: true},
+			want: scoring.Verdict{Outcomes: 30, Failures: 30, Settled: 30, Threshold: 0.15, Exempt: true},
 		},
 		{
-			name: "custom exempt", policy: trust.Policy{Exempt: []string{"css_fix"}}, taskType: "css_fix", outcomes: lowTrust,
-			want: trust.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Settled: 12, Threshold: 0.15, Exempt: true},
+			name: "custom exempt", policy: scoring.Policy{Exempt: []string{"css_fix"}}, taskType: "css_fix", outcomes: lowTrust,
+			want: scoring.Verdict{Outcomes: 12, Successes: 1, Failures: 11, Settled: 12, Threshold: 0.15, Exempt: true},
 		},
 		{
-			name: "empty exempt list gates defaults", policy: trust.Policy{Exempt: []string{}}, taskType: "triage_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: 0.15, Below: true, Reason: "Blocked: triage_fix trust score 0.00 below 0.15"},
+			name: "empty exempt list gates defaults", policy: scoring.Policy{Exempt: []string{}}, taskType: "triage_fix", outcomes: seq(strings.Repeat("F", 10)),
+			want: scoring.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: 0.15, Below: true, Reason: "Blocked: triage_fix trust score 0.00 below 0.15"},
 		},
 		{
-			name: "negative threshold never gates", policy: trust.Policy{Threshold: -1}, taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
-			want: trust.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: -1},
+			name: "negative threshold never gates", policy: scoring.Policy{Threshold: -1}, taskType: "css_fix", outcomes: seq(strings.Repeat("F", 10)),
+			want: scoring.Verdict{Outcomes: 10, Failures: 10, Settled: 10, Threshold: -1},
 		},
 		{
 			name: "healthy", taskType: "css_fix", outcomes: seq(strings.Repeat("S", 60)),
-			want: trust.Verdict{Score: 1, Outcomes: 50, Successes: 50, Settled: 50, Threshold: 0.15},
+			want: scoring.Verdict{Score: 1, Outcomes: 50, Successes: 50, Settled: 50, Threshold: 0.15},
 		},
 		{
 			name: "counts the window only", taskType: "css_fix", outcomes: seq(strings.Repeat("S", 100) + strings.Repeat("F", 20)),
 			// 20 failures in a row after 30 successes: a regression.
-			want: trust.Verdict{Outcomes: 50, Successes: 30, Failures: 20, Settled: 50, Threshold: 0.15, Run: 20, Below: true,
+			want: scoring.Verdict{Outcomes: 50, Successes: 30, Failures: 20, Settled: 50, Threshold: 0.15, Run: 20, Below: true,
 				Reason: "Blocked: css_fix trust score 0.41: its last 20 tasks failed, unlikely at its rate before (a regression?)"},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := tt.policy.Evaluate(tt.taskType, trust.Stats{Type: tt.taskType, Outcomes: tt.outcomes})
-			wantScore, _, _ := trust.Score(tt.outcomes, tt.policy)
+			got := tt.policy.Evaluate(tt.taskType, scoring.Stats{Type: tt.taskType, Outcomes: tt.outcomes})
+			wantScore, _, _ := scoring.Score(tt.outcomes, tt.policy)
 			tt.want.Score = wantScore
 			if got != tt.want {
 				t.Errorf("Evaluate =\n %+v\nwant\n %+v", got, tt.want)
@@ -132,29 +132,29 @@ func TestEvaluate(t *testing.T) {
 
 func TestEvaluateThresholdBoundary(t *testing.T) {
 	outcomes := seq("FFFFFFFFSF")
-	score, _, _ := trust.Score(outcomes, trust.Policy{})
-	st := trust.Stats{Type: "css_fix", Outcomes: outcomes}
+	score, _, _ := scoring.Score(outcomes, scoring.Policy{})
+	st := scoring.Stats{Type: "css_fix", Outcomes: outcomes}
 
-	at := trust.Policy{Threshold: score}
+	at := scoring.Policy{Threshold: score}
 	if v := at.Evaluate("css_fix", st); v.Below {
 		t.Errorf("score equal to the threshold is gated: %+v", v)
 	}
-	above := trust.Policy{Threshold: math.Nextafter(score, 1)}
+	above := scoring.Policy{Threshold: math.Nextafter(score, 1)}
 	if v := above.Evaluate("css_fix", st); !v.Below {
 		t.Errorf("score just below the threshold is not gated: %+v", v)
 	}
 }
 
 func TestPolicyDefaults(t *testing.T) {
-	p := trust.Policy{}.WithDefaults()
+	p := scoring.Policy{}.WithDefaults()
 	if p.Window != 50 || p.MinOutcomes != 10 || p.Threshold != 0.15 || p.OverallWeight != 0.6 ||
 		p.RecencyWeight != 0.4 || p.Decay != 0.9 || p.ProbeAfter != 5 || len(p.Exempt) != 3 {
 		t.Errorf("defaults = %+v", p)
 	}
-	if err := (trust.Policy{}).Validate(); err != nil {
+	if err := (scoring.Policy{}).Validate(); err != nil {
 		t.Errorf("zero policy invalid: %v", err)
 	}
-	bad := trust.Policy{Window: -1, Decay: 2, ProbeAfter: -3, Threshold: 1.5}
+	bad := scoring.Policy{Window: -1, Decay: 2, ProbeAfter: -3, Threshold: 1.5}
 	err := bad.Validate()
 	if err == nil {
 		t.Fatal("invalid policy accepted")
