@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

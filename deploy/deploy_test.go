@@ -32,8 +32,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
 	"github.com/dispatchmesh/dispatchmesh/internal/review"
 	"github.com/dispatchmesh/dispatchmesh/services"

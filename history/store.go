@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 )
 
@@ -23,7 +24,7 @@ import (
 // Keep failures. A record stays small (at most 2 × Keep entries, each
 // capped: Entry.Capped), so the prompt builder reads it, and a recorder
 // rewrites it, cheaply.
-const Keep = 5
+const Keep = policy.HistoryKeep
 
 // Caps on the text of an Entry, in bytes: a prompt shows a line of an
 // entry (prompt.maxLineChars: 200 characters), a human a few lines. The

@@ -14,8 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -118,11 +119,11 @@ func cmdPolicySet(ctx context.Context, cfg Config, args []string) error {
 	var replaced, rev uint64
 	if expect.set {
 		replaced = expect.n
-		rev, err = policy.PutAt(ctx, kv, f, expect.n)
+		rev, err = policykv.PutAt(ctx, kv, f, expect.n)
 	} else {
-		replaced, rev, err = policy.Replace(ctx, kv, f)
+		replaced, rev, err = policykv.Replace(ctx, kv, f)
 	}
-	if conflict, ok := errors.AsType[*policy.ConflictError](err); ok {
+	if conflict, ok := errors.AsType[*policykv.ConflictError](err); ok {
 		return &exitError{1, fmt.Errorf("%s: nothing changed: %s (it changed since you read it): run dispatch policy get to see the policy in force, then retry with -rev %d",
 			path, describeConflict(conflict), conflict.Current)}
 	}
@@ -144,7 +145,7 @@ func replacedText(ctx context.Context, kv jetstream.KeyValue, replaced uint64) s
 	if replaced == 0 {
 		return "the bucket held no policy"
 	}
-	st, err := policy.InForce(ctx, kv, replaced)
+	st, err := policykv.InForce(ctx, kv, replaced)
 	if err != nil {
 		return fmt.Sprintf("replacing revision %d, the newest in the bucket (which revision was in force could not be read: %v)", replaced, err)
 	}
@@ -169,7 +170,7 @@ func replacedText(ctx context.Context, kv jetstream.KeyValue, replaced uint64) s
 }
 
 // describeConflict says which revision -rev expected and which is in force.
-func describeConflict(c *policy.ConflictError) string {
+func describeConflict(c *policykv.ConflictError) string {
 	switch {
 	case c.Expected == 0:
 		return fmt.Sprintf("-rev 0 expects no policy in bucket %s, but revision %d is in force", services.BucketPolicy, c.Current)
@@ -262,7 +263,7 @@ func watchPolicy(ctx context.Context, js jetstream.JetStream, log *slog.Logger) 
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
 	}
-	return policy.WatchWith(ctx, kv, policy.WatchOptions{JS: js, Log: log, Quiet: oneShot(js.Conn())})
+	return policykv.WatchWith(ctx, kv, policykv.WatchOptions{JS: js, Log: log, Quiet: oneShot(js.Conn())})
 }
 
 // seedPolicy stores DISPATCH_POLICY_FILE (else the built-in defaults, {})
@@ -278,7 +279,7 @@ func seedPolicy(ctx context.Context, cfg Config, kv jetstream.KeyValue, log *slo
 			return "", fmt.Errorf("DISPATCH_POLICY_FILE: %w", err)
 		}
 	}
-	rev, seeded, err := policy.Seed(ctx, kv, f)
+	rev, seeded, err := policykv.Seed(ctx, kv, f)
 	if err != nil {
 		return "", err
 	}

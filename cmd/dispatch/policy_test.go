@@ -17,9 +17,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -175,7 +176,7 @@ func TestPolicySetCompareAndSet(t *testing.T) {
 	ctx := context.Background()
 	current := func() uint64 {
 		t.Helper()
-		rev, err := policy.Current(ctx, kv)
+		rev, err := policykv.Current(ctx, kv)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,7 +366,7 @@ func policyValue(t *testing.T, url string) string {
 func TestPolicySetNamesTheRevisionInForce(t *testing.T) {
 	m, c, kv := policyMesh(t)
 	ctx := context.Background()
-	inForce, err := policy.Current(ctx, kv)
+	inForce, err := policykv.Current(ctx, kv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +392,7 @@ func TestPolicySetNamesTheRevisionInForce(t *testing.T) {
 		t.Fatalf("set over refused revisions:\n%s\nwant %q", out, want)
 	}
 	// Once the set is in force, the next one replaces it plainly.
-	second, err := policy.Current(ctx, kv)
+	second, err := policykv.Current(ctx, kv)
 	if err != nil {
 		t.Fatal(err)
 	}

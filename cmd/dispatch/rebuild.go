@@ -9,8 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/rebuild"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
@@ -46,7 +47,7 @@ func cmdRebuild(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
 	}
-	if opts.Revisions, err = policy.History(ctx, kv); err != nil {
+	if opts.Revisions, err = policykv.History(ctx, kv); err != nil {
 		return err
 	}
 	rebuilt, err := rebuild.Replay(ctx, js, opts)

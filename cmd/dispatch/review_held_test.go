@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -25,7 +26,7 @@ func TestReviewListShowsHeldTasks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := policy.Put(ctx, stores.Policy, &policy.File{Types: map[string]policy.Type{"css_fix": {HoldTime: policy.Duration(2 * time.Hour)}}}); err != nil {
+	if _, err := policykv.Put(ctx, stores.Policy, &policy.File{Types: map[string]policy.Type{"css_fix": {HoldTime: policy.Duration(2 * time.Hour)}}}); err != nil {
 		t.Fatal(err)
 	}
 	tasks, idx := services.NewTaskStore(stores.Tasks), services.NewHeldIndex(stores.Held)

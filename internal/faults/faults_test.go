@@ -21,9 +21,9 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/faults"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )

@@ -3,7 +3,7 @@ package ladder
 import (
 	"fmt"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 func ptr(n int) *int { return &n }

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // A scripted provider mixing transient, deterministic, quota and auth

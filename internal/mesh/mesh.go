@@ -21,11 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/health"
 	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
 	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 	"github.com/dispatchmesh/dispatchmesh/services/gate"
@@ -69,7 +70,7 @@ type Options struct {
 	// Stream sizes what is provisioned.
 	Stream services.StreamConfig
 	// Policy holds per-type policies. Default: the policy in the bucket
-	// dispatch_policy, followed with a KV watcher (policy.Watch).
+	// dispatch_policy, followed with a KV watcher (policykv.Watch).
 	Policy *policy.Source
 	// Model answers prompts. Default: the simulated model, rates from Policy.
 	Model executor.Model
@@ -193,7 +194,7 @@ func Run(ctx context.Context, o Options) error {
 		return startError(o.NC, err)
 	}
 	if o.Policy == nil && stores.Policy != nil && slices.ContainsFunc(o.Services, usesPolicy) {
-		if o.Policy, err = policy.Watch(ctx, o.JS, stores.Policy, o.Log); err != nil {
+		if o.Policy, err = policykv.Watch(ctx, o.JS, stores.Policy, o.Log); err != nil {
 			return startError(o.NC, err)
 		}
 		o.Log.Info("policy from the bucket", "bucket", services.BucketPolicy, "rev", o.Policy.Rev())

@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/health"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

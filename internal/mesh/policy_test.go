@@ -14,10 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/rebuild"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
@@ -47,7 +48,7 @@ func (e *env) startWatching(instance string, names ...string) *policy.Source {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	src, err := policy.Watch(ctx, js, kv, quiet)
+	src, err := policykv.Watch(ctx, js, kv, quiet)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestRebuildAfterPolicyChange(t *testing.T) {
 	kv := e.policyKV()
 	ctx := context.Background()
 	v1 := &policy.File{Types: map[string]policy.Type{"bug_fix": {MaxRetries: 2, Exempt: ptr(true)}}}
-	rev1, err := policy.Put(ctx, kv, v1)
+	rev1, err := policykv.Put(ctx, kv, v1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +238,7 @@ func TestRebuildAfterPolicyChange(t *testing.T) {
 	}
 
 	v2 := &policy.File{Types: map[string]policy.Type{"bug_fix": {MaxRetries: 4, Exempt: ptr(true)}}}
-	rev2, err := policy.Put(ctx, kv, v2)
+	rev2, err := policykv.Put(ctx, kv, v2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func TestRebuildAfterPolicyChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	live := rebuild.Live{Tasks: stores.Tasks, Trust: stores.Trust, History: stores.History, Held: stores.Held, JS: e.srv.JS}
-	revs, err := policy.History(ctx, kv)
+	revs, err := policykv.History(ctx, kv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +292,7 @@ func TestRebuildRefusesUnavailableRevision(t *testing.T) {
 	e := newEnv(t, succeed, nil)
 	e.start() // every service, with the fixed (built-in) policy: events name no revision
 	e.waitEnd(e.submit(events.Submit{ID: "old-1", Type: "css_fix", Subject: "a.css"}))
-	revs, err := policy.History(context.Background(), e.policyKV())
+	revs, err := policykv.History(context.Background(), e.policyKV())
 	if err != nil {
 		t.Fatal(err)
 	}

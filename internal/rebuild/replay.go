@@ -14,7 +14,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
@@ -66,13 +67,13 @@ func (s Skipped) String() string {
 
 // Options of a replay.
 type Options struct {
-	// Revisions are the policy's revisions in its bucket (policy.History):
+	// Revisions are the policy's revisions in its bucket (policykv.History):
 	// each event is recomputed with the revision it names
 	// (events.Base.PolicyRev) — the recorder's decision on an attempt with
 	// the revision of the recorder's own event. An event whose revision is
 	// not there makes Replay fail with an *UnavailableError, unless
 	// Fallback is set.
-	Revisions *policy.Revisions
+	Revisions *policykv.Revisions
 	// Fallback recomputes the events whose revision Revisions does not
 	// hold; they are listed in Stores.Fallbacks. Default: none, refuse.
 	Fallback *policy.File

@@ -28,7 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )

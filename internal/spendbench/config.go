@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // Delivery modes.

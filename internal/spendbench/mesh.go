@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )

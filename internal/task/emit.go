@@ -2,7 +2,7 @@ package task
 
 import (
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // Emission is the event a recorded attempt leads to: the task's next stage

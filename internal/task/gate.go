@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
-	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // GateIn is what the trust gate knows when it decides a pass (SPEC §4):
@@ -31,13 +31,13 @@ type GateIn struct {
 	// is spent (and the pass is not a human's requeue let past it), Spent
 	// what it spent today.
 	Exempt, OverBudget bool
-	Spent              trust.Spend
+	Spent              scoring.Spend
 	// Scoring is the type's policy; Canary its number of canaries for
 	// this type (resolved with the pooled prior).
-	Scoring trust.Policy
-	Verdict trust.Verdict
-	Stats   trust.Stats
-	Pool    *trust.Pool
+	Scoring scoring.Policy
+	Verdict scoring.Verdict
+	Stats   scoring.Stats
+	Pool    *scoring.Pool
 	// Claimed holds the answers to the claims asked so far.
 	Claimed map[Claim]bool
 }
@@ -48,7 +48,7 @@ type Claim string
 const (
 	ClaimNone   Claim = ""
 	ClaimStreak Claim = "streak" // a step of the block streak: granted, the pass goes as its probe
-	ClaimProbe  Claim = "probe"  // a held pass's probe (trust.Policy.HeldProbe)
+	ClaimProbe  Claim = "probe"  // a held pass's probe (scoring.Policy.HeldProbe)
 	ClaimTrial  Claim = "trial"  // a trial place while the type is on probation
 	ClaimCanary Claim = "canary" // a canary place while the type is unproven
 )
@@ -124,7 +124,7 @@ func Decide(in GateIn) GateOut {
 		claim := ClaimStreak
 		if held {
 			claim = ClaimProbe
-		} else if step, _ := trust.StreakStep(events.CauseTrust, false, in.Run.Attempt, false); !step {
+		} else if step, _ := scoring.StreakStep(events.CauseTrust, false, in.Run.Attempt, false); !step {
 			claim = ClaimNone // a retry takes no step: held
 		}
 		probe, asked := in.Claimed[claim]
@@ -145,7 +145,7 @@ func Decide(in GateIn) GateOut {
 		out.Trust.Cause = events.CauseUnproven
 	default:
 		out.Trust.Cause = events.CauseTrusted
-		step, _ := trust.StreakStep(out.Trust.Cause, false, in.Run.Attempt, false)
+		step, _ := scoring.StreakStep(out.Trust.Cause, false, in.Run.Attempt, false)
 		out.ResetStreak = step && in.Stats.BlockStreak > 0 // the type recovered
 	}
 	if held && v.Probation && !out.Run.Probe {
@@ -212,7 +212,7 @@ func climb(out *GateOut, in GateIn) (handoff bool) {
 }
 
 // pooledRungs says what the other types' retries on rung tell.
-func pooledRungs(pool *trust.Pool, taskType string, rung events.Rung) string {
+func pooledRungs(pool *scoring.Pool, taskType string, rung events.Rung) string {
 	mean, types := pool.Rung(taskType, rung)
 	if types < 2 {
 		return "nothing pooled from other types"
@@ -262,12 +262,12 @@ func ask(out GateOut, c Claim) GateOut { out.Act, out.Ask = ActAsk, c; return ou
 // PlacesTaken reports whether the view shows every canary place of the
 // type taken by another task still in flight — unexpired, with no final
 // result among the type's outcomes — so asking for one would be refused.
-func PlacesTaken(stats trust.Stats, p trust.Policy, now time.Time, self string) bool {
+func PlacesTaken(stats scoring.Stats, p scoring.Policy, now time.Time, self string) bool {
 	if p.Canary < 0 {
 		return false
 	}
 	ended := map[string]bool{}
-	for _, r := range trust.Tasks(stats.Outcomes) {
+	for _, r := range scoring.Tasks(stats.Outcomes) {
 		if r.Settled() {
 			ended[r.Task] = true
 		}

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 	"github.com/dispatchmesh/dispatchmesh/internal/task"
-	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 var gateNow = time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
@@ -17,21 +17,21 @@ var gateNow = time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
 // the decision out — with the claims the decision asks for answered as
 // the row says.
 func TestDecide(t *testing.T) {
-	p := trust.Policy{}.WithDefaults()
+	p := scoring.Policy{}.WithDefaults()
 	first := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}
 	retry := events.Run{Pass: 3, Attempt: 3, Rung: events.RungPivot}
-	trusted := trust.Verdict{Score: 0.9, Outcomes: 50, Settled: 50, Threshold: p.Threshold}
-	below := trust.Verdict{Score: 0.05, Outcomes: 50, Settled: 50, Threshold: p.Threshold, Below: true, Reason: "Blocked: css_fix trust score 0.05 below 0.15"}
-	probation := trust.Verdict{Score: 0.3, Outcomes: 50, Settled: 50, Threshold: p.Threshold, Probation: true}
-	unproven := trust.Verdict{Outcomes: 2, Settled: 2, Threshold: p.Threshold, Unproven: true}
-	taken := trust.Stats{}
+	trusted := scoring.Verdict{Score: 0.9, Outcomes: 50, Settled: 50, Threshold: p.Threshold}
+	below := scoring.Verdict{Score: 0.05, Outcomes: 50, Settled: 50, Threshold: p.Threshold, Below: true, Reason: "Blocked: css_fix trust score 0.05 below 0.15"}
+	probation := scoring.Verdict{Score: 0.3, Outcomes: 50, Settled: 50, Threshold: p.Threshold, Probation: true}
+	unproven := scoring.Verdict{Outcomes: 2, Settled: 2, Threshold: p.Threshold, Unproven: true}
+	taken := scoring.Stats{}
 	for i := range p.Canary {
-		taken.Canaries = append(taken.Canaries, trust.Canary{Key: fmt.Sprintf("c%d", i), At: gateNow.Add(-time.Second)})
+		taken.Canaries = append(taken.Canaries, scoring.Canary{Key: fmt.Sprintf("c%d", i), At: gateNow.Add(-time.Second)})
 	}
-	var failedRetries []trust.Outcome
+	var failedRetries []scoring.Outcome
 	for i := range 12 {
 		for _, rung := range []events.Rung{events.RungPivot, events.RungResearch} {
-			failedRetries = append(failedRetries, trust.Outcome{Key: fmt.Sprintf("r%d-%s", i, rung), Task: fmt.Sprintf("r%d", i), Rung: rung, Retry: true, At: gateNow.Add(-time.Hour)})
+			failedRetries = append(failedRetries, scoring.Outcome{Key: fmt.Sprintf("r%d-%s", i, rung), Task: fmt.Sprintf("r%d", i), Rung: rung, Retry: true, At: gateNow.Add(-time.Hour)})
 		}
 	}
 	claimed := func(c task.Claim, granted bool) map[task.Claim]bool { return map[task.Claim]bool{c: granted} }
@@ -46,7 +46,7 @@ func TestDecide(t *testing.T) {
 		check  func(t *testing.T, out task.GateOut)
 	}{
 		{name: "trusted", in: task.GateIn{Run: first, Verdict: trusted}, act: task.ActAdmit, cause: events.CauseTrusted},
-		{name: "trusted after blocks: the streak ends", in: task.GateIn{Run: first, Verdict: trusted, Stats: trust.Stats{BlockStreak: 3}},
+		{name: "trusted after blocks: the streak ends", in: task.GateIn{Run: first, Verdict: trusted, Stats: scoring.Stats{BlockStreak: 3}},
 			act: task.ActAdmit, cause: events.CauseTrusted, check: func(t *testing.T, out task.GateOut) {
 				if !out.ResetStreak {
 					t.Error("the block streak is not reset")
@@ -54,7 +54,7 @@ func TestDecide(t *testing.T) {
 			}},
 		{name: "exempt, even below", in: task.GateIn{Run: first, Verdict: below, Exempt: true}, act: task.ActAdmit, cause: events.CauseExempt},
 		{name: "a human's requeue", in: task.GateIn{Run: events.Run{Pass: 4, Attempt: 1, Reviewed: true}, Verdict: below}, act: task.ActAdmit, cause: events.CauseReviewed},
-		{name: "over its daily budget", in: task.GateIn{Run: first, Verdict: trusted, OverBudget: true, Spent: trust.Spend{Tokens: 900}},
+		{name: "over its daily budget", in: task.GateIn{Run: first, Verdict: trusted, OverBudget: true, Spent: scoring.Spend{Tokens: 900}},
 			act: task.ActBlock, cause: events.CauseBudget, reason: "spent 900 tokens"},
 		{name: "below: asks for a step of the streak", in: task.GateIn{Run: first, Verdict: below}, act: task.ActAsk, ask: task.ClaimStreak},
 		{name: "below, no probe: held", in: task.GateIn{Run: first, Verdict: below, Claimed: claimed(task.ClaimStreak, false)},
@@ -80,7 +80,7 @@ func TestDecide(t *testing.T) {
 			act: task.ActBlock, cause: events.CauseTrust, reason: "without a place"},
 		{name: "held, on probation, a place: re-admitted", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimTrial, true)},
 			act: task.ActAdmit, cause: events.CauseTrusted, reason: "re-admitted"},
-		{name: "a retry whose rungs rarely pay: handed off", in: task.GateIn{Run: retry, Verdict: trusted, Stats: trust.Stats{Outcomes: failedRetries}},
+		{name: "a retry whose rungs rarely pay: handed off", in: task.GateIn{Run: retry, Verdict: trusted, Stats: scoring.Stats{Outcomes: failedRetries}},
 			act: task.ActHandoff, cause: events.CauseRungRate, reason: "HANDOFF before attempt 3"},
 		{name: "unproven: asks for a canary place", in: task.GateIn{Run: first, Verdict: unproven}, act: task.ActAsk, ask: task.ClaimCanary},
 		{name: "unproven, a place: a canary", in: task.GateIn{Run: first, Verdict: unproven, Claimed: claimed(task.ClaimCanary, true)},

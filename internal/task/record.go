@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
-	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // DefaultSkipBudget and DefaultSkipDelay apply when a pipeline's policy sets none.
@@ -308,8 +308,8 @@ func MaxRetries(t events.Task, pol policy.Type) int {
 // TrustOutcome is what an attempt adds to its type's trust stats: st is
 // the task's state once the attempt is recorded (Record), which says
 // whether the attempt ended the task.
-func TrustOutcome(key string, st events.TaskState, run events.Run, res events.Result, at time.Time) trust.Outcome {
-	return trust.Outcome{
+func TrustOutcome(key string, st events.TaskState, run events.Run, res events.Result, at time.Time) scoring.Outcome {
+	return scoring.Outcome{
 		Key: key, Task: st.ID, Success: res.Outcome == events.OutcomeSuccess, At: at,
 		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
 		Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe,

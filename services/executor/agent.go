@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // runAgent runs the type's agent command (policy executor "command") with

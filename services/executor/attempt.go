@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // attempt is one execution of a prompted task: the request, the endpoint it

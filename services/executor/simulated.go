@@ -9,7 +9,7 @@ import (
 	"strconv"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // SimulatedModelName is the Model of every simulated answer.

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 

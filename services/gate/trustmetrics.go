@@ -3,7 +3,7 @@ package gate
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )

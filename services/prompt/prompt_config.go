@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 )
 
 // Config configures the prompt builder.

@@ -4,7 +4,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // Rungs of the escalation ladder that change what the prompt asks for (SPEC §8).

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // The policy checks a template with stand-ins for the functions prompt

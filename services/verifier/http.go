@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // HTTP POSTs the task JSON to a URL: 2xx means the problem exists, 404 or 410

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // NATS asks a request-reply endpoint, so a verifier can be written in any

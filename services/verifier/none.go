@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // None is the checker of types without a verifier: every task goes on with

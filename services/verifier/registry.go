@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // factory builds the Checker of one verifier policy.

@@ -14,11 +14,12 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
@@ -61,10 +62,10 @@ func Start(t testing.TB, script openaitest.Script, o Options) *Mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := policy.Put(ctx, stores.Policy, o.Policy); err != nil {
+	if _, err := policykv.Put(ctx, stores.Policy, o.Policy); err != nil {
 		t.Fatal(err)
 	}
-	if m.Policy, err = policy.Watch(ctx, m.Srv.JS, stores.Policy, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if m.Policy, err = policykv.Watch(ctx, m.Srv.JS, stores.Policy, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

@@ -11,8 +11,7 @@ import (
 	"text/template"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/history"
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 // Validate reports every problem in the file at once.
@@ -81,8 +80,8 @@ func boundProblems(where string, t Type) []error {
 	if t.RungMinSamples < 0 {
 		errs = append(errs, fmt.Errorf("%s: rung_min_samples must not be negative", where))
 	}
-	if t.TrustWindow < 0 || t.TrustWindow > trust.MaxWindow {
-		errs = append(errs, fmt.Errorf("%s: trust_window must be within [1, %d]", where, trust.MaxWindow))
+	if t.TrustWindow < 0 || t.TrustWindow > scoring.MaxWindow {
+		errs = append(errs, fmt.Errorf("%s: trust_window must be within [1, %d]", where, scoring.MaxWindow))
 	}
 	for _, n := range []struct {
 		name string
@@ -93,11 +92,11 @@ func boundProblems(where string, t Type) []error {
 			errs = append(errs, fmt.Errorf("%s: %s must not be negative", where, n.name))
 		}
 	}
-	if t.RecurringFailures > history.Keep {
-		errs = append(errs, fmt.Errorf("%s: recurring_failures must be at most %d (the failures a subject's history keeps)", where, history.Keep))
+	if t.RecurringFailures > HistoryKeep {
+		errs = append(errs, fmt.Errorf("%s: recurring_failures must be at most %d (the failures a subject's history keeps)", where, HistoryKeep))
 	}
-	if t.PreviousAttempts > history.Keep {
-		errs = append(errs, fmt.Errorf("%s: previous_attempts must be at most %d (the outcomes a subject's history keeps)", where, history.Keep))
+	if t.PreviousAttempts > HistoryKeep {
+		errs = append(errs, fmt.Errorf("%s: previous_attempts must be at most %d (the outcomes a subject's history keeps)", where, HistoryKeep))
 	}
 	if t.RecurringWindow < 0 {
 		errs = append(errs, fmt.Errorf("%s: recurring_window must not be negative", where))
@@ -178,7 +177,7 @@ func weightProblems(where string, t Type) []error {
 	if t.OverallWeight == nil && t.RecencyWeight == nil {
 		return nil
 	}
-	o, r := trust.DefaultOverallWeight, trust.DefaultRecencyWeight
+	o, r := scoring.DefaultOverallWeight, scoring.DefaultRecencyWeight
 	if t.OverallWeight != nil {
 		o = *t.OverallWeight
 	}
@@ -193,7 +192,7 @@ func weightProblems(where string, t Type) []error {
 
 // windowProblems: min_outcomes, as merged, must fit in trust_window.
 func windowProblems(where string, t Type) []error {
-	w, m := cmp.Or(t.TrustWindow, trust.DefaultWindow), cmp.Or(t.MinOutcomes, trust.DefaultMinOutcomes)
+	w, m := cmp.Or(t.TrustWindow, scoring.DefaultWindow), cmp.Or(t.MinOutcomes, scoring.DefaultMinOutcomes)
 	if m > w {
 		return []error{fmt.Errorf("%s: min_outcomes %d exceeds trust_window %d: the type could never be gated", where, m, w)}
 	}
@@ -240,3 +239,8 @@ func validateSteps(where string, steps []Step) []error {
 	}
 	return errs
 }
+
+// HistoryKeep is how many failures and outcomes of a subject the history
+// keeps (history.Keep): recurring_failures and previous_attempts ask for
+// at most that many.
+const HistoryKeep = 5

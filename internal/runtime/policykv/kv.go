@@ -1,103 +1,31 @@
-package policy
+package policykv
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 )
-
-// Key is the key of the policy in its KV bucket (services.BucketPolicy,
-// dispatch_policy). Its revision — the sequence of the put on the bucket's
-// stream — names the policy everywhere: every task event carries the one it
-// was decided under (events.Base.PolicyRev), and the bucket keeps every
-// revision, so dispatch rebuild can read the policy of the time.
-const Key = "current"
 
 // ErrNoRevision is returned by At when the bucket does not hold the revision
 // asked for (0: none was recorded; else it was purged or never existed).
 var ErrNoRevision = errors.New("policy revision not available")
 
-// ErrTemplateFile rejects a policy in the bucket that names a template file:
-// a file on whose disk? Templates are inlined when a file seeds the bucket
-// (dispatch up, dispatch policy set).
-var ErrTemplateFile = errors.New("template_file is not allowed in the bucket: inline the template (dispatch policy set does)")
-
-// Decode reads a policy as stored in the bucket: a policy file (Parse: JSON,
-// unknown fields rejected, every problem reported) whose templates are
-// inline. Anyone with write access can put bytes there (`nats kv put`), so
-// this is outside input: whatever it refuses leaves the policy in force
-// unchanged.
-func Decode(data []byte) (*File, error) {
-	f, errs := parse(data)
-	if f != nil { // what decoded: its template files are problems too
-		if f.Defaults.TemplateFile != "" {
-			errs = append(errs, fmt.Errorf("defaults: %w", ErrTemplateFile))
-		}
-		for _, name := range slices.Sorted(maps.Keys(f.Types)) {
-			if f.Types[name].TemplateFile != "" {
-				errs = append(errs, fmt.Errorf("types.%s: %w", name, ErrTemplateFile))
-			}
-		}
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return f, nil
-}
-
-// Encode is what the bucket stores for f: indented JSON, so that
-// `nats kv get dispatch_policy current` is readable. f must be inline.
-func Encode(f *File) ([]byte, error) {
-	if f == nil {
-		f = &File{}
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(f); err != nil {
-		return nil, fmt.Errorf("policy: %w", err)
-	}
-	if _, err := Decode(buf.Bytes()); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-// LoadInline reads a policy file like Load and inlines its template files,
-// ready for the bucket.
-func LoadInline(path string) (*File, error) {
-	f, err := Load(path)
-	if err != nil {
-		return nil, err
-	}
-	f.Defaults.TemplateFile = ""
-	for name, t := range f.Types {
-		t.TemplateFile = ""
-		f.Types[name] = t
-	}
-	return f, nil
-}
-
 // Put stores f as the new policy and returns its revision. A policy that
 // does not validate is refused before anything is written.
-func Put(ctx context.Context, kv jetstream.KeyValue, f *File) (uint64, error) {
-	data, err := Encode(f)
+func Put(ctx context.Context, kv jetstream.KeyValue, f *policy.File) (uint64, error) {
+	data, err := policy.Encode(f)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := kv.Put(ctx, Key, data)
+	rev, err := kv.Put(ctx, policy.Key, data)
 	if err != nil {
-		return 0, fmt.Errorf("policy: put %s %s: %w", kv.Bucket(), Key, err)
+		return 0, fmt.Errorf("policy: put %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	return rev, nil
 }
@@ -124,12 +52,12 @@ func (e *ConflictError) Is(target error) bool { return target == ErrRevisionConf
 // Current is the revision of the policy in the bucket; 0 when it holds
 // none (never written, or deleted).
 func Current(ctx context.Context, kv jetstream.KeyValue) (uint64, error) {
-	e, err := kv.Get(ctx, Key)
+	e, err := kv.Get(ctx, policy.Key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("policy: %s %s: %w", kv.Bucket(), Key, err)
+		return 0, fmt.Errorf("policy: %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	return e.Revision(), nil
 }
@@ -139,22 +67,22 @@ func Current(ctx context.Context, kv jetstream.KeyValue) (uint64, error) {
 // revision. Otherwise nothing is written and the error is a
 // *ConflictError naming the revision in force. A policy that does not
 // validate is refused before anything is written.
-func PutAt(ctx context.Context, kv jetstream.KeyValue, f *File, rev uint64) (uint64, error) {
-	data, err := Encode(f)
+func PutAt(ctx context.Context, kv jetstream.KeyValue, f *policy.File, rev uint64) (uint64, error) {
+	data, err := policy.Encode(f)
 	if err != nil {
 		return 0, err
 	}
 	var newRev uint64
 	if rev == 0 {
-		newRev, err = kv.Create(ctx, Key, data)
+		newRev, err = kv.Create(ctx, policy.Key, data)
 	} else {
-		newRev, err = kv.Update(ctx, Key, data, rev)
+		newRev, err = kv.Update(ctx, policy.Key, data, rev)
 	}
 	if err == nil {
 		return newRev, nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, fmt.Errorf("policy: put %s %s at revision %d: %w", kv.Bucket(), Key, rev, err)
+		return 0, fmt.Errorf("policy: put %s %s at revision %d: %w", kv.Bucket(), policy.Key, rev, err)
 	}
 	cur, cerr := Current(ctx, kv)
 	if cerr != nil {
@@ -167,7 +95,7 @@ func PutAt(ctx context.Context, kv jetstream.KeyValue, f *File, rev uint64) (uin
 // Put, and returns the revision it replaced (0: none) and the new one. It
 // reads the revision in force and writes at it, again when another writer
 // came first, so the replaced revision is exactly the one f follows.
-func Replace(ctx context.Context, kv jetstream.KeyValue, f *File) (replaced, rev uint64, err error) {
+func Replace(ctx context.Context, kv jetstream.KeyValue, f *policy.File) (replaced, rev uint64, err error) {
 	cur, err := Current(ctx, kv)
 	if err != nil {
 		return 0, 0, err
@@ -212,19 +140,19 @@ func InForce(ctx context.Context, kv jetstream.KeyValue, rev uint64) (Standing, 
 	if rev == 0 {
 		return Standing{}, nil
 	}
-	e, err := kv.GetRevision(ctx, Key, rev)
+	e, err := kv.GetRevision(ctx, policy.Key, rev)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound): // a delete, or purged: the history says which
 	case err != nil:
-		return Standing{}, fmt.Errorf("policy: %s %s revision %d: %w", kv.Bucket(), Key, rev, err)
+		return Standing{}, fmt.Errorf("policy: %s %s revision %d: %w", kv.Bucket(), policy.Key, rev, err)
 	default:
 		if _, err := entryFile(e); err == nil {
 			return Standing{Rev: rev}, nil
 		}
 	}
-	all, err := kv.History(ctx, Key)
+	all, err := kv.History(ctx, policy.Key)
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Standing{}, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
+		return Standing{}, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	e, _, refused := newestDecoding(all, rev)
 	st := Standing{Refused: refused}
@@ -239,7 +167,7 @@ func InForce(ctx context.Context, kv jetstream.KeyValue, rev uint64) (Standing, 
 // decodes, with its file, and the revisions above it that do not (oldest
 // first): the revision in force when upTo was the newest. nil: none
 // decodes.
-func newestDecoding(all []jetstream.KeyValueEntry, upTo uint64) (jetstream.KeyValueEntry, *File, []uint64) {
+func newestDecoding(all []jetstream.KeyValueEntry, upTo uint64) (jetstream.KeyValueEntry, *policy.File, []uint64) {
 	var refused []uint64
 	for i := len(all) - 1; i >= 0; i-- {
 		if all[i].Revision() > upTo {
@@ -259,17 +187,17 @@ func newestDecoding(all []jetstream.KeyValueEntry, upTo uint64) (jetstream.KeyVa
 // revision in force: f's when it was stored (seeded true), else the one
 // already there, which Seed leaves alone — it may hold changes made while
 // the mesh ran, which a restart must not undo.
-func Seed(ctx context.Context, kv jetstream.KeyValue, f *File) (rev uint64, seeded bool, err error) {
-	data, err := Encode(f)
+func Seed(ctx context.Context, kv jetstream.KeyValue, f *policy.File) (rev uint64, seeded bool, err error) {
+	data, err := policy.Encode(f)
 	if err != nil {
 		return 0, false, err
 	}
-	rev, err = kv.Create(ctx, Key, data)
+	rev, err = kv.Create(ctx, policy.Key, data)
 	if err == nil {
 		return rev, true, nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, false, fmt.Errorf("policy: seed %s %s: %w", kv.Bucket(), Key, err)
+		return 0, false, fmt.Errorf("policy: seed %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	rev, err = Current(ctx, kv)
 	return rev, false, err
@@ -279,19 +207,19 @@ func Seed(ctx context.Context, kv jetstream.KeyValue, f *File) (rev uint64, seed
 // what dispatch rebuild replays the stream with.
 type Revisions struct {
 	bucket string
-	files  map[uint64]*File
+	files  map[uint64]*policy.File
 	errs   map[uint64]error
 }
 
 // History reads every revision the bucket holds.
 func History(ctx context.Context, kv jetstream.KeyValue) (*Revisions, error) {
-	r := &Revisions{bucket: kv.Bucket(), files: map[uint64]*File{}, errs: map[uint64]error{}}
-	all, err := kv.History(ctx, Key)
+	r := &Revisions{bucket: kv.Bucket(), files: map[uint64]*policy.File{}, errs: map[uint64]error{}}
+	all, err := kv.History(ctx, policy.Key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return r, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
+		return nil, fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	for _, e := range all {
 		f, err := entryFile(e)
@@ -306,7 +234,7 @@ func History(ctx context.Context, kv jetstream.KeyValue) (*Revisions, error) {
 
 // At returns the policy of revision rev: nil (built-in defaults) when that
 // revision deleted the key. ErrNoRevision when the bucket does not hold it.
-func (r *Revisions) At(rev uint64) (*File, error) {
+func (r *Revisions) At(rev uint64) (*policy.File, error) {
 	if rev == 0 {
 		return nil, fmt.Errorf("%w: none recorded", ErrNoRevision)
 	}
@@ -318,11 +246,11 @@ func (r *Revisions) At(rev uint64) (*File, error) {
 		// it was not published by this mesh.
 		return nil, fmt.Errorf("policy revision %d does not decode: %w", rev, err)
 	}
-	return nil, fmt.Errorf("%w: bucket %s holds no revision %d of %s (purged, or never written)", ErrNoRevision, r.bucket, rev, Key)
+	return nil, fmt.Errorf("%w: bucket %s holds no revision %d of %s (purged, or never written)", ErrNoRevision, r.bucket, rev, policy.Key)
 }
 
 // At returns the policy of revision rev of the bucket (Revisions.At).
-func At(ctx context.Context, kv jetstream.KeyValue, rev uint64) (*File, error) {
+func At(ctx context.Context, kv jetstream.KeyValue, rev uint64) (*policy.File, error) {
 	r, err := History(ctx, kv)
 	if err != nil {
 		return nil, err
@@ -342,7 +270,7 @@ func At(ctx context.Context, kv jetstream.KeyValue, rev uint64) (*File, error) {
 // revision back from the bucket (follow.Watch): a message another consumer
 // delivers into its inbox — any user who may create a consumer can aim one
 // there — is logged and changes nothing.
-func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, log *slog.Logger) (*Source, error) {
+func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, log *slog.Logger) (*policy.Source, error) {
 	return WatchWith(ctx, kv, WatchOptions{JS: js, Log: log})
 }
 
@@ -365,7 +293,7 @@ type WatchOptions struct {
 var ErrNoJetStream = errors.New("policy: watch: WatchOptions.JS is required (the watcher creates its consumer on it)")
 
 // WatchWith is Watch with options.
-func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Source, error) {
+func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*policy.Source, error) {
 	if o.JS == nil {
 		return nil, ErrNoJetStream
 	}
@@ -373,11 +301,10 @@ func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Sou
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Source{log: log.With("bucket", kv.Bucket(), "key", Key), quiet: o.Quiet}
-	s.current.Store(&Snapshot{})
-	w, err := follow.Watch(ctx, o.JS, kv, Key, follow.WatchOptions{Log: log})
+	s := &watcher{src: &policy.Source{}, log: log.With("bucket", kv.Bucket(), "key", policy.Key), quiet: o.Quiet}
+	w, err := follow.Watch(ctx, o.JS, kv, policy.Key, follow.WatchOptions{Log: log})
 	if err != nil {
-		return nil, fmt.Errorf("policy: watch %s %s: %w", kv.Bucket(), Key, err)
+		return nil, fmt.Errorf("policy: watch %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	var first jetstream.KeyValueEntry
 	for e := range w.Updates() {
@@ -402,21 +329,28 @@ func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*Sou
 			}
 		}
 	}()
-	return s, nil
+	return s.src, nil
+}
+
+// watcher puts the revisions of the bucket in force in src.
+type watcher struct {
+	src   *policy.Source
+	log   *slog.Logger
+	quiet bool // which policy is in force is logged at debug level (WatchOptions.Quiet)
 }
 
 // start takes the newest revision that decodes, from first backwards (the
 // history read as the watch reads: follow.History).
-func (s *Source) start(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, first jetstream.KeyValueEntry) error {
+func (s *watcher) start(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, first jetstream.KeyValueEntry) error {
 	if s.apply(first) {
 		return nil
 	}
-	all, err := follow.History(ctx, js, kv, Key, s.log)
+	all, err := follow.History(ctx, js, kv, policy.Key, s.log)
 	if err != nil {
-		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), Key, err)
+		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), policy.Key, err)
 	}
 	if e, f, _ := newestDecoding(all, first.Revision()-1); e != nil {
-		s.store(&Snapshot{File: f, Rev: e.Revision()}, first.Revision())
+		s.src.Store(&policy.Snapshot{File: f, Rev: e.Revision()}, first.Revision())
 		s.log.Warn("policy in force is an older revision: the newest does not decode", "rev", e.Revision(), "refused", first.Revision())
 		return nil
 	}
@@ -425,8 +359,8 @@ func (s *Source) start(ctx context.Context, js jetstream.JetStream, kv jetstream
 }
 
 // apply takes one change; false when it was refused.
-func (s *Source) apply(e jetstream.KeyValueEntry) bool {
-	if seen := s.seenRev(); e.Revision() <= seen {
+func (s *watcher) apply(e jetstream.KeyValueEntry) bool {
+	if seen := s.src.Handled(); e.Revision() <= seen {
 		// Revisions only go forward: the one in force delivered again (the
 		// watch's first value) changes nothing, and an older one (a
 		// replayed consumer) never takes the place of a newer one.
@@ -438,11 +372,11 @@ func (s *Source) apply(e jetstream.KeyValueEntry) bool {
 	f, err := entryFile(e)
 	if err != nil {
 		s.log.Error("policy change refused: the previous policy stays in force",
-			"rev", e.Revision(), "in_force", s.Rev(), "err", err)
-		s.store(nil, e.Revision())
+			"rev", e.Revision(), "in_force", s.src.Rev(), "err", err)
+		s.src.Store(nil, e.Revision())
 		return false
 	}
-	s.store(&Snapshot{File: f, Rev: e.Revision()}, e.Revision())
+	s.src.Store(&policy.Snapshot{File: f, Rev: e.Revision()}, e.Revision())
 	deleted, applied := slog.LevelWarn, slog.LevelInfo
 	if s.quiet {
 		deleted, applied = slog.LevelDebug, slog.LevelDebug
@@ -457,9 +391,9 @@ func (s *Source) apply(e jetstream.KeyValueEntry) bool {
 
 // entryFile decodes one bucket entry; a delete or purge is nil: the
 // built-in defaults.
-func entryFile(e jetstream.KeyValueEntry) (*File, error) {
+func entryFile(e jetstream.KeyValueEntry) (*policy.File, error) {
 	if e.Operation() != jetstream.KeyValuePut {
 		return nil, nil
 	}
-	return Decode(e.Value())
+	return policy.Decode(e.Value())
 }

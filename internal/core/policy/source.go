@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 )
@@ -30,15 +29,12 @@ func (p *Snapshot) Names(taskType string) bool {
 	return p.File.Names(taskType)
 }
 
-// Source hands out the policy in force. Watch serves the one in the KV
+// Source hands out the policy in force. policykv.Watch serves the one in the KV
 // bucket and follows its changes; Static a fixed one. The zero value (and a
 // nil *Source) serves built-in defaults.
 type Source struct {
 	current atomic.Pointer[Snapshot]
-	log     *slog.Logger
-	quiet   bool // which policy is in force is logged at debug level (WatchOptions.Quiet)
-
-	mu sync.Mutex
+	mu      sync.Mutex
 	// seen is the newest revision handled, applied or refused; changed is
 	// closed when it grows.
 	seen    uint64
@@ -77,16 +73,16 @@ func (s *Source) File() *File { return s.Snapshot().File }
 // Rev is the revision of the policy in force.
 func (s *Source) Rev() uint64 { return s.Snapshot().Rev }
 
-// store puts p in force (nil: keep the one in force) and records that
-// revision seen was handled.
-// seenRev is the newest revision the source has handled.
-func (s *Source) seenRev() uint64 {
+// Handled is the newest revision the source has handled.
+func (s *Source) Handled() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.seen
 }
 
-func (s *Source) store(p *Snapshot, seen uint64) {
+// Store puts p in force (nil: keep the one in force) and records that
+// revision seen was handled (the KV watcher, policykv.Watch, calls it).
+func (s *Source) Store(p *Snapshot, seen uint64) {
 	if p != nil {
 		s.current.Store(p)
 	}

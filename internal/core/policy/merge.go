@@ -3,7 +3,7 @@ package policy
 import (
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 // Names reports whether the policy has an entry of its own for taskType
@@ -111,7 +111,7 @@ func (t Type) withDefaults(taskType string) Type {
 // Scoring returns the trust scoring and gating policy p with this type's
 // overrides: threshold (an explicit 0 never gates), canary (0: no canaries),
 // rung_floor (0: never hand off for it) and rung_min_samples.
-func (t Type) Scoring(p trust.Policy) trust.Policy {
+func (t Type) Scoring(p scoring.Policy) scoring.Policy {
 	if t.Threshold != nil {
 		p.Threshold = *t.Threshold
 		if p.Threshold == 0 {
@@ -155,7 +155,7 @@ func (t Type) Scoring(p trust.Policy) trust.Policy {
 		p.ProbeAfter = t.ProbeAfter
 	}
 	if t.OverallWeight != nil || t.RecencyWeight != nil { // both, as validated: they sum to 1
-		p.OverallWeight, p.RecencyWeight = trust.DefaultOverallWeight, trust.DefaultRecencyWeight
+		p.OverallWeight, p.RecencyWeight = scoring.DefaultOverallWeight, scoring.DefaultRecencyWeight
 		if t.OverallWeight != nil {
 			p.OverallWeight = *t.OverallWeight
 		}

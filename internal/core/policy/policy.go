@@ -22,7 +22,7 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 // TemplateFuncs are the functions a prompt template may call, as the
@@ -105,7 +105,7 @@ type Type struct {
 	// it has too few settled tasks to be scored (fewer than min_outcomes):
 	// a burst of a new type sends one round of canaries and the rest wait,
 	// unspent, for their results. Default: min_outcomes, or fewer when the
-	// mesh's pooled evidence decides a new type sooner (trust.Prior.Sample);
+	// mesh's pooled evidence decides a new type sooner (scoring.Prior.Sample);
 	// 0 lets every pass go at once.
 	Canary *int `json:"canary,omitempty"`
 	// HoldTime is how long a task held for its type's low trust waits to
@@ -133,7 +133,7 @@ type Type struct {
 	// RungFloor applies. Default 8.
 	RungMinSamples int `json:"rung_min_samples,omitempty"`
 	// TrustWindow is how many of the type's newest outcomes are scored.
-	// Default 50, at most trust.MaxWindow (100).
+	// Default 50, at most scoring.MaxWindow (100).
 	TrustWindow int `json:"trust_window,omitempty"`
 	// MinOutcomes is how many outcomes the window must hold before the type
 	// is gated (fewer: it is not scored yet, its passes go as canaries).
@@ -290,5 +290,5 @@ type File struct {
 const DefaultMaxRetries = 7
 
 // DefaultExempt are the self-repair types the gate never blocks for trust
-// (Type.Exempt): trust.DefaultExempt, the one list.
-var DefaultExempt = trust.DefaultExempt()
+// (Type.Exempt): scoring.DefaultExempt, the one list.
+var DefaultExempt = scoring.DefaultExempt()

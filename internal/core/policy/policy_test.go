@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
-	"github.com/dispatchmesh/dispatchmesh/trust"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 )
 
 const spec7 = `{
@@ -98,12 +98,12 @@ func TestTrustAndLadderNumbersPerType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := f.For("strict").Scoring(trust.Policy{}).WithDefaults()
+	s := f.For("strict").Scoring(scoring.Policy{}).WithDefaults()
 	if s.Window != 5 || s.MinOutcomes != 3 || s.ProbeAfter != 3 || s.OverallWeight != 1 || s.RecencyWeight != 0 || s.Decay != 0.5 {
 		t.Errorf("strict scoring %+v", s)
 	}
-	o := f.For("other").Scoring(trust.Policy{}).WithDefaults()
-	if o.Window != 20 || o.MinOutcomes != trust.DefaultMinOutcomes || o.ProbeAfter != 3 || o.OverallWeight != trust.DefaultOverallWeight || o.Decay != trust.DefaultDecay {
+	o := f.For("other").Scoring(scoring.Policy{}).WithDefaults()
+	if o.Window != 20 || o.MinOutcomes != scoring.DefaultMinOutcomes || o.ProbeAfter != 3 || o.OverallWeight != scoring.DefaultOverallWeight || o.Decay != scoring.DefaultDecay {
 		t.Errorf("other scoring %+v", o)
 	}
 	if st := f.For("strict"); st.RefineAttempts != 1 || st.PivotAttempts != 3 || st.RecurringFailures != 2 ||

@@ -1,4 +1,4 @@
-package policy_test
+package policykv_test
 
 import (
 	"log/slog"
@@ -8,9 +8,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -26,11 +27,11 @@ func TestWatchIgnoresForgedDeliveries(t *testing.T) {
 	file := func(model string) *policy.File {
 		return &policy.File{Types: map[string]policy.Type{"a": {Model: model}}}
 	}
-	old, err := policy.Put(ctx, kv, file("old"))
+	old, err := policykv.Put(ctx, kv, file("old"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	current, err := policy.Put(ctx, kv, file("current"))
+	current, err := policykv.Put(ctx, kv, file("current"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestWatchIgnoresForgedDeliveries(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	src, err := policy.Watch(ctx, js, bucket, slog.New(slog.NewTextHandler(&logs, nil)))
+	src, err := policykv.Watch(ctx, js, bucket, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func TestWatchIgnoresForgedDeliveries(t *testing.T) {
 		t.Fatalf("after forged deliveries: revision %d, model %q; want %d, current", src.Rev(), src.For("a").Model, current)
 	}
 
-	next, err := policy.Put(ctx, kv, file("next"))
+	next, err := policykv.Put(ctx, kv, file("next"))
 	if err != nil {
 		t.Fatal(err)
 	}

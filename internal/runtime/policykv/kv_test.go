@@ -1,4 +1,4 @@
-package policy_test
+package policykv_test
 
 import (
 	"bytes"
@@ -13,8 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -77,7 +78,7 @@ func TestWatchFollowsPlainPuts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if srcs[i], err = policy.Watch(ctx, js, bucket, slog.New(slog.NewTextHandler(&logs[i], nil))); err != nil {
+		if srcs[i], err = policykv.Watch(ctx, js, bucket, slog.New(slog.NewTextHandler(&logs[i], nil))); err != nil {
 			t.Fatal(err)
 		}
 		if srcs[i].Rev() != 0 || srcs[i].For("css_fix").Model != "" {
@@ -139,11 +140,11 @@ func TestWatchFollowsPlainPuts(t *testing.T) {
 		}
 	}
 	// Every revision stays readable, the delete as the built-in defaults.
-	f, err := policy.At(ctx, kv, rev1)
+	f, err := policykv.At(ctx, kv, rev1)
 	if err != nil || f.For("css_fix").Model != "gpt-4o" {
 		t.Fatalf("revision %d: %v %+v", rev1, err, f)
 	}
-	if f, err := policy.At(ctx, kv, del); err != nil || f != nil {
+	if f, err := policykv.At(ctx, kv, del); err != nil || f != nil {
 		t.Fatalf("delete revision %d: %v %+v", del, err, f)
 	}
 }
@@ -153,7 +154,7 @@ func TestWatchFollowsPlainPuts(t *testing.T) {
 func TestWatchStartsFromNewestValidRevision(t *testing.T) {
 	srv, kv := policyBucket(t)
 	ctx := context.Background()
-	good, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	good, err := policykv.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestWatchStartsFromNewestValidRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	src, err := policy.Watch(ctx, srv.JS, kv, slog.New(slog.NewTextHandler(&logs, nil)))
+	src, err := policykv.Watch(ctx, srv.JS, kv, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,11 +182,11 @@ func TestPutRefusesInvalidPolicy(t *testing.T) {
 	_, kv := policyBucket(t)
 	ctx := context.Background()
 	bad := &policy.File{Types: map[string]policy.Type{"a": {MaxRetries: -2}}}
-	if _, err := policy.Put(ctx, kv, bad); err == nil || !strings.Contains(err.Error(), "max_retries must not be negative") {
+	if _, err := policykv.Put(ctx, kv, bad); err == nil || !strings.Contains(err.Error(), "max_retries must not be negative") {
 		t.Fatalf("Put of an invalid policy: %v", err)
 	}
 	inlineLess := &policy.File{Types: map[string]policy.Type{"a": {TemplateFile: "a.tmpl"}}}
-	if _, err := policy.Put(ctx, kv, inlineLess); !errors.Is(err, policy.ErrTemplateFile) {
+	if _, err := policykv.Put(ctx, kv, inlineLess); !errors.Is(err, policy.ErrTemplateFile) {
 		t.Fatalf("Put of a template file reference: %v", err)
 	}
 	if _, err := kv.Get(ctx, policy.Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -198,19 +199,19 @@ func TestPutRefusesInvalidPolicy(t *testing.T) {
 func TestSeedKeepsExistingPolicy(t *testing.T) {
 	_, kv := policyBucket(t)
 	ctx := context.Background()
-	rev, seeded, err := policy.Seed(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	rev, seeded, err := policykv.Seed(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
 	if err != nil || !seeded {
 		t.Fatalf("first seed: %d %v %v", rev, seeded, err)
 	}
-	changed, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m2"}}})
+	changed, err := policykv.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m2"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, seeded, err := policy.Seed(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	again, seeded, err := policykv.Seed(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
 	if err != nil || seeded || again != changed {
 		t.Fatalf("second seed: rev %d (want %d) seeded %v %v", again, changed, seeded, err)
 	}
-	f, err := policy.At(ctx, kv, again)
+	f, err := policykv.At(ctx, kv, again)
 	if err != nil || f.For("a").Model != "m2" {
 		t.Fatalf("seed overwrote the policy: %v %+v", err, f)
 	}
@@ -224,14 +225,14 @@ func TestBucketKeepsEveryRevision(t *testing.T) {
 	ctx := context.Background()
 	var revs []uint64
 	for i := range 80 {
-		rev, err := policy.Put(ctx, kv, &policy.File{Defaults: policy.Type{PromptBudget: i + 1}})
+		rev, err := policykv.Put(ctx, kv, &policy.File{Defaults: policy.Type{PromptBudget: i + 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		revs = append(revs, rev)
 	}
 	for i, rev := range revs {
-		f, err := policy.At(ctx, kv, rev)
+		f, err := policykv.At(ctx, kv, rev)
 		if err != nil {
 			t.Fatalf("revision %d (put %d): %v", rev, i+1, err)
 		}
@@ -240,59 +241,10 @@ func TestBucketKeepsEveryRevision(t *testing.T) {
 		}
 	}
 	for _, rev := range []uint64{0, revs[len(revs)-1] + 5} {
-		if _, err := policy.At(ctx, kv, rev); !errors.Is(err, policy.ErrNoRevision) {
+		if _, err := policykv.At(ctx, kv, rev); !errors.Is(err, policykv.ErrNoRevision) {
 			t.Fatalf("revision %d: %v, want ErrNoRevision", rev, err)
 		}
 	}
-}
-
-func TestEncodeDecodeRoundTrip(t *testing.T) {
-	f, err := policy.Parse([]byte(spec7))
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := policy.Encode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := policy.Decode(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := policy.Encode(g)
-	if err != nil || !bytes.Equal(data, again) {
-		t.Fatalf("round trip differs (%v):\n%s\n%s", err, data, again)
-	}
-}
-
-// FuzzDecode: the bucket holds whatever anyone with write access put there.
-// Decode never panics, and what it accepts validates, names no template
-// file and survives Encode unchanged in meaning.
-func FuzzDecode(f *testing.F) {
-	f.Add([]byte(spec7))
-	f.Add([]byte(`{}`))
-	f.Add([]byte(`{"types": {"a": {"template_file": "x"}}}`))
-	f.Add([]byte(`{"defaults": {"template": "{{.Task.ID}}", "tools": [{"name": "t", "subject": "tool.t", "parameters": {}}]}}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := policy.Decode(data)
-		if err != nil {
-			return
-		}
-		if p.Validate() != nil {
-			t.Fatal("Decode accepted what Validate rejects")
-		}
-		enc, err := policy.Encode(p)
-		if err != nil {
-			t.Fatalf("Encode of a decoded policy: %v", err)
-		}
-		q, err := policy.Decode(enc)
-		if err != nil {
-			t.Fatalf("Decode of an encoded policy: %v", err)
-		}
-		for name := range p.Types {
-			_ = q.For(name)
-		}
-	})
 }
 
 // PutAt writes only at the expected revision (0: none yet) and names the
@@ -304,39 +256,39 @@ func TestPutAtAndReplace(t *testing.T) {
 	v := func(model string) *policy.File {
 		return &policy.File{Types: map[string]policy.Type{"a": {Model: model}}}
 	}
-	first, err := policy.PutAt(ctx, kv, v("m1"), 0)
+	first, err := policykv.PutAt(ctx, kv, v("m1"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conflict *policy.ConflictError
-	if _, err := policy.PutAt(ctx, kv, v("m2"), 0); !errors.As(err, &conflict) || !errors.Is(err, policy.ErrRevisionConflict) ||
-		*conflict != (policy.ConflictError{Expected: 0, Current: first}) {
+	var conflict *policykv.ConflictError
+	if _, err := policykv.PutAt(ctx, kv, v("m2"), 0); !errors.As(err, &conflict) || !errors.Is(err, policykv.ErrRevisionConflict) ||
+		*conflict != (policykv.ConflictError{Expected: 0, Current: first}) {
 		t.Fatalf("PutAt 0 over revision %d: %v", first, err)
 	}
-	second, err := policy.PutAt(ctx, kv, v("m2"), first)
+	second, err := policykv.PutAt(ctx, kv, v("m2"), first)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := policy.PutAt(ctx, kv, v("m3"), first); !errors.As(err, &conflict) || *conflict != (policy.ConflictError{Expected: first, Current: second}) {
+	if _, err := policykv.PutAt(ctx, kv, v("m3"), first); !errors.As(err, &conflict) || *conflict != (policykv.ConflictError{Expected: first, Current: second}) {
 		t.Fatalf("PutAt %d over revision %d: %v", first, second, err)
 	}
-	if cur, err := policy.Current(ctx, kv); err != nil || cur != second {
+	if cur, err := policykv.Current(ctx, kv); err != nil || cur != second {
 		t.Fatalf("a refused PutAt wrote: current %d (want %d) %v", cur, second, err)
 	}
-	replaced, third, err := policy.Replace(ctx, kv, v("m3"))
+	replaced, third, err := policykv.Replace(ctx, kv, v("m3"))
 	if err != nil || replaced != second || third <= second {
 		t.Fatalf("Replace: replaced %d (want %d), new %d, %v", replaced, second, third, err)
 	}
 	if err := kv.Delete(ctx, policy.Key); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := policy.PutAt(ctx, kv, v("m4"), third); !errors.As(err, &conflict) || *conflict != (policy.ConflictError{Expected: third, Current: 0}) {
+	if _, err := policykv.PutAt(ctx, kv, v("m4"), third); !errors.As(err, &conflict) || *conflict != (policykv.ConflictError{Expected: third, Current: 0}) {
 		t.Fatalf("PutAt %d after a delete: %v", third, err)
 	}
-	if replaced, _, err := policy.Replace(ctx, kv, v("m4")); err != nil || replaced != 0 {
+	if replaced, _, err := policykv.Replace(ctx, kv, v("m4")); err != nil || replaced != 0 {
 		t.Fatalf("Replace after a delete: replaced %d, %v", replaced, err)
 	}
-	if _, err := policy.PutAt(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {MaxRetries: -1}}}, 0); err == nil || errors.Is(err, policy.ErrRevisionConflict) {
+	if _, err := policykv.PutAt(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {MaxRetries: -1}}}, 0); err == nil || errors.Is(err, policykv.ErrRevisionConflict) {
 		t.Fatalf("PutAt of an invalid policy: %v", err)
 	}
 }
@@ -355,9 +307,9 @@ func TestInForceSkipsRefusedRevisions(t *testing.T) {
 		}
 		return rev
 	}
-	check := func(rev uint64, want policy.Standing) {
+	check := func(rev uint64, want policykv.Standing) {
 		t.Helper()
-		got, err := policy.InForce(ctx, kv, rev)
+		got, err := policykv.InForce(ctx, kv, rev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,20 +317,20 @@ func TestInForceSkipsRefusedRevisions(t *testing.T) {
 			t.Fatalf("in force at revision %d: %+v, want %+v", rev, got, want)
 		}
 	}
-	check(0, policy.Standing{})
+	check(0, policykv.Standing{})
 	bad1 := put(`{"types": {"css_fix": {"modle": "x"}}}`) // nothing decodes yet
-	check(bad1, policy.Standing{Refused: []uint64{bad1}})
+	check(bad1, policykv.Standing{Refused: []uint64{bad1}})
 	good := put(`{"types": {"css_fix": {"model": "m"}}}`)
-	check(good, policy.Standing{Rev: good})
+	check(good, policykv.Standing{Rev: good})
 	bad2, bad3 := put(`{"types": {"css_fix": {"max_retries": -1}}}`), put(`not json`)
-	check(bad3, policy.Standing{Rev: good, Refused: []uint64{bad2, bad3}})
-	check(bad2, policy.Standing{Rev: good, Refused: []uint64{bad2}})
+	check(bad3, policykv.Standing{Rev: good, Refused: []uint64{bad2, bad3}})
+	check(bad2, policykv.Standing{Rev: good, Refused: []uint64{bad2}})
 	if err := kv.Delete(ctx, policy.Key); err != nil {
 		t.Fatal(err)
 	}
 	bad4 := put(`{"types": {"Bad Type": {}}}`)
-	check(bad4, policy.Standing{Rev: bad4 - 1, Deleted: true, Refused: []uint64{bad4}})
-	check(bad4-1, policy.Standing{Rev: bad4 - 1, Deleted: true})
+	check(bad4, policykv.Standing{Rev: bad4 - 1, Deleted: true, Refused: []uint64{bad4}})
+	check(bad4-1, policykv.Standing{Rev: bad4 - 1, Deleted: true})
 }
 
 // A quiet watcher (a one-shot command's) logs which policy is in force at
@@ -387,13 +339,13 @@ func TestWatchQuietLogsInForceAtDebug(t *testing.T) {
 	srv, kv := policyBucket(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	good, err := policy.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
+	good, err := policykv.Put(ctx, kv, &policy.File{Types: map[string]policy.Type{"a": {Model: "m1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	watch := func(quiet bool, level slog.Level) (*policy.Source, *logBuffer) {
 		var logs logBuffer
-		src, err := policy.WatchWith(ctx, kv, policy.WatchOptions{
+		src, err := policykv.WatchWith(ctx, kv, policykv.WatchOptions{
 			JS: srv.JS, Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level})), Quiet: quiet,
 		})
 		if err != nil {
