@@ -18,7 +18,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 )
 
 // patience bounds every wait: a deadlock guard, not a timing assertion.

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats-server/v2/conf"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/intake"
 )

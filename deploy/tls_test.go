@@ -25,7 +25,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 )
 
 // mkcerts runs nats/tls/mkcerts.sh into dir with env added.

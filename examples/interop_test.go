@@ -24,8 +24,8 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 )
 
 // patience bounds every wait: a deadlock guard, not a timing assertion.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 )
 
 func TestEntryCapped(t *testing.T) {

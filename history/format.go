@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
-	"github.com/dispatchmesh/dispatchmesh/internal/xmltext"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/xmltext"
 )
 
 // Entry is the outcome of one attempt on a (task type, subject).

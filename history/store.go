@@ -15,7 +15,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/kvcas"
 )
 
 // Keep is how many of a (type, subject)'s last outcomes, and apart of its

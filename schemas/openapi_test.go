@@ -11,14 +11,14 @@ import (
 	"testing"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/web"
 )
 
 // openAPIFile is the client HTTP API's OpenAPI document.
 const openAPIFile = "openapi/api.v1.json"
 
 // The OpenAPI document of the client HTTP API names exactly the routes
-// internal/web serves, and every body it describes is a schema of this
+// internal/ops/web serves, and every body it describes is a schema of this
 // directory checked against its Go type (drift, as for the NATS API), or
 // one of its own components, checked the same way: web.CancelReply, and
 // events.ErrorReply for the codes only HTTP has.
@@ -109,7 +109,7 @@ func TestOpenAPIMatchesGoTypes(t *testing.T) {
 	slices.Sort(routes)
 	want := []string{"GET /api/v1/tasks/{id}", "POST /api/v1/tasks", "POST /api/v1/tasks/{id}/cancel"}
 	if !slices.Equal(routes, want) {
-		t.Errorf("routes %q, want %q (internal/web/client.go)", routes, want)
+		t.Errorf("routes %q, want %q (internal/ops/web/client.go)", routes, want)
 	}
 	// The HTTP-only codes and the NATS API's are apart and together every
 	// code an error answer may carry.

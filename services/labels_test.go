@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/metricstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/metricstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

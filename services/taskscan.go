@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/follow"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 )
 
 // Scan calls fn with the current state of every task, in no particular

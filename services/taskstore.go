@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/follow"
-	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
-	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/kvcas"
 )
 
 // ErrTaskNotFound is returned for an unknown task id.

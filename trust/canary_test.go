@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/follow"
-	"github.com/dispatchmesh/dispatchmesh/internal/kvcas"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/kvcas"
 )
 
 // ErrInvalid marks a call the store refuses: a task type that is not a valid

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
-	"github.com/dispatchmesh/dispatchmesh/internal/follow"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 )
 
 // View is every task type's trust as the services that score types see it:
@@ -93,7 +93,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, facts jetstream.KeyVal
 	}
 	v.stream = stream
 	// Both are followed through consumers only this View can feed
-	// (internal/follow): a message another consumer delivers into their
+	// (internal/runtime/follow): a message another consumer delivers into their
 	// inboxes — any user who may create a consumer can aim one there — is
 	// logged and dropped.
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/spendbench"
+	"github.com/dispatchmesh/dispatchmesh/internal/bench/spendbench"
 )
 
 const benchUsage = `usage: dispatch bench spend [-workload default|steady|batch|longtail|regression] [-prompt short|long]
@@ -109,7 +109,7 @@ func parseBenchSpend(args []string) (benchSpendRun, error) {
 	return benchSpendRun{cfg: cfg, modes: modes, runs: *runs, output: *output}, nil
 }
 
-// cmdBenchSpend runs the spend benchmark (internal/spendbench): the
+// cmdBenchSpend runs the spend benchmark (internal/bench/spendbench): the
 // workload through the mesh and through the naive loop, per delivery mode,
 // runs times, and prints median (min–max) of every figure.
 func cmdBenchSpend(ctx context.Context, args []string) error {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/spendbench"
+	"github.com/dispatchmesh/dispatchmesh/internal/bench/spendbench"
 )
 
 // `dispatch bench spend` flags: unset ones take the workload's defaults,

@@ -19,8 +19,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
-	"github.com/dispatchmesh/dispatchmesh/internal/timeline"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/timeline"
 	"github.com/dispatchmesh/dispatchmesh/schemas"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )

@@ -7,7 +7,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/client"
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
 )
 
 // Text from a model, a tool or a task reaches the reviewer's terminal with

@@ -13,7 +13,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
 )
 
 const reviewUsage = `usage:

@@ -12,10 +12,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
-	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
-	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

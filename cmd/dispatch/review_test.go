@@ -18,10 +18,10 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
-	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
-	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )

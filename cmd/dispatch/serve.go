@@ -23,12 +23,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/dirlock"
-	"github.com/dispatchmesh/dispatchmesh/internal/health"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
-	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/dirlock"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/health"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/spend"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

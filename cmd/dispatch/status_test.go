@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 )
 
 // status -v prints the payload and every attempt's answer, as the task

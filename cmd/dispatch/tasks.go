@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
 )
 
 const tasksUsage = `usage: dispatch tasks [-type T] [-status S] [-subject TEXT] [-id ID] [-since TIME|DURATION] [-until TIME|DURATION]

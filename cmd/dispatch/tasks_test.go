@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
-	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 )
 
 func TestTasksAndCancelCommands(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

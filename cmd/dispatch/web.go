@@ -17,10 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/health"
-	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
-	"github.com/dispatchmesh/dispatchmesh/internal/review"
-	"github.com/dispatchmesh/dispatchmesh/internal/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/web"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/health"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/natsperm"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

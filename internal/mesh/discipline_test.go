@@ -8,7 +8,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 )
 
 // A scripted provider mixing transient, deterministic, quota and auth

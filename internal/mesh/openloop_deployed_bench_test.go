@@ -22,8 +22,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 )
 
 // BenchmarkOpenLoopDeployed is BenchmarkOpenLoop with the mesh as it is

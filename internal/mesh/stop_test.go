@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 )
 
 // A mesh stopped while its services are still starting stops cleanly: the

@@ -20,7 +20,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
 )
 
 // Default body markers of a 429 answer, of a 400 saying the prompt is

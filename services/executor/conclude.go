@@ -6,8 +6,8 @@ import (
 	"errors"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/task"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 )
 
 // deploymentError is the Result.Error of a model call that failed through

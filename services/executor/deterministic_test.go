@@ -9,8 +9,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/openaitest"
-	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
 

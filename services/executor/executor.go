@@ -13,7 +13,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

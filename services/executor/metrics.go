@@ -5,7 +5,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/spend"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

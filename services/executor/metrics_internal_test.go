@@ -9,7 +9,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/metricstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/metricstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

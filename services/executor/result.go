@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 )
 
 // ModelResult is the structured answer the model is asked for.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/gate"
 	"github.com/dispatchmesh/dispatchmesh/trust"

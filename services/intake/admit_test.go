@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 )
 
 // The client of a reply subject: a connection for nats.go's requests, a

@@ -14,8 +14,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

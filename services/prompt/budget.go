@@ -6,8 +6,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
-	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 )
 
 // DefaultPromptBudget is how many tokens (≈ characters / 4) of the past a

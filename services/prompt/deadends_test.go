@@ -9,7 +9,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
-	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/ladder"
 )
 
 // shownApproaches are the approaches of the <dead_end> elements of a

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/dispatchmesh/dispatchmesh/internal/xmltext"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/xmltext"
 )
 
 // escape makes s safe as XML character data or as an attribute value:

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/ladder"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
 )
 
 // Config configures the prompt builder.

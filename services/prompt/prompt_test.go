@@ -13,8 +13,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/ladder"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

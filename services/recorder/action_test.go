@@ -17,8 +17,8 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/proctest"
-	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services/recorder"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
-	"github.com/dispatchmesh/dispatchmesh/internal/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/ladder"
 )
 
 // What an attempt leaves in its subject's history and in its task's dead

@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/spend"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/spend"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

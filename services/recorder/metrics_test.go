@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

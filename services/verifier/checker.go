@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/textcut"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/textcut"
 )
 
 // Checker asks one verifier whether a task's problem still exists. It returns

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 )
 
 // respond answers every request on subject with reply, after checking that

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/follow"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

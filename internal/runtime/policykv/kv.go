@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/follow"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 )
 
 // ErrNoRevision is returned by At when the bucket does not hold the revision

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
-	"github.com/dispatchmesh/dispatchmesh/internal/natstest"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 

@@ -1,0 +1,282 @@
+package task
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/ladder"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
+)
+
+// GateIn is what the trust gate knows when it decides a pass (SPEC §4):
+// the pass, its type's evidence as the gate's view holds it, the type's
+// policy, the clock — and the answers to the claims the decision asked
+// for (GateOut.Ask): a claim takes something of the type's gate facts (a
+// probe, a trial place, a canary place) under compare-and-set, which only
+// the gate can do. Decide reads nothing else.
+type GateIn struct {
+	Task events.Task
+	Run  events.Run
+	// Hold is the hold of a pass the gate held back ("" for a verified
+	// pass), Since when it first held it.
+	Hold  events.Hold
+	Since time.Time
+	// Arrived is when the pass reached the gate's stream position;
+	// Delivered its delivery count there.
+	Arrived   time.Time
+	Delivered int
+	Now       time.Time
+	// Exempt: the type's policy exempts it; OverBudget: its daily budget
+	// is spent (and the pass is not a human's requeue let past it), Spent
+	// what it spent today.
+	Exempt, OverBudget bool
+	Spent              scoring.Spend
+	// Scoring is the type's policy; Canary its number of canaries for
+	// this type (resolved with the pooled prior).
+	Scoring scoring.Policy
+	Verdict scoring.Verdict
+	Stats   scoring.Stats
+	Pool    *scoring.Pool
+	// Claimed holds the answers to the claims asked so far.
+	Claimed map[Claim]bool
+}
+
+// Claim is something of the type's gate facts a decision takes.
+type Claim string
+
+const (
+	ClaimNone   Claim = ""
+	ClaimStreak Claim = "streak" // a step of the block streak: granted, the pass goes as its probe
+	ClaimProbe  Claim = "probe"  // a held pass's probe (scoring.Policy.HeldProbe)
+	ClaimTrial  Claim = "trial"  // a trial place while the type is on probation
+	ClaimCanary Claim = "canary" // a canary place while the type is unproven
+)
+
+// GateAct is what the gate does with the pass.
+type GateAct string
+
+const (
+	ActAsk     GateAct = "ask"     // take Ask first, then decide again
+	ActAdmit   GateAct = "admit"   // to the prompt builder
+	ActHold    GateAct = "hold"    // held for its type's trust (status held)
+	ActSleep   GateAct = "sleep"   // a held pass stays held (refused a trial place)
+	ActPark    GateAct = "park"    // to the held consumer, waiting for its type's canaries
+	ActWait    GateAct = "wait"    // a look at a waiting pass: wait on
+	ActBlock   GateAct = "block"   // to a human (needs_human_review)
+	ActHandoff GateAct = "handoff" // the ladder ends here (blocked, rung_rate)
+)
+
+// GateOut is the gate's decision on a pass.
+type GateOut struct {
+	Act GateAct
+	// Ask is the claim to take when Act is ActAsk.
+	Ask Claim
+	// Trust is the decision as recorded: cause, reason, score, probe, rung.
+	Trust events.TrustDecision
+	// Run is the pass as it goes on: moved up the ladder, or a probe.
+	Run events.Run
+	// ResetStreak: the type recovered, its block streak ends (a write
+	// whose answer changes nothing here).
+	ResetStreak bool
+	// Quick: the decision read nothing the view does not hold (a look at
+	// a pass that waits while every canary place is taken).
+	Quick bool
+}
+
+// FullLookEvery: one look in this many at a pass waiting for canaries
+// makes the full look (asks for a place, which frees those of canaries
+// that ended) whatever the view shows.
+const FullLookEvery = 8
+
+// Decide is the gate's decision on a pass: the one place its rules live.
+// It decides why the pass may go (its cause) or stops it — over budget,
+// below its threshold (held, unless it goes as a probe), held past its
+// hold time; moves a retry up the ladder or hands it off (the rung
+// floor); lets a pass of an unproven type through as a canary or makes it
+// wait. Where a rule takes something of the type's gate facts, it asks
+// (ActAsk) and decides again with the answer.
+func Decide(in GateIn) GateOut {
+	t := in.Task
+	v := in.Verdict
+	out := GateOut{Run: in.Run, Trust: events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: in.Exempt}}
+	canaryRound := v.Unproven && !in.Exempt && in.Scoring.Threshold >= 0
+	// A flood of a new type: a verified pass that arrives while the view
+	// shows every canary place taken is parked at once.
+	if in.Hold == "" && in.Delivered == 1 && canaryRound && !in.Run.Probe && !in.Run.Reviewed && !v.Below &&
+		in.Run.Pass == 1 && in.Run.Attempt <= 1 && in.Now.Sub(in.Arrived) < in.Scoring.CanaryTTL && PlacesTaken(in.Stats, in.Scoring, in.Now, t.ID) {
+		return waiting(out, ActPark, t, true)
+	}
+	held := in.Hold == events.HoldTrust
+	switch {
+	case in.OverBudget:
+		out.Trust.Blocked, out.Trust.Cause = true, events.CauseBudget
+		out.Trust.Reason = fmt.Sprintf("Blocked: %s budget: spent %d tokens and $%.4f today, over its daily budget", t.Type, in.Spent.Tokens, in.Spent.Cost)
+		return act(out, ActBlock)
+	case in.Run.Reviewed:
+		out.Trust.Cause, out.Trust.Reason = events.CauseReviewed, "requeued by a human reviewer"
+		return act(out, ActAdmit)
+	case in.Exempt:
+		out.Trust.Cause = events.CauseExempt
+	case in.Run.Probe:
+		out.Trust.Cause = events.CauseProbe // a probe's retries go on: it re-measures the type
+	case v.Below:
+		claim := ClaimStreak
+		if held {
+			claim = ClaimProbe
+		} else if step, _ := scoring.StreakStep(events.CauseTrust, false, in.Run.Attempt, false); !step {
+			claim = ClaimNone // a retry takes no step: held
+		}
+		probe, asked := in.Claimed[claim]
+		if claim != ClaimNone && !asked {
+			return ask(out, claim)
+		}
+		if !probe {
+			out.Trust.Cause, out.Trust.Reason = events.CauseTrust, v.Reason
+			if held && in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
+				out.Trust.Blocked = true
+				out.Trust.Reason = fmt.Sprintf("%s; held %s without recovering", v.Reason, in.Scoring.HoldTime)
+				return act(out, ActBlock)
+			}
+			return act(out, ActHold)
+		}
+		out.Trust.Probe, out.Trust.Cause, out.Run.Probe = true, events.CauseProbe, true
+	case v.Unproven && in.Scoring.Threshold >= 0:
+		out.Trust.Cause = events.CauseUnproven
+	default:
+		out.Trust.Cause = events.CauseTrusted
+		step, _ := scoring.StreakStep(out.Trust.Cause, false, in.Run.Attempt, false)
+		out.ResetStreak = step && in.Stats.BlockStreak > 0 // the type recovered
+	}
+	if held && v.Probation && !out.Run.Probe {
+		// Re-admitted on a probe's word alone: a few at a time, more with
+		// every success (a slow start).
+		ok, asked := in.Claimed[ClaimTrial]
+		if !asked {
+			return ask(out, ClaimTrial)
+		}
+		if !ok && in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
+			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
+			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s is on probation, and held %s without a place", t.Type, in.Scoring.HoldTime)
+			return act(out, ActBlock)
+		}
+		if !ok {
+			return act(out, ActSleep)
+		}
+		out.Trust.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, in.Scoring.TrialPlaces(in.Stats))
+	}
+	if in.Run.Attempt > 1 && in.Run.Rung != "" {
+		if climb(&out, in) {
+			return act(out, ActHandoff)
+		}
+	}
+	if canaryRound && !out.Run.Probe {
+		return canaries(out, in)
+	}
+	return act(out, ActAdmit)
+}
+
+// climb applies the rung floor to a retry: it stays on its rung, moves up
+// to the next rung whose retries pay (ladder.Skip), or — when none does —
+// is handed off (true).
+func climb(out *GateOut, in GateIn) (handoff bool) {
+	t, p, run := in.Task, in.Scoring, out.Run
+	explore := events.MsgID(t.ID, run.Pass, "explore") // the retry's own rung may be explored
+	below := func(rung events.Rung) bool {
+		key := ""
+		if rung == run.Rung {
+			key = explore
+		}
+		low, _, _ := p.RungBelowWith(in.Stats, rung, in.Pool, key)
+		return low
+	}
+	_, tries, successes := p.RungBelowWith(in.Stats, run.Rung, in.Pool, explore)
+	out.Trust.RungTries, out.Trust.RungSuccesses = tries, successes
+	measured := fmt.Sprintf("%s retries of %s succeeded %d of %d times, below the floor of %.0f%%",
+		run.Rung, t.Type, successes, tries, 100*p.RungFloor)
+	if tries < p.RungMinSamples {
+		measured = fmt.Sprintf("%s retries of %s succeeded %d of %d times: too few to judge alone, and with its retries on every rung and %s below the floor of %.0f%%",
+			run.Rung, t.Type, successes, tries, pooledRungs(in.Pool, t.Type, run.Rung), 100*p.RungFloor)
+	}
+	switch next := ladder.Skip(run.Rung, ladder.ResearchUsed(run.DeadEnds), below); next {
+	case run.Rung:
+	case events.RungHandoff:
+		out.Trust.Cause = events.CauseRungRate
+		out.Trust.Reason = fmt.Sprintf("HANDOFF before attempt %d: %s, and so do the rungs above it", run.Attempt, measured)
+		return true
+	default:
+		out.Trust.Rung, out.Trust.Reason = next, fmt.Sprintf("attempt %d runs on %s: %s", run.Attempt, next, measured)
+		out.Run.Rung = next
+	}
+	return false
+}
+
+// pooledRungs says what the other types' retries on rung tell.
+func pooledRungs(pool *scoring.Pool, taskType string, rung events.Rung) string {
+	mean, types := pool.Rung(taskType, rung)
+	if types < 2 {
+		return "nothing pooled from other types"
+	}
+	return fmt.Sprintf("%.0f%% for %d other types", 100*mean, types)
+}
+
+// canaries lets a pass of an unproven type through as one of its canaries
+// when it gets a place; otherwise it waits (parked, or looked at again) up
+// to the canary TTL, after which it goes anyway.
+func canaries(out GateOut, in GateIn) GateOut {
+	t := in.Task
+	waited := in.Now.Sub(in.Arrived) // since it reached the gate's stream position
+	if in.Hold != "" {
+		waited = in.Now.Sub(in.Since) // since the gate first held it
+	}
+	// Most looks at a waiting pass find every place still taken: they ask
+	// for nothing (Quick); one in FullLookEvery asks whatever the view shows.
+	if in.Hold == events.HoldCanary && in.Delivered%FullLookEvery != 0 && waited < in.Scoring.CanaryTTL && PlacesTaken(in.Stats, in.Scoring, in.Now, t.ID) {
+		return waiting(out, ActWait, t, true)
+	}
+	admit, asked := in.Claimed[ClaimCanary]
+	switch {
+	case !asked:
+		return ask(out, ClaimCanary)
+	case admit:
+	case waited < in.Scoring.CanaryTTL && in.Hold == "":
+		return waiting(out, ActPark, t, false) // to the held consumer: this one decides the others
+	case waited < in.Scoring.CanaryTTL:
+		return waiting(out, ActWait, t, false)
+	default:
+		out.Trust.Reason = fmt.Sprintf("waited %s for the canaries of %s: let through", waited.Round(time.Second), t.Type)
+	}
+	return act(out, ActAdmit)
+}
+
+func waiting(out GateOut, a GateAct, t events.Task, quick bool) GateOut {
+	out.Trust.Cause, out.Trust.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
+	out.Quick = quick
+	return act(out, a)
+}
+
+func act(out GateOut, a GateAct) GateOut { out.Act = a; return out }
+
+func ask(out GateOut, c Claim) GateOut { out.Act, out.Ask = ActAsk, c; return out }
+
+// PlacesTaken reports whether the view shows every canary place of the
+// type taken by another task still in flight — unexpired, with no final
+// result among the type's outcomes — so asking for one would be refused.
+func PlacesTaken(stats scoring.Stats, p scoring.Policy, now time.Time, self string) bool {
+	if p.Canary < 0 {
+		return false
+	}
+	ended := map[string]bool{}
+	for _, r := range scoring.Tasks(stats.Outcomes) {
+		if r.Settled() {
+			ended[r.Task] = true
+		}
+	}
+	taken := 0
+	for _, c := range stats.Canaries {
+		if c.Key != self && now.Sub(c.At) < p.CanaryTTL && !ended[c.Key] {
+			taken++
+		}
+	}
+	return taken >= p.Canary
+}

@@ -1,0 +1,124 @@
+package task_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+)
+
+var gateNow = time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
+
+// The gate's rules, one row each: the pass and its type's evidence in,
+// the decision out — with the claims the decision asks for answered as
+// the row says.
+func TestDecide(t *testing.T) {
+	p := scoring.Policy{}.WithDefaults()
+	first := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine}
+	retry := events.Run{Pass: 3, Attempt: 3, Rung: events.RungPivot}
+	trusted := scoring.Verdict{Score: 0.9, Outcomes: 50, Settled: 50, Threshold: p.Threshold}
+	below := scoring.Verdict{Score: 0.05, Outcomes: 50, Settled: 50, Threshold: p.Threshold, Below: true, Reason: "Blocked: css_fix trust score 0.05 below 0.15"}
+	probation := scoring.Verdict{Score: 0.3, Outcomes: 50, Settled: 50, Threshold: p.Threshold, Probation: true}
+	unproven := scoring.Verdict{Outcomes: 2, Settled: 2, Threshold: p.Threshold, Unproven: true}
+	taken := scoring.Stats{}
+	for i := range p.Canary {
+		taken.Canaries = append(taken.Canaries, scoring.Canary{Key: fmt.Sprintf("c%d", i), At: gateNow.Add(-time.Second)})
+	}
+	var failedRetries []scoring.Outcome
+	for i := range 12 {
+		for _, rung := range []events.Rung{events.RungPivot, events.RungResearch} {
+			failedRetries = append(failedRetries, scoring.Outcome{Key: fmt.Sprintf("r%d-%s", i, rung), Task: fmt.Sprintf("r%d", i), Rung: rung, Retry: true, At: gateNow.Add(-time.Hour)})
+		}
+	}
+	claimed := func(c task.Claim, granted bool) map[task.Claim]bool { return map[task.Claim]bool{c: granted} }
+
+	tests := []struct {
+		name   string
+		in     task.GateIn
+		act    task.GateAct
+		ask    task.Claim
+		cause  events.Cause
+		reason string // a part of the reason
+		check  func(t *testing.T, out task.GateOut)
+	}{
+		{name: "trusted", in: task.GateIn{Run: first, Verdict: trusted}, act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "trusted after blocks: the streak ends", in: task.GateIn{Run: first, Verdict: trusted, Stats: scoring.Stats{BlockStreak: 3}},
+			act: task.ActAdmit, cause: events.CauseTrusted, check: func(t *testing.T, out task.GateOut) {
+				if !out.ResetStreak {
+					t.Error("the block streak is not reset")
+				}
+			}},
+		{name: "exempt, even below", in: task.GateIn{Run: first, Verdict: below, Exempt: true}, act: task.ActAdmit, cause: events.CauseExempt},
+		{name: "a human's requeue", in: task.GateIn{Run: events.Run{Pass: 4, Attempt: 1, Reviewed: true}, Verdict: below}, act: task.ActAdmit, cause: events.CauseReviewed},
+		{name: "over its daily budget", in: task.GateIn{Run: first, Verdict: trusted, OverBudget: true, Spent: scoring.Spend{Tokens: 900}},
+			act: task.ActBlock, cause: events.CauseBudget, reason: "spent 900 tokens"},
+		{name: "below: asks for a step of the streak", in: task.GateIn{Run: first, Verdict: below}, act: task.ActAsk, ask: task.ClaimStreak},
+		{name: "below, no probe: held", in: task.GateIn{Run: first, Verdict: below, Claimed: claimed(task.ClaimStreak, false)},
+			act: task.ActHold, cause: events.CauseTrust, reason: "below 0.15"},
+		{name: "below, the streak's probe", in: task.GateIn{Run: first, Verdict: below, Claimed: claimed(task.ClaimStreak, true)},
+			act: task.ActAdmit, cause: events.CauseProbe, check: func(t *testing.T, out task.GateOut) {
+				if !out.Run.Probe || !out.Trust.Probe {
+					t.Error("not marked a probe")
+				}
+			}},
+		{name: "a retry below: held, no step asked", in: task.GateIn{Run: retry, Verdict: below}, act: task.ActHold, cause: events.CauseTrust},
+		{name: "held: asks for a probe", in: task.GateIn{Run: first, Verdict: below, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour)},
+			act: task.ActAsk, ask: task.ClaimProbe},
+		{name: "held, no probe due: held on", in: task.GateIn{Run: first, Verdict: below, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimProbe, false)},
+			act: task.ActHold, cause: events.CauseTrust},
+		{name: "held past its hold time: to a human", in: task.GateIn{Run: first, Verdict: below, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Claimed: claimed(task.ClaimProbe, false)},
+			act: task.ActBlock, cause: events.CauseTrust, reason: "without recovering"},
+		{name: "held, on probation: asks for a trial place", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour)},
+			act: task.ActAsk, ask: task.ClaimTrial},
+		{name: "held, on probation, no place: sleeps", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimTrial, false)},
+			act: task.ActSleep},
+		{name: "held past its hold time, on probation, no place: to a human", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Claimed: claimed(task.ClaimTrial, false)},
+			act: task.ActBlock, cause: events.CauseTrust, reason: "without a place"},
+		{name: "held, on probation, a place: re-admitted", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimTrial, true)},
+			act: task.ActAdmit, cause: events.CauseTrusted, reason: "re-admitted"},
+		{name: "a retry whose rungs rarely pay: handed off", in: task.GateIn{Run: retry, Verdict: trusted, Stats: scoring.Stats{Outcomes: failedRetries}},
+			act: task.ActHandoff, cause: events.CauseRungRate, reason: "HANDOFF before attempt 3"},
+		{name: "unproven: asks for a canary place", in: task.GateIn{Run: first, Verdict: unproven}, act: task.ActAsk, ask: task.ClaimCanary},
+		{name: "unproven, a place: a canary", in: task.GateIn{Run: first, Verdict: unproven, Claimed: claimed(task.ClaimCanary, true)},
+			act: task.ActAdmit, cause: events.CauseUnproven},
+		{name: "unproven, no place: parked", in: task.GateIn{Run: first, Verdict: unproven, Delivered: 2, Arrived: gateNow, Claimed: claimed(task.ClaimCanary, false)},
+			act: task.ActPark, cause: events.CauseUnproven, reason: "waiting for the canaries"},
+		{name: "a flood's pass, every place taken: parked at once", in: task.GateIn{Run: first, Verdict: unproven, Delivered: 1, Arrived: gateNow, Stats: taken},
+			act: task.ActPark, cause: events.CauseUnproven, check: func(t *testing.T, out task.GateOut) {
+				if !out.Quick {
+					t.Error("not quick: it reads nothing")
+				}
+			}},
+		{name: "a waiting look, every place taken: waits on, quick", in: task.GateIn{Run: first, Verdict: unproven, Hold: events.HoldCanary, Since: gateNow, Delivered: 3, Stats: taken},
+			act: task.ActWait, check: func(t *testing.T, out task.GateOut) {
+				if !out.Quick {
+					t.Error("not quick")
+				}
+			}},
+		{name: "every eighth look asks anyway", in: task.GateIn{Run: first, Verdict: unproven, Hold: events.HoldCanary, Since: gateNow, Delivered: task.FullLookEvery, Stats: taken},
+			act: task.ActAsk, ask: task.ClaimCanary},
+		{name: "a waiting look refused: waits on", in: task.GateIn{Run: first, Verdict: unproven, Hold: events.HoldCanary, Since: gateNow, Delivered: task.FullLookEvery, Claimed: claimed(task.ClaimCanary, false)},
+			act: task.ActWait},
+		{name: "waited the canary TTL: goes", in: task.GateIn{Run: first, Verdict: unproven, Hold: events.HoldCanary, Since: gateNow.Add(-p.CanaryTTL), Delivered: 9, Claimed: claimed(task.ClaimCanary, false)},
+			act: task.ActAdmit, cause: events.CauseUnproven, reason: "waited 10m0s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := tt.in
+			in.Task = events.Task{ID: "t1", Type: "css_fix"}
+			in.Now, in.Scoring = gateNow, p
+			out := task.Decide(in)
+			if out.Act != tt.act || out.Ask != tt.ask || (tt.cause != "" && out.Trust.Cause != tt.cause) || !strings.Contains(out.Trust.Reason, tt.reason) {
+				t.Fatalf("Decide = %s %q, cause %q, reason %q; want %s %q, cause %q, reason with %q",
+					out.Act, out.Ask, out.Trust.Cause, out.Trust.Reason, tt.act, tt.ask, tt.cause, tt.reason)
+			}
+			if tt.check != nil {
+				tt.check(t, out)
+			}
+		})
+	}
+}
