@@ -1,0 +1,5 @@
+//go:build !race
+
+package procgroup
+
+const raceDetector = false
