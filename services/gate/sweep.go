@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 	"github.com/dispatchmesh/dispatchmesh/services"
-	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Rewake is how long the sweeper leaves a pass it woke before it wakes it
@@ -293,7 +293,7 @@ func (s *Service) dueOf(typ string, keys []string, entries map[string]services.H
 	probe = probe && !exempt && (first.Below || retry.Below)
 	readmits := s.cfg.Readmit
 	if first.Probation { // the look admits no more than the free trial places
-		readmits = min(readmits, freePlaces(stats, scoring, scoring.TrialPlaces(stats), now))
+		readmits = min(readmits, max(0, scoring.TrialPlaces(stats)-task.LiveHolders(stats, scoring, now, "")))
 	}
 	var due []wake
 	for _, key := range keys {
@@ -327,23 +327,6 @@ func (s *Service) dueOf(typ string, keys []string, entries map[string]services.H
 		}
 	}
 	return due
-}
-
-// freePlaces is how many of places are not taken by a live holder: one
-// whose place has not expired and who has no final outcome in the view.
-func freePlaces(stats trust.Stats, p trust.Policy, places int, now time.Time) int {
-	ended := map[string]bool{}
-	for _, r := range trust.Tasks(stats.Outcomes) {
-		if r.Settled() {
-			ended[r.Task] = true
-		}
-	}
-	for _, c := range stats.Canaries {
-		if now.Sub(c.At) < p.CanaryTTL && !ended[c.Key] {
-			places--
-		}
-	}
-	return max(0, places)
 }
 
 // wake republishes the held event entry w names as a wake of its pass,

@@ -260,23 +260,27 @@ func act(out GateOut, a GateAct) GateOut { out.Act = a; return out }
 func ask(out GateOut, c Claim) GateOut { out.Act, out.Ask = ActAsk, c; return out }
 
 // PlacesTaken reports whether the view shows every canary place of the
-// type taken by another task still in flight — unexpired, with no final
-// result among the type's outcomes — so asking for one would be refused.
+// type taken by another task still in flight, so asking for one would be
+// refused.
 func PlacesTaken(stats scoring.Stats, p scoring.Policy, now time.Time, self string) bool {
-	if p.Canary < 0 {
-		return false
-	}
+	return p.Canary >= 0 && LiveHolders(stats, p, now, self) >= p.Canary
+}
+
+// LiveHolders counts the canary (or trial) places of the type held by a
+// task other than self that is still in flight: its place unexpired, no
+// final result among the type's outcomes.
+func LiveHolders(stats scoring.Stats, p scoring.Policy, now time.Time, self string) int {
 	ended := map[string]bool{}
 	for _, r := range scoring.Tasks(stats.Outcomes) {
 		if r.Settled() {
 			ended[r.Task] = true
 		}
 	}
-	taken := 0
+	live := 0
 	for _, c := range stats.Canaries {
 		if c.Key != self && now.Sub(c.At) < p.CanaryTTL && !ended[c.Key] {
-			taken++
+			live++
 		}
 	}
-	return taken >= p.Canary
+	return live
 }
