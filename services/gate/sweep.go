@@ -92,13 +92,15 @@ type heldIndex struct {
 	byType  map[string][]string
 }
 
-func (x *heldIndex) apply(e jetstream.KeyValueEntry) error {
+// apply takes one update of the watch into x; an entry that cannot be read
+// is logged and left out.
+func (x *heldIndex) apply(e jetstream.KeyValueEntry, log *slog.Logger) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	key := e.Key()
 	typ, _, _, _, ok := services.ParseHeldKey(key)
 	if !ok {
-		return nil // not an entry of the index: left alone
+		return // not an entry of the index: left alone
 	}
 	keys := x.byType[typ]
 	i, found := slices.BinarySearch(keys, key)
@@ -110,17 +112,17 @@ func (x *heldIndex) apply(e jetstream.KeyValueEntry) error {
 			}
 		}
 		delete(x.entries, key)
-		return nil
+		return
 	}
 	entry, err := services.DecodeHeldEntry(key, e.Value())
 	if err != nil {
-		return err
+		log.Error("held index entry unreadable: left alone", "key", key, "err", err)
+		return
 	}
 	x.entries[key] = entry
 	if !found {
 		x.byType[typ] = slices.Insert(keys, i, key)
 	}
-	return nil
 }
 
 // Asleep is how many passes of each type sleep in the held index, as the
@@ -164,16 +166,14 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 			return ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return errors.New("the watch of the held index stopped")
+				return errWatchStopped
 			}
 			if e == nil {
 				current = true
 				s.index.Store(x)
 				continue
 			}
-			if err := x.apply(e); err != nil {
-				s.log.Error("held index entry unreadable: left alone", "key", e.Key(), "err", err)
-			}
+			x.apply(e, s.log)
 		case <-ticker.C:
 			if !current {
 				continue
@@ -188,19 +188,20 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	}
 }
 
+// errWatchStopped ends a sweeper whose watch of the held index stopped
+// (Sweep starts it again).
+var errWatchStopped = errors.New("the watch of the held index stopped")
+
 // drain applies to x every update already waiting on updates.
 func drain(updates <-chan jetstream.KeyValueEntry, x *heldIndex, log *slog.Logger) error {
 	for {
 		select {
 		case e, ok := <-updates:
 			if !ok {
-				return errors.New("the watch of the held index stopped")
+				return errWatchStopped
 			}
-			if e == nil {
-				continue
-			}
-			if err := x.apply(e); err != nil {
-				log.Error("held index entry unreadable: left alone", "key", e.Key(), "err", err)
+			if e != nil {
+				x.apply(e, log)
 			}
 		default:
 			return nil
