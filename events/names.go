@@ -16,7 +16,7 @@ const (
 	BucketTasks   = "dispatch_tasks"   // task state by task id
 	BucketTrust   = "dispatch_trust"   // the gate's facts by task type (the outcomes are a stream)
 	BucketHistory = "dispatch_history" // last outcomes and failures by (type, subject)
-	BucketHeld    = "dispatch_held"    // the passes the gate holds for trust, by type, oldest first
+	BucketHeld    = "dispatch_held"    // the passes the gate holds back (trust, canaries), by type, oldest first
 )
 
 // MsgID is the deterministic id (Nats-Msg-Id) of a task's event for one

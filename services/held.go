@@ -14,11 +14,14 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
-// HeldEntry is one pass the gate holds for its type's trust, asleep in the
-// held index (bucket dispatch_held) until the gate wakes it: its type
-// recovered, a probe of it is due, or its hold time ran out. A held pass
-// sleeps here, not in a consumer's pending messages, so however many are
-// held none takes a slot another type's pass needs.
+// HeldEntry is one pass the gate holds back, asleep in the held index
+// (bucket dispatch_held) until the gate wakes it. A pass held for its
+// type's trust is woken when its type recovered, a probe of it is due, or
+// its hold time ran out; one waiting for its type's canaries when a
+// canary place is free, the canaries' results scored the type, or it
+// waited the canary TTL. A held pass sleeps here, not in a consumer's
+// pending messages, so however many are held none takes a slot another
+// type's pass needs.
 type HeldEntry struct {
 	Task string `json:"task"`
 	Type string `json:"type"`
@@ -34,7 +37,15 @@ type HeldEntry struct {
 	Seq uint64 `json:"seq"`
 	// Reason is the gate's, as the task's state shows it.
 	Reason string `json:"reason,omitempty"`
+	// Hold is what the pass waits for: its type's trust (events.HoldTrust,
+	// also written "" by entries older than canary sleeps) or its type's
+	// canaries (events.HoldCanary).
+	Hold events.Hold `json:"hold,omitempty"`
 }
+
+// Canary reports whether the pass waits for its type's canaries, not for
+// its trust.
+func (e HeldEntry) Canary() bool { return e.Hold == events.HoldCanary }
 
 // Key is the entry's key: <type>.<since, ns, 19 digits>.<task id>.<pass>.
 // Types and task ids hold no dot, so a type's keys are <type>.> and sort
@@ -65,8 +76,8 @@ func ParseHeldKey(key string) (taskType string, since time.Time, id string, pass
 	return parts[0], time.Unix(0, ns).UTC(), parts[2], pass, true
 }
 
-// HeldIndex is the held index: the passes the gate holds for trust, by
-// type, oldest first. The gate's held consumer writes it (an entry when a
+// HeldIndex is the held index: the passes the gate holds back (for trust
+// or waiting for canaries), by type, oldest first. The gate's held consumer writes it (an entry when a
 // look leaves a pass asleep, removed when a look ends the hold); the
 // gate's sweeper watches it and wakes entries; the review tools list it.
 type HeldIndex struct{ kv jetstream.KeyValue }

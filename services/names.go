@@ -26,7 +26,7 @@ const (
 	BucketTasks   = events.BucketTasks   // task state by task id
 	BucketTrust   = events.BucketTrust   // the gate's facts by task type: block streak, decisions, canary places
 	BucketHistory = events.BucketHistory // last outcomes and failures by (type, subject)
-	BucketHeld    = events.BucketHeld    // the held index: passes held for trust, asleep until woken (HeldIndex)
+	BucketHeld    = events.BucketHeld    // the held index: passes held back (trust, canaries), asleep until woken (HeldIndex)
 	// BucketPolicy holds the per-type policies under one key, "current"
 	// (package policy), keeping every revision (PolicyRevisions).
 	BucketPolicy = "dispatch_policy"

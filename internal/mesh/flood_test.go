@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
@@ -69,6 +71,16 @@ func TestFloodOfANewTypeHoldsNoSlots(t *testing.T) {
 	if n := held.n.Load(); n < flood-int64(trust.DefaultMinOutcomes) {
 		t.Fatalf("only %d flood tasks waited for the canaries", n)
 	}
+	// While they wait, they sleep in the held index: once gate_held has
+	// looked at every held event, no consumer holds one of them.
+	waitFor(t, "the flood's waits asleep in the held index, none pending in gate_held", func() bool {
+		c, err := e.srv.JS.Consumer(context.Background(), services.Stream, services.ConsumerGateHeld)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(context.Background())
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
 	open()
 	succeeded.wait(t, 2*trust.DefaultMinOutcomes+5+flood)
 }

@@ -15,7 +15,8 @@
 //   - a type with too few settled tasks to be scored sends one round of
 //     canaries (Policy.Canary, or fewer when the pooled evidence decides it
 //     sooner), each keeping its place until it ends; the other tasks wait
-//     in gate_held, unspent, until the canaries' results score the type;
+//     asleep in the held index, unspent, until a place is free or the
+//     canaries' results score the type;
 //   - a retry climbs onto a rung only while the type's retries on that rung
 //     — its own, or pooled with its other rungs' and the other types' while
 //     it has few — succeed often enough (Policy.RungFloor): otherwise it
@@ -100,14 +101,13 @@ func (s *Service) Spec() services.Spec {
 		Handler: s.Handle, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxDeliver}
 }
 
-// HeldSpec is the gate's second consumer: the passes it holds back. A
-// held pass waits here, not in the verified consumer, so a flood of one
-// type waiting for its canaries never holds the verified consumer's
-// pending slots: every other type's passes keep being decided. A pass
-// held for trust does not wait here either: its first look acks it and
-// leaves it asleep in the held index (Config.Held), which the sweeper
-// wakes — so however many passes are held, and for however long, none
-// takes a pending slot.
+// HeldSpec is the gate's second consumer: the passes it holds back — for
+// their type's trust, or waiting for its canaries — as held events, so the
+// verified consumer goes on deciding every other type's passes. A held
+// pass does not wait here either: its first look acks it and leaves it
+// asleep in the held index (Config.Held), which the sweeper wakes — so
+// however many passes are held, and for however long, none takes a
+// pending slot. (Without a held index, a held pass is snoozed here.)
 func (s *Service) HeldSpec() services.Spec {
 	return services.Spec{Name: services.ConsumerGateHeld, Filters: []string{events.StageFilter(events.StageHeld)},
 		Handler: s.HandleHeld, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
@@ -115,9 +115,9 @@ func (s *Service) HeldSpec() services.Spec {
 
 // WakeSpec is the gate's third consumer: the wakes of passes asleep in
 // the held index, looked at as HandleHeld looks at a held pass. Wakes
-// have a consumer of their own, so a flood of a new type waiting for its
-// canaries in gate_held never delays a held type's re-admission, probe
-// or hand-off. The sweeper (Sweep) runs beside it; without a held index
+// have a consumer of their own, so a burst of held events of a new type
+// in gate_held never delays a held type's re-admission, probe or
+// hand-off. The sweeper (Sweep) runs beside it; without a held index
 // it has nothing to consume.
 func (s *Service) WakeSpec() services.Spec {
 	spec := services.Spec{Name: services.ConsumerGateWake, Filters: []string{events.StageFilter(events.StageWake)},
@@ -153,6 +153,9 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		Exempt: pol.IsExempt(), Claimed: map[task.Claim]bool{}}
 	if held != nil {
 		in.Hold, in.Since = held.Hold, held.At
+		// A pass the sweeper woke from the held index looks in full: its
+		// wake means the sweeper saw a reason it may go.
+		in.Woken = s.cfg.Held != nil && isWake(m)
 	}
 	in.Scoring = pol.Scoring(s.cfg.Scoring).WithDefaults()
 	in.Scoring.Exempt = []string{} // the policy says which types are exempt
@@ -163,7 +166,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	}
 	// A look at a pass waiting for canaries reads only what its claim
 	// needs: the view, not the server — one in FullLookEvery syncs.
-	quickLook := held != nil && held.Hold == events.HoldCanary && m.Delivered%FullLookEvery != 0
+	quickLook := held != nil && held.Hold == events.HoldCanary && !in.Woken && m.Delivered%FullLookEvery != 0
 	if !quickLook && mayHinge(b.Run, in.Verdict, in.Scoring, in.Exempt) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
@@ -288,15 +291,14 @@ func (s *Service) act(ctx context.Context, m *services.Msg, b events.Base, seale
 	case task.ActHold:
 		return s.hold(ctx, m, in.Scoring, b, d, sealed, held, release)
 	case task.ActSleep:
-		return nil, s.sleep(ctx, m, in.Scoring, held)
+		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldTrust)
 	case task.ActPark:
 		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 		return s.park(b, events.HoldCanary, d, sealed)
 	case task.ActWait:
 		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-		delay := canaryDelay(m.Delivered, in.Scoring.CanaryTTL)
-		s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", in.Verdict.Outcomes, "delay", delay)
-		return nil, services.Snooze(delay, ErrCanaryWait)
+		s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", in.Verdict.Outcomes)
+		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldCanary)
 	case task.ActBlock:
 		return s.block(ctx, b, d, release)
 	case task.ActHandoff:

@@ -3,7 +3,6 @@ package gate_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -257,8 +256,17 @@ func TestGateCanaries(t *testing.T) {
 	if to, d, err := e.pass("w1", "new_type", first(), 0); err != nil || to != events.StageHeld || d.Cause != events.CauseUnproven {
 		t.Fatalf("the pass after the canaries: %s %+v %v; want held, unproven", to, d, err)
 	}
-	if _, err := e.held("w1", "new_type", first(), events.HoldCanary, 0, 2); !errors.Is(err, gate.ErrCanaryWait) {
-		t.Fatalf("a look at it while the canaries run: %v", err)
+	// A look at it while the canaries run leaves it asleep in the held
+	// index, waiting for canaries: no consumer keeps its message.
+	if outs, err := e.held("w1", "new_type", first(), events.HoldCanary, 0, 1); !e.asleep("w1", 1, outs, err) {
+		t.Fatalf("a look at it while the canaries run: %d outputs, %v; want asleep in the held index", len(outs), err)
+	}
+	if keys := e.asleepKeys(); len(keys) != 1 {
+		t.Fatalf("held index %v, want w1's entry alone", keys)
+	} else if raw, err := e.index.KV().Get(context.Background(), keys[0]); err != nil {
+		t.Fatal(err)
+	} else if entry, err := services.DecodeHeldEntry(keys[0], raw.Value()); err != nil || !entry.Canary() {
+		t.Fatalf("w1's entry %+v (%v), want one waiting for canaries", entry, err)
 	}
 	if st, _ := e.tasks.Get(context.Background(), "w1"); st.Status != events.StatusPending {
 		t.Fatalf("a waiting task is %s", st.Status)
@@ -277,6 +285,9 @@ func TestGateCanaries(t *testing.T) {
 	}
 	if outs, err := e.held("w1", "new_type", first(), events.HoldCanary, 0, 3); err != nil || to(outs) != events.StageAdmitted {
 		t.Fatalf("after an outcome: %s %v", to(outs), err)
+	}
+	if keys := e.asleepKeys(); len(keys) != 0 {
+		t.Fatalf("held index %v after w1 was admitted, want empty", keys)
 	}
 	if to, d, err := e.pass("w2", "new_type", first(), trust.DefaultCanaryTTL); err != nil || to != events.StageAdmitted || !strings.Contains(d.Reason, "waited") {
 		t.Fatalf("a pass that waited the whole TTL: %s %+v %v", to, d, err)

@@ -24,15 +24,15 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 	if err := services.Decode(m, &ev); err != nil {
 		return nil, err
 	}
-	asleep := s.cfg.Held != nil && ev.Hold == events.HoldTrust
+	asleep := s.cfg.Held != nil // the pass sleeps in the held index between looks
 	st, found, err := s.taskState(ctx, ev.Task.ID)
 	if err != nil {
 		return nil, err
 	}
-	if asleep && found && task.Held(st, ev.Run.Pass) {
-		// Admitted by an earlier look, the pass still shows held until the
-		// executor starts it: a wake published meanwhile must not hold it
-		// again.
+	if asleep && found && (task.Held(st, ev.Run.Pass) || ev.Hold == events.HoldCanary && (isWake(m) || m.Delivered > 1)) {
+		// Admitted by an earlier look, the pass still shows held (or, for
+		// a canary wait, as verified) until the executor starts it: a wake
+		// published meanwhile must not hold it again.
 		admitted, err := s.admitted(ctx, ev.Task.ID, ev.Run.Pass)
 		if err != nil {
 			return nil, err
@@ -94,6 +94,13 @@ func (s *Service) stream(ctx context.Context) (jetstream.Stream, error) {
 	return st, nil
 }
 
+// isWake reports whether m is a wake the sweeper published, not a held
+// event's own delivery.
+func isWake(m *services.Msg) bool {
+	_, stage, ok := events.ParseTaskSubject(m.Subject)
+	return ok && stage == events.StageWake
+}
+
 // errAsleep ends a look that left its pass asleep in the held index.
 var errAsleep = errors.New("gate: the held pass sleeps in the held index")
 
@@ -102,16 +109,19 @@ func heldKey(ev events.Held) string {
 	return services.HeldKey(ev.Task.Type, ev.At, ev.Task.ID, ev.Run.Pass)
 }
 
-// sleep ends a look at a pass held for trust that must go on waiting:
-// with the held index, the pass sleeps there until the sweeper wakes it
-// (errAsleep: HandleHeld acks the message); without one, the message is
-// snoozed in the held consumer.
-func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held) error {
+// sleep ends a look at a held pass that must go on waiting, for hold (its
+// type's trust or its canaries): with the held index, the pass sleeps
+// there until the sweeper wakes it (errAsleep: HandleHeld acks the
+// message); without one, the message is snoozed in the held consumer.
+func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held, hold events.Hold) error {
 	if s.cfg.Held == nil {
+		if hold == events.HoldCanary {
+			return services.Snooze(canaryDelay(m.Delivered, p.CanaryTTL), ErrCanaryWait)
+		}
 		return services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
 	}
 	e := services.HeldEntry{Task: held.Task.ID, Type: held.Task.Type, Pass: held.Run.Pass, Retry: held.Run.Attempt > 1,
-		Since: held.At, Seq: m.Seq, Reason: held.Reason}
+		Since: held.At, Seq: m.Seq, Reason: held.Reason, Hold: hold}
 	if err := s.cfg.Held.Put(ctx, e); err != nil {
 		return err
 	}
@@ -162,7 +172,7 @@ func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b e
 	if held == nil || held.Hold != events.HoldTrust { // a new hold: its event, and this message is done
 		return s.park(b, events.HoldTrust, d, sealed)
 	}
-	return nil, s.sleep(ctx, m, p, held)
+	return nil, s.sleep(ctx, m, p, held, events.HoldTrust)
 }
 
 // park hands a pass to the held consumer, held for hold: one held event

@@ -1,9 +1,11 @@
 package gate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Rewake is how long the sweeper leaves a pass it woke before it wakes it
@@ -56,6 +59,7 @@ const (
 	WakeReadmit = "readmit" // its type recovered (or is exempt now): oldest first, Config.Readmit per sweep
 	WakeProbe   = "probe"   // a probe of its type is due: the oldest, once per probe interval
 	WakeExpired = "expired" // held for its hold time: its look hands it to a human
+	WakeCanary  = "canary"  // waiting for canaries: a place is free, the type is scored, or it waited the canary TTL
 )
 
 // Sweep wakes the passes asleep in the held index until ctx ends: every
@@ -65,8 +69,10 @@ const (
 // the passes whose look may now end their hold: every pass held past its
 // hold time; while the type is below its threshold, the oldest one when
 // a probe of the type is due; once it recovered, the oldest Config.Readmit
-// (the look admits them, a few at a time while the type is on probation).
-// A woken pass's look decides as any look does, and either ends the hold
+// (the look admits them, a few at a time while the type is on probation);
+// of the passes waiting for the type's canaries, as many of the oldest as
+// there are free places, every one once the canaries scored the type, and
+// each that waited the canary TTL (dueOf). A woken pass's look decides as any look does, and either ends the hold
 // (its entry goes) or leaves it asleep. A sweep reads nothing from the
 // server but the events it republishes, so the gate's cost of a held pass
 // is one entry, not a look every few seconds.
@@ -85,12 +91,21 @@ func (s *Service) Sweep(ctx context.Context) {
 }
 
 // heldIndex is the sweeper's copy of the held index: entries by key, and
-// each type's keys in order (oldest first).
+// each lane's keys in order (oldest first).
 type heldIndex struct {
 	mu      sync.Mutex
 	entries map[string]services.HeldEntry
-	byType  map[string][]string
+	lanes   map[lane][]string
 }
+
+// lane is the passes of one type held for one thing: its trust, or its
+// canaries. Each lane is swept oldest first on its own.
+type lane struct {
+	typ    string
+	canary bool
+}
+
+func laneOf(e services.HeldEntry) lane { return lane{e.Type, e.Canary()} }
 
 // apply takes one update of the watch into x; an entry that cannot be read
 // is logged and left out.
@@ -98,20 +113,14 @@ func (x *heldIndex) apply(e jetstream.KeyValueEntry, log *slog.Logger) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	key := e.Key()
-	typ, _, _, _, ok := services.ParseHeldKey(key)
-	if !ok {
+	if _, _, _, _, ok := services.ParseHeldKey(key); !ok {
 		return // not an entry of the index: left alone
 	}
-	keys := x.byType[typ]
-	i, found := slices.BinarySearch(keys, key)
-	if e.Operation() != jetstream.KeyValuePut {
-		if found {
-			x.byType[typ] = slices.Delete(keys, i, i+1)
-			if len(x.byType[typ]) == 0 {
-				delete(x.byType, typ)
-			}
-		}
+	if old, ok := x.entries[key]; ok { // a removal, or an entry written anew
+		x.remove(laneOf(old), key)
 		delete(x.entries, key)
+	}
+	if e.Operation() != jetstream.KeyValuePut {
 		return
 	}
 	entry, err := services.DecodeHeldEntry(key, e.Value())
@@ -120,8 +129,20 @@ func (x *heldIndex) apply(e jetstream.KeyValueEntry, log *slog.Logger) {
 		return
 	}
 	x.entries[key] = entry
-	if !found {
-		x.byType[typ] = slices.Insert(keys, i, key)
+	l := laneOf(entry)
+	keys := x.lanes[l]
+	i, _ := slices.BinarySearch(keys, key)
+	x.lanes[l] = slices.Insert(keys, i, key)
+}
+
+// remove takes key out of lane l.
+func (x *heldIndex) remove(l lane, key string) {
+	keys := x.lanes[l]
+	if i, found := slices.BinarySearch(keys, key); found {
+		x.lanes[l] = slices.Delete(keys, i, i+1)
+	}
+	if len(x.lanes[l]) == 0 {
+		delete(x.lanes, l)
 	}
 }
 
@@ -134,9 +155,9 @@ func (s *Service) Asleep() map[string]int {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	counts := make(map[string]int, len(x.byType))
-	for typ, keys := range x.byType {
-		counts[typ] = len(keys)
+	counts := make(map[string]int, len(x.lanes))
+	for l, keys := range x.lanes {
+		counts[l.typ] += len(keys)
 	}
 	return counts
 }
@@ -155,7 +176,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x := &heldIndex{entries: map[string]services.HeldEntry{}, byType: map[string][]string{}}
+	x := &heldIndex{entries: map[string]services.HeldEntry{}, lanes: map[lane][]string{}}
 	woke := map[string]woken{}
 	ticker := time.NewTicker(s.cfg.SweepEvery)
 	defer ticker.Stop()
@@ -216,7 +237,7 @@ type wake struct {
 }
 
 // sweep wakes what is due in x; woke holds when this sweeper last woke
-// each key still in the index. Types take turns at the head of the sweep
+// each key still in the index. Lanes take turns at the head of the sweep
 // (the start rotates), so MaxWakesPerSweep favours none.
 func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woke map[string]woken) {
 	now := s.cfg.Now().UTC()
@@ -227,17 +248,15 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			delete(woke, key) // its hold ended
 		}
 	}
-	types := make([]string, 0, len(x.byType))
-	for typ := range x.byType {
-		types = append(types, typ)
+	lanes := slices.SortedFunc(maps.Keys(x.lanes), func(a, b lane) int {
+		return cmp.Or(strings.Compare(a.typ, b.typ), cmp.Compare(btoi(a.canary), btoi(b.canary)))
+	})
+	if len(lanes) > 0 {
+		s.turn = (s.turn + 1) % len(lanes)
+		lanes = append(lanes[s.turn:], lanes[:s.turn]...)
 	}
-	slices.Sort(types)
-	if len(types) > 0 {
-		s.turn = (s.turn + 1) % len(types)
-		types = append(types[s.turn:], types[:s.turn]...)
-	}
-	for _, typ := range types {
-		due = append(due, s.dueOf(typ, x.byType[typ], x.entries, now, woke, MaxWakesPerSweep-len(due))...)
+	for _, l := range lanes {
+		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due))...)
 		if len(due) >= MaxWakesPerSweep {
 			break
 		}
@@ -278,23 +297,22 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 }
 
 // dueOf is what a sweep wakes of one type's held passes, keys oldest
-// first, at most limit: each held past the hold time; once the type
-// recovered — for a retry, judged on its settled tasks — the oldest
-// Readmit, expired ones among them, and while it is on probation no more
-// than its free trial places; while it is below, the oldest one when a
-// probe is due. A pass woken lately (woken.due) is left to its look.
-func (s *Service) dueOf(typ string, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int) []wake {
-	pol := s.cfg.Policy.Snapshot().For(typ)
-	scoring := pol.Scoring(s.cfg.Scoring).WithDefaults()
-	stats := s.cfg.View.Stats(typ)
-	prior := scoring.PriorOf(s.pool(), typ)
-	first, retry := scoring.EvaluateWith(typ, stats, prior, false), scoring.EvaluateWith(typ, stats, prior, true)
-	exempt := pol.IsExempt() || scoring.Threshold < 0
-	_, probe := scoring.HeldProbe(stats, now)
-	probe = probe && !exempt && (first.Below || retry.Below)
-	readmits := s.cfg.Readmit
-	if first.Probation { // the look admits no more than the free trial places
-		readmits = min(readmits, max(0, scoring.TrialPlaces(stats)-task.LiveHolders(stats, scoring, now, "")))
+// first, at most limit. Of the passes held for trust: each held past the
+// hold time; once the type recovered — for a retry, judged on its settled
+// tasks — the oldest Readmit, expired ones among them, and while it is on
+// probation no more than its free trial places; while it is below, the
+// oldest one when a probe is due. Of the passes waiting for canaries: as
+// many of the oldest as there are free canary places, each that waited
+// the canary TTL, and every one once the canaries' results scored the
+// type. A pass woken lately (woken.due) is left to its look.
+func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int) []wake {
+	j := s.judge(l.typ, now)
+	if l.canary {
+		for _, key := range keys { // places its passes woken lately are about to ask for
+			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
+				j.places--
+			}
+		}
 	}
 	var due []wake
 	for _, key := range keys {
@@ -302,32 +320,104 @@ func (s *Service) dueOf(typ string, keys []string, entries map[string]services.H
 			break
 		}
 		e := entries[key]
-		expired := now.Sub(e.Since) >= scoring.HoldTime
-		if !expired && readmits <= 0 && !probe {
+		if j.quiet(e, now) {
 			break // nothing younger can be due
 		}
 		if w, ok := woke[key]; ok && !w.due(now) {
 			continue
 		}
-		open := exempt || !first.Below
-		if e.Retry {
-			open = exempt || !retry.Below
-		}
-		switch {
-		case open && readmits > 0:
-			due = append(due, wake{e, WakeReadmit})
-			readmits--
-		case open:
-			// Re-admitted in turn, even past its hold time: its look
-			// admits it, or hands it to a human.
-		case expired:
-			due = append(due, wake{e, WakeExpired})
-		case probe:
-			due = append(due, wake{e, WakeProbe})
-			probe = false
+		if why := j.due(e, now); why != "" {
+			due = append(due, wake{e, why})
 		}
 	}
 	return due
+}
+
+// btoi orders false before true.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// judgement is what a sweep judges of one type: whether its held passes
+// may go, and how many more it wakes.
+type judgement struct {
+	scoring      trust.Policy
+	exempt       bool
+	first, retry trust.Verdict
+	probe        bool // a probe of the type is due
+	readmits     int  // passes held for trust it wakes to re-admit
+	places       int  // canary places free for passes waiting for canaries
+}
+
+// judge judges typ as the sweeper's view holds it at now.
+func (s *Service) judge(typ string, now time.Time) *judgement {
+	pol := s.cfg.Policy.Snapshot().For(typ)
+	j := &judgement{scoring: pol.Scoring(s.cfg.Scoring).WithDefaults()}
+	stats := s.cfg.View.Stats(typ)
+	pool := s.pool()
+	prior := j.scoring.PriorOf(pool, typ)
+	j.scoring.Canary = j.scoring.CanariesWith(prior)
+	j.first, j.retry = j.scoring.EvaluateWith(typ, stats, prior, false), j.scoring.EvaluateWith(typ, stats, prior, true)
+	j.exempt = pol.IsExempt() || j.scoring.Threshold < 0
+	_, probe := j.scoring.HeldProbe(stats, now)
+	j.probe = probe && !j.exempt && (j.first.Below || j.retry.Below)
+	j.readmits = s.cfg.Readmit
+	if j.first.Probation { // the look admits no more than the free trial places
+		j.readmits = min(j.readmits, max(0, j.scoring.TrialPlaces(stats)-task.LiveHolders(stats, j.scoring, now, "")))
+	}
+	if j.canaryRound() {
+		j.places = max(0, j.scoring.Canary-task.LiveHolders(stats, j.scoring, now, ""))
+	}
+	return j
+}
+
+// canaryRound reports whether the type still sends canaries: unproven,
+// neither exempt nor ungated.
+func (j *judgement) canaryRound() bool { return j.first.Unproven && !j.exempt }
+
+// quiet reports whether neither e nor any pass of its lane held after it
+// can be due: e has not waited its time (the hold time, or the canary
+// TTL), and nothing is left to wake but passes that have.
+func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
+	if e.Canary() {
+		return now.Sub(e.Since) < j.scoring.CanaryTTL && j.canaryRound() && j.places <= 0
+	}
+	return now.Sub(e.Since) < j.scoring.HoldTime && j.readmits <= 0 && !j.probe
+}
+
+// due is why the sweep wakes e, "" when it leaves it asleep.
+func (j *judgement) due(e services.HeldEntry, now time.Time) string {
+	if e.Canary() {
+		switch {
+		case !j.canaryRound(), now.Sub(e.Since) >= j.scoring.CanaryTTL:
+			return WakeCanary // its look admits it, or holds it for trust
+		case j.places > 0:
+			j.places--
+			return WakeCanary
+		}
+		return ""
+	}
+	open := j.exempt || !j.first.Below
+	if e.Retry {
+		open = j.exempt || !j.retry.Below
+	}
+	switch {
+	case open && j.readmits > 0:
+		j.readmits--
+		return WakeReadmit
+	case open:
+		// Re-admitted in turn, even past its hold time: its look admits
+		// it, or hands it to a human.
+	case now.Sub(e.Since) >= j.scoring.HoldTime:
+		return WakeExpired
+	case j.probe:
+		j.probe = false
+		return WakeProbe
+	}
+	return ""
 }
 
 // wake republishes the held event entry w names as a wake of its pass,

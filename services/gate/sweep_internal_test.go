@@ -3,6 +3,10 @@ package gate
 import (
 	"testing"
 	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // A pass woken again and again is woken less and less often: 5s, 10s,
@@ -20,5 +24,80 @@ func TestRewakeBacksOff(t *testing.T) {
 		if !w.due(at.Add(tt.after)) {
 			t.Errorf("woken %d times: not due again after %s", tt.n, tt.after)
 		}
+	}
+}
+
+// A sweep's judgement of one type wakes, of the passes waiting for its
+// canaries, as many as there are free places, each that waited the canary
+// TTL, and all once the type is scored; of the passes held for trust, the
+// readmits while it is open, the expired, and one probe when due.
+func TestJudgementDue(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	p := trust.Policy{}.WithDefaults()
+	canary := func(age time.Duration) services.HeldEntry {
+		return services.HeldEntry{Since: now.Add(-age), Hold: events.HoldCanary}
+	}
+	held := func(age time.Duration) services.HeldEntry { return services.HeldEntry{Since: now.Add(-age)} }
+	unproven := trust.Verdict{Unproven: true}
+	below := trust.Verdict{Below: true}
+	tests := []struct {
+		name    string
+		j       judgement
+		entries []services.HeldEntry
+		want    []string
+	}{
+		{"no free place: the canary waits sleep on", judgement{first: unproven},
+			[]services.HeldEntry{canary(time.Minute), canary(time.Second)}, []string{"", ""}},
+		{"one free place: the oldest wakes", judgement{first: unproven, places: 1},
+			[]services.HeldEntry{canary(time.Minute), canary(time.Second)}, []string{WakeCanary, ""}},
+		{"past the canary TTL: it wakes to go anyway", judgement{first: unproven},
+			[]services.HeldEntry{canary(p.CanaryTTL), canary(time.Second)}, []string{WakeCanary, ""}},
+		{"scored: every canary wait wakes", judgement{first: trust.Verdict{}},
+			[]services.HeldEntry{canary(time.Minute), canary(time.Second)}, []string{WakeCanary, WakeCanary}},
+		{"scored below: every canary wait wakes, to be held for trust", judgement{first: below},
+			[]services.HeldEntry{canary(time.Minute)}, []string{WakeCanary}},
+		{"exempt: every canary wait wakes", judgement{first: unproven, exempt: true},
+			[]services.HeldEntry{canary(time.Minute)}, []string{WakeCanary}},
+		{"recovered: readmits, oldest first", judgement{first: trust.Verdict{}, readmits: 1},
+			[]services.HeldEntry{held(time.Hour), held(time.Minute)}, []string{WakeReadmit, ""}},
+		{"below: the expired and one probe", judgement{first: below, probe: true},
+			[]services.HeldEntry{held(p.HoldTime), held(time.Hour), held(time.Minute)}, []string{WakeExpired, WakeProbe, ""}},
+		{"a retry is judged on settled tasks", judgement{first: trust.Verdict{}, retry: below, readmits: 1},
+			[]services.HeldEntry{{Since: now.Add(-time.Hour), Retry: true}}, []string{""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := tt.j
+			j.scoring = p
+			for i, e := range tt.entries {
+				if got := j.due(e, now); got != tt.want[i] {
+					t.Fatalf("entry %d: woken for %q, want %q", i, got, tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+// A lane is quiet — nothing younger can be due — only when nothing is left
+// to wake but passes that waited their time.
+func TestJudgementQuiet(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	p := trust.Policy{}.WithDefaults()
+	young := services.HeldEntry{Since: now.Add(-time.Second), Hold: events.HoldCanary}
+	if !(&judgement{scoring: p, first: trust.Verdict{Unproven: true}}).quiet(young, now) {
+		t.Fatal("no free place and a young canary wait: not quiet")
+	}
+	if (&judgement{scoring: p, first: trust.Verdict{Unproven: true}, places: 1}).quiet(young, now) {
+		t.Fatal("a free place: quiet")
+	}
+	if (&judgement{scoring: p}).quiet(young, now) {
+		t.Fatal("a scored type: quiet")
+	}
+	trusty := services.HeldEntry{Since: now.Add(-time.Second)}
+	if !(&judgement{scoring: p, first: trust.Verdict{Below: true}}).quiet(trusty, now) {
+		t.Fatal("below, no probe due, a young hold: not quiet")
+	}
+	if (&judgement{scoring: p, first: trust.Verdict{Below: true}, probe: true}).quiet(trusty, now) {
+		t.Fatal("a probe due: quiet")
 	}
 }

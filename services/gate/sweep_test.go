@@ -149,6 +149,17 @@ func (m *meshGate) asleep() []services.HeldEntry {
 	return all
 }
 
+// stageOf is which of ids have published an event at stage.
+func (m *meshGate) stageOf(stage string, ids []string) []string {
+	var out []string
+	for _, id := range m.stage(stage) {
+		if slices.Contains(ids, id) && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // pending is how many messages a consumer has delivered and not seen acked.
 func (m *meshGate) pending(durable string) int {
 	m.t.Helper()
@@ -206,14 +217,31 @@ func TestHeldPassesSleepInTheIndexAndComeBackOldestFirst(t *testing.T) {
 	}
 	order := m.asleep()
 
-	// A new type's burst: its canaries go, the others wait in the held
-	// consumer — which has its slots — and go once the canaries scored it.
+	// A new type's burst: its canaries go, the others wait for their
+	// evidence asleep in the held index too — no consumer keeps their
+	// messages — and the sweeper wakes them as canaries end and once the
+	// canaries scored the type.
 	var fresh []string
 	for i := range 15 {
 		id := fmt.Sprintf("fresh-%02d", i)
 		m.submit(id, "fresh")
 		fresh = append(fresh, id)
 	}
+	waiting := func() (n int) {
+		for _, e := range m.asleep() {
+			if e.Type == "fresh" && e.Canary() {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, "the new type's passes past its canaries asleep, waiting for them", func() bool {
+		return waiting() == 15-len(m.stageOf(events.StageAdmitted, fresh))
+	})
+	if n := waiting(); n < 15-canaries {
+		t.Fatalf("%d of the new type's passes asleep while its canaries run, want at least %d", n, 15-canaries)
+	}
+	eventually(t, "no pending message in the held consumer", func() bool { return m.pending(services.ConsumerGateHeld) == 0 })
 	ended := map[string]bool{}
 	eventually(t, "every task of the new type admitted", func() bool {
 		admitted := 0
@@ -255,7 +283,7 @@ func TestHeldPassesSleepInTheIndexAndComeBackOldestFirst(t *testing.T) {
 	})
 	var woken []string
 	for _, id := range m.stage(events.StageWake) {
-		if !slices.Contains(woken, id) {
+		if slices.Contains(held, id) && !slices.Contains(woken, id) {
 			woken = append(woken, id)
 		}
 	}

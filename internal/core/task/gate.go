@@ -26,7 +26,11 @@ type GateIn struct {
 	// Delivered its delivery count there.
 	Arrived   time.Time
 	Delivered int
-	Now       time.Time
+	// Woken: the look is at a held pass the gate's sweeper woke from the
+	// held index, because it saw a reason it may go: the look is a full
+	// one, never Quick.
+	Woken bool
+	Now   time.Time
 	// Exempt: the type's policy exempts it; OverBudget: its daily budget
 	// is spent (and the pass is not a human's requeue let past it), Spent
 	// what it spent today.
@@ -231,7 +235,7 @@ func canaries(out GateOut, in GateIn) GateOut {
 	}
 	// Most looks at a waiting pass find every place still taken: they ask
 	// for nothing (Quick); one in FullLookEvery asks whatever the view shows.
-	if in.Hold == events.HoldCanary && in.Delivered%FullLookEvery != 0 && waited < in.Scoring.CanaryTTL && PlacesTaken(in.Stats, in.Scoring, in.Now, t.ID) {
+	if in.Hold == events.HoldCanary && !in.Woken && in.Delivered%FullLookEvery != 0 && waited < in.Scoring.CanaryTTL && PlacesTaken(in.Stats, in.Scoring, in.Now, t.ID) {
 		return waiting(out, ActWait, t, true)
 	}
 	admit, asked := in.Claimed[ClaimCanary]

@@ -74,12 +74,19 @@ func replayOf(msgs []stored) *Stores {
 
 // The held index a replay rebuilds: an entry for a pass held for its
 // type's trust, from its first held event (its time, its sequence, its
-// reason); none once the gate admitted the pass or stopped it, none for a
-// pass waiting for canaries; a wake changes no store.
+// reason); one for a pass waiting for canaries, from its held event
+// waiting for them; none once the gate admitted the pass or stopped it; a
+// wake changes no store.
 func TestReplayedHeldIndex(t *testing.T) {
+	const wait = "waiting for the canaries of css_fix"
 	t0 := time.Date(2026, 5, 18, 12, 0, 0, 123456789, time.UTC)
 	entry := func(id string, pass int, after time.Duration, seq uint64, reason string) services.HeldEntry {
 		return services.HeldEntry{Task: id, Type: "css_fix", Pass: pass, Retry: pass > 1, Since: t0.Add(after), Seq: seq, Reason: reason}
+	}
+	canary := func(id string, after time.Duration, seq uint64) services.HeldEntry {
+		e := entry(id, 1, after, seq, wait)
+		e.Hold = events.HoldCanary
+		return e
 	}
 	const low = "css_fix scores 0.20, below its threshold 0.70"
 	cases := []struct {
@@ -115,11 +122,22 @@ func TestReplayedHeldIndex(t *testing.T) {
 		}, nil},
 		{"waiting for canaries", func(s *heldStream) {
 			s.queued("t1")
-			s.held("t1", 1, events.HoldCanary, time.Second, "waiting for the canaries of css_fix")
+			s.held("t1", 1, events.HoldCanary, time.Second, wait)
+		}, []services.HeldEntry{canary("t1", time.Second, 2)}},
+		{"waiting for canaries, woken, then admitted", func(s *heldStream) {
+			s.queued("t1")
+			ev := s.held("t1", 1, events.HoldCanary, time.Second, wait)
+			s.wake(ev)
+			s.admitted("t1", 1, time.Minute)
+		}, nil},
+		{"waiting for canaries, then past its hold as a human decided", func(s *heldStream) {
+			s.queued("t1")
+			s.held("t1", 1, events.HoldCanary, time.Second, wait)
+			s.gated("t1", 1, time.Hour)
 		}, nil},
 		{"waited for canaries, then held for trust", func(s *heldStream) {
 			s.queued("t1")
-			s.held("t1", 1, events.HoldCanary, time.Second, "waiting for the canaries of css_fix")
+			s.held("t1", 1, events.HoldCanary, time.Second, wait)
 			s.held("t1", 1, events.HoldTrust, 2*time.Second, low)
 		}, []services.HeldEntry{entry("t1", 1, 2*time.Second, 3, low)}},
 		{"held twice (past the deduplication window): the first", func(s *heldStream) {

@@ -156,7 +156,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 
 func newReplayer(o Options) *replayer {
 	return &replayer{o: o, requeues: map[string]events.Action{}, missing: map[uint64]*Unavailable{}, decidedBy: map[passKey]uint64{},
-		held: map[passKey]services.HeldEntry{}, admitted: map[passKey]bool{},
+		held: map[passKey]services.HeldEntry{}, waits: map[passKey]services.HeldEntry{}, admitted: map[passKey]bool{},
 		out: &Stores{
 			Tasks: map[string]*events.TaskState{}, Trust: map[string]*trust.Stats{}, History: map[string]*history.Record{},
 			Spend: map[[2]string]trust.DaySpend{},
@@ -258,10 +258,11 @@ type replayer struct {
 	// requeues waits for the retry a requeue publishes after its action
 	// record: a requeue whose retry never made it was undone (void).
 	requeues map[string]events.Action
-	// held is the entry the first held event (for trust) of each pass
-	// implies; admitted the passes the gate let through.
-	held     map[passKey]services.HeldEntry
-	admitted map[passKey]bool
+	// held is the entry the first held event for trust of each pass
+	// implies, waits the one its first held event waiting for canaries
+	// does; admitted the passes the gate let through.
+	held, waits map[passKey]services.HeldEntry
+	admitted    map[passKey]bool
 }
 
 func (r *replayer) task(id string) *events.TaskState {
@@ -348,7 +349,13 @@ func (r *replayer) apply(m stored) error {
 			return err
 		}
 		if ev.Hold != events.HoldTrust {
-			return nil // waiting for canaries: neither the state nor the streak changes
+			// Waiting for canaries: neither the state nor the streak
+			// changes; the pass sleeps in the held index until it goes.
+			if p := (passKey{ev.Task.ID, ev.Run.Pass}); !hasKey(r.waits, p) {
+				r.waits[p] = services.HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
+					Since: ev.At, Seq: m.seq, Reason: ev.Reason, Hold: ev.Hold}
+			}
+			return nil
 		}
 		r.gate(ev.Base, ev.Trust)
 		r.fold(ev.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
@@ -376,10 +383,13 @@ func hasKey[K comparable, V any](m map[K]V, k K) bool {
 }
 
 // heldIndex is the held index the replayed tasks imply: one entry per task
-// held for its type's trust, at the pass it is held at, as the gate's look
-// at that pass's held event put it to sleep (services.HeldEntry: Since
-// its time, Seq its stream sequence). A pass the gate admitted has none,
-// though the replayed state still shows it held until its attempt is
+// held back at the pass it is at, as the gate's look at that pass's held
+// event put it to sleep (services.HeldEntry: Since its time, Seq its
+// stream sequence). A task held for its type's trust has the entry of its
+// pass's held event for trust; a task waiting for its type's canaries —
+// its state unchanged, neither ended nor held — that of its held event
+// waiting for them. A pass the gate admitted has none, though the
+// replayed state still shows it held (or verified) until its attempt is
 // recorded (the executor's running is in no event); the gate removed the
 // entry when its look admitted it. Any other status has none: the gate
 // removes the entry of a pass that stopped, ended or moved on.
@@ -387,11 +397,16 @@ func (r *replayer) heldIndex() map[string]*services.HeldEntry {
 	out := map[string]*services.HeldEntry{}
 	for id, st := range r.out.Tasks {
 		p := passKey{id, st.Pass}
-		e, ok := r.held[p]
-		if st.Status != events.StatusHeld || !ok || r.admitted[p] {
+		if r.admitted[p] || events.Terminal(st.Status) {
 			continue
 		}
-		out[e.Key()] = &e
+		e, ok := r.held[p]
+		if st.Status != events.StatusHeld {
+			e, ok = r.waits[p]
+		}
+		if ok {
+			out[e.Key()] = &e
+		}
 	}
 	return out
 }
