@@ -3,6 +3,7 @@ package mesh_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
@@ -110,8 +112,21 @@ func BenchmarkFlood(b *testing.B) {
 // flood, so the scripted model can tell its prompts apart.
 func submitFloodTask(b testing.TB, srv *natstest.Server, id string, n int) {
 	data := fmt.Appendf(nil, `{"id":"%s","subject":"src/flood%d.css","payload":{"issue":"flood","n":"#%d#"}}`, id, n%1000, n)
-	if _, err := srv.JS.PublishAsync(events.SubmitSubject("flood"), data); err != nil {
-		b.Fatal(err)
+	for {
+		_, err := srv.JS.PublishAsync(events.SubmitSubject("flood"), data)
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			if err != nil {
+				b.Fatal(err)
+			}
+			return
+		}
+		// The server acks slower than the flood is published (a busy
+		// machine): wait for the outstanding acks, then go on.
+		select {
+		case <-srv.JS.PublishAsyncComplete():
+		case <-time.After(time.Minute):
+			b.Fatal("the flood's publish acks never came")
+		}
 	}
 }
 

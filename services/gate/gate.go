@@ -81,7 +81,9 @@ type Service struct {
 	metrics *metrics
 	index   atomic.Pointer[heldIndex] // the sweeper's copy of the held index, once current
 	bound   atomic.Pointer[jetstream.Stream]
-	turn    int // the type the sweeper's next sweep starts after (sweep)
+	turn    int // the lane the sweeper's next sweep starts after (sweep)
+	// unbounded: the sweeper could not read the executor's backlog (room)
+	unbounded atomic.Bool
 }
 
 // New checks cfg and returns the gate.

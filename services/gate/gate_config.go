@@ -52,6 +52,17 @@ type Config struct {
 	// Readmit bounds how many held passes of one type a sweep wakes for
 	// re-admission once the type recovered, oldest first. Default 16.
 	Readmit int
+	// MaxBacklog bounds the executor's queue the sweeper feeds: it wakes
+	// passes bound for the model in bulk — held passes re-admitted, passes
+	// that waited for canaries once their type is scored or past the
+	// canary TTL — only while fewer than MaxBacklog messages wait, not yet
+	// delivered, at the prompt builder's and the executor's consumers
+	// together (one consumer-info read of each per sweep). A flood of one
+	// type then enters the executor's queue as fast as executors take it,
+	// and a new type's canaries wait behind at most that many. Wakes for a
+	// free canary place, a probe or a hand-off are not bounded. Default
+	// 128; negative: no bound.
+	MaxBacklog int
 	// Policy supplies per-type exemption, threshold, canary and rung floor.
 	Policy *policy.Source
 	// Scoring defaults (window 50, minimum 10, threshold 0.15, probe after 5
@@ -106,5 +117,11 @@ func (c Config) withDefaults() Config {
 	if c.Readmit <= 0 {
 		c.Readmit = 16
 	}
+	if c.MaxBacklog == 0 {
+		c.MaxBacklog = DefaultMaxBacklog
+	}
 	return c
 }
+
+// DefaultMaxBacklog is Config.MaxBacklog's default.
+const DefaultMaxBacklog = 128

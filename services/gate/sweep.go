@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -255,8 +256,18 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 		s.turn = (s.turn + 1) % len(lanes)
 		lanes = append(lanes[s.turn:], lanes[:s.turn]...)
 	}
+	// The passes woken lately whose looks have not ended their hold yet
+	// are on their way to the executor's queue: they take room too.
+	room := s.room(ctx, stream)
+	for key, w := range woke {
+		if now.Sub(w.at) < Rewake && room > 0 && room < math.MaxInt {
+			if _, asleep := x.entries[key]; asleep {
+				room--
+			}
+		}
+	}
 	for _, l := range lanes {
-		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due))...)
+		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due), &room)...)
 		if len(due) >= MaxWakesPerSweep {
 			break
 		}
@@ -305,8 +316,9 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 // many of the oldest as there are free canary places, each that waited
 // the canary TTL, and every one once the canaries' results scored the
 // type. A pass woken lately (woken.due) is left to its look.
-func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int) []wake {
+func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int) []wake {
 	j := s.judge(l.typ, now)
+	j.room = room
 	if l.canary {
 		for _, key := range keys { // places its passes woken lately are about to ask for
 			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
@@ -350,6 +362,47 @@ type judgement struct {
 	probe        bool // a probe of the type is due
 	readmits     int  // passes held for trust it wakes to re-admit
 	places       int  // canary places free for passes waiting for canaries
+	// room is how many more passes bound for the model the sweep may wake
+	// in bulk (Config.MaxBacklog), shared by every lane of the sweep.
+	room *int
+}
+
+// take takes one of the sweep's room for a pass bound for the model.
+func (j *judgement) take() bool {
+	if *j.room <= 0 {
+		return false
+	}
+	*j.room--
+	return true
+}
+
+// room is how many passes bound for the model a sweep may wake in bulk:
+// Config.MaxBacklog less the messages waiting, not yet delivered, on the
+// way to the model — at the prompt builder's consumer and the executor's.
+// Unbounded when MaxBacklog is negative, or when a consumer cannot be read
+// (none yet, or no grant): the sweep then wakes as it would without the
+// bound, and says why once.
+func (s *Service) room(ctx context.Context, stream jetstream.Stream) int {
+	if s.cfg.MaxBacklog < 0 {
+		return math.MaxInt
+	}
+	waiting := 0
+	for _, name := range []string{services.ConsumerPrompt, services.ConsumerExecutor} {
+		c, err := stream.Consumer(ctx, name)
+		var info *jetstream.ConsumerInfo
+		if err == nil {
+			info, err = c.Info(ctx)
+		}
+		if err != nil {
+			if !s.unbounded.Swap(true) && ctx.Err() == nil {
+				s.log.Warn("the backlog before the model cannot be read: the sweeper wakes passes without bounding it", "consumer", name, "err", err)
+			}
+			return math.MaxInt
+		}
+		waiting += int(info.NumPending)
+	}
+	s.unbounded.Store(false)
+	return max(0, s.cfg.MaxBacklog-waiting)
 }
 
 // judge judges typ as the sweeper's view holds it at now.
@@ -383,20 +436,23 @@ func (j *judgement) canaryRound() bool { return j.first.Unproven && !j.exempt }
 // TTL), and nothing is left to wake but passes that have.
 func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
 	if e.Canary() {
-		return now.Sub(e.Since) < j.scoring.CanaryTTL && j.canaryRound() && j.places <= 0
+		bulk := !j.canaryRound() || now.Sub(e.Since) >= j.scoring.CanaryTTL
+		return (j.places <= 0 || !j.canaryRound()) && (*j.room <= 0 || !bulk)
 	}
-	return now.Sub(e.Since) < j.scoring.HoldTime && j.readmits <= 0 && !j.probe
+	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || *j.room <= 0) && !j.probe
 }
 
 // due is why the sweep wakes e, "" when it leaves it asleep.
 func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 	if e.Canary() {
 		switch {
-		case !j.canaryRound(), now.Sub(e.Since) >= j.scoring.CanaryTTL:
-			return WakeCanary // its look admits it, or holds it for trust
-		case j.places > 0:
+		case j.canaryRound() && j.places > 0:
 			j.places--
 			return WakeCanary
+		case !j.canaryRound(), now.Sub(e.Since) >= j.scoring.CanaryTTL:
+			if j.take() { // its look admits it, or holds it for trust
+				return WakeCanary
+			}
 		}
 		return ""
 	}
@@ -406,8 +462,10 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 	}
 	switch {
 	case open && j.readmits > 0:
-		j.readmits--
-		return WakeReadmit
+		if j.take() {
+			j.readmits--
+			return WakeReadmit
+		}
 	case open:
 		// Re-admitted in turn, even past its hold time: its look admits
 		// it, or hands it to a human.

@@ -64,11 +64,22 @@ func TestJudgementDue(t *testing.T) {
 			[]services.HeldEntry{held(p.HoldTime), held(time.Hour), held(time.Minute)}, []string{WakeExpired, WakeProbe, ""}},
 		{"a retry is judged on settled tasks", judgement{first: trust.Verdict{}, retry: below, readmits: 1},
 			[]services.HeldEntry{{Since: now.Add(-time.Hour), Retry: true}}, []string{""}},
+		{"the executor's backlog full: no bulk wake", judgement{first: trust.Verdict{}, readmits: 1, room: ptr(0)},
+			[]services.HeldEntry{canary(time.Minute), held(time.Hour)}, []string{"", ""}},
+		{"the executor's backlog full: a free canary place still wakes", judgement{first: unproven, places: 1, room: ptr(0)},
+			[]services.HeldEntry{canary(p.CanaryTTL), canary(time.Minute)}, []string{WakeCanary, ""}},
+		{"the executor's backlog full: a probe and a hand-off still wake", judgement{first: below, probe: true, room: ptr(0)},
+			[]services.HeldEntry{held(p.HoldTime), held(time.Hour)}, []string{WakeExpired, WakeProbe}},
+		{"room for one: the oldest", judgement{first: trust.Verdict{}, readmits: 5, room: ptr(1)},
+			[]services.HeldEntry{canary(time.Minute), canary(time.Second)}, []string{WakeCanary, ""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := tt.j
 			j.scoring = p
+			if j.room == nil {
+				j.room = ptr(1000)
+			}
 			for i, e := range tt.entries {
 				if got := j.due(e, now); got != tt.want[i] {
 					t.Fatalf("entry %d: woken for %q, want %q", i, got, tt.want[i])
@@ -84,20 +95,26 @@ func TestJudgementQuiet(t *testing.T) {
 	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
 	p := trust.Policy{}.WithDefaults()
 	young := services.HeldEntry{Since: now.Add(-time.Second), Hold: events.HoldCanary}
-	if !(&judgement{scoring: p, first: trust.Verdict{Unproven: true}}).quiet(young, now) {
+	lots := ptr(1000)
+	if !(&judgement{scoring: p, first: trust.Verdict{Unproven: true}, room: lots}).quiet(young, now) {
 		t.Fatal("no free place and a young canary wait: not quiet")
 	}
-	if (&judgement{scoring: p, first: trust.Verdict{Unproven: true}, places: 1}).quiet(young, now) {
+	if (&judgement{scoring: p, first: trust.Verdict{Unproven: true}, places: 1, room: lots}).quiet(young, now) {
 		t.Fatal("a free place: quiet")
 	}
-	if (&judgement{scoring: p}).quiet(young, now) {
+	if (&judgement{scoring: p, room: lots}).quiet(young, now) {
 		t.Fatal("a scored type: quiet")
 	}
+	if !(&judgement{scoring: p, room: ptr(0)}).quiet(young, now) {
+		t.Fatal("a scored type, the executor's backlog full: not quiet")
+	}
 	trusty := services.HeldEntry{Since: now.Add(-time.Second)}
-	if !(&judgement{scoring: p, first: trust.Verdict{Below: true}}).quiet(trusty, now) {
+	if !(&judgement{scoring: p, first: trust.Verdict{Below: true}, room: lots}).quiet(trusty, now) {
 		t.Fatal("below, no probe due, a young hold: not quiet")
 	}
-	if (&judgement{scoring: p, first: trust.Verdict{Below: true}, probe: true}).quiet(trusty, now) {
+	if (&judgement{scoring: p, first: trust.Verdict{Below: true}, probe: true, room: lots}).quiet(trusty, now) {
 		t.Fatal("a probe due: quiet")
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -32,6 +32,12 @@ type meshGate struct {
 // startGate runs the gate with maxAckPending on each of its consumers.
 func startGate(t *testing.T, scoring trust.Policy, maxAckPending int) *meshGate {
 	t.Helper()
+	return startGateWith(t, scoring, maxAckPending, 3, 0)
+}
+
+// startGateWith is startGate with the gate's Readmit and MaxBacklog.
+func startGateWith(t *testing.T, scoring trust.Policy, maxAckPending, readmit, maxBacklog int) *meshGate {
+	t.Helper()
 	srv := natstest.Start(t)
 	ctx := t.Context()
 	stores, err := services.Provision(ctx, srv.JS, services.StreamConfig{})
@@ -48,7 +54,7 @@ func startGate(t *testing.T, scoring trust.Policy, maxAckPending int) *meshGate 
 	}
 	g, err := gate.New(gate.Config{View: m.view, Trust: trust.NewStore(stores.Trust, scoring), Tasks: m.tasks,
 		Held: m.index, JS: srv.JS, Policy: policy.Static(nil), Scoring: scoring,
-		SweepEvery: 20 * time.Millisecond, Readmit: 3, Instance: "gate@test", Log: quiet})
+		SweepEvery: 20 * time.Millisecond, Readmit: readmit, MaxBacklog: maxBacklog, Instance: "gate@test", Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,4 +300,72 @@ func TestHeldPassesSleepInTheIndexAndComeBackOldestFirst(t *testing.T) {
 	if !slices.Equal(woken, want) {
 		t.Fatalf("woken in the order %v, want oldest first %v", woken, want)
 	}
+}
+
+// The sweeper feeds the executor no faster than it takes: held passes of
+// a type that recovered are re-admitted while the executor's consumer has
+// fewer than MaxBacklog messages waiting, so a flood never sits all at
+// once in front of the executor. (No prompt builder nor executor runs
+// here: the executor's consumer takes the admitted passes, and the test
+// takes them off it.)
+func TestSweeperBoundsTheExecutorsBacklog(t *testing.T) {
+	const backlog = 4
+	scoring := trust.Policy{ProbeAfter: 1000, ProbeInterval: time.Hour, PriorWeight: -1}
+	const held = 16
+	m := startGateWith(t, scoring, 100, held, backlog) // a sweep could re-admit them all
+	ctx := t.Context()
+	exec, err := m.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{Durable: services.ConsumerExecutor,
+		FilterSubject: events.StageFilter(events.StageAdmitted), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{Durable: services.ConsumerPrompt,
+		FilterSubject: events.StageFilter(events.StagePrompted), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	m.outcomes("gated", 10, false, "before")
+	eventually(t, "the view holds the outcomes", func() bool { return len(m.view.Stats("gated").Outcomes) == 10 })
+	for i := range held {
+		m.submit(fmt.Sprintf("held-%02d", i), "gated")
+	}
+	eventually(t, "every pass asleep", func() bool { return len(m.asleep()) == held })
+
+	m.outcomes("gated", 40, true, "after")
+	most, taken := 0, 0
+	eventually(t, "every held pass re-admitted through the executor's queue", func() bool {
+		info, err := exec.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, int(info.NumPending))
+		if info.NumPending >= backlog { // the executor takes what waits
+			batch, err := exec.FetchNoWait(int(info.NumPending))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for msg := range batch.Messages() {
+				_ = msg.Ack()
+				taken++
+			}
+		}
+		return len(m.asleep()) == 0 && len(m.stageOf(events.StageAdmitted, ids("held-", held))) == held
+	})
+	// A look whose pass left the index but whose admission is not stored
+	// yet is counted by neither: a sweep then may wake a few past the
+	// bound, never the whole flood.
+	if most > 2*backlog {
+		t.Fatalf("the executor's consumer had %d messages waiting, want at most about %d", most, backlog)
+	}
+	if taken == 0 {
+		t.Fatal("the backlog was never full: the test shows nothing")
+	}
+}
+
+// ids is prefix00 … prefix<n-1>.
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%02d", prefix, i)
+	}
+	return out
 }
