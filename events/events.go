@@ -325,6 +325,11 @@ const (
 	// HoldCanary: its type is unproven and every canary place is taken;
 	// the task's status does not change while it waits.
 	HoldCanary Hold = "canary"
+	// HoldQueued: the queue before the model is full and its type had
+	// more than its share of the latest admissions: it waits its turn,
+	// its status unchanged, so a flood of one type does not fill the
+	// executor's queue ahead of every other type.
+	HoldQueued Hold = "queued"
 )
 
 // Held is published by the gate on dispatch.task.<id>.held when it holds a

@@ -37,15 +37,18 @@ type HeldEntry struct {
 	Seq uint64 `json:"seq"`
 	// Reason is the gate's, as the task's state shows it.
 	Reason string `json:"reason,omitempty"`
-	// Hold is what the pass waits for: its type's trust (events.HoldTrust,
-	// also written "" by entries older than canary sleeps) or its type's
-	// canaries (events.HoldCanary).
+	// Hold is what the pass waits for: its type's trust (written "", read
+	// as events.HoldTrust too), its type's canaries (events.HoldCanary) or
+	// its turn (events.HoldQueued).
 	Hold events.Hold `json:"hold,omitempty"`
 }
 
-// Canary reports whether the pass waits for its type's canaries, not for
-// its trust.
+// Canary reports whether the pass waits for its type's canaries.
 func (e HeldEntry) Canary() bool { return e.Hold == events.HoldCanary }
+
+// ForTrust reports whether the pass is held for its type's trust (status
+// held), not waiting for its canaries or its turn (status unchanged).
+func (e HeldEntry) ForTrust() bool { return e.Hold == "" || e.Hold == events.HoldTrust }
 
 // Key is the entry's key: <type>.<since, ns, 19 digits>.<task id>.<pass>.
 // Types and task ids hold no dot, so a type's keys are <type>.> and sort

@@ -82,8 +82,10 @@ type Service struct {
 	index   atomic.Pointer[heldIndex] // the sweeper's copy of the held index, once current
 	bound   atomic.Pointer[jetstream.Stream]
 	turn    int // the lane the sweeper's next sweep starts after (sweep)
-	// unbounded: the sweeper could not read the executor's backlog (room)
-	unbounded atomic.Bool
+	// unbounded: the sweeper could not read the backlog before the model
+	// (room); full: the backlog was full at its last read.
+	unbounded, full atomic.Bool
+	recent          *admissions // the latest admissions by type (crowded)
 }
 
 // New checks cfg and returns the gate.
@@ -92,7 +94,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Service{cfg: cfg, log: cfg.Log.With("service", "gate")}
+	s := &Service{cfg: cfg, log: cfg.Log.With("service", "gate"), recent: newAdmissions(ShareWindow)}
 	s.metrics = newMetrics(cfg, s)
 	return s, nil
 }
@@ -159,6 +161,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		// wake means the sweeper saw a reason it may go.
 		in.Woken = s.cfg.Held != nil && isWake(m)
 	}
+	in.Crowded = s.crowded(t.Type, b.At)
 	in.Scoring = pol.Scoring(s.cfg.Scoring).WithDefaults()
 	in.Scoring.Exempt = []string{} // the policy says which types are exempt
 	s.evaluate(&in)
@@ -289,18 +292,23 @@ func (s *Service) act(ctx context.Context, m *services.Msg, b events.Base, seale
 	b.Run = out.Run
 	switch out.Act {
 	case task.ActAdmit:
+		s.recent.add(t.Type, b.At)
 		return s.admit(ctx, b, d, sealed)
 	case task.ActHold:
 		return s.hold(ctx, m, in.Scoring, b, d, sealed, held, release)
 	case task.ActSleep:
 		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldTrust)
 	case task.ActPark:
-		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-		return s.park(b, events.HoldCanary, d, sealed)
+		if out.Hold == events.HoldCanary {
+			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
+		}
+		return s.park(b, out.Hold, d, sealed)
 	case task.ActWait:
-		s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
-		s.log.Debug("waiting for canaries", "task", t.ID, "type", t.Type, "outcomes", in.Verdict.Outcomes)
-		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldCanary)
+		if out.Hold == events.HoldCanary {
+			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
+		}
+		s.log.Debug("waiting", "task", t.ID, "type", t.Type, "for", out.Hold, "outcomes", in.Verdict.Outcomes)
+		return nil, s.sleep(ctx, m, in.Scoring, held, out.Hold)
 	case task.ActBlock:
 		return s.block(ctx, b, d, release)
 	case task.ActHandoff:

@@ -29,10 +29,11 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 	if err != nil {
 		return nil, err
 	}
-	if asleep && found && (task.Held(st, ev.Run.Pass) || ev.Hold == events.HoldCanary && (isWake(m) || m.Delivered > 1)) {
+	if asleep && found && (task.Held(st, ev.Run.Pass) || ev.Hold != events.HoldTrust && (isWake(m) || m.Delivered > 1)) {
 		// Admitted by an earlier look, the pass still shows held (or, for
-		// a canary wait, as verified) until the executor starts it: a wake
-		// published meanwhile must not hold it again.
+		// a pass that waited for canaries or its turn, as verified) until
+		// the executor starts it: a wake published meanwhile must not hold
+		// it again.
 		admitted, err := s.admitted(ctx, ev.Task.ID, ev.Run.Pass)
 		if err != nil {
 			return nil, err
@@ -110,15 +111,18 @@ func heldKey(ev events.Held) string {
 }
 
 // sleep ends a look at a held pass that must go on waiting, for hold (its
-// type's trust or its canaries): with the held index, the pass sleeps
+// type's trust, its canaries, or its turn): with the held index, the pass sleeps
 // there until the sweeper wakes it (errAsleep: HandleHeld acks the
 // message); without one, the message is snoozed in the held consumer.
 func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held, hold events.Hold) error {
 	if s.cfg.Held == nil {
-		if hold == events.HoldCanary {
+		if hold != events.HoldTrust {
 			return services.Snooze(canaryDelay(m.Delivered, p.CanaryTTL), ErrCanaryWait)
 		}
 		return services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
+	}
+	if hold == events.HoldTrust {
+		hold = "" // an entry held for trust names no hold (as before canaries slept here)
 	}
 	e := services.HeldEntry{Task: held.Task.ID, Type: held.Task.Type, Pass: held.Run.Pass, Retry: held.Run.Attempt > 1,
 		Since: held.At, Seq: m.Seq, Reason: held.Reason, Hold: hold}

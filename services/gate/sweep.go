@@ -61,6 +61,7 @@ const (
 	WakeProbe   = "probe"   // a probe of its type is due: the oldest, once per probe interval
 	WakeExpired = "expired" // held for its hold time: its look hands it to a human
 	WakeCanary  = "canary"  // waiting for canaries: a place is free, the type is scored, or it waited the canary TTL
+	WakeQueued  = "queued"  // waiting its turn: the queue before the model has room
 )
 
 // Sweep wakes the passes asleep in the held index until ctx ends: every
@@ -99,14 +100,19 @@ type heldIndex struct {
 	lanes   map[lane][]string
 }
 
-// lane is the passes of one type held for one thing: its trust, or its
-// canaries. Each lane is swept oldest first on its own.
+// lane is the passes of one type held for one thing: its trust, its
+// canaries, or their turn. Each lane is swept oldest first on its own.
 type lane struct {
-	typ    string
-	canary bool
+	typ  string
+	hold events.Hold
 }
 
-func laneOf(e services.HeldEntry) lane { return lane{e.Type, e.Canary()} }
+func laneOf(e services.HeldEntry) lane {
+	if e.Hold == "" {
+		return lane{e.Type, events.HoldTrust}
+	}
+	return lane{e.Type, e.Hold}
+}
 
 // apply takes one update of the watch into x; an entry that cannot be read
 // is logged and left out.
@@ -250,7 +256,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 		}
 	}
 	lanes := slices.SortedFunc(maps.Keys(x.lanes), func(a, b lane) int {
-		return cmp.Or(strings.Compare(a.typ, b.typ), cmp.Compare(btoi(a.canary), btoi(b.canary)))
+		return cmp.Or(strings.Compare(a.typ, b.typ), strings.Compare(string(a.hold), string(b.hold)))
 	})
 	if len(lanes) > 0 {
 		s.turn = (s.turn + 1) % len(lanes)
@@ -266,8 +272,20 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			}
 		}
 	}
+	// Passes waiting their turn share the room: each lane of them takes at
+	// most its part, the lanes in turn.
+	turns := 0
 	for _, l := range lanes {
-		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due), &room)...)
+		if l.hold == events.HoldQueued {
+			turns++
+		}
+	}
+	quota := 0
+	if turns > 0 {
+		quota = max(1, room/turns)
+	}
+	for _, l := range lanes {
+		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due), &room, quota)...)
 		if len(due) >= MaxWakesPerSweep {
 			break
 		}
@@ -316,10 +334,10 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 // many of the oldest as there are free canary places, each that waited
 // the canary TTL, and every one once the canaries' results scored the
 // type. A pass woken lately (woken.due) is left to its look.
-func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int) []wake {
+func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int, quota int) []wake {
 	j := s.judge(l.typ, now)
-	j.room = room
-	if l.canary {
+	j.room, j.quota = room, quota
+	if l.hold == events.HoldCanary {
 		for _, key := range keys { // places its passes woken lately are about to ask for
 			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
 				j.places--
@@ -345,14 +363,6 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 	return due
 }
 
-// btoi orders false before true.
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // judgement is what a sweep judges of one type: whether its held passes
 // may go, and how many more it wakes.
 type judgement struct {
@@ -363,8 +373,10 @@ type judgement struct {
 	readmits     int  // passes held for trust it wakes to re-admit
 	places       int  // canary places free for passes waiting for canaries
 	// room is how many more passes bound for the model the sweep may wake
-	// in bulk (Config.MaxBacklog), shared by every lane of the sweep.
-	room *int
+	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
+	// quota the part of it a lane of passes waiting their turn may take.
+	room  *int
+	quota int
 }
 
 // take takes one of the sweep's room for a pass bound for the model.
@@ -394,6 +406,7 @@ func (s *Service) room(ctx context.Context, stream jetstream.Stream) int {
 			info, err = c.Info(ctx)
 		}
 		if err != nil {
+			s.full.Store(false)
 			if !s.unbounded.Swap(true) && ctx.Err() == nil {
 				s.log.Warn("the backlog before the model cannot be read: the sweeper wakes passes without bounding it", "consumer", name, "err", err)
 			}
@@ -402,6 +415,7 @@ func (s *Service) room(ctx context.Context, stream jetstream.Stream) int {
 		waiting += int(info.NumPending)
 	}
 	s.unbounded.Store(false)
+	s.full.Store(waiting >= s.cfg.MaxBacklog)
 	return max(0, s.cfg.MaxBacklog-waiting)
 }
 
@@ -435,6 +449,9 @@ func (j *judgement) canaryRound() bool { return j.first.Unproven && !j.exempt }
 // can be due: e has not waited its time (the hold time, or the canary
 // TTL), and nothing is left to wake but passes that have.
 func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
+	if e.Hold == events.HoldQueued {
+		return *j.room <= 0 || j.quota <= 0
+	}
 	if e.Canary() {
 		bulk := !j.canaryRound() || now.Sub(e.Since) >= j.scoring.CanaryTTL
 		return (j.places <= 0 || !j.canaryRound()) && (*j.room <= 0 || !bulk)
@@ -444,6 +461,13 @@ func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
 
 // due is why the sweep wakes e, "" when it leaves it asleep.
 func (j *judgement) due(e services.HeldEntry, now time.Time) string {
+	if e.Hold == events.HoldQueued {
+		if j.quota > 0 && j.take() {
+			j.quota--
+			return WakeQueued
+		}
+		return ""
+	}
 	if e.Canary() {
 		switch {
 		case j.canaryRound() && j.places > 0:

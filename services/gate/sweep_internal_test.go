@@ -38,6 +38,9 @@ func TestJudgementDue(t *testing.T) {
 		return services.HeldEntry{Since: now.Add(-age), Hold: events.HoldCanary}
 	}
 	held := func(age time.Duration) services.HeldEntry { return services.HeldEntry{Since: now.Add(-age)} }
+	queued := func(age time.Duration) services.HeldEntry {
+		return services.HeldEntry{Since: now.Add(-age), Hold: events.HoldQueued}
+	}
 	unproven := trust.Verdict{Unproven: true}
 	below := trust.Verdict{Below: true}
 	tests := []struct {
@@ -72,6 +75,10 @@ func TestJudgementDue(t *testing.T) {
 			[]services.HeldEntry{held(p.HoldTime), held(time.Hour)}, []string{WakeExpired, WakeProbe}},
 		{"room for one: the oldest", judgement{first: trust.Verdict{}, readmits: 5, room: ptr(1)},
 			[]services.HeldEntry{canary(time.Minute), canary(time.Second)}, []string{WakeCanary, ""}},
+		{"waiting their turn: as many as the lane's quota", judgement{first: trust.Verdict{}, quota: 2},
+			[]services.HeldEntry{queued(time.Minute), queued(time.Second), queued(0)}, []string{WakeQueued, WakeQueued, ""}},
+		{"waiting their turn, no room: asleep", judgement{first: trust.Verdict{}, quota: 2, room: ptr(0)},
+			[]services.HeldEntry{queued(time.Minute)}, []string{""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,3 +125,25 @@ func TestJudgementQuiet(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A type's admissions count over the last window or so: one to two
+// halves back.
+func TestAdmissionsSlide(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	a := newAdmissions(10 * time.Second)
+	for i := range 3 {
+		a.add("flood", t0.Add(time.Duration(i)*time.Second))
+	}
+	a.add("other", t0)
+	for _, tt := range []struct {
+		at   time.Duration
+		want int
+	}{{2 * time.Second, 3}, {6 * time.Second, 3}, {9 * time.Second, 3}, {11 * time.Second, 0}, {time.Hour, 0}} {
+		if got := a.count("flood", t0.Add(tt.at)); got != tt.want {
+			t.Errorf("at +%s: %d admissions, want %d", tt.at, got, tt.want)
+		}
+	}
+	if got := a.count("other", t0.Add(time.Hour)); got != 0 {
+		t.Errorf("other: %d an hour later", got)
+	}
+}

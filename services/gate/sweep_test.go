@@ -314,15 +314,7 @@ func TestSweeperBoundsTheExecutorsBacklog(t *testing.T) {
 	const held = 16
 	m := startGateWith(t, scoring, 100, held, backlog) // a sweep could re-admit them all
 	ctx := t.Context()
-	exec, err := m.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{Durable: services.ConsumerExecutor,
-		FilterSubject: events.StageFilter(events.StageAdmitted), AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{Durable: services.ConsumerPrompt,
-		FilterSubject: events.StageFilter(events.StagePrompted), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
-		t.Fatal(err)
-	}
+	exec := m.modelQueue(ctx)
 	m.outcomes("gated", 10, false, "before")
 	eventually(t, "the view holds the outcomes", func() bool { return len(m.view.Stats("gated").Outcomes) == 10 })
 	for i := range held {
@@ -368,4 +360,85 @@ func ids(prefix string, n int) []string {
 		out[i] = fmt.Sprintf("%s%02d", prefix, i)
 	}
 	return out
+}
+
+// A flood of a trusted type takes its turn: once the queue before the
+// model is full, its first passes past its share sleep in the held index
+// (waiting their turn), another type's pass still goes straight through,
+// and as the queue drains the sleeping passes are woken and admitted.
+func TestAFloodOfATrustedTypeTakesItsTurn(t *testing.T) {
+	const backlog = 4
+	scoring := trust.Policy{PriorWeight: -1}
+	m := startGateWith(t, scoring, 100, 3, backlog)
+	ctx := t.Context()
+	exec := m.modelQueue(ctx)
+	m.outcomes("busy", 20, true, "before")
+	m.outcomes("calm", 20, true, "before")
+	eventually(t, "the view holds the outcomes", func() bool {
+		return len(m.view.Stats("busy").Outcomes) == 20 && len(m.view.Stats("calm").Outcomes) == 20
+	})
+	queued := func() (n int) {
+		for _, e := range m.asleep() {
+			if e.Hold == events.HoldQueued {
+				n++
+			}
+		}
+		return n
+	}
+	// The flood goes on until the gate queues its passes (the sweeper
+	// must first have seen the queue full).
+	var busy []string
+	for i := 0; queued() == 0; i++ {
+		if i >= 200 {
+			t.Fatal("200 passes of a flooding type and none waited its turn")
+		}
+		id := fmt.Sprintf("busy-%03d", i)
+		m.submit(id, "busy")
+		busy = append(busy, id)
+		if i >= backlog*2 {
+			time.Sleep(20 * time.Millisecond) // a sweep's time: the flood goes on while the gate is busy
+		}
+	}
+	m.submit("calm-0", "calm")
+	eventually(t, "the other type's pass admitted while the flood waits", func() bool {
+		return len(m.stageOf(events.StageAdmitted, []string{"calm-0"})) == 1
+	})
+	if queued() == 0 {
+		t.Fatal("no flood pass waiting its turn when the other type's went through")
+	}
+	// The executor drains the queue: every flood pass is admitted in turn.
+	eventually(t, "every flood pass admitted", func() bool {
+		exec.drain(t)
+		return queued() == 0 && len(m.stageOf(events.StageAdmitted, busy)) == len(busy)
+	})
+}
+
+// modelQueue creates the consumers the sweeper reads the queue before the
+// model from: the executor's takes the admitted passes (no prompt builder
+// runs here), the prompt builder's takes nothing.
+func (m *meshGate) modelQueue(ctx context.Context) queue {
+	m.t.Helper()
+	exec, err := m.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{Durable: services.ConsumerExecutor,
+		FilterSubject: events.StageFilter(events.StageAdmitted), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if _, err := m.js.CreateOrUpdateConsumer(ctx, services.Stream, jetstream.ConsumerConfig{Durable: services.ConsumerPrompt,
+		FilterSubject: events.StageFilter(events.StagePrompted), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		m.t.Fatal(err)
+	}
+	return queue{exec}
+}
+
+type queue struct{ jetstream.Consumer }
+
+// drain takes and acks what waits on the queue.
+func (q queue) drain(t *testing.T) {
+	batch, err := q.FetchNoWait(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for msg := range batch.Messages() {
+		_ = msg.Ack()
+	}
 }

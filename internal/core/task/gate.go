@@ -26,6 +26,10 @@ type GateIn struct {
 	// Delivered its delivery count there.
 	Arrived   time.Time
 	Delivered int
+	// Crowded: the queue before the model is full and the type had more
+	// than its share of the gate's latest admissions — a trusted first
+	// pass then waits its turn (queued) instead of joining that queue.
+	Crowded bool
 	// Woken: the look is at a held pass the gate's sweeper woke from the
 	// held index, because it saw a reason it may go: the look is a full
 	// one, never Quick.
@@ -65,8 +69,8 @@ const (
 	ActAdmit   GateAct = "admit"   // to the prompt builder
 	ActHold    GateAct = "hold"    // held for its type's trust (status held)
 	ActSleep   GateAct = "sleep"   // a held pass stays held (refused a trial place)
-	ActPark    GateAct = "park"    // to the held consumer, waiting for its type's canaries
-	ActWait    GateAct = "wait"    // a look at a waiting pass: wait on
+	ActPark    GateAct = "park"    // to the held consumer, waiting (GateOut.Hold: for its type's canaries, or its turn)
+	ActWait    GateAct = "wait"    // a look at a waiting pass: wait on (GateOut.Hold)
 	ActBlock   GateAct = "block"   // to a human (needs_human_review)
 	ActHandoff GateAct = "handoff" // the ladder ends here (blocked, rung_rate)
 )
@@ -86,6 +90,9 @@ type GateOut struct {
 	// Quick: the decision read nothing the view does not hold (a look at
 	// a pass that waits while every canary place is taken).
 	Quick bool
+	// Hold is what a parked or waiting pass waits for: its type's
+	// canaries (events.HoldCanary) or its turn (events.HoldQueued).
+	Hold events.Hold
 }
 
 // FullLookEvery: one look in this many at a pass waiting for canaries
@@ -110,6 +117,11 @@ func Decide(in GateIn) GateOut {
 	if in.Hold == "" && in.Delivered == 1 && canaryRound && !in.Run.Probe && !in.Run.Reviewed && !v.Below &&
 		in.Run.Pass == 1 && in.Run.Attempt <= 1 && in.Now.Sub(in.Arrived) < in.Scoring.CanaryTTL && PlacesTaken(in.Stats, in.Scoring, in.Now, t.ID) {
 		return waiting(out, ActPark, t, true)
+	}
+	// A pass queued for its turn waits until the gate's sweeper wakes it
+	// (its first look, at its held event, leaves it asleep).
+	if in.Hold == events.HoldQueued && !in.Woken {
+		return queued(out, ActWait, t)
 	}
 	held := in.Hold == events.HoldTrust
 	switch {
@@ -177,7 +189,18 @@ func Decide(in GateIn) GateOut {
 	if canaryRound && !out.Run.Probe {
 		return canaries(out, in)
 	}
+	if in.Crowded && in.Hold == "" && out.Trust.Cause == events.CauseTrusted && in.Run.Attempt <= 1 {
+		// A flood of a trusted type takes its turn with every other type's
+		// passes instead of filling the queue before the model.
+		return queued(out, ActPark, t)
+	}
 	return act(out, ActAdmit)
+}
+
+func queued(out GateOut, a GateAct, t events.Task) GateOut {
+	out.Trust.Reason = fmt.Sprintf("waiting its turn: the queue before the model is full and %s had more than its share of it", t.Type)
+	out.Hold, out.Quick = events.HoldQueued, a == ActWait
+	return act(out, a)
 }
 
 // climb applies the rung floor to a retry: it stays on its rung, moves up
@@ -255,7 +278,7 @@ func canaries(out GateOut, in GateIn) GateOut {
 
 func waiting(out GateOut, a GateAct, t events.Task, quick bool) GateOut {
 	out.Trust.Cause, out.Trust.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
-	out.Quick = quick
+	out.Quick, out.Hold = quick, events.HoldCanary
 	return act(out, a)
 }
 

@@ -93,6 +93,28 @@ func TestDecide(t *testing.T) {
 					t.Error("not quick: it reads nothing")
 				}
 			}},
+		{name: "crowded: a trusted first pass waits its turn", in: task.GateIn{Run: first, Verdict: trusted, Crowded: true},
+			act: task.ActPark, cause: events.CauseTrusted, reason: "waiting its turn", check: func(t *testing.T, out task.GateOut) {
+				if out.Hold != events.HoldQueued {
+					t.Errorf("parked for %q, want queued", out.Hold)
+				}
+			}},
+		{name: "crowded: a retry goes on", in: task.GateIn{Run: retry, Verdict: trusted, Crowded: true, Stats: scoring.Stats{}},
+			act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "crowded: an exempt type goes", in: task.GateIn{Run: first, Verdict: trusted, Exempt: true, Crowded: true},
+			act: task.ActAdmit, cause: events.CauseExempt},
+		{name: "crowded: a human's requeue goes", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 1, Reviewed: true}, Verdict: trusted, Crowded: true},
+			act: task.ActAdmit, cause: events.CauseReviewed},
+		{name: "crowded: a canary goes", in: task.GateIn{Run: first, Verdict: unproven, Crowded: true, Claimed: claimed(task.ClaimCanary, true)},
+			act: task.ActAdmit, cause: events.CauseUnproven},
+		{name: "a queued pass's first look: asleep until woken, quick", in: task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldQueued, Since: gateNow},
+			act: task.ActWait, check: func(t *testing.T, out task.GateOut) {
+				if !out.Quick || out.Hold != events.HoldQueued {
+					t.Errorf("quick %v, hold %q; want a quick wait for its turn", out.Quick, out.Hold)
+				}
+			}},
+		{name: "a queued pass woken: goes, even crowded", in: task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldQueued, Since: gateNow, Woken: true, Crowded: true},
+			act: task.ActAdmit, cause: events.CauseTrusted},
 		{name: "a waiting look, every place taken: waits on, quick", in: task.GateIn{Run: first, Verdict: unproven, Hold: events.HoldCanary, Since: gateNow, Delivered: 3, Stats: taken},
 			act: task.ActWait, check: func(t *testing.T, out task.GateOut) {
 				if !out.Quick {

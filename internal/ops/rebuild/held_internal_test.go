@@ -124,6 +124,14 @@ func TestReplayedHeldIndex(t *testing.T) {
 			s.queued("t1")
 			s.held("t1", 1, events.HoldCanary, time.Second, wait)
 		}, []services.HeldEntry{canary("t1", time.Second, 2)}},
+		{"waiting its turn", func(s *heldStream) {
+			s.queued("t1")
+			s.held("t1", 1, events.HoldQueued, time.Second, "waiting its turn")
+		}, []services.HeldEntry{func() services.HeldEntry {
+			e := entry("t1", 1, time.Second, 2, "waiting its turn")
+			e.Hold = events.HoldQueued
+			return e
+		}()}},
 		{"waiting for canaries, woken, then admitted", func(s *heldStream) {
 			s.queued("t1")
 			ev := s.held("t1", 1, events.HoldCanary, time.Second, wait)

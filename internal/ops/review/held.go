@@ -91,9 +91,9 @@ type HeldList struct {
 	// the gate decided it and its entry was not removed yet. The gate
 	// removes such an entry at its next look at the pass.
 	MovedOn int `json:"moved_on,omitempty"`
-	// WaitingForCanaries counts the passes of the index read that wait
-	// for their type's canaries (not held: their status is unchanged).
-	WaitingForCanaries int `json:"waiting_for_canaries,omitempty"`
+	// Waiting counts the passes of the index read that wait for their
+	// type's canaries or their turn (not held: their status is unchanged).
+	Waiting int `json:"waiting,omitempty"`
 	// HoldTimeFrom is where the items' hold times come from:
 	// HoldTimeFromPolicy or HoldTimeFromDefault.
 	HoldTimeFrom string `json:"hold_time_from"`
@@ -126,16 +126,16 @@ func (c *Client) Held(ctx context.Context, taskType string) (HeldList, error) {
 	if err != nil {
 		return HeldList{}, err
 	}
-	// Passes waiting for their type's canaries sleep in the index too, but
-	// are not held: counted apart, not listed.
+	// Passes waiting for their type's canaries or their turn sleep in the
+	// index too, but are not held: counted apart, not listed.
 	waiting := len(entries)
-	entries = slices.DeleteFunc(entries, services.HeldEntry.Canary)
+	entries = slices.DeleteFunc(entries, func(e services.HeldEntry) bool { return !e.ForTrust() })
 	waiting -= len(entries)
 	slices.SortFunc(entries, func(a, b services.HeldEntry) int {
 		return cmp.Or(a.Since.Compare(b.Since), strings.Compare(a.Key(), b.Key()))
 	})
 	hl := HeldList{Items: []HeldItem{}, Total: len(entries), Complete: complete, Scanned: scanned, HoldTimeFrom: HoldTimeFromPolicy,
-		WaitingForCanaries: waiting}
+		Waiting: waiting}
 	if c.cfg.Policy == nil {
 		hl.HoldTimeFrom = HoldTimeFromDefault
 	}
