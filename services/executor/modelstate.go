@@ -26,8 +26,9 @@ type modelStates struct {
 	log   *slog.Logger
 }
 
-// maxCAS bounds the compare-and-set retries of one update.
-const maxCAS = 8
+// maxCAS bounds the compare-and-set retries of one update (each lost one
+// means another instance's update went in).
+const maxCAS = 100
 
 // update applies tr to the circuit at key until its write holds; label
 // says what the circuit is for. It returns the circuit as written (or as
@@ -66,6 +67,7 @@ func (m *modelStates) update(ctx context.Context, key, label string, tr func(cir
 			return next
 		}
 	}
+	m.log.Warn("model circuit not shared: too many concurrent updates, this instance decides alone", "model", label)
 	return next
 }
 
