@@ -86,7 +86,7 @@ type Options struct {
 	// Circuit configures the executor's per-model breakers, shared by every
 	// executor instance through bucket dispatch_models (executor.Config).
 	Circuit executor.CircuitConfig
-	Prices       map[string]executor.Price
+	Prices  map[string]executor.Price
 	// Scoring overrides trust scoring defaults (window 50, min 10, threshold 0.15).
 	Scoring trust.Policy
 	// HTTPClient is used by http verifiers.
