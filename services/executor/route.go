@@ -288,9 +288,11 @@ func (a *attempt) try(ctx context.Context, rt *route, r Request, hash string) (R
 		return Response{}, tryFault, &routeFaultError{routeFault{route: rt, class: events.ErrorClassAuth, fix: fix, hash: hash}}
 	}
 	now := s.cfg.Now()
-	if d, dead := s.models.dead(rt.deadKeys[:], a.base.PolicyRev, now); dead {
-		s.metrics.skip(rt.name, skipDead)
-		return Response{}, tryFault, &routeFaultError{routeFault{route: rt, class: d.Class, fix: d.Fix, hash: hash, mark: &d}}
+	if rt.chain {
+		if d, dead := s.models.dead(rt.deadKeys[:], a.base.PolicyRev, now); dead {
+			s.metrics.skip(rt.name, skipDead)
+			return Response{}, tryFault, &routeFaultError{routeFault{route: rt, class: d.Class, fix: d.Fix, hash: hash, mark: &d}}
+		}
 	}
 	ok, probe, wait, state := s.models.allow(ctx, rt.circuitKey, rt.label(), now)
 	s.metrics.circuitState(rt.name, state)
@@ -324,9 +326,9 @@ func (a *attempt) try(ctx context.Context, rt *route, r Request, hash string) (R
 	return a.fault(ctx, rt, hash, c, err)
 }
 
-// fault takes a model's deployment fault: the model is marked (when the
-// fault is not this request's alone), the request banned for the task,
-// and the call goes on to the next model.
+// fault takes a model's deployment fault: a chain's model is marked
+// (when the fault is not this request's alone), the request banned for the
+// task, and the call goes on to the next model.
 func (a *attempt) fault(ctx context.Context, rt *route, hash string, c Classification, err error) (Response, int, error) {
 	s := a.s
 	s.metrics.skip(rt.name, skipFailed)
@@ -339,7 +341,10 @@ func (a *attempt) fault(ctx context.Context, rt *route, hash string, c Classific
 	}
 	status, _, _, _ := errorDetails(err)
 	now := s.cfg.Now()
-	if key := rt.markKey(c.Class, status); key != "" {
+	if key := rt.markKey(c.Class, status); key != "" && rt.chain {
+		// A chain's model is marked for every task and instance; the one
+		// model of a type without a chain is not (each task's call goes
+		// to a human after its one call, as it always did).
 		s.models.markDead(ctx, key, deadMark{Model: rt.label(), Class: c.Class, Fix: fix, Rev: a.base.PolicyRev, At: now, Until: now.Add(s.models.cfg.DeadFor)})
 	}
 	f := routeFault{route: rt, class: c.Class, fix: fix, hash: hash, err: err}
