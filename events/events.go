@@ -416,6 +416,11 @@ type Result struct {
 	// Fallbacks names the models of the chain the answering call passed
 	// over before Route — cooling down, marked dead, failed — in order.
 	Fallbacks []string `json:"fallbacks,omitempty"`
+	// Banned are the requests of the attempt that failed deterministically
+	// on models of the chain the call then passed over (their deployment's
+	// fault), each "<request_hash>/<error_class>": banned for the task as
+	// RequestHash is.
+	Banned []string `json:"banned,omitempty"`
 	Simulated bool     `json:"simulated,omitempty"`
 	// RequestHash identifies the request sent (model + normalised messages +
 	// parameters); a deterministic failure bans it for the task.

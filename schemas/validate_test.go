@@ -37,7 +37,7 @@ var (
 	}
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",
-		Changes: []string{"src/app.css"}, Error: "tests failed", ErrorClass: "model", Model: "gpt-4o", Route: "backup", Fallbacks: []string{"primary"},
+		Changes: []string{"src/app.css"}, Error: "tests failed", ErrorClass: "model", Model: "gpt-4o", Route: "backup", Fallbacks: []string{"primary"}, Banned: []string{"9f86d081884c7d65/auth"},
 		Simulated: true, RequestHash: "sha256:9f86d081884c7d65", Refused: true, TransientRetries: 2,
 		ToolCalls: 9, ToolRefusals: 1, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, DurationMS: 4200,
 	}

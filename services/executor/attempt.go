@@ -33,8 +33,10 @@ type attempt struct {
 	routes []route
 	route  *route
 	passed []string
-	// failedNow holds the hashes of requests this try banned.
-	failedNow map[string]bool
+	// failedNow holds the hashes of requests this try banned on models it
+	// then passed over; bannedRoutes the same as Result.Banned entries.
+	failedNow    map[string]bool
+	bannedRoutes []string
 	// banned maps a failed tool call's hash to its error, when known.
 	banned map[string]string
 	// prompt is how many of a model request's messages are the prompt's;

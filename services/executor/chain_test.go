@@ -271,6 +271,9 @@ func TestChainMovesOnFromDeploymentFaults(t *testing.T) {
 			for i := range 4 {
 				id := fmt.Sprintf("t%d", i)
 				r := e.handle(id, 1, testMessages).result(t)
+				if i == 0 && (len(r.Banned) != 1 || !strings.HasSuffix(r.Banned[0], "/"+string(tt.class))) {
+					t.Errorf("t0 result bans %v, want the primary's request as %s", r.Banned, tt.class)
+				}
 				if r.Outcome != events.OutcomeSuccess || r.Route != "spare" || !slices.Equal(r.Fallbacks, []string{"primary"}) {
 					t.Fatalf("%s: %+v, want the spare's success", id, r)
 				}
@@ -281,8 +284,13 @@ func TestChainMovesOnFromDeploymentFaults(t *testing.T) {
 			if st := e.state("t0"); len(st.FailedRequests) != 1 || !strings.HasSuffix(st.FailedRequests[0], "/"+string(tt.class)) {
 				t.Errorf("t0 failed requests %v, want the primary's request banned as %s", st.FailedRequests, tt.class)
 			}
-			if n := e.counter("dispatch_model_skips_total", map[string]string{"model": "primary", "reason": "dead"}); n != 3 {
-				t.Errorf("%v calls passed the dead primary over, want 3", n)
+			// the Executed says so too: a rebuild from the stream bans it again
+			r := e.handle("t9", 1, testMessages).result(t)
+			if len(r.Banned) != 0 {
+				t.Errorf("a task passing the marked primary over bans %v, want nothing (no call)", r.Banned)
+			}
+			if n := e.counter("dispatch_model_skips_total", map[string]string{"model": "primary", "reason": "dead"}); n != 4 {
+				t.Errorf("%v calls passed the dead primary over, want 4", n)
 			}
 		})
 	}

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -50,6 +52,7 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 	if a.route != nil && a.route.chain {
 		r.Route, r.Fallbacks = a.route.name, slices.Clone(a.passed)
 	}
+	r.Banned = a.bannedOnRoutes()
 	var (
 		lerr *ledgerError
 		wait *circuitWait
@@ -95,6 +98,20 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		return events.Result{}, err
 	}
 	return r, nil
+}
+
+// bannedOnRoutes are the requests of this pass banned on models the calls passed
+// over (Result.Banned): this try's, and those of earlier tries of the pass
+// (a redelivery's), tool calls aside.
+func (a *attempt) bannedOnRoutes() []string {
+	out := slices.Clone(a.bannedRoutes)
+	for _, hash := range slices.Sorted(maps.Keys(a.f.bannedNow)) {
+		e := hash + "/" + string(a.f.bannedNow[hash])
+		if !strings.HasPrefix(hash, ToolHashPrefix) && !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // failed bans a failed attempt's request when its class does (before the

@@ -355,6 +355,7 @@ func (a *attempt) fault(ctx context.Context, rt *route, hash string, c Classific
 		a.failedNow = map[string]bool{}
 	}
 	a.failedNow[hash] = true
+	a.bannedRoutes = append(a.bannedRoutes, hash+"/"+string(c.Class))
 	s.cfg.Log.Warn("model is the deployment's fault: the call goes to the next model", "task", a.in.Task.ID, "model", rt.name, "class", c.Class, "fix", fix)
 	return Response{}, tryFault, &routeFaultError{f}
 }
