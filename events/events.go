@@ -420,7 +420,7 @@ type Result struct {
 	// on models of the chain the call then passed over (their deployment's
 	// fault), each "<request_hash>/<error_class>": banned for the task as
 	// RequestHash is.
-	Banned []string `json:"banned,omitempty"`
+	Banned    []string `json:"banned,omitempty"`
 	Simulated bool     `json:"simulated,omitempty"`
 	// RequestHash identifies the request sent (model + normalised messages +
 	// parameters); a deterministic failure bans it for the task.
