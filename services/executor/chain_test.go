@@ -347,3 +347,42 @@ func TestRequestHashIncludesTheEndpoint(t *testing.T) {
 		t.Error("two endpoints hash alike")
 	}
 }
+
+// A chain may name models on the executor's own endpoint and key: a model
+// the endpoint does not know passes the call to the next name.
+func TestChainOnTheExecutorsOwnEndpoint(t *testing.T) {
+	e := newEnv(t, func(_ int, r openaitest.Request) openaitest.Reply {
+		if r.Model == "gpt-5x" {
+			return status(http.StatusNotFound, `{"error":{"message":"The model gpt-5x does not exist","type":"invalid_request_error","code":"model_not_found"}}`)
+		}
+		return ok("fixed it")
+	}, policy.Type{Model: "unused", Models: []policy.Model{{Model: "gpt-5x"}, {Model: "gpt-4o"}}}, nil)
+	r := e.handle("t1", 1, testMessages).result(t)
+	if r.Outcome != events.OutcomeSuccess || r.Route != "gpt-4o" || !slices.Equal(r.Fallbacks, []string{"gpt-5x"}) {
+		t.Fatalf("result %+v, want gpt-4o's success after gpt-5x", r)
+	}
+	reqs := e.model.Requests()
+	if len(reqs) != 2 || reqs[0].Model != "gpt-5x" || reqs[1].Model != "gpt-4o" || reqs[1].Header.Get("Authorization") != "Bearer sk-test" {
+		t.Errorf("requests %d, want gpt-5x then gpt-4o with the executor's key", len(reqs))
+	}
+}
+
+// A redelivered pass whose first delivery banned the first model's request
+// (its deployment's fault) and died before its Executed was stored goes on
+// to the next model, as the first delivery did: it does not fail again.
+func TestChainRedeliveryPassesTheBannedModelOver(t *testing.T) {
+	c := newChainEnv(t,
+		always(status(http.StatusUnauthorized, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`)),
+		always(ok("spare")), 1, bothKeys)
+	e := c.instances[0]
+	if r := e.handle("t1", 1, testMessages).result(t); r.Route != "spare" {
+		t.Fatalf("first delivery answered by %q, want spare", r.Route)
+	}
+	r := e.redeliver("t1", 1, testMessages).result(t)
+	if r.Outcome != events.OutcomeSuccess || r.Route != "spare" || len(r.Banned) != 1 {
+		t.Errorf("redelivery: %+v, want the spare's success, the primary's request still banned", r)
+	}
+	if c.primary.Calls() != 1 {
+		t.Errorf("primary called %d times, want once", c.primary.Calls())
+	}
+}
