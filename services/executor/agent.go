@@ -58,8 +58,9 @@ func (s *Service) runAgent(ctx context.Context, a *attempt) (events.Result, erro
 		o.err = ctx.Err()
 		return s.conclude(ctx, a, o)
 	}
-	state, opened := s.models.done(ctx, key, label, s.cfg.Now(), probe, err != nil && Classify(err, s.rules).Class == events.ErrorClassTransient)
-	s.metrics.called(name, Classify(err, s.rules).Class, state, opened)
+	class := Classify(err, s.rules).Class
+	state, opened := s.models.done(ctx, key, label, s.cfg.Now(), probe, class == events.ErrorClassTransient)
+	s.metrics.called(name, class, state, opened)
 	if err != nil {
 		o.err, o.endpoint = err, name
 		return s.conclude(ctx, a, o)

@@ -235,10 +235,12 @@ func (a *attempt) complete(ctx context.Context, req Request) (Response, string, 
 		case next == tryRefused:
 			banned = hash
 		case next == tryCooling:
-			cooling = true
-			if wait == 0 || err.(*circuitWait).wait < wait {
-				wait = err.(*circuitWait).wait
+			var cw *circuitWait
+			errors.As(err, &cw)
+			if !cooling || cw.wait < wait {
+				wait = cw.wait
 			}
+			cooling = true
 		case next == tryFault:
 			var rf *routeFaultError
 			errors.As(err, &rf)
