@@ -120,3 +120,66 @@ func FuzzDecodeDeadMark(f *testing.F) {
 		}
 	})
 }
+
+// When a shared circuit's cool-down ends, the instances asking at once
+// let exactly one probe through: the half-open write is a compare-and-set.
+func TestModelCircuitLetsOneProbeAcrossInstances(t *testing.T) {
+	ns := natstest.Start(t)
+	ctx := context.Background()
+	kv, err := ns.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "dispatch_models"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := CircuitConfig{Threshold: 1, CoolDown: 10 * time.Second}.withDefaults()
+	var states []*modelStates
+	for range 4 {
+		st, err := newKVStore(ctx, kv, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.close)
+		states = append(states, &modelStates{cfg: cfg, store: st, log: log})
+	}
+	t0 := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
+	if _, opened := states[0].done(ctx, "circuit.x", "m", t0, false, true); !opened {
+		t.Fatal("the failure did not open the circuit")
+	}
+	// every instance's watcher has seen it open (a deadlock guard, not a
+	// timing assertion)
+	deadline := time.Now().Add(10 * time.Second)
+	for _, m := range states {
+		for {
+			if data, rev := m.store.get("circuit.x"); rev > 0 {
+				if c, _ := decodeCircuit(data); c.State == CircuitOpen {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("an instance never saw the circuit open")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		probes int
+	)
+	for _, m := range states {
+		wg.Go(func() {
+			for range 5 {
+				ok, probe, _, _ := m.allow(ctx, "circuit.x", "m", t0.Add(cfg.CoolDown))
+				if ok && probe {
+					mu.Lock()
+					probes++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if probes != 1 {
+		t.Errorf("%d probes let through by 4 instances, want 1", probes)
+	}
+}
