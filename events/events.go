@@ -412,8 +412,21 @@ type Result struct {
 	Error string `json:"error,omitempty"`
 	// ErrorClass classifies Error (model, invalid_output, …).
 	ErrorClass ErrorClass `json:"error_class,omitempty"`
-	Model      string     `json:"model,omitempty"`
-	Simulated  bool       `json:"simulated,omitempty"`
+	// Model is the model that answered (as the provider names it), or
+	// was asked last.
+	Model string `json:"model,omitempty"`
+	// Route names the entry of the type's model chain (policy "models")
+	// that answered, or was called last; absent for a type without a chain.
+	Route string `json:"route,omitempty"`
+	// Fallbacks names the models of the chain the answering call passed
+	// over before Route — cooling down, marked dead, failed — in order.
+	Fallbacks []string `json:"fallbacks,omitempty"`
+	// Banned are the requests of the attempt that failed deterministically
+	// on models of the chain the call then passed over (their deployment's
+	// fault), each "<request_hash>/<error_class>": banned for the task as
+	// RequestHash is.
+	Banned    []string `json:"banned,omitempty"`
+	Simulated bool     `json:"simulated,omitempty"`
 	// RequestHash identifies the request sent (model + normalised messages +
 	// parameters); a deterministic failure bans it for the task.
 	RequestHash string `json:"request_hash,omitempty"`
@@ -463,6 +476,10 @@ type AttemptRecord struct {
 	// ErrorClass classifies a failed attempt's Reason (ErrorClass*): a
 	// refused request is told from a sent one without reading Reason.
 	ErrorClass ErrorClass `json:"error_class,omitempty"`
+	// Model is the model that answered the attempt (Result.Route for a
+	// type with a model chain, else Result.Model); absent in records
+	// written before it was kept.
+	Model string `json:"model,omitempty"`
 }
 
 // Escalated is the one review record of a task the mesh gave up on (status blocked).

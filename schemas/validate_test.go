@@ -37,13 +37,13 @@ var (
 	}
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",
-		Changes: []string{"src/app.css"}, Error: "tests failed", ErrorClass: "model", Model: "gpt-4o",
+		Changes: []string{"src/app.css"}, Error: "tests failed", ErrorClass: "model", Model: "gpt-4o", Route: "backup", Fallbacks: []string{"primary"}, Banned: []string{"9f86d081884c7d65/auth"},
 		Simulated: true, RequestHash: "sha256:9f86d081884c7d65", Refused: true, TransientRetries: 2,
 		ToolCalls: 9, ToolRefusals: 1, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, DurationMS: 4200,
 	}
 	attempt = events.AttemptRecord{
 		Attempt: 3, Pass: 2, Rung: "PIVOT", Step: "implement", Approach: "move the rule",
-		Outcome: events.OutcomeFailure, Reason: "tests failed", ErrorClass: events.ErrorClassStep, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, At: at,
+		Outcome: events.OutcomeFailure, Reason: "tests failed", ErrorClass: events.ErrorClassStep, TokensIn: 1200, TokensOut: 300, Cost: 0.0123, At: at, Model: "backup",
 	}
 	action = events.Action{
 		TaskID: "t-42", Action: events.ActionRequeue, Note: "try the theme file", By: "alice", At: at,

@@ -30,6 +30,10 @@ const (
 	// BucketPolicy holds the per-type policies under one key, "current"
 	// (package policy), keeping every revision (PolicyRevisions).
 	BucketPolicy = "dispatch_policy"
+	// BucketModels holds what every executor instance shares about the
+	// models it calls: each model's circuit (cool-down) and the marks of
+	// deployments found wrong (a key refused, a model not found).
+	BucketModels = "dispatch_models"
 
 	// Durable consumer names, one per stage; instances of a stage share it.
 	ConsumerIntake   = "intake"

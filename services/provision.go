@@ -74,7 +74,7 @@ func (c StreamConfig) withDefaults() StreamConfig {
 
 // Stores are the KV buckets the services use; one a process did not bind is nil.
 type Stores struct {
-	Tasks, Trust, History, Policy, Held jetstream.KeyValue
+	Tasks, Trust, History, Policy, Held, Models jetstream.KeyValue
 }
 
 // PolicyRevisions is how many revisions of the policy BucketPolicy keeps:
@@ -140,6 +140,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		// An entry lives while its pass is held: no age removes it (a
 		// hold time past MaxAge would strand its pass); its look does.
 		{&st.Held, BucketHeld, 1, 0},
+		// One key per model of the policy's chains (a known set), each
+		// entry ending by its own time (a cool-down's, a mark's).
+		{&st.Models, BucketModels, 1, 0},
 	} {
 		kc := jetstream.KeyValueConfig{
 			Bucket: b.name, History: uint8(b.history), TTL: b.ttl,
@@ -279,7 +282,7 @@ func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg Stre
 }
 
 // AllBuckets are the KV buckets Provision creates.
-var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory, BucketPolicy, BucketHeld}
+var AllBuckets = []string{BucketTasks, BucketTrust, BucketHistory, BucketPolicy, BucketHeld, BucketModels}
 
 // OpenStores binds to every bucket, which must exist (admin tools).
 func OpenStores(ctx context.Context, js jetstream.JetStream) (*Stores, error) {
@@ -328,6 +331,8 @@ func (s *Stores) field(bucket string) *jetstream.KeyValue {
 		return &s.Policy
 	case BucketHeld:
 		return &s.Held
+	case BucketModels:
+		return &s.Models
 	}
 	return nil
 }

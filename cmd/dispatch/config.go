@@ -51,6 +51,16 @@ type Config struct {
 	// OpenAIAPIKey enables the real model; without it the executor uses the
 	// built-in simulated model.
 	OpenAIAPIKey string `envconfig:"OPENAI_API_KEY"`
+	// ModelFailures transient failures of a model within ModelWindow cool
+	// it down for ModelCoolDown (doubling up to ModelMaxCoolDown while its
+	// probes fail), for every executor instance; a model whose key or
+	// name the deployment got wrong is not called for ModelDeadFor
+	// (executor.CircuitConfig). ModelFailures -1 disables the breaker.
+	ModelFailures    int           `envconfig:"MODEL_FAILURES" default:"5"`
+	ModelWindow      time.Duration `envconfig:"MODEL_WINDOW" default:"1m"`
+	ModelCoolDown    time.Duration `envconfig:"MODEL_COOLDOWN" default:"30s"`
+	ModelMaxCoolDown time.Duration `envconfig:"MODEL_MAX_COOLDOWN" default:"5m"`
+	ModelDeadFor     time.Duration `envconfig:"MODEL_DEAD_FOR" default:"1h"`
 	// Model is the default model; a type's policy may name another.
 	Model string `envconfig:"MODEL" default:"gpt-4o-mini"`
 	// Prices per model, USD per million tokens input/output: "gpt-4o=2.5/10,gpt-4o-mini=0.15/0.6".
@@ -246,8 +256,16 @@ func resolveNATSURL(lookup func(string) (string, bool)) (string, error) {
 }
 
 // Validate reports every problem at once.
+// circuit is the executor's per-model breaker configuration.
+func (c Config) circuit() executor.CircuitConfig {
+	return executor.CircuitConfig{Threshold: c.ModelFailures, Window: c.ModelWindow, CoolDown: c.ModelCoolDown, MaxCoolDown: c.ModelMaxCoolDown, DeadFor: c.ModelDeadFor}
+}
+
 func (c Config) Validate() error {
 	var errs []error
+	if c.ModelFailures == 0 || c.ModelWindow < 0 || c.ModelCoolDown < 0 || c.ModelMaxCoolDown < 0 || c.ModelDeadFor < 0 {
+		errs = append(errs, errors.New("DISPATCH_MODEL_FAILURES must be positive (or -1: no breaker) and DISPATCH_MODEL_WINDOW, _COOLDOWN, _MAX_COOLDOWN and _DEAD_FOR not negative"))
+	}
 	if _, err := parsePrices(c.Prices); err != nil {
 		errs = append(errs, err)
 	}

@@ -200,3 +200,27 @@ func TestLimitsFromTheEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// DISPATCH_MODEL_* configure the executor's per-model breaker.
+func TestModelBreakerFromTheEnvironment(t *testing.T) {
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.circuit(); c.Threshold != 5 || c.Window != time.Minute || c.CoolDown != 30*time.Second || c.MaxCoolDown != 5*time.Minute || c.DeadFor != time.Hour {
+		t.Errorf("defaults %+v, want 5 in 1m, 30s up to 5m, dead for 1h", c)
+	}
+	t.Setenv("DISPATCH_MODEL_FAILURES", "3")
+	t.Setenv("DISPATCH_MODEL_COOLDOWN", "10s")
+	if cfg, err = loadConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.circuit(); c.Threshold != 3 || c.CoolDown != 10*time.Second {
+		t.Errorf("set: %+v, want 3 failures and 10s", c)
+	}
+	t.Setenv("DISPATCH_MODEL_FAILURES", "0")
+	t.Setenv("DISPATCH_MODEL_DEAD_FOR", "-1s")
+	if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), "DISPATCH_MODEL_FAILURES") {
+		t.Errorf("error %v, want DISPATCH_MODEL_FAILURES refused", err)
+	}
+}

@@ -365,7 +365,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
 		Health: checks, Instance: instance(), StateKey: stateKey, AgentEnv: cfg.AgentEnv, CommandEnv: cfg.CommandEnv,
 		AgentLimits: agentLimits, CommandLimits: commandLimits,
-		ErrorRules:     cfg.errorRules(),
+		ErrorRules: cfg.errorRules(), Circuit: cfg.circuit(), BaseURL: cfg.OpenAIBaseURL, APIKey: cfg.OpenAIAPIKey,
 		KnownTypesOnly: cfg.KnownTypesOnly, MaxTypeLabels: cfg.maxTypeLabels(),
 		APIMaxRequests: cfg.APIMaxRequests, APIMaxWaits: cfg.APIMaxWaits, APIMaxClientWaits: cfg.APIMaxClientWaits,
 	})

@@ -45,7 +45,7 @@ var Buckets = map[string]Access{
 	Gate: {Writes: []string{services.BucketTrust, services.BucketTasks, services.BucketHeld}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}}, // a handoff's end marker
 	Prompt:   {Reads: []string{services.BucketHistory, services.BucketPolicy}},
-	Executor: {Writes: []string{services.BucketTasks}, Reads: []string{services.BucketPolicy}},
+	Executor: {Writes: []string{services.BucketTasks, services.BucketModels}, Reads: []string{services.BucketPolicy}},
 	Recorder: {Writes: []string{services.BucketTasks, services.BucketHistory}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}},
 	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
@@ -136,6 +136,15 @@ func (s *storesOf) view(ctx context.Context, js jetstream.JetStream, log *slog.L
 	}
 	context.AfterFunc(ctx, v.Stop)
 	return v, nil
+}
+
+// models is the bucket of the models' circuits and marks.
+func (s *storesOf) models() jetstream.KeyValue {
+	if s.kv.Models == nil {
+		s.unlisted(services.BucketModels)
+		return nil
+	}
+	return s.kv.Models
 }
 
 func (s *storesOf) history() *history.Store {

@@ -76,7 +76,17 @@ type Options struct {
 	Model executor.Model
 	// DefaultModel is the model name when a type names none.
 	DefaultModel string
-	Prices       map[string]executor.Price
+	// BaseURL and APIKey are the endpoint and key of a chain's model that
+	// names none of its own; Credential resolves a chain's named
+	// credentials, Dial makes the model of a chain entry with an endpoint
+	// or key of its own (executor.Config). Defaults: executor's.
+	BaseURL, APIKey string
+	Credential      func(name string) (string, bool)
+	Dial            func(baseURL, apiKey string) executor.Model
+	// Circuit configures the executor's per-model breakers, shared by every
+	// executor instance through bucket dispatch_models (executor.Config).
+	Circuit executor.CircuitConfig
+	Prices  map[string]executor.Price
 	// Scoring overrides trust scoring defaults (window 50, min 10, threshold 0.15).
 	Scoring trust.Policy
 	// HTTPClient is used by http verifiers.
@@ -552,6 +562,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 			Model: o.Model, AgentEnv: o.AgentEnv, CommandEnv: o.CommandEnv, AgentLimits: o.AgentLimits, CommandLimits: o.CommandLimits,
 			DefaultModel: o.DefaultModel, Policy: o.Policy, Prices: o.Prices,
 			Tasks: st.tasks().Sealing(o.sealer), NATS: o.NC, Registry: o.Registry, TypeLabels: o.types, Rules: o.ErrorRules, Instance: inst, Log: o.Log,
+			ModelStates: st.models(), Circuit: o.Circuit, BaseURL: o.BaseURL, APIKey: o.APIKey, Credential: o.Credential, Dial: o.Dial,
 		})
 		if err != nil {
 			return services.Spec{}, err

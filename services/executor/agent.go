@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // runAgent runs the type's agent command (policy executor "command") with
@@ -32,29 +34,46 @@ func (s *Service) runAgent(ctx context.Context, a *attempt) (events.Result, erro
 	// for the model name, so a changed command is a changed request.
 	req := Request{Model: "command:" + strings.Join(argv, "\x00"), Messages: PromptMessages(a.in.Prompt.Messages)}
 	a.endpoint, a.model = name, name
-	return s.run(ctx, a, req, func(probe bool) outcome {
-		o := outcome{hash: RequestHash(req)}
-		run, err := runCommand(ctx, argv, "", []byte(PromptText(a.in.Prompt.Messages)), s.cfg.AgentEnv, s.cfg.AgentLimits, time.Duration(a.pol.CommandTimeout), true)
-		if err != nil && ctx.Err() != nil {
-			a.br.release(s.cfg.Now(), probe)
-			o.err = ctx.Err()
-			return o
-		}
-		a.circuitDone(probe, err != nil && Classify(err, s.rules).Class == events.ErrorClassTransient)
-		if err != nil {
-			o.err, o.endpoint = err, name
-			return o
-		}
-		o.final = Response{Content: run.stdout}
-		u := readUsage(run.stdout)
-		o.model, o.tokensIn, o.tokensOut, o.cost = u.Model, u.TokensIn, u.TokensOut, u.Cost
-		if o.cost == 0 {
-			o.cost = s.cost(u.Model, Response{TokensIn: u.TokensIn, TokensOut: u.TokensOut})
-		}
-		model := cmp.Or(u.Model, name)
-		s.metrics.usage(model, a.in.Task.Type, o.tokensIn, o.tokensOut, o.cost)
-		return o
-	})
+	hash := RequestHash(req)
+	if class, ok := a.f.bannedNow[hash]; ok && a.f.redelivered {
+		return s.failedAgain(ctx, a, hash, class)
+	}
+	if a.f.failed[hash] {
+		return s.refuse(ctx, a, hash, a.f.unbilled)
+	}
+	key, label := stateKey("circuit", name), name
+	ok, probe, wait, state := s.models.allow(ctx, key, label, s.cfg.Now())
+	s.metrics.circuitState(name, state)
+	if !ok {
+		s.metrics.snooze.WithLabelValues(snoozeCircuit).Observe(wait.Seconds())
+		s.cfg.Log.Info("circuit open: snoozed without calling", "task", a.in.Task.ID, "command", name, "delay", wait)
+		return events.Result{}, services.Snooze(wait, fmt.Errorf("%s: %w", name, ErrCircuitOpen))
+	}
+	o := outcome{hash: hash}
+	run, err := runCommand(ctx, argv, "", []byte(PromptText(a.in.Prompt.Messages)), s.cfg.AgentEnv, s.cfg.AgentLimits, time.Duration(a.pol.CommandTimeout), true)
+	if err != nil && ctx.Err() != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
+		defer cancel()
+		s.models.release(rctx, key, label, s.cfg.Now(), probe)
+		o.err = ctx.Err()
+		return s.conclude(ctx, a, o)
+	}
+	class := Classify(err, s.rules).Class
+	state, opened := s.models.done(ctx, key, label, s.cfg.Now(), probe, class == events.ErrorClassTransient)
+	s.metrics.called(name, class, state, opened)
+	if err != nil {
+		o.err, o.endpoint = err, name
+		return s.conclude(ctx, a, o)
+	}
+	o.final = Response{Content: run.stdout}
+	u := readUsage(run.stdout)
+	o.model, o.tokensIn, o.tokensOut, o.cost = u.Model, u.TokensIn, u.TokensOut, u.Cost
+	if o.cost == 0 {
+		o.cost = s.cost(u.Model, Response{TokensIn: u.TokensIn, TokensOut: u.TokensOut})
+	}
+	model := cmp.Or(u.Model, name)
+	s.metrics.usage(model, a.in.Task.Type, o.tokensIn, o.tokensOut, o.cost)
+	return s.conclude(ctx, a, o)
 }
 
 // usage is what an agent command may report of its spending, next to the

@@ -24,9 +24,19 @@ type attempt struct {
 	// model names what runs the attempt in its Result (the model, or
 	// "command:<program>").
 	model string
-	// endpoint keys the circuit breaker and the transient metrics.
+	// endpoint is where the attempt's last call went (the transient
+	// metric); an agent command's name.
 	endpoint string
-	br       *breaker
+	// routes are the models the attempt may call, in order; route is the
+	// one called last, passed the names of those the last call passed
+	// over before it (Result.Fallbacks).
+	routes []route
+	route  *route
+	passed []string
+	// failedNow holds the hashes of requests this try banned on models it
+	// then passed over; bannedRoutes the same as Result.Banned entries.
+	failedNow    map[string]bool
+	bannedRoutes []string
 	// banned maps a failed tool call's hash to its error, when known.
 	banned map[string]string
 	// prompt is how many of a model request's messages are the prompt's;
@@ -47,7 +57,8 @@ type outcome struct {
 	// model is the model that answered ("" when none did).
 	model                   string
 	toolCalls, toolRefusals int
-	// err is the error the attempt stopped on; endpoint is where it happened.
+	// err is the error the attempt stopped on; endpoint is where it
+	// happened.
 	err      error
 	endpoint string
 	// tool is the tool whose call failed transiently (err), when one did.
@@ -60,8 +71,8 @@ type outcome struct {
 }
 
 // add counts one model answer.
-func (o *outcome) add(s *Service, a *attempt, req Request, resp Response) {
-	cost := s.cost(req.Model, resp)
+func (o *outcome) add(s *Service, a *attempt, resp Response) {
+	cost := s.cost(a.model, resp)
 	o.tokensIn += resp.TokensIn
 	o.tokensOut += resp.TokensOut
 	o.cost += cost
@@ -70,25 +81,23 @@ func (o *outcome) add(s *Service, a *attempt, req Request, resp Response) {
 	}
 	model := resp.Model
 	if model == "" {
-		model = req.Model
+		model = a.model
 	}
 	s.metrics.usage(model, a.in.Task.Type, resp.TokensIn, resp.TokensOut, cost)
+	if a.route != nil {
+		s.metrics.routeUsage(a.route.name, resp.TokensIn, resp.TokensOut, cost)
+	}
 	s.metrics.promptTokens(a.in.Task.Type, a.in.Run.Rung, resp.TokensIn)
 }
 
 // converse runs the conversation: one model call, or a bounded tool loop
-// when tools are offered. A loop that a try before this one cut short
-// (facts.resume, whose turns req already holds) answers its pending tool
-// calls first, without a model call. probe says the breaker's first call is
-// its probe.
-func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool, probe bool) (o outcome) {
+// when tools are offered; each call goes to the first model of the
+// attempt's routes that takes it (complete). A loop that a try before this
+// one cut short (facts.resume, whose turns req already holds) answers its
+// pending tool calls first, without a model call.
+func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool) (o outcome) {
 	s := a.s
-	defer func() {
-		if probe { // given back: no model call reported on it
-			a.br.release(s.cfg.Now(), true)
-		}
-		o.turns = req.Messages[a.prompt:]
-	}()
+	defer func() { o.turns = req.Messages[a.prompt:] }()
 	byName := map[string]policy.Tool{}
 	for _, t := range tools {
 		byName[t.Name] = t
@@ -124,24 +133,17 @@ func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool
 		if o.toolCalls >= limit && len(req.Tools) > 0 {
 			req.ToolChoice = ToolChoiceNone
 		}
-		o.hash = RequestHash(req)
-		if a.f.failed[o.hash] { // a resumed loop's next request may repeat one
-			o.err = errRefused
-			return o
-		}
-		resp, err := s.cfg.Model.Complete(ctx, req)
+		resp, hash, err := a.complete(ctx, req)
+		o.hash = hash
 		if err != nil && ctx.Err() != nil {
 			o.err = ctx.Err()
 			return o
 		}
-		c := Classify(err, s.rules)
-		a.circuitDone(probe, err != nil && c.Class == events.ErrorClassTransient)
-		probe = false
 		if err != nil {
 			o.err, o.endpoint = err, a.endpoint
 			return o
 		}
-		o.add(s, a, req, resp)
+		o.add(s, a, resp)
 		if len(resp.ToolCalls) == 0 || len(req.Tools) == 0 {
 			o.final = resp
 			return o
@@ -208,9 +210,4 @@ func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc
 	a.banned[hash] = content
 	s.cfg.Log.Info("tool call failed", "task", a.in.Task.ID, "tool", tc.Name, "code", te.Code, "class", c.Class)
 	return content, false, nil
-}
-
-func (a *attempt) circuitDone(probe, failed bool) {
-	state := a.br.done(a.s.cfg.Now(), probe, failed)
-	a.s.metrics.circuit.WithLabelValues(a.endpoint).Set(float64(state))
 }

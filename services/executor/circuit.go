@@ -1,26 +1,42 @@
 package executor
 
 import (
-	"sync"
+	"encoding/json"
+	"fmt"
 	"time"
 )
 
-// CircuitConfig configures the circuit breaker kept per model endpoint (and
-// per agent command) in each executor instance. The zero value is the default.
+// CircuitConfig configures the circuit breaker kept per model (a model at
+// its endpoint) and per agent command. The breakers live in the shared
+// bucket dispatch_models when Config.ModelStates is set — every executor
+// instance sees one model's cool-down — else in this instance's memory.
+// The zero value is the default.
 type CircuitConfig struct {
-	// Threshold is how many consecutive transient failures open the circuit.
-	// Default 5; negative disables the breaker.
+	// Threshold is how many transient failures within Window open the
+	// circuit (a success before then starts the count over). Default 5;
+	// negative disables the breaker.
 	Threshold int
+	// Window is how far apart the first and the last of Threshold failures
+	// may be. Default 1m.
+	Window time.Duration
 	// CoolDown is how long the circuit stays open before one probe call is
 	// let through. It doubles each time a probe fails. Default 30s.
 	CoolDown time.Duration
 	// MaxCoolDown caps the doubling. Default 5m.
 	MaxCoolDown time.Duration
+	// DeadFor is how long a model whose deployment is wrong — its key
+	// refused (401, 403), its quota spent, the model not found (404) — is
+	// not called again by any instance; a new policy revision or a new key
+	// (another DISPATCH_CREDENTIAL_* value) ends it at once. Default 1h.
+	DeadFor time.Duration
 }
 
 func (c CircuitConfig) withDefaults() CircuitConfig {
 	if c.Threshold == 0 {
 		c.Threshold = 5
+	}
+	if c.Window <= 0 {
+		c.Window = time.Minute
 	}
 	if c.CoolDown <= 0 {
 		c.CoolDown = 30 * time.Second
@@ -29,122 +45,114 @@ func (c CircuitConfig) withDefaults() CircuitConfig {
 		c.MaxCoolDown = 5 * time.Minute
 	}
 	c.MaxCoolDown = max(c.MaxCoolDown, c.CoolDown)
+	if c.DeadFor <= 0 {
+		c.DeadFor = time.Hour
+	}
 	return c
 }
 
-// Circuit states, as the dispatch_executor_circuit_state gauge reports them.
+// Circuit states, as the dispatch_model_circuit_state gauge reports them.
 const (
 	CircuitClosed   = 0 // calls go through
 	CircuitHalfOpen = 1 // one probe call is in flight, the others wait
 	CircuitOpen     = 2 // no call goes through until the cool-down ends
 )
 
-// breaker is the state machine of one endpoint's circuit:
+// circuit is one model's breaker as the bucket stores it (JSON, one key
+// per model; see circuitKey). Its transitions are pure: allow and done
+// return the next value, which the store writes by compare-and-set.
 //
-//	closed --Threshold consecutive transient failures--> open (cool-down)
+//	closed --Threshold transient failures within Window--> open (cool-down)
 //	open --cool-down over, one call allowed--> half-open (that call is the probe)
 //	half-open --probe answered--> closed
 //	half-open --probe failed transiently--> open (cool-down doubled, capped)
 //
 // "Answered" is any outcome but a transient failure: a 400 proves the
-// endpoint is up. Outcomes of calls that are not the probe are ignored while
-// the circuit is not closed. A probe that never reports (its worker died)
-// is given up after one cool-down and another probe is allowed.
-type breaker struct {
-	cfg CircuitConfig
-
-	mu       sync.Mutex
-	state    int
-	failures int           // consecutive transient failures while closed
-	coolDown time.Duration // of the current or last opening
-	until    time.Time     // open: end of the cool-down; half-open: end of the probe's lease
+// endpoint is up. Outcomes of calls that are not the probe are ignored
+// while the circuit is not closed. A probe that never reports (its worker
+// died) is given up after one cool-down and another probe is allowed.
+type circuit struct {
+	// Model says what the circuit is for (the model and its endpoint,
+	// never a key), for a human reading the bucket.
+	Model    string        `json:"model,omitempty"`
+	State    int           `json:"state"`
+	Failures int           `json:"failures,omitempty"` // transient failures while closed, since Since
+	Since    time.Time     `json:"since,omitzero"`     // the first of them
+	CoolDown time.Duration `json:"cool_down,omitempty"`
+	// Until is the end of the cool-down (open) or of the probe's lease
+	// (half-open).
+	Until time.Time `json:"until,omitzero"`
 }
 
-func newBreaker(cfg CircuitConfig) *breaker { return &breaker{cfg: cfg.withDefaults()} }
-
-// allow asks to call the endpoint at now. ok false means wait that long
-// first; probe true means this call decides whether the circuit closes and
-// must be reported with done (or given back with release).
-func (b *breaker) allow(now time.Time) (ok, probe bool, wait time.Duration) {
-	if b.cfg.Threshold < 0 {
-		return true, false, 0
+// allow asks to call at now. ok false means wait that long first; probe
+// true means this call decides whether the circuit closes and must be
+// reported with done (or given back with release). changed says next
+// differs from c (it must be written).
+func (c circuit) allow(cfg CircuitConfig, now time.Time) (next circuit, ok, probe bool, wait time.Duration, changed bool) {
+	if cfg.Threshold < 0 || c.State == CircuitClosed {
+		return c, true, false, 0, false
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch b.state {
-	case CircuitClosed:
-		return true, false, 0
-	default: // open, or half-open with a probe in flight
-		if now.Before(b.until) {
-			return false, false, b.until.Sub(now)
-		}
-		b.state, b.until = CircuitHalfOpen, now.Add(b.coolDown)
-		return true, true, 0
+	if now.Before(c.Until) {
+		return c, false, false, c.Until.Sub(now), false
 	}
+	c.State, c.Until = CircuitHalfOpen, now.Add(c.CoolDown)
+	return c, true, true, 0, true
 }
 
 // done reports the outcome of a call allowed at some point: failed is true
-// for a transient failure. It returns the state after it.
-func (b *breaker) done(now time.Time, probe, failed bool) int {
-	if b.cfg.Threshold < 0 {
-		return CircuitClosed
+// for a transient failure. opened says this outcome opened the circuit (a
+// cool-down begins).
+func (c circuit) done(cfg CircuitConfig, now time.Time, probe, failed bool) (next circuit, changed, opened bool) {
+	if cfg.Threshold < 0 {
+		return c, false, false
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	prev := c
 	switch {
-	case b.state == CircuitClosed && !failed:
-		b.failures = 0
-	case b.state == CircuitClosed:
-		b.failures++
-		if b.failures >= b.cfg.Threshold {
-			b.state, b.coolDown = CircuitOpen, b.cfg.CoolDown
-			b.until = now.Add(b.coolDown)
+	case c.State == CircuitClosed && !failed:
+		c.Failures, c.Since = 0, time.Time{}
+	case c.State == CircuitClosed:
+		if c.Failures == 0 || now.Sub(c.Since) > cfg.Window {
+			c.Failures, c.Since = 0, now // the window starts over
 		}
-	case !probe || b.state != CircuitHalfOpen:
+		c.Failures++
+		if c.Failures >= cfg.Threshold {
+			c.State, c.CoolDown, c.Failures, c.Since = CircuitOpen, cfg.CoolDown, 0, time.Time{}
+			c.Until = now.Add(c.CoolDown)
+			opened = true
+		}
+	case !probe || c.State != CircuitHalfOpen:
 		// a call that started before the circuit opened: the probe decides
 	case !failed:
-		b.state, b.failures, b.coolDown, b.until = CircuitClosed, 0, 0, time.Time{}
+		c = circuit{Model: c.Model}
 	default:
-		b.coolDown = min(2*b.coolDown, b.cfg.MaxCoolDown)
-		b.state, b.until = CircuitOpen, now.Add(b.coolDown)
+		c.CoolDown = min(2*c.CoolDown, cfg.MaxCoolDown)
+		c.State, c.Until = CircuitOpen, now.Add(c.CoolDown)
+		opened = true
 	}
-	return b.state
+	return c, c != prev, opened
 }
 
 // release gives a probe back without an outcome (the call was abandoned at
 // shutdown): the next caller may probe at once.
-func (b *breaker) release(now time.Time, probe bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if probe && b.state == CircuitHalfOpen {
-		b.until = now
+func (c circuit) release(now time.Time, probe bool) (circuit, bool) {
+	if !probe || c.State != CircuitHalfOpen || !now.Before(c.Until) {
+		return c, false
 	}
+	c.Until = now
+	return c, true
 }
 
-// snapshot is the state at now, for metrics and tests.
-func (b *breaker) snapshot() (state, failures int, coolDown time.Duration, until time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state, b.failures, b.coolDown, b.until
-}
-
-// circuits holds one breaker per endpoint.
-type circuits struct {
-	cfg CircuitConfig
-	mu  sync.Mutex
-	m   map[string]*breaker
-}
-
-func (c *circuits) get(endpoint string) *breaker {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]*breaker{}
+// decodeCircuit reads a circuit from the bucket. Anyone allowed to write
+// the bucket can put bytes there: what does not decode, or holds a state
+// that is none, is an error, and the caller takes the circuit as closed
+// (its next write replaces it).
+func decodeCircuit(data []byte) (circuit, error) {
+	var c circuit
+	if err := json.Unmarshal(data, &c); err != nil {
+		return circuit{}, fmt.Errorf("model circuit: %w", err)
 	}
-	b, ok := c.m[endpoint]
-	if !ok {
-		b = newBreaker(c.cfg)
-		c.m[endpoint] = b
+	if c.State < CircuitClosed || c.State > CircuitOpen || c.Failures < 0 || c.CoolDown < 0 {
+		return circuit{}, fmt.Errorf("model circuit: state %d, failures %d, cool-down %s out of range", c.State, c.Failures, c.CoolDown)
 	}
-	return b
+	return c, nil
 }

@@ -94,20 +94,22 @@ func TestBreaker(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := newBreaker(tt.cfg)
+			cfg := tt.cfg.withDefaults()
+			var b circuit
 			for i, s := range tt.steps {
 				switch {
 				case s.allow:
-					ok, probe, wait := b.allow(at(s.at))
+					next, ok, probe, wait, _ := b.allow(cfg, at(s.at))
+					b = next
 					if ok != s.ok || probe != s.probe || wait != time.Duration(s.wait)*time.Second {
 						t.Fatalf("step %d: allow at %ds = %v, %v, %v; want %v, %v, %ds", i, s.at, ok, probe, wait, s.ok, s.probe, s.wait)
 					}
 				case s.done:
-					b.done(at(s.at), s.probeDone, s.failed)
+					b, _, _ = b.done(cfg, at(s.at), s.probeDone, s.failed)
 				case s.release:
-					b.release(at(s.at), true)
+					b, _ = b.release(at(s.at), true)
 				}
-				if state, _, _, _ := b.snapshot(); state != s.state {
+				if state := b.State; state != s.state {
 					t.Fatalf("step %d: state %d, want %d", i, state, s.state)
 				}
 			}

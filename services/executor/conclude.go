@@ -4,6 +4,10 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
@@ -45,15 +49,35 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 	if o.final.Simulated {
 		r.Simulated = true
 	}
+	if a.route != nil && a.route.chain {
+		r.Route, r.Fallbacks = a.route.name, slices.Clone(a.passed)
+	}
+	r.Banned = a.bannedOnRoutes()
+	var (
+		lerr *ledgerError
+		wait *circuitWait
+		none *NoModelLeft
+	)
 	switch {
 	case o.err == nil:
 		s.parse(&r, o.final.Content)
+	case errors.As(o.err, &lerr):
+		return events.Result{}, lerr.err // redelivered: the ban is written first
+	case errors.As(o.err, &wait):
+		return s.cooling(ctx, a, o, wait.wait)
 	case errors.Is(o.err, errRefused):
 		ref, err := s.refuse(ctx, a, o.hash, spent)
 		ref.ToolCalls, ref.ToolRefusals = r.ToolCalls, r.ToolRefusals
 		return ref, err
 	case errors.Is(o.err, ErrInvalidOutput):
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, events.ErrorClassInvalidOutput, o.err.Error()
+	case errors.As(o.err, &none):
+		// every model of the chain is the deployment's fault: a human, with
+		// each model's fix
+		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, none.Class(), none.Error()
+		if err := s.failed(ctx, a, &r, o.hash); err != nil {
+			return events.Result{}, err
+		}
 	default:
 		c := Classify(o.err, s.rules)
 		switch {
@@ -66,24 +90,56 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 		if events.DeploymentFault(c.Class) {
 			r.Error = s.rules.deploymentError(c.Class, o.err, cmp.Or(o.endpoint, a.endpoint))
 		}
-		// Capped as the Executed will store it, so it compares with the
-		// last error the state kept.
-		r.Error = textcut.Cut(r.Error, answerCaps.error)
-		if task.Bans(c.Class) {
-			// banned before the Executed goes out, so the next attempt sees it
-			if err := s.ledger.addFailed(ctx, a.base, a.known, o.hash, c.Class, r.Error); err != nil {
-				return events.Result{}, err
-			}
-			if r.Error == a.f.lastError {
-				s.metrics.sameError.WithLabelValues(s.metrics.typ(a.in.Task.Type)).Inc()
-			}
+		if err := s.failed(ctx, a, &r, o.hash); err != nil {
+			return events.Result{}, err
 		}
-		s.metrics.errors.WithLabelValues(s.metrics.typ(a.in.Task.Type), string(c.Class)).Inc()
 	}
 	if err := s.settle(ctx, a); err != nil {
 		return events.Result{}, err
 	}
 	return r, nil
+}
+
+// bannedOnRoutes are the requests of this pass banned on models the calls passed
+// over (Result.Banned): this try's, and those of earlier tries of the pass
+// (a redelivery's), tool calls aside.
+func (a *attempt) bannedOnRoutes() []string {
+	out := slices.Clone(a.bannedRoutes)
+	for _, hash := range slices.Sorted(maps.Keys(a.f.bannedNow)) {
+		e := hash + "/" + string(a.f.bannedNow[hash])
+		if !strings.HasPrefix(hash, ToolHashPrefix) && !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// failed bans a failed attempt's request when its class does (before the
+// Executed goes out, so the next attempt sees it) and counts the failure.
+// Its error is capped as the Executed will store it, so it compares with
+// the last error the state kept.
+func (s *Service) failed(ctx context.Context, a *attempt, r *events.Result, hash string) error {
+	r.Error = textcut.Cut(r.Error, answerCaps.error)
+	if task.Bans(r.ErrorClass) {
+		if err := s.ledger.addFailed(ctx, a.base, a.known, hash, r.ErrorClass, r.Error); err != nil {
+			return err
+		}
+		if r.Error == a.f.lastError {
+			s.metrics.sameError.WithLabelValues(s.metrics.typ(a.in.Task.Type)).Inc()
+		}
+	}
+	s.metrics.errors.WithLabelValues(s.metrics.typ(a.in.Task.Type), string(r.ErrorClass)).Inc()
+	return nil
+}
+
+// cooling snoozes a task whose every model is cooling down: no call was
+// made, it is neither an attempt nor a transient failure. A tool loop it
+// cuts short is kept to resume.
+func (s *Service) cooling(ctx context.Context, a *attempt, o outcome, wait time.Duration) (events.Result, error) {
+	s.keep(ctx, a, o)
+	s.metrics.snooze.WithLabelValues(snoozeCircuit).Observe(wait.Seconds())
+	s.cfg.Log.Info("every model cooling down: snoozed without calling", "task", a.in.Task.ID, "type", a.in.Task.Type, "delay", wait)
+	return events.Result{}, services.Snooze(wait, o.err)
 }
 
 // transient snoozes the task — Retry-After when the answer gave one, else

@@ -28,8 +28,10 @@
 //     with full jitter over the attempt's transient count, kept in
 //     TaskState.TransientRetries — and publishes nothing: it is not an
 //     attempt. Past the type's transient budget the attempt fails with
-//     "provider unavailable". A circuit breaker per endpoint stops calling an
-//     endpoint that keeps failing and lets one probe through after a cool-down.
+//     "provider unavailable". A circuit breaker per model stops calling a
+//     model that keeps failing and lets one probe through after a cool-down;
+//     with Config.ModelStates (bucket dispatch_models) every instance shares
+//     it.
 //   - deterministic (400, 422 …), auth (401, 403), quota (a 429 saying so)
 //     and config (a 404: no such model or endpoint; a 400 saying the prompt
 //     exceeds the context): the attempt fails with everything the provider
@@ -40,6 +42,20 @@
 //     (events.DeploymentFault): their error leads with what to fix
 //     ("deployment: the API key was refused (401) at … — check
 //     DISPATCH_OPENAI_API_KEY"), they go to a human and never lower trust.
+//
+// # Model chains
+//
+// A type's policy may list models in order (policy.Model: a model, its
+// endpoint, the name of its key, read from DISPATCH_CREDENTIAL_<NAME>).
+// Each call goes to the first that takes it: a model cooling down, marked
+// dead, without its key, or to which the request already failed is passed
+// over; one that fails transiently or by the deployment's fault (401, 403,
+// a spent quota, a 404 model) hands the call to the next at once — not an
+// attempt, no snooze. The deployment's faults are marked in the bucket for
+// every instance (CircuitConfig.DeadFor). Only when no model is left does
+// the attempt go to a human (NoModelLeft names each model's fix). The
+// Result names the answering entry (Route) and those passed over
+// (Fallbacks).
 //
 // # Tools
 //

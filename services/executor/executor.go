@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -25,12 +26,15 @@ const (
 
 // Service is the executor stage.
 type Service struct {
-	cfg      Config
-	rules    Rules
-	ledger   ledger
-	circuits *circuits
-	metrics  *metrics
-	flights  flights // the attempts running here, which a cancel ends (cancel.go)
+	cfg     Config
+	rules   Rules
+	ledger  ledger
+	models  *modelStates // circuits and dead marks, shared by every instance
+	metrics *metrics
+	flights flights // the attempts running here, which a cancel ends (cancel.go)
+
+	dialMu sync.Mutex
+	dialed map[string]Model // the models of chain entries, by endpoint and key
 
 	streamMu   sync.Mutex
 	taskStream jetstream.Stream // bound on the first redelivery (executed)
@@ -42,14 +46,25 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Service{cfg: cfg, rules: cfg.Rules, circuits: &circuits{cfg: cfg.Circuit}, metrics: newMetrics(cfg.Registry, cfg.TypeLabels, cfg.modelLabels())}
+	s := &Service{cfg: cfg, rules: cfg.Rules, metrics: newMetrics(cfg.Registry, cfg.TypeLabels, cfg.modelLabels(), cfg.routeLabels())}
 	if s.rules.Now == nil {
 		s.rules.Now = cfg.Now
+	}
+	s.models = &modelStates{cfg: cfg.Circuit.withDefaults(), store: &memStore{}, log: cfg.Log}
+	if cfg.ModelStates != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), watchTimeout)
+		store, err := newKVStore(ctx, cfg.ModelStates, cfg.Log)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		s.models.store = store
 	}
 	if cfg.Tasks != nil {
 		s.ledger = kvLedger{tasks: cfg.Tasks, log: cfg.Log}
 		if cfg.NATS != nil {
 			if err := s.listenForCancels(cfg.NATS); err != nil {
+				s.models.store.close()
 				return nil, err
 			}
 		}
@@ -59,9 +74,16 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Close releases what the service keeps between messages (the watch of
-// the tasks in flight). Call it once no Handle runs.
-func (s *Service) Close() { s.flights.close() }
+// watchTimeout bounds reading the model states' bucket at start.
+const watchTimeout = 30 * time.Second
+
+// Close releases what the service keeps between messages (the watches of
+// the tasks in flight and of the model states). Call it once no Handle
+// runs.
+func (s *Service) Close() {
+	s.flights.close()
+	s.models.store.close()
+}
 
 // Handle runs one prompted task — through the model, the type's agent
 // command, or the pipeline step's command — and returns its Executed event.
@@ -290,7 +312,8 @@ func (s *Service) stream(ctx context.Context) (jetstream.Stream, error) {
 	return stream, nil
 }
 
-// runModel asks the model, with the type's tools when it has any.
+// runModel asks the model — the first of the type's chain that takes the
+// call — with the type's tools when it has any.
 func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, error) {
 	tools := toolsFor(a.pol, a.in.Run)
 	if len(tools) > 0 && s.cfg.NATS == nil {
@@ -298,7 +321,6 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 		tools = nil
 	}
 	req := Request{
-		Model:          s.modelFor(a.in, a.pol),
 		Messages:       PromptMessages(a.in.Prompt.Messages),
 		ResponseFormat: ResponseFormatJSON,
 		Tools:          toolSpecs(tools),
@@ -306,7 +328,9 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 		TaskID:         a.in.Task.ID,
 		Attempt:        a.in.Run.Attempt,
 	}
-	a.endpoint, a.model, a.prompt = s.endpoint(), req.Model, len(req.Messages)
+	a.routes = s.routes(a)
+	first := &a.routes[0]
+	a.endpoint, a.model, a.prompt = first.endpoint, first.model, len(req.Messages)
 	if r := a.f.resume; r != nil {
 		// A try of this attempt was cut short: go on from its turns.
 		req.Messages = append(req.Messages, messagesOf(r.Turns)...)
@@ -316,32 +340,28 @@ func (s *Service) runModel(ctx context.Context, a *attempt) (events.Result, erro
 			}
 		}
 	}
-	return s.run(ctx, a, req, func(probe bool) outcome { return a.converse(ctx, req, tools, probe) })
+	// A redelivered pass whose request failed on its first delivery fails
+	// as it did — unless that was the deployment's fault on a model of a
+	// chain, which the call then passes over (complete).
+	hashes := make([]string, len(a.routes))
+	refused := true
+	for i, rt := range a.routes {
+		r := req
+		r.Model, r.Endpoint = rt.model, rt.identity
+		hashes[i] = RequestHash(r)
+		refused = refused && a.f.failed[hashes[i]]
+	}
+	if class, ok := a.f.bannedNow[hashes[0]]; ok && a.f.redelivered && (len(a.routes) == 1 || !events.DeploymentFault(class)) {
+		return s.failedAgain(ctx, a, hashes[0], class)
+	}
+	if refused {
+		return s.refuse(ctx, a, hashes[0], a.f.unbilled)
+	}
+	return s.conclude(ctx, a, a.converse(ctx, req, tools))
 }
 
-// run sends req through call unless it repeats a failed request or the
-// endpoint's circuit is open, and turns what happened into the Result.
-func (s *Service) run(ctx context.Context, a *attempt, req Request, call func(probe bool) outcome) (events.Result, error) {
-	hash := RequestHash(req)
-	if class, ok := a.f.bannedNow[hash]; ok && a.f.redelivered {
-		return s.failedAgain(ctx, a, hash, class)
-	}
-	if a.f.failed[hash] {
-		return s.refuse(ctx, a, hash, a.f.unbilled)
-	}
-	a.br = s.circuits.get(a.endpoint)
-	ok, probe, wait := a.br.allow(s.cfg.Now())
-	if !ok {
-		state, _, _, _ := a.br.snapshot()
-		s.metrics.circuit.WithLabelValues(a.endpoint).Set(float64(state))
-		s.metrics.snooze.WithLabelValues(snoozeCircuit).Observe(wait.Seconds())
-		s.cfg.Log.Info("circuit open: snoozed without calling", "task", a.in.Task.ID, "endpoint", a.endpoint, "delay", wait)
-		return events.Result{}, services.Snooze(wait, fmt.Errorf("%s: %w", a.endpoint, ErrCircuitOpen))
-	}
-	return s.conclude(ctx, a, call(probe))
-}
-
-// modelFor picks the model: the prompt's, then the type's policy, then the default.
+// modelFor picks the model of a type without a chain: the prompt's, then
+// the type's policy, then the default.
 func (s *Service) modelFor(in events.Prompted, pol policy.Type) string {
 	if in.Prompt.Model != "" {
 		return in.Prompt.Model
@@ -352,7 +372,7 @@ func (s *Service) modelFor(in events.Prompted, pol policy.Type) string {
 	return s.cfg.DefaultModel
 }
 
-// endpoint names the model's endpoint for the circuit breaker.
+// endpoint names the configured model's endpoint.
 func (s *Service) endpoint() string {
 	if e, ok := s.cfg.Model.(Endpointer); ok {
 		return e.Endpoint()

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
@@ -82,10 +85,29 @@ type Config struct {
 	// × Max raises the cap to a 20th of it. Default: 1s × 2^(n-1), capped at
 	// 1m (the default 10m wait takes at most 26 deliveries, any wait about 60).
 	ToolBackoff Backoff
-	// Circuit configures the breaker kept per model endpoint and per agent
-	// command. Default: open after 5 consecutive transient failures, for
-	// 30s, doubling up to 5m while probes fail.
+	// Circuit configures the breaker kept per model (at its endpoint) and
+	// per agent command, and how long a model whose deployment is wrong is
+	// not called. Default: open after 5 transient failures within 1m, for
+	// 30s, doubling up to 5m while probes fail; a wrong deployment 1h.
 	Circuit CircuitConfig
+	// ModelStates is the bucket (dispatch_models) where every executor
+	// instance keeps the models' circuits and the marks of deployments found
+	// wrong, so that one instance's cool-down holds for all. Default: nil,
+	// this instance's memory.
+	ModelStates jetstream.KeyValue
+	// BaseURL and APIKey are the endpoint and key of a policy chain's
+	// model that names no base_url or no credential (DISPATCH_OPENAI_BASE_URL,
+	// DISPATCH_OPENAI_API_KEY); a model naming neither is asked through
+	// Model. Default: Model's endpoint (Endpointer), no key.
+	BaseURL, APIKey string
+	// Credential returns the key a chain's model names (policy
+	// Model.Credential). Default: the environment variable
+	// DISPATCH_CREDENTIAL_<NAME> (policy.CredentialEnv).
+	Credential func(name string) (string, bool)
+	// Dial makes the model calling an endpoint with a key, for a chain's
+	// model with a base_url or credential of its own; it is called once per
+	// endpoint and key. Default: NewOpenAI.
+	Dial func(baseURL, apiKey string) Model
 	// Rand draws the backoff jitter, uniform in [0,1). Default
 	// math/rand/v2.Float64.
 	Rand func() float64
@@ -136,8 +158,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("executor: %s: %w", name, err))
 		}
 	}
-	if c.Circuit.CoolDown < 0 || c.Circuit.MaxCoolDown < 0 {
-		errs = append(errs, errors.New("executor: Circuit cool-downs must not be negative"))
+	if c.Circuit.CoolDown < 0 || c.Circuit.MaxCoolDown < 0 || c.Circuit.Window < 0 || c.Circuit.DeadFor < 0 {
+		errs = append(errs, errors.New("executor: Circuit cool-downs, window and dead time must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -151,7 +173,50 @@ func (c Config) modelLabels() *services.LabelSet {
 	})
 }
 
+// routeLabels bounds the label of the per-model metrics: the names of
+// the policy's chains, the priced models and the default one get their
+// own, and the first maxModelLabels others.
+func (c Config) routeLabels() *services.LabelSet {
+	return services.NewLabelSet(maxModelLabels, func(name string) bool {
+		_, priced := c.Prices[name]
+		return priced || name == c.DefaultModel || chainNames(c.Policy.File(), name)
+	})
+}
+
+// chainNames reports whether a chain of f names a model name.
+func chainNames(f *policy.File, name string) bool {
+	if f == nil {
+		return false
+	}
+	for _, m := range f.Defaults.Chain() {
+		if m.Name == name {
+			return true
+		}
+	}
+	for _, t := range f.Types {
+		for _, m := range t.Chain() {
+			if m.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (c Config) withDefaults() Config {
+	if c.Credential == nil {
+		c.Credential = func(name string) (string, bool) { return os.LookupEnv(policy.CredentialEnv(name)) }
+	}
+	if c.Dial == nil {
+		c.Dial = func(baseURL, apiKey string) Model { return NewOpenAI(OpenAIConfig{BaseURL: baseURL, APIKey: apiKey}) }
+	}
+	if c.BaseURL == "" {
+		if e, ok := c.Model.(Endpointer); ok {
+			c.BaseURL = e.Endpoint()
+		} else {
+			c.BaseURL = openai.DefaultConfig("").BaseURL
+		}
+	}
 	if c.TypeLabels == nil {
 		c.TypeLabels = services.NewLabelSet(services.DefaultMaxTypeLabels, c.Policy.Names)
 	}

@@ -12,7 +12,8 @@ import (
 // ToolHashPrefix marks a failed tool call's hash in TaskState.FailedRequests.
 const ToolHashPrefix = "tool:"
 
-// RequestHash identifies a request by what the model sees: the model name,
+// RequestHash identifies a request by what the model sees: the model name
+// (and the endpoint and key of a chain's model that has its own),
 // the normalised messages (role and content, line endings as \n, trailing
 // whitespace of every line and of the whole trimmed; tool calls by name and
 // normalised arguments, without the provider's call ids) and the parameters
@@ -38,11 +39,12 @@ func RequestHash(req Request) string {
 	}
 	canon := struct {
 		Model          string    `json:"model"`
+		Endpoint       string    `json:"endpoint,omitempty"`
 		Messages       []message `json:"messages"`
 		ResponseFormat string    `json:"response_format,omitempty"`
 		Tools          []tool    `json:"tools,omitempty"`
 		ToolChoice     string    `json:"tool_choice,omitempty"`
-	}{Model: req.Model, ResponseFormat: req.ResponseFormat, ToolChoice: req.ToolChoice}
+	}{Model: req.Model, Endpoint: req.Endpoint, ResponseFormat: req.ResponseFormat, ToolChoice: req.ToolChoice}
 	for _, m := range req.Messages {
 		cm := message{Role: m.Role, Content: normaliseText(m.Content), Answers: m.ToolCallID != ""}
 		for _, tc := range m.ToolCalls {

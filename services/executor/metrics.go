@@ -20,7 +20,6 @@ import (
 type metrics struct {
 	transient    *prometheus.CounterVec   // endpoint
 	snooze       *prometheus.HistogramVec // reason
-	circuit      *prometheus.GaugeVec     // endpoint
 	refused      *prometheus.CounterVec   // type
 	sameError    *prometheus.CounterVec   // type
 	errors       *prometheus.CounterVec   // type, class
@@ -32,6 +31,16 @@ type metrics struct {
 	prompt *prometheus.HistogramVec // type, rung
 	types  *services.LabelSet
 	models *services.LabelSet
+	// per model of a chain (route.name; an agent command's name): routes
+	// bounds their label
+	routes   *services.LabelSet
+	calls    *prometheus.CounterVec // model
+	mErrors  *prometheus.CounterVec // model, class
+	cooldown *prometheus.CounterVec // model
+	skips    *prometheus.CounterVec // model, reason
+	circuit  *prometheus.GaugeVec   // model
+	mTokens  *prometheus.CounterVec // model, direction
+	mCost    *prometheus.CounterVec // model
 }
 
 // maxModelLabels is how many models, besides the priced ones and the
@@ -46,13 +55,13 @@ const toolUnknown = "unknown"
 const (
 	snoozeBackoff    = "backoff"     // a transient failure without Retry-After
 	snoozeRetryAfter = "retry_after" // the provider asked for the delay
-	snoozeCircuit    = "circuit"     // the endpoint's circuit is open
+	snoozeCircuit    = "circuit"     // every model of the type (or the agent command) is cooling down
 	snoozeToolWait   = "tool_wait"   // a tool did not answer
 )
 
-func newMetrics(reg prometheus.Registerer, types, models *services.LabelSet) *metrics {
+func newMetrics(reg prometheus.Registerer, types, models, routes *services.LabelSet) *metrics {
 	m := &metrics{
-		types: types, models: models,
+		types: types, models: models, routes: routes,
 		transient: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_executor_transient_retries_total",
 			Help: "Transient failures (5xx, timeouts, resets, rate limits) answered with a snooze or, past the budget, a failed attempt, by endpoint.",
@@ -62,10 +71,6 @@ func newMetrics(reg prometheus.Registerer, types, models *services.LabelSet) *me
 			Help:    "Delays of the snoozes the executor asked for, by reason (backoff, retry_after, circuit, tool_wait).",
 			Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
 		}, []string{"reason"}),
-		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dispatch_executor_circuit_state",
-			Help: "Circuit breaker state per endpoint: 0 closed, 1 half-open, 2 open.",
-		}, []string{"endpoint"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_executor_refused_total",
 			Help: "Requests not sent because they were identical to one that already failed deterministically, by task type.",
@@ -101,12 +106,13 @@ func newMetrics(reg prometheus.Registerer, types, models *services.LabelSet) *me
 			"_sum / _count is the mean prompt per call.",
 		Buckets: prometheus.ExponentialBuckets(256, 2, 11), // 256 … 262144
 	}, []string{"type", "rung"})
+	m.modelMetrics()
 	if reg == nil {
 		return m
 	}
+	m.registerModelMetrics(reg)
 	m.transient = services.Register(reg, m.transient)
 	m.snooze = services.Register(reg, m.snooze)
-	m.circuit = services.Register(reg, m.circuit)
 	m.refused = services.Register(reg, m.refused)
 	m.sameError = services.Register(reg, m.sameError)
 	m.errors = services.Register(reg, m.errors)
@@ -141,4 +147,77 @@ func toolLabel(byName map[string]policy.Tool, name string) string {
 // report only their total, not per call, and are not observed.
 func (m *metrics) promptTokens(taskType string, rung events.Rung, tokens int) {
 	m.prompt.WithLabelValues(m.typ(taskType), spend.RungLabel(rung)).Observe(float64(tokens))
+}
+
+// modelMetrics makes the per-model metrics: their model label is a name of
+// a policy chain's model (a known set), or the model of a type without a
+// chain, or an agent command.
+func (m *metrics) modelMetrics() {
+	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dispatch_model_calls_total",
+		Help: "Calls sent to each model (the name in the type's models chain; the model of a type without one; an agent command).",
+	}, []string{"model"})
+	m.mErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dispatch_model_errors_total",
+		Help: "Failed calls by model and error class.",
+	}, []string{"model", "class"})
+	m.cooldown = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dispatch_model_cooldowns_total",
+		Help: "Cool-downs a call to the model began (its circuit opened), by model.",
+	}, []string{"model"})
+	m.skips = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dispatch_model_skips_total",
+		Help: "Calls that passed a model over for the next one of the chain, by model and reason (cooling, dead, failed, refused, no_credential).",
+	}, []string{"model", "reason"})
+	m.circuit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dispatch_model_circuit_state",
+		Help: "Circuit breaker state per model as this instance last saw it: 0 closed, 1 half-open, 2 open.",
+	}, []string{"model"})
+	m.mTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dispatch_model_tokens_total",
+		Help: "Tokens used by each model, by direction (in, out).",
+	}, []string{"model", "direction"})
+	m.mCost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dispatch_model_cost_usd_total",
+		Help: "USD spent on each model.",
+	}, []string{"model"})
+}
+
+func (m *metrics) registerModelMetrics(reg prometheus.Registerer) {
+	m.calls = services.Register(reg, m.calls)
+	m.mErrors = services.Register(reg, m.mErrors)
+	m.cooldown = services.Register(reg, m.cooldown)
+	m.skips = services.Register(reg, m.skips)
+	m.circuit = services.Register(reg, m.circuit)
+	m.mTokens = services.Register(reg, m.mTokens)
+	m.mCost = services.Register(reg, m.mCost)
+}
+
+// called counts one call to a model: its class ("" when it answered),
+// the circuit's state after it, and whether it opened the circuit.
+func (m *metrics) called(name string, class events.ErrorClass, state int, opened bool) {
+	name = m.routes.Label(name)
+	m.calls.WithLabelValues(name).Inc()
+	if class != "" {
+		m.mErrors.WithLabelValues(name, string(class)).Inc()
+	}
+	if opened {
+		m.cooldown.WithLabelValues(name).Inc()
+	}
+	m.circuit.WithLabelValues(name).Set(float64(state))
+}
+
+func (m *metrics) circuitState(name string, state int) {
+	m.circuit.WithLabelValues(m.routes.Label(name)).Set(float64(state))
+}
+
+func (m *metrics) skip(name, reason string) {
+	m.skips.WithLabelValues(m.routes.Label(name), reason).Inc()
+}
+
+func (m *metrics) routeUsage(name string, in, out int, cost float64) {
+	name = m.routes.Label(name)
+	m.mTokens.WithLabelValues(name, "in").Add(float64(in))
+	m.mTokens.WithLabelValues(name, "out").Add(float64(out))
+	m.mCost.WithLabelValues(name).Add(cost)
 }

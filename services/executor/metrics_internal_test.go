@@ -38,7 +38,7 @@ func TestUsageLabelsAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := Config{Prices: map[string]Price{"gpt-4o": {}}, DefaultModel: "gpt-4o-mini"}
 	const maxTypes = 3
-	m := newMetrics(reg, services.NewLabelSet(maxTypes, func(t string) bool { return t == "css_fix" }), cfg.modelLabels())
+	m := newMetrics(reg, services.NewLabelSet(maxTypes, func(t string) bool { return t == "css_fix" }), cfg.modelLabels(), cfg.routeLabels())
 	for i := range 1000 {
 		m.usage(fmt.Sprintf("model-%d", i), fmt.Sprintf("type_%d", i), 1, 1, 0)
 		m.promptTokens(fmt.Sprintf("type_%d", i), events.RungRefine, 1)

@@ -16,8 +16,8 @@ type Model interface {
 }
 
 // Endpointer is implemented by models that call a remote endpoint. The
-// executor keeps one circuit breaker per endpoint; a model without it gets
-// one breaker per Go type.
+// executor keeps one circuit breaker per model at its endpoint; a model
+// without it is named by its Go type.
 type Endpointer interface {
 	Endpoint() string
 }
@@ -76,11 +76,15 @@ const ResponseFormatJSON = "json_object"
 // (Request.ToolChoice), once the tool-call budget is spent.
 const ToolChoiceNone = "none"
 
-// Request is one call to a model. Everything but TaskType, TaskID and Attempt
-// is part of RequestHash.
+// Request is one call to a model. Everything but TaskType, TaskID and
+// Attempt is part of RequestHash.
 type Request struct {
 	// Model is the model name to ask for.
 	Model string
+	// Endpoint names the endpoint and key of a policy chain's model that
+	// has its own (base URL "#" credential name), "" for the executor's:
+	// the same messages to another endpoint or key are another request.
+	Endpoint string
 	// Messages are the conversation, sent verbatim.
 	Messages []Message
 	// ResponseFormat is ResponseFormatJSON or "" (the provider's default).

@@ -173,7 +173,7 @@ func TestCircuitLimitsCallsToAFailingEndpoint(t *testing.T) {
 	if calls := e.model.Calls(); calls != 4 {
 		t.Fatalf("%d calls, want 3 + 1 probe", calls)
 	}
-	if st := e.counter("dispatch_executor_circuit_state", map[string]string{"endpoint": e.model.BaseURL()}); st != executor.CircuitOpen {
+	if st := e.counter("dispatch_model_circuit_state", map[string]string{"model": "gpt-4o"}); st != executor.CircuitOpen {
 		t.Errorf("circuit state gauge %v, want open", st)
 	}
 

@@ -89,6 +89,9 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 		return nil, fmt.Errorf("prompt: task type %q: %w", t.Type, err)
 	}
 	model := pol.Model
+	if chain := pol.Chain(); len(chain) > 0 {
+		model = chain[0].Model // the executor goes down the chain from it
+	}
 	if model == "" {
 		model = s.cfg.DefaultModel
 	}

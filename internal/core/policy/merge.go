@@ -26,6 +26,7 @@ func (f *File) For(taskType string) Type {
 	}
 	t := f.Types[taskType]
 	d := f.Defaults
+	ownModel := t.Model
 	if t.Executor == "" { // the defaults' executor comes with its command
 		t.Executor, t.Command = d.Executor, d.Command
 	}
@@ -70,6 +71,10 @@ func (f *File) For(taskType string) Type {
 	fill(&t.SkipDelay, d.SkipDelay)
 	if len(t.Command) == 0 {
 		t.Command = d.Command
+	}
+	if t.Models == nil && ownModel == "" {
+		// a type naming its own model does not take the defaults' chain
+		t.Models = d.Models
 	}
 	if t.Tools == nil {
 		t.Tools = d.Tools

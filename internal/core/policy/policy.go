@@ -83,6 +83,11 @@ type Type struct {
 	// Model is the model name sent to the OpenAI-compatible endpoint.
 	// Default: DISPATCH_MODEL.
 	Model string `json:"model,omitempty"`
+	// Models is the type's model chain, tried in order (see Model): a
+	// model cooling down or misconfigured passes the call to the next one
+	// without counting an attempt. When set, it replaces Model. Default:
+	// none, the one model Model names.
+	Models []Model `json:"models,omitempty"`
 	// Template is an inline Go text/template for the user prompt.
 	Template string `json:"template,omitempty"`
 	// TemplateFile is a file holding the template (read at load time).

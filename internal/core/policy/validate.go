@@ -50,6 +50,7 @@ func typeProblems(where string, t Type) []error {
 		}
 	}
 	errs = append(errs, runProblems(where, t)...)
+	errs = append(errs, modelProblems(where, t.Models)...)
 	return append(errs, verifierProblems(where, t.Verifier)...)
 }
 

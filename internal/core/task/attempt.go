@@ -126,14 +126,30 @@ func AddRefused(st events.TaskState, found bool, b events.Base) (events.TaskStat
 // Executed folds the facts an attempt's outcome carries into the state, as
 // the executor wrote them while the attempt ran: a refused request is
 // counted, a request that failed in a way that bans it is banned.
+//
+// The requests the attempt's calls banned on models of the type's chain
+// before another answered (Result.Banned) are banned too.
 func Executed(st events.TaskState, found bool, b events.Base, res events.Result) (events.TaskState, Cause) {
+	cause := CauseRedelivered
+	for _, e := range res.Banned {
+		hash, class, _ := strings.Cut(e, "/")
+		if next, c := AddFailed(st, found, b, hash, events.ErrorClass(class)); c == CauseApplied {
+			st, found, cause = next, true, CauseApplied
+		}
+	}
+	var c Cause
 	switch {
 	case res.Refused:
-		return AddRefused(st, found, b)
+		st, c = AddRefused(st, found, b)
 	case res.RequestHash != "" && Bans(res.ErrorClass):
-		return AddFailed(st, found, b, res.RequestHash, res.ErrorClass)
+		st, c = AddFailed(st, found, b, res.RequestHash, res.ErrorClass)
+	default:
+		return st, cause
 	}
-	return st, CauseRedelivered
+	if c == CauseApplied {
+		cause = CauseApplied
+	}
+	return st, cause
 }
 
 // FailedEntry is how a banned hash is kept in TaskState.FailedRequests:

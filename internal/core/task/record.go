@@ -1,6 +1,7 @@
 package task
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -57,7 +58,7 @@ func Apply(st *events.TaskState, t events.Task, run events.Run, res events.Resul
 		Attempt: run.Attempt, Pass: run.Pass, Rung: run.Rung, Step: run.Step,
 		Approach: res.Approach, Outcome: res.Outcome, Reason: res.Error,
 		TokensIn: res.TokensIn, TokensOut: res.TokensOut, Cost: res.Cost, At: now,
-		ErrorClass: res.ErrorClass,
+		ErrorClass: res.ErrorClass, Model: cmp.Or(res.Route, res.Model),
 	})
 	st.History = KeptAttempts(st.History, st.RoundStart)
 	st.Attempts = max(st.Attempts, run.Attempt)

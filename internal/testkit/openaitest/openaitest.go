@@ -15,7 +15,9 @@ import (
 
 // Request is one chat-completions request as received.
 type Request struct {
-	Body     []byte
+	Body []byte
+	// Header holds the request's headers (Authorization: the key).
+	Header   http.Header
 	Model    string
 	Messages []struct {
 		Role    string `json:"role"`
@@ -96,7 +98,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
-	req := Request{Body: body}
+	req := Request{Body: body, Header: r.Header.Clone()}
 	_ = json.Unmarshal(body, &req)
 	s.mu.Lock()
 	s.requests = append(s.requests, req)
