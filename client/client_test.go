@@ -144,7 +144,7 @@ func TestWaitGivesUp(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the verifier was never asked")
 	}
-	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
 	out, err := c.Wait(short, slow)
 	cancelShort()
 	if !errors.Is(err, context.DeadlineExceeded) || !out.TimedOut || out.Status != events.StatusVerifying || out.Stage != events.StageQueued {
@@ -195,7 +195,7 @@ func TestNoMesh(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond) // it asks until then
+	short, cancelShort := context.WithTimeout(ctx, time.Second) // it asks until then
 	_, err = c.Submit(short, client.Task{Type: "css_fix", Subject: "s"})
 	cancelShort()
 	if !errors.Is(err, client.ErrUnavailable) || !strings.Contains(err.Error(), "is the mesh up") {

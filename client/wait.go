@@ -26,9 +26,13 @@ func (c *Client) Wait(ctx context.Context, id string) (Outcome, error) {
 	for {
 		slice, last := waitSlice, false
 		if deadline, ok := ctx.Deadline(); ok {
-			// The mesh answers a little before ctx ends, with where the task is.
+			// The mesh answers a little before ctx ends, with where the task
+			// is: a tenth of the time left (at most 2s), and at least a
+			// third of it up to 250ms, so a short deadline on a busy
+			// machine still gets the answer back in time.
 			left := time.Until(deadline)
-			if s := left - min(left/10, 2*time.Second); s < slice {
+			margin := min(max(left/10, min(left/3, 250*time.Millisecond)), 2*time.Second)
+			if s := left - margin; s < slice {
 				slice, last = max(s, time.Millisecond), true
 			}
 		}

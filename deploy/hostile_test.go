@@ -404,7 +404,9 @@ func floodConnections(t *testing.T, srv *proctest.NATS, password string, max int
 	}()
 	var refused error
 	for int64(len(held)) <= max {
-		nc, err := nats.Connect(srv.URL, clientTLS(t), nats.UserInfo("client", password), nats.NoReconnect())
+		// A generous handshake timeout: on a busy machine the TLS handshake
+		// alone may take longer than the default 2s.
+		nc, err := nats.Connect(srv.URL, clientTLS(t), nats.UserInfo("client", password), nats.NoReconnect(), nats.Timeout(15*time.Second))
 		if err != nil {
 			refused = err
 			break
