@@ -411,11 +411,13 @@ func TestRouterHeartbeatKeepsLongHandlers(t *testing.T) {
 				if m.Delivered > 1 {
 					redelivered <- m.Delivered
 				}
-				time.Sleep(1500 * time.Millisecond) // 5 AckWaits
+				time.Sleep(3 * time.Second) // 3 AckWaits
 				return nil, nil
 			})
 			sp.Name = fmt.Sprintf("beat%v", onDemand)
-			sp.AckWait, sp.Concurrency, sp.OnDemand = 300*time.Millisecond, n, onDemand
+			// An AckWait long enough that a busy machine's scheduling
+			// stalls do not eat a whole one between two heartbeats.
+			sp.AckWait, sp.Concurrency, sp.OnDemand = time.Second, n, onDemand
 			run(t, s.JS, sp)
 			for i := range n {
 				publish(t, s.JS, events.TaskSubject(fmt.Sprintf("t%d", i), "in"), "x")
