@@ -69,6 +69,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logge
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	if lh, ok := h.(*Handler); ok {
+		srv.RegisterOnShutdown(lh.Shutdown) // end the event streams, or Shutdown waits for them
+	}
 	errs := make(chan error, 1)
 	go func() { errs <- srv.Serve(ln) }()
 	select {
