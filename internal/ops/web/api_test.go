@@ -32,6 +32,8 @@ type seeded struct {
 	srv   *natstest.Server
 	tasks *services.TaskStore
 	http  *httptest.Server
+	rc    *review.Client
+	h     *web.Handler
 }
 
 const evil = `<script>alert("x")</script>`
@@ -57,8 +59,8 @@ func newSeeded(t *testing.T) *seeded {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.http = httptest.NewServer(h)
-	t.Cleanup(s.http.Close)
+	s.http, s.rc, s.h = httptest.NewServer(h), rc, h
+	t.Cleanup(func() { h.Shutdown(); s.http.Close() })
 
 	// blk-1: escalated after two attempts; gtd-1: gated; run-1: running.
 	// Their type's outcomes, published to the outcome stream as the
