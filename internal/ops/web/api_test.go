@@ -102,6 +102,16 @@ func (s *seeded) task(id string, status events.Status, why, reason string, histo
 	}
 }
 
+// state reads a task's state.
+func (s *seeded) state(id string) events.TaskState {
+	s.t.Helper()
+	st, err := s.tasks.Get(bg, id)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return st
+}
+
 func (s *seeded) publish(subject, event, by, why string, v any) {
 	s.t.Helper()
 	msg := nats.NewMsg(subject)

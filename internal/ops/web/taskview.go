@@ -190,7 +190,9 @@ func readable(e review.AuditEntry) string {
 		s = "Sent again: " + clip(v.Reason, 200)
 	case events.StageVerified:
 		s = "Verified"
-		if v.Verification != nil {
+		if ver := v.Verification; ver == nil || ver.Verifier == "" || ver.Verifier == "none" {
+			s = fmt.Sprintf("Queued: %s on %s (no verifier for this type)", v.Task.Type, v.Task.Subject)
+		} else {
 			s = fmt.Sprintf("Verified: %s by %s", v.Verification.Verdict, v.Verification.Verifier)
 			if v.Verification.Detail != "" {
 				s += " — " + clip(v.Verification.Detail, 160)
@@ -205,9 +207,12 @@ func readable(e review.AuditEntry) string {
 	case events.StageWake:
 		s = "The gate looked at the held task again"
 	case events.StagePrompted:
-		s = "Prompt sent"
+		s = "Prompt built"
 		if v.Prompt != nil {
-			s = fmt.Sprintf("Prompt sent to %s (%d messages)", v.Prompt.Model, len(v.Prompt.Messages))
+			s = fmt.Sprintf("Prompt built (%d messages)", len(v.Prompt.Messages))
+			if v.Prompt.Model != "" {
+				s = fmt.Sprintf("Prompt built for %s (%d messages)", v.Prompt.Model, len(v.Prompt.Messages))
+			}
 		}
 	case events.StageExecuted:
 		s = "The model answered"
