@@ -95,7 +95,7 @@ func searchCursor(r TaskRow) string {
 func parseSearchCursor(s string) (time.Time, string, error) {
 	n, id, ok := strings.Cut(s, ".")
 	ns, err := strconv.ParseInt(n, 10, 64)
-	if !ok || err != nil || !events.ValidID(id) {
+	if !ok || err != nil || strconv.FormatInt(ns, 10) != n || !events.ValidID(id) {
 		return time.Time{}, "", fmt.Errorf("%w: search cursor %q", ErrInvalid, s)
 	}
 	return time.Unix(0, ns).UTC(), id, nil
