@@ -48,7 +48,9 @@ func view(t *testing.T, ctx context.Context, path string) {
 // type's gated items, ticks two and asks for every other open one of that
 // type and reason, writes one note and clicks requeue once: every item is
 // requeued as a single decision, except the one another reviewer resolved
-// meanwhile, which keeps their decision and is named.
+// meanwhile, which keeps their decision and is named. Then the queue page,
+// left untouched, drops an item a third reviewer resolves, without a
+// reload.
 func TestBrowserBulkRequeue(t *testing.T) {
 	ctx := browser(t)
 	s := newSeeded(t)
@@ -136,11 +138,41 @@ func TestBrowserBulkRequeue(t *testing.T) {
 	if left, err := s.rc.List(bg, review.Filter{Type: "css_fix", Reason: events.ReviewGated}); err != nil || len(left.Items) != len(gated.Items)-len(sendable) {
 		t.Errorf("%d gated css_fix items still open (%v), want the %d that cannot be sent again", len(left.Items), err, len(gated.Items)-len(sendable))
 	}
+
+	// The queue page, left untouched, follows: an item another reviewer
+	// resolves leaves it without a reload.
+	left, err := s.rc.List(bg, review.Filter{Type: "css_fix", Reason: events.ReviewGated})
+	if err != nil || len(left.Items) == 0 {
+		t.Fatalf("no item left to resolve: %v", err)
+	}
+	item := `section[data-task="` + left.Items[0].Key + `"]`
+	if err := chromedp.Do(rctx,
+		chromedp.Navigate(s.http.URL+"/?reason=gated&type=css_fix"),
+		chromedp.WaitVisible(chromedp.CSS(item)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(rctx, chromedp.Evaluate[bool](`window.stillTheSamePage = true`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(rctx, chromedp.Poll[bool](`document.body.dataset.following === "1"`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rc.Resolve(bg, left.Items[0].Key, "done by hand", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(rctx, chromedp.WaitNotPresent(chromedp.CSS(item))); err != nil {
+		t.Fatalf("the queue page never dropped the resolved item: %v", err)
+	}
+	if same, err := chromedp.Run(rctx, chromedp.Evaluate[bool](`window.stillTheSamePage === true`)); err != nil || !same {
+		t.Fatalf("the queue page was reloaded (%v)", err)
+	}
 	t.Logf("screenshots in %s", dir)
 }
 
-// A reviewer has a running task's page open; the task ends, and the page
-// shows the end — status, who solved it, the answer — without a reload.
+// A reviewer has a running task's page open, and the explorer in another
+// tab; the task ends, and both show the end — the page its status, who
+// solved it and the answer — without a reload.
 func TestBrowserTaskPageFollowsTheEnd(t *testing.T) {
 	ctx := browser(t)
 	const id = "live-1"
@@ -174,6 +206,24 @@ func TestBrowserTaskPageFollowsTheEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	shot(t, rctx, filepath.Join(dir, "task-running.png"))
+	// The explorer, in a second tab, follows too.
+	tab, cancelTab := chromedp.NewContext(ctx)
+	defer cancelTab()
+	tctx, cancelT := context.WithTimeout(tab, reviewtest.Patience)
+	defer cancelT()
+	row := `#tasks tr[data-task="` + id + `"]`
+	if err := chromedp.Do(tctx,
+		chromedp.Navigate(srv.URL+"/tasks"),
+		chromedp.WaitVisible(chromedp.CSS(row+` .badge.busy`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`window.stillTheSamePage = true`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(tctx, chromedp.Poll[bool](`document.body.dataset.following === "1"`)); err != nil {
+		t.Fatal(err)
+	}
 	close(m.Model.Block) // the model answers: the task succeeds
 	m.WaitStage(id, events.StageSucceeded, 1)
 	if err := chromedp.Do(rctx,
@@ -186,6 +236,13 @@ func TestBrowserTaskPageFollowsTheEnd(t *testing.T) {
 		t.Fatalf("the page was reloaded (%v)", err)
 	}
 	shot(t, rctx, filepath.Join(dir, "task-ended.png"))
+	if err := chromedp.Do(tctx, chromedp.WaitVisible(chromedp.CSS(row+` .badge.good`))); err != nil {
+		t.Fatalf("the explorer never showed the end: %v", err)
+	}
+	if same, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`window.stillTheSamePage === true`)); err != nil || !same {
+		t.Fatalf("the explorer was reloaded (%v)", err)
+	}
+	view(t, tctx, filepath.Join(dir, "explorer-ended.png"))
 	page, err := chromedp.Run(rctx, chromedp.Text(chromedp.CSS("main")))
 	if err != nil {
 		t.Fatal(err)
