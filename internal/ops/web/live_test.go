@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"html"
 	"net/http"
@@ -164,5 +165,38 @@ func TestBulkAPI(t *testing.T) {
 	code, body = s.do("POST", "/bulk", "application/x-www-form-urlencoded", "do=requeue&note=x", "Origin", s.http.URL)
 	if code != http.StatusBadRequest || !strings.Contains(body, `id="bulk-error"`) {
 		t.Errorf("an empty bulk form: %d\n%s", code, body)
+	}
+}
+
+// Serve ends the pages' event streams as it shuts down: it returns
+// without error while a page follows the feed (otherwise the shutdown
+// would wait for the stream and fail on its deadline).
+func TestServeEndsEventStreams(t *testing.T) {
+	s := newSeeded(t)
+	ln, err := web.Listen("127.0.0.1:0", token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	served := make(chan error, 1)
+	go func() { served <- web.Serve(ctx, ln, s.h, nil) }()
+	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "retry:") {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(reviewtest.Patience):
+		t.Fatal("Serve never returned")
 	}
 }
