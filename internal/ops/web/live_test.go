@@ -149,6 +149,11 @@ func TestBulkAPI(t *testing.T) {
 	if code, body := s.do("POST", "/api/tasks/blk-1/resolve", "application/json", `{"note":"fixed by hand","by":"bob"}`); code != 200 {
 		t.Fatalf("bob's resolve: %d %s", code, body)
 	}
+	// The task page says a human ended it, and which.
+	if code, body := s.do("GET", "/tasks/blk-1", "", ""); code != 200 || !strings.Contains(body, `<div id="ended"><span class="badge warn">human</span> <b>Resolved by a human, bob</b>`) ||
+		!strings.Contains(body, "fixed by hand") {
+		t.Errorf("the task page of a task bob resolved: %d\n%s", code, body)
+	}
 	code, body := s.do("POST", "/api/bulk", "application/json",
 		`{"action":"reject","targets":[{"id":"blk-1","seen_decisions":0},{"id":"gtd-1","seen_decisions":0}],"note":"obsolete","by":"alice"}`)
 	res := decode[web.BulkResult](t, body)
