@@ -243,6 +243,15 @@ func checkPermissions(t *testing.T, u *server.User) {
 			}
 		}
 	}
+	if u.Username == "web" {
+		// The review page's live feed and search index: one watch of the
+		// task bucket per process (which web also writes: decisions).
+		for _, s := range watchGrants(services.BucketTasks) {
+			if !slices.Contains(p.Publish.Allow, s) {
+				t.Errorf("user web follows the task bucket (the live feed) but lacks publish %s", s)
+			}
+		}
+	}
 	if u.Username == "auditor" {
 		// The operators' read-only identity reads every bucket (dispatch
 		// review, audit, status -v, the nats CLI) and writes none.
@@ -1352,6 +1361,18 @@ func testWeb(ctx context.Context, t *testing.T, serverURL string, pw map[string]
 	// (its keys — seed, the services' smoke tests — are no entries: read,
 	// not listed).
 	hl, err := rc.Held(ctx, "")
+	// The page's live feed and search: one watch of the task bucket and a
+	// follower of the answers, loaded to the bucket's current states.
+	if err == nil {
+		var l *review.Live
+		if l, err = rc.Live(ctx); err == nil {
+			err = l.Ready(ctx)
+		}
+		if err != nil {
+			rc.Close()
+			t.Fatalf("web follows the task bucket (the live feed): %v", err)
+		}
+	}
 	rc.Close()
 	if err != nil || hl.Scanned == 0 || hl.Total != 0 || !hl.Complete {
 		t.Fatalf("web lists the held index: %+v, %v", hl, err)

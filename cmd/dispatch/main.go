@@ -45,8 +45,10 @@ Usage:
   dispatch review show ID [-o json]   why a task stopped: trust, attempts, dead ends, records
   dispatch review resolve|reject|requeue ID -note TEXT [-by WHO]
                                       decide; a requeue's note reaches the next prompt
-  dispatch review requeue -type T -reason R -note TEXT
-                                      requeue every open item of a type and/or reason
+  dispatch review resolve|reject|requeue [ID[@N]...] [-type T] [-reason R] -note TEXT
+                                      bulk: the IDs, then every open item of a type and/or reason, one
+                                      note, reported per item; ID@N only if it still holds the N
+                                      decisions you saw (another reviewer's decision stands)
   dispatch audit ID [-o json]         a task's whole timeline from the stream, who did what
   dispatch stats [-type T] [-o json]  spend per type: wasted, retry success, loop rate, cost per resolved task
   dispatch web [-listen ADDR]         the review page and JSON API (DISPATCH_HTTP_LISTEN)

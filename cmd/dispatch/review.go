@@ -21,10 +21,12 @@ const reviewUsage = `usage:
       newest first, a page at a time: a page ends with the command that prints the next (older) one;
       without -reason and -cursor it first lists the tasks held for their type's trust, oldest first
   dispatch review show ID [-o json]
-  dispatch review resolve ID -note TEXT [-by WHO]
-  dispatch review reject ID -note TEXT [-by WHO]
-  dispatch review requeue ID -note TEXT [-by WHO]
-  dispatch review requeue -type T -reason R -note TEXT [-by WHO]   (bulk: every open item matching)`
+  dispatch review resolve|reject|requeue ID... -note TEXT [-by WHO] [-type T] [-reason R]
+      one decision, one note: on each task ID given, then (with -type and/or -reason) on every
+      other open item of that type and review reason, each as a single decision, reported per item;
+      ID@N acts only if the task still holds the N decisions you saw (review list -o json:
+      "decisions"), so a decision another reviewer took meanwhile is named and stands; a bulk
+      decision by -type/-reason applies the same check with the decisions each item was listed with`
 
 // reviewClient connects to NATS_URL and returns a review client.
 func reviewClient(cfg Config) (*review.Client, func(), error) {
@@ -369,66 +371,86 @@ func reviewAct(ctx context.Context, cfg Config, action string, args []string) er
 	note := fs.String("note", "", "why (required); a requeue's note reaches the next prompt")
 	by := fs.String("by", review.DefaultBy(), "who acts")
 	var typ, reason string
-	if action == events.ActionRequeue {
-		fs.StringVar(&typ, "type", "", "bulk: requeue every open item of this task type")
-		fs.StringVar(&reason, "reason", "", "bulk: requeue every open item of this review reason")
-	}
+	fs.StringVar(&typ, "type", "", "bulk: "+action+" every open item of this task type")
+	fs.StringVar(&reason, "reason", "", "bulk: "+action+" every open item of this review reason")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	bulk := typ != "" || reason != ""
-	switch {
-	case bulk && len(pos) > 0:
-		return fmt.Errorf("give a task ID or -type/-reason, not both\n%s", reviewUsage)
-	case !bulk && len(pos) != 1:
-		return fmt.Errorf("review %s needs one task ID\n%s", action, reviewUsage)
+	if len(pos) == 0 && typ == "" && reason == "" {
+		return fmt.Errorf("review %s needs a task ID (or several), or -type/-reason\n%s", action, reviewUsage)
+	}
+	b := review.Bulk{Action: action, Type: typ, Reason: reason, Note: *note, By: *by}
+	for _, p := range pos {
+		t, err := review.ParseTarget(p)
+		if err != nil {
+			return err
+		}
+		b.Targets = append(b.Targets, t)
 	}
 	rc, closeFn, err := reviewClient(cfg)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	if bulk {
-		// Each task is printed as it is done: the queue is read a page at
-		// a time, however many items match.
-		requeued, skipped := 0, 0
-		err := rc.RequeueEach(ctx, typ, reason, *note, *by, func(id string, why error) {
-			if why != nil {
-				skipped++
-				fmt.Fprintf(stdout, "skipped  %s: %s\n", id, why)
-				return
-			}
-			requeued++
-			fmt.Fprintf(stdout, "requeued %s\n", id)
-		})
-		fmt.Fprintf(stdout, "%d requeued, %d skipped\n", requeued, skipped)
+	if len(b.Targets) == 1 && b.Type == "" && b.Reason == "" {
+		t := b.Targets[0]
+		d, err := rc.DecideSeen(ctx, action, t.ID, *note, *by, t.Seen)
 		if err != nil {
 			return err
 		}
-		if skipped > 0 {
-			return &exitError{1, fmt.Errorf("%d of %d tasks were not requeued", skipped, skipped+requeued)}
+		status := "record closed"
+		if d.Task != nil {
+			status = "status " + string(d.Task.Status)
 		}
+		fmt.Fprintf(stdout, "%s: %s by %s (%s)\n", t.ID, action, d.Action.By, status)
 		return nil
 	}
-	var d review.Decision
-	switch action {
-	case events.ActionResolve:
-		d, err = rc.Resolve(ctx, pos[0], *note, *by)
-	case events.ActionReject:
-		d, err = rc.Reject(ctx, pos[0], *note, *by)
-	default:
-		d, err = rc.Requeue(ctx, pos[0], *note, *by)
-	}
+	return reviewBulk(ctx, rc, b)
+}
+
+// reviewBulk carries out a bulk decision, printing each item as it is done:
+// the queue is read a page at a time, however many items match.
+func reviewBulk(ctx context.Context, rc *review.Client, b review.Bulk) error {
+	done, left := 0, 0
+	err := rc.DecideBulk(ctx, b, func(it review.BulkItem) {
+		switch {
+		case it.Done:
+			done++
+			fmt.Fprintf(stdout, "%s %s%s\n", pastTense(b.Action), it.ID, dashStatus(it.Status))
+		case it.DecidedBy != "":
+			left++
+			fmt.Fprintf(stdout, "skipped %s: %s decided it since (theirs stands): %s\n", it.ID, it.DecidedBy, it.Why)
+		default:
+			left++
+			fmt.Fprintf(stdout, "skipped %s: %s\n", it.ID, it.Why)
+		}
+	})
+	fmt.Fprintf(stdout, "%d %s, %d skipped\n", done, pastTense(b.Action), left)
 	if err != nil {
 		return err
 	}
-	status := "record closed"
-	if d.Task != nil {
-		status = "status " + string(d.Task.Status)
+	if left > 0 {
+		return &exitError{1, fmt.Errorf("%d of %d items were not %s", left, left+done, pastTense(b.Action))}
 	}
-	fmt.Fprintf(stdout, "%s: %s by %s (%s)\n", pos[0], action, d.Action.By, status)
 	return nil
+}
+
+func pastTense(action string) string {
+	switch action {
+	case events.ActionResolve:
+		return "resolved"
+	case events.ActionReject:
+		return "rejected"
+	}
+	return "requeued"
+}
+
+func dashStatus(st events.Status) string {
+	if st == "" {
+		return ""
+	}
+	return " (status " + string(st) + ")"
 }
 
 func cmdAudit(ctx context.Context, cfg Config, args []string) error {

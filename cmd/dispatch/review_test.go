@@ -220,6 +220,14 @@ func TestReviewCommands(t *testing.T) {
 	if _, err := c.run("review", "list", "-reason", "Bad!"); err == nil {
 		t.Error("a bad reason was accepted")
 	}
+	// Several at once, each with the decisions seen: cli-1 was resolved
+	// since (it holds one), so that decision stands and is named.
+	out, err := c.run("review", "reject", "cli-4@0", "cli-1@0", "-note", "obsolete")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(out, "rejected cli-4 (status failed)") ||
+		!regexp.MustCompile(`skipped cli-1: tester@\S+ decided it since`).MatchString(out) || !strings.Contains(out, "1 rejected, 1 skipped") {
+		t.Errorf("bulk reject said %q, %v", out, err)
+	}
 }
 
 func TestUpAndWebRefuseNonLocalWithoutToken(t *testing.T) {

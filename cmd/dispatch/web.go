@@ -106,7 +106,7 @@ func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 		return nil, err
 	}
 	p := &webPage{nc: nc, stats: &services.RunStats{}, queue: review.NewQueueGauge(rc), review: rc}
-	p.handler = counted(h, p.stats)
+	p.handler = shutdownable{Handler: counted(h, p.stats), page: h}
 	p.ops, err = services.StartOps(nc, services.OpsConfig{
 		Service: "web", Version: version, Instance: instance(),
 		Description: "dispatchmesh review page: requests handled, errors (5xx), in flight; readiness",
@@ -149,8 +149,23 @@ func (p *webPage) stop() { _ = p.ops.Stop(); p.review.Close() }
 
 // counted counts h's requests in stats: in flight, handled, and errors
 // (answers 500 and above).
+// shutdownable is the counted page that still ends its event streams when
+// the server shuts down (web.Serve calls Shutdown).
+type shutdownable struct {
+	http.Handler
+	page *web.Handler
+}
+
+func (s shutdownable) Shutdown() { s.page.Shutdown() }
+
+// counted counts the requests h answers; a page's event stream (GET
+// /events, open as long as the page) is no request in flight.
 func counted(h http.Handler, stats *services.RunStats) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/events" {
+			h.ServeHTTP(w, r)
+			return
+		}
 		done := stats.Begin()
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
 		defer func() { done(sw.code >= 500) }()

@@ -173,6 +173,11 @@ func (c *Client) decideSeen(ctx context.Context, action, id, note, by string, se
 		return Decision{}, err
 	}
 	t := tailOf(entries)
+	if seenDecisions >= 0 && len(seen.Actions) > seenDecisions {
+		// Another human decided since the decider looked: name them
+		// before anything else (theirs may have ended the task).
+		return Decision{}, &DecidedError{ID: id, Action: action, Latest: seen.Actions[len(seen.Actions)-1]}
+	}
 	if err := checkReviewable(seen, t, action); err != nil {
 		return Decision{}, err
 	}

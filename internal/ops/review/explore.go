@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -35,6 +37,8 @@ const (
 	// ViaRecords: the records on the stream that put a task in a status of
 	// RecordStatuses, newest record first (see Tasks).
 	ViaRecords = "records"
+	// ViaSearch: the search index of the live feed (TaskQuery.Text).
+	ViaSearch = "search"
 )
 
 // Statuses are the task statuses a query may filter by.
@@ -46,8 +50,14 @@ var Statuses = []events.Status{
 // TaskQuery selects tasks for the explorer. The zero value is the newest
 // DefaultPageSize tasks.
 type TaskQuery struct {
-	// ID finds one task by its id (the other filters are then ignored).
+	// ID finds one task by its id (the other filters are then ignored,
+	// unless Text is set).
 	ID string
+	// Text searches the id, type, subject, reason and latest answer of
+	// every task for this text, as a substring, case-insensitive, with the
+	// other filters applied too: the search index of the live feed (Live),
+	// in memory, answers it.
+	Text string
 	// Type, Subject (exact) and Status keep tasks that have them.
 	Type, Subject string
 	Status        events.Status
@@ -77,7 +87,14 @@ func (q TaskQuery) Validate() error {
 	if q.Limit < 0 || q.Limit > MaxPageSize {
 		errs = append(errs, fmt.Errorf("%w: limit %d (1-%d)", ErrInvalid, q.Limit, MaxPageSize))
 	}
-	if _, err := parseCursor(q.Cursor); err != nil {
+	if len(q.Text) > MaxSearchLen || strings.ContainsFunc(q.Text, unicode.IsControl) {
+		errs = append(errs, fmt.Errorf("%w: search text: at most %d printable characters", ErrInvalid, MaxSearchLen))
+	}
+	if q.Text != "" && q.Cursor != "" {
+		if _, _, err := parseSearchCursor(q.Cursor); err != nil {
+			errs = append(errs, err)
+		}
+	} else if _, err := parseCursor(q.Cursor); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -175,6 +192,9 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	if q.Limit == 0 {
 		q.Limit = DefaultPageSize
 	}
+	if q.Text != "" {
+		return c.search(ctx, q)
+	}
 	tasks, err := c.taskStore(ctx)
 	if err != nil {
 		return TaskPage{}, err
@@ -239,6 +259,21 @@ func (c *Client) Tasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	page.Next = w.next()
 	page.Partial = page.Next != "" && q.Status != "" && len(page.Tasks) < q.Limit
 	return page, nil
+}
+
+// search answers a query with Text from the live feed's index, once it
+// holds every task's current state.
+func (c *Client) search(ctx context.Context, q TaskQuery) (TaskPage, error) {
+	l, err := c.Live(ctx)
+	if err != nil {
+		return TaskPage{}, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, waitReady)
+	defer cancel()
+	if err := l.Ready(wctx); err != nil {
+		return TaskPage{}, err
+	}
+	return l.index.search(q)
 }
 
 func rowOf(st events.TaskState, seq uint64) TaskRow {

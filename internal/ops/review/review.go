@@ -71,6 +71,9 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// MaxSubscribers bounds the pages following the live feed at once
+	// (Live.Subscribe). Default DefaultMaxSubscribers.
+	MaxSubscribers int
 }
 
 // Client reads the review queue and records human decisions. It binds to the
@@ -84,6 +87,7 @@ type Client struct {
 	trust  *trust.View
 	opened bool
 	open   *openQueue // OpenCounts' reading, kept between calls
+	live   *Live      // the live feed and search index, once started
 }
 
 // New returns a client; it does not talk to the server yet.
@@ -146,12 +150,17 @@ func (c *Client) stores(ctx context.Context) (*services.TaskStore, *trust.View, 
 	return c.tasks, c.trust, nil
 }
 
-// Close stops following the trust of every type (see Trust).
+// Close stops following the trust of every type (see Trust) and the live
+// feed (see Live).
 func (c *Client) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.trust != nil {
 		c.trust.Stop()
 		c.trust, c.opened = nil, false
+	}
+	if c.live != nil {
+		c.live.Close()
+		c.live = nil
 	}
 }

@@ -32,6 +32,8 @@ type seeded struct {
 	srv   *natstest.Server
 	tasks *services.TaskStore
 	http  *httptest.Server
+	rc    *review.Client
+	h     *web.Handler
 }
 
 const evil = `<script>alert("x")</script>`
@@ -57,8 +59,8 @@ func newSeeded(t *testing.T) *seeded {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.http = httptest.NewServer(h)
-	t.Cleanup(s.http.Close)
+	s.http, s.rc, s.h = httptest.NewServer(h), rc, h
+	t.Cleanup(func() { h.Shutdown(); s.http.Close() })
 
 	// blk-1: escalated after two attempts; gtd-1: gated; run-1: running.
 	// Their type's outcomes, published to the outcome stream as the
@@ -98,6 +100,16 @@ func (s *seeded) task(id string, status events.Status, why, reason string, histo
 		s.publish(events.ReviewSubject(reason, id), "review."+reason+".v1", "recorder@test", why,
 			events.Escalated{Base: events.Base{Task: task, Run: events.Run{Pass: pass, Attempt: pass}}, Reason: why})
 	}
+}
+
+// state reads a task's state.
+func (s *seeded) state(id string) events.TaskState {
+	s.t.Helper()
+	st, err := s.tasks.Get(bg, id)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return st
 }
 
 func (s *seeded) publish(subject, event, by, why string, v any) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -40,8 +39,7 @@ func TestBrowserExplorerAndCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	srv := serve(t, h)
 	rctx, cancel := context.WithTimeout(ctx, reviewtest.Patience)
 	defer cancel()
 

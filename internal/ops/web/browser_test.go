@@ -74,8 +74,7 @@ func TestBrowserRequeueOfBlockedTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	srv := serve(t, h)
 
 	rctx, cancel := context.WithTimeout(ctx, reviewtest.Patience)
 	defer cancel()
@@ -140,6 +139,14 @@ func TestBrowserRequeueOfBlockedTask(t *testing.T) {
 	if path := os.Getenv("REVIEW_SCREENSHOT"); path != "" {
 		shot(t, rctx, strings.TrimSuffix(path, ".png")+"-task.png")
 	}
+}
+
+// serve serves h until the test ends; the pages' event streams end first
+// (as web.Serve ends them at shutdown), or Close would wait for them.
+func serve(t *testing.T, h *web.Handler) *httptest.Server {
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() { h.Shutdown(); srv.Close() })
+	return srv
 }
 
 func shot(t *testing.T, ctx context.Context, path string) {

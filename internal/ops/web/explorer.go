@@ -11,13 +11,14 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
 )
 
-// taskQuery reads an explorer query: id, type, status, subject, since,
+// taskQuery reads an explorer query: q (search), id, type, status, subject, since,
 // until (RFC 3339, or a date and time in UTC as a datetime-local field
 // sends it, or a date), cursor, limit.
 func taskQuery(r *http.Request) (review.TaskQuery, error) {
 	v := r.URL.Query()
 	q := review.TaskQuery{
 		ID: strings.TrimSpace(v.Get("id")), Type: strings.TrimSpace(v.Get("type")), Status: events.Status(v.Get("status")),
+		Text:    strings.TrimSpace(v.Get("q")),
 		Subject: v.Get("subject"), Cursor: v.Get("cursor"),
 	}
 	var err error
@@ -59,17 +60,25 @@ type tasksData struct {
 	ScanFactor int
 	Next       string // link to the next (older) page
 	First      string // link to the newest page of the same filter
+	// Failed is why the query could not be answered (a bad filter): the
+	// form stays with what was typed.
+	Failed string
 }
 
 func (h *Handler) pageTasks(w http.ResponseWriter, r *http.Request) {
 	q, err := taskQuery(r)
-	if err != nil {
-		h.renderError(w, r, err)
-		return
+	var p review.TaskPage
+	if err == nil {
+		p, err = h.cfg.Review.Tasks(r.Context(), q)
 	}
-	p, err := h.cfg.Review.Tasks(r.Context(), q)
 	if err != nil {
-		h.renderError(w, r, err)
+		code := status(err)
+		if code == http.StatusInternalServerError {
+			h.cfg.Log.Error("web: page failed", "path", r.URL.Path, "err", err)
+		}
+		v := r.URL.Query()
+		h.render(w, r, code, "tasks", "Tasks", tasksData{Q: q, Statuses: review.Statuses, Since: v.Get("since"), Until: v.Get("until"),
+			Page: review.TaskPage{Tasks: []review.TaskRow{}}, Failed: err.Error()})
 		return
 	}
 	d := tasksData{Q: q, Page: p, Statuses: review.Statuses, ScanFactor: review.StatusScanFactor, Since: formTime(q.Since), Until: formTime(q.Until)}
@@ -126,6 +135,8 @@ type step struct {
 	review.AuditEntry
 	Since, Total time.Duration
 	First        bool
+	// Text is the entry as a sentence (readable).
+	Text string
 }
 
 // taskExtras is what the task page shows beyond review.Detail: the
@@ -136,12 +147,17 @@ type taskExtras struct {
 	Answers []review.Answer
 	Steps   []step
 	Total   time.Duration
+	// Gates are the gate's decisions on the task, with their causes.
+	Gates []gateDecision
 }
 
 func extras(entries []review.AuditEntry) taskExtras {
 	var x taskExtras
 	for i, e := range entries {
-		s := step{AuditEntry: e, First: i == 0}
+		s := step{AuditEntry: e, First: i == 0, Text: readable(e)}
+		if g, ok := gateOf(e); ok {
+			x.Gates = append(x.Gates, g)
+		}
 		if i > 0 {
 			s.Since, s.Total = e.Time.Sub(entries[i-1].Time), e.Time.Sub(entries[0].Time)
 			x.Total = s.Total

@@ -62,7 +62,7 @@ func TestQueueListsHeldTasks(t *testing.T) {
 	toHuman := since.Add(trust.DefaultHoldTime).Format("2006-01-02 15:04:05Z")
 	for _, want := range []string{
 		`<a href="/tasks/hld-1"><b>hld-1</b></a>`, "2026-03-01 12:00:00Z", "Blocked: css_fix trust score 0.08 below 0.15",
-		`<td class="t to-human">` + toHuman + `</td>`, "re-admitted when css_fix recovers", "re-admitted when py_fix recovers",
+		`<td class="t to-human">` + toHuman + `<div class="muted">held for 24h00m`, "re-admitted when css_fix recovers", "re-admitted when py_fix recovers",
 		html.EscapeString(evil), `action="/tasks/hld-1/requeue" data-held="hld-1"`, `formaction="/tasks/hld-1/resolve"`,
 		`<input type="hidden" name="seen_decisions" value="0">`, "the default: a type's hold_time in the policy may differ",
 	} {

@@ -59,7 +59,8 @@ func Listen(addr, token string) (net.Listener, error) {
 }
 
 // Serve serves h on ln until ctx ends, then shuts down gracefully (requests
-// in flight get up to 5 seconds).
+// in flight get up to 20 seconds). An h with a Shutdown method (a Handler)
+// has it called as the server shuts down: the pages' event streams end.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
@@ -68,6 +69,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logge
 		Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	if sh, ok := h.(interface{ Shutdown() }); ok {
+		srv.RegisterOnShutdown(sh.Shutdown) // end the event streams, or Shutdown waits for them
 	}
 	errs := make(chan error, 1)
 	go func() { errs <- srv.Serve(ln) }()

@@ -76,6 +76,7 @@ var pages = map[string]*template.Template{
 	"queue": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/queue.html")),
 	"task":  template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/task.html")),
 	"tasks": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/tasks.html")),
+	"bulk":  template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/bulk.html")),
 	"error": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/error.html")),
 }
 
@@ -86,13 +87,22 @@ type page struct {
 	Err   string
 	By    string // the name the browser saved
 	Now   time.Time
-	Data  any
+	// Live names a page that follows the live feed (static/live.js):
+	// queue, tasks or task; Task is the task page's id.
+	Live, Task string
+	Data       any
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, code int, name, title string, data any) {
 	p := page{Title: title, OK: r.URL.Query().Get("ok"), Err: r.URL.Query().Get("err"), Now: h.cfg.Now(), Data: data}
 	if c, err := r.Cookie(byCookie); err == nil {
 		p.By, _ = url.QueryUnescape(c.Value)
+	}
+	switch d := data.(type) {
+	case queueData, tasksData:
+		p.Live = name
+	case taskData:
+		p.Live, p.Task = name, d.D.ID
 	}
 	var buf bytes.Buffer
 	if err := pages[name].ExecuteTemplate(&buf, "layout.html", p); err != nil {
@@ -102,7 +112,7 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, code int, name,
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	w.WriteHeader(code)
 	_, _ = w.Write(buf.Bytes())
 }
@@ -133,6 +143,13 @@ type queueData struct {
 	// ListsHeld: the page lists the held tasks (Filter.ListsHeld); they
 	// could not be read when Queue.Held is nil.
 	ListsHeld bool
+	// Gated is how many types the gate blocks now (the trust table opens
+	// when there is one); Reasons are the bulk form's choices.
+	Gated   int
+	Reasons []string
+	// AgeText is the age as typed; Failed is why the page could not be
+	// read (bad filter): the form stays with it.
+	AgeText, Failed string
 }
 
 // tab is one reason filter link with the open items of that reason (-1:
@@ -147,12 +164,13 @@ type tab struct {
 func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 	f, err := filter(r)
 	if err != nil {
-		h.renderError(w, r, err)
+		// The page stays, with its filter form and the error.
+		h.renderQueueError(w, r, err)
 		return
 	}
 	q, err := h.cfg.Review.List(r.Context(), f)
 	if err != nil {
-		h.renderError(w, r, err)
+		h.renderQueueError(w, r, err)
 		return
 	}
 	q.Open = h.openCounts(r)
@@ -192,7 +210,7 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		return ""
 	}
 	d := queueData{
-		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(),
+		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(), Reasons: review.Reasons,
 		AllLink:      link(map[string]string{"all": flag(!f.All), "cursor": ""}),
 		AnsweredLink: link(map[string]string{"answered": flag(!f.Answered), "cursor": ""}),
 	}
@@ -215,6 +233,11 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 			total += q.Open[reason]
 		}
 	}
+	for _, t := range tr {
+		if t.Gated && !t.Exempt {
+			d.Gated++
+		}
+	}
 	d.Tabs = append(d.Tabs, tab{Label: "all", Link: link(map[string]string{"reason": "", "cursor": ""}), Open: total, Active: f.Reason == ""})
 	for _, reason := range review.Reasons {
 		d.Tabs = append(d.Tabs, tab{Label: reason, Link: link(map[string]string{"reason": reason, "cursor": ""}), Open: count(reason), Active: f.Reason == reason})
@@ -222,10 +245,32 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "queue", "Review queue", d)
 }
 
+// renderQueueError shows the queue page's error above its filter form,
+// with what the reviewer typed.
+func (h *Handler) renderQueueError(w http.ResponseWriter, r *http.Request, err error) {
+	code := status(err)
+	if code == http.StatusInternalServerError {
+		h.cfg.Log.Error("web: page failed", "path", r.URL.Path, "err", err)
+	}
+	v := r.URL.Query()
+	d := queueData{Filter: review.Filter{Type: v.Get("type"), Reason: v.Get("reason")}, Reasons: review.Reasons, Queue: review.Queue{Items: []review.Item{}}}
+	d.AgeText = v.Get("age")
+	d.Tabs = []tab{{Label: "all", Link: "/", Open: -1}}
+	d.Failed = err.Error()
+	h.render(w, r, code, "queue", "Review queue", d)
+}
+
 // taskData is the task page.
 type taskData struct {
-	D       review.Detail
-	X       taskExtras
+	D review.Detail
+	X taskExtras
+	// Final is the answer the page leads with (FinalOK: a successful one);
+	// Ended says who ended the task (a human, which one, or the model);
+	// Rows are the attempts with their answers, one table.
+	Final   *review.Answer
+	FinalOK bool
+	Ended   *ending
+	Rows    []attemptRow
 	Stopped bool // the task waits for a human
 	// CanCancel: the task has not ended, a human may cancel it.
 	CanCancel bool
@@ -244,7 +289,11 @@ func (h *Handler) pageTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	canCancel := d.Task != nil && review.Cancellable(d.Task.Status)
-	h.render(w, r, http.StatusOK, "task", "Task "+id, taskData{D: d, X: extras(a.Events), Stopped: d.Actionable, CanCancel: canCancel})
+	td := taskData{D: d, X: extras(a.Events), Stopped: d.Actionable, CanCancel: canCancel}
+	td.Final, td.FinalOK = finalAnswer(td.X.Answers)
+	td.Ended = endingOf(d.Task, td.Final, td.FinalOK)
+	td.Rows = attemptRows(d.Attempts, td.X.Answers)
+	h.render(w, r, http.StatusOK, "task", "Task "+id, td)
 }
 
 // formAction handles the page's resolve / reject / requeue buttons, then

@@ -6,9 +6,14 @@
 // model answered, its timeline and a cancel button while it has not ended.
 //
 //	GET  /                               the review queue, newest first, a page at a time, the held tasks, and trust per type (same query as /api/review)
-//	GET  /tasks                          the task explorer: every task, newest first (?id= &type= &status= &subject= &since= &until= &cursor= &limit=)
+//	GET  /tasks                          the task explorer: every task, newest first (?q= &id= &type= &status= &subject= &since= &until= &cursor= &limit=);
+//	                                     q searches id, type, subject, reason and the latest answer (substring, any case)
 //	GET  /tasks/{id}                     one task: payload, why it stopped, attempts and answers, dead ends, timeline
 //	POST /tasks/{id}/{action}            form: resolve, reject or requeue with a note, or cancel, then back
+//	POST /bulk                           form: one decision with one note on the ticked items (target=ID@N) and, with
+//	                                     matching=1, on every other open item of type and reason; a page of what it did per item
+//	GET  /events                         server-sent events: a "change" per changed task (?task=ID: that one), from the
+//	                                     process's one watch of the task bucket; the pages follow it (static/live.js)
 //	GET  /api/review                     one page of the queue (review.Queue; ?reason= &type= &age=24h &all=1 &answered=1 &cursor= &limit=),
 //	                                     with the held tasks (held: review.HeldList) on the first page of every reason
 //	GET  /api/tasks                      one page of the explorer (review.TaskPage; same query as /tasks)
@@ -16,6 +21,7 @@
 //	GET  /api/tasks/{id}/timeline        its events from the stream
 //	GET  /api/trust                      trust per type with recent outcomes
 //	POST /api/tasks/{id}/{action}        JSON {"note": "...", "by": "..."} or a form
+//	POST /api/bulk                       JSON review.Bulk: {"action", "targets": [{"id", "seen_decisions"}], "type", "reason", "note", "by"}
 //
 // With Config.Client, the client HTTP API is served beside them under
 // /api/v1/ (submit, state, wait, cancel: client.go), with a token of its
@@ -85,6 +91,7 @@ type Handler struct {
 	handler http.Handler
 	token   [32]byte
 	client  *clientAPI // nil: no client API
+	streams streams
 }
 
 // New builds the handler.
@@ -101,7 +108,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	h := &Handler{cfg: cfg, mux: http.NewServeMux(), token: sha256.Sum256([]byte(cfg.Token))}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux(), token: sha256.Sum256([]byte(cfg.Token)), streams: streams{closing: make(chan struct{})}}
 	if cfg.Client != nil {
 		if cfg.Client.Token == cfg.Token {
 			return nil, errors.New("web: the client API's token must differ from the reviewers' token")
@@ -125,12 +132,16 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /tasks/{id}", h.pageTask)
 	h.mux.HandleFunc("POST /tasks/{id}/{action}", h.formAction)
 	h.mux.HandleFunc("POST /whoami", h.formWhoami)
+	h.mux.HandleFunc("POST /bulk", h.formBulk)
+	h.mux.HandleFunc("GET /events", h.events)
+	h.mux.HandleFunc("GET /static/{name}", h.static)
 	h.mux.HandleFunc("GET /api/review", h.apiReview)
 	h.mux.HandleFunc("GET /api/tasks", h.apiTasks)
 	h.mux.HandleFunc("GET /api/tasks/{id}", h.apiTask)
 	h.mux.HandleFunc("GET /api/tasks/{id}/timeline", h.apiTimeline)
 	h.mux.HandleFunc("GET /api/trust", h.apiTrust)
 	h.mux.HandleFunc("POST /api/tasks/{id}/{action}", h.apiAction)
+	h.mux.HandleFunc("POST /api/bulk", h.apiBulk)
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 }
 

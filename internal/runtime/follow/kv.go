@@ -201,6 +201,10 @@ func (r *reader) read(ctx context.Context, m Msg) *entry {
 	}
 }
 
+// Operation is what a stored KV message does (put, delete, purge), from
+// its headers as nats.go reads them: for a Stream of a bucket's stream.
+func Operation(h nats.Header) jetstream.KeyValueOp { return operation(h) }
+
 // operation is what a stored KV message does, from its headers (as
 // nats.go reads them).
 func operation(h nats.Header) jetstream.KeyValueOp {
