@@ -71,6 +71,10 @@ func TestAuditOfGatedRequeuedTask(t *testing.T) {
 	c := newCLI(t, m)
 	m.Submit(events.Submit{ID: "warm-1", Type: "css_fix", Subject: "a.css", MaxRetries: 1})
 	m.WaitStage("warm-1", "review.escalated", 1) // css_fix now scores 0: the gate holds it
+	// The recorder may store warm-1's outcome just after its record: until
+	// it is stored, css_fix is unproven and aud-1 would first wait for
+	// canaries (a second held event) before the gate holds it for trust.
+	waitOutcome(t, m, "css_fix")
 	m.Submit(events.Submit{ID: "aud-1", Type: "css_fix", Subject: "b.css", MaxRetries: 3})
 	m.WaitStage("aud-1", events.StageHeld, 1) // a human may act on a held task at once
 
@@ -368,5 +372,25 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("dispatch web stopped with %v", err)
+	}
+}
+
+// waitOutcome waits until the outcome stream holds an outcome of taskType.
+func waitOutcome(t *testing.T, m *reviewtest.Mesh, taskType string) {
+	t.Helper()
+	stream, err := m.Srv.JS.Stream(t.Context(), trust.OutcomeStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := stream.GetLastMsgForSubject(t.Context(), trust.OutcomeSubject(taskType))
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no outcome of %s stored: %v", taskType, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
