@@ -40,6 +40,8 @@ const (
 	MaxIDLen         = 128
 	MaxTypeLen       = 64
 	MaxMetadataPairs = 32
+	// MaxCallbackURLLen bounds a submission's callback_url.
+	MaxCallbackURLLen = 2048
 )
 
 var (
@@ -80,6 +82,11 @@ type Submit struct {
 	MaxRetries int               `json:"max_retries,omitempty"`
 	Priority   int               `json:"priority,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// CallbackURL, when set, is where the mesh POSTs the task's wait answer,
+	// signed, once it settles (docs/api.md#webhooks): an absolute http or
+	// https URL of at most MaxCallbackURLLen bytes. The webhook service
+	// delivers only to hosts its configuration allows.
+	CallbackURL string `json:"callback_url,omitempty"`
 }
 
 // DecodeSubmit parses and validates a submission. subjectType is the <type>
@@ -141,6 +148,11 @@ func DecodeSubmit(data []byte, subjectType string) (Submit, error) {
 	}
 	if len(s.Metadata) > MaxMetadataPairs {
 		problems = append(problems, fmt.Sprintf(`"metadata" has %d entries, limit is %d`, len(s.Metadata), MaxMetadataPairs))
+	}
+	if s.CallbackURL != "" {
+		if err := CheckCallbackURL(s.CallbackURL); err != nil {
+			problems = append(problems, `"callback_url" `+err.Error())
+		}
 	}
 	if problems == nil {
 		// What the mesh publishes is the task re-encoded: <, >, & and

@@ -63,7 +63,7 @@ var (
 		},
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
 		StepInputs: map[string]string{"implement": "step plan passed: two phases"}, Skips: 1, Decision: events.DecisionHandoff, Cause: events.CauseRungRate, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
-		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
+		SubmitSeq: 17, CallbackURL: "https://hooks.example.com/done", CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}
 	stateAt = &events.StateAt{Rev: 9, State: state}
 	sealed  = &events.Sealed{Rev: 9, State: json.RawMessage(`{"id":"t-42","type":"css_fix"}`), MAC: "bWFj"}
@@ -77,7 +77,7 @@ var populated = []struct {
 }{
 	{events.EventSubmit, events.Submit{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Payload: json.RawMessage(`[1, "two", null]`),
-		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
+		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"}, CallbackURL: "https://hooks.example.com/done",
 	}},
 	{events.EventQueued, events.Queued{Base: base, Sealed: sealed}},
 	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
