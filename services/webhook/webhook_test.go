@@ -1,0 +1,205 @@
+package webhook_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
+	"github.com/dispatchmesh/dispatchmesh/services"
+	"github.com/dispatchmesh/dispatchmesh/services/webhook"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+var secret = []byte("0123456789abcdef-test-secret")
+
+// receiver records what it is sent, failing the first fails[id] tries of
+// each delivery id (-1: every try).
+type receiver struct {
+	t     *testing.T
+	mu    sync.Mutex
+	fails map[string]int
+	tries map[string]int // by delivery id
+	got   map[string][]byte
+	bad   int // tries whose signature did not verify
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	id := r.Header.Get(events.WebhookDeliveryHeader)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if events.VerifyWebhook(secret, r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+		rc.bad++
+		http.Error(w, "bad signature", http.StatusUnauthorized)
+		return
+	}
+	rc.tries[id]++
+	if f := rc.fails[r.Header.Get(events.WebhookTaskHeader)]; f < 0 || rc.tries[id] <= f {
+		http.Error(w, "try later", http.StatusServiceUnavailable)
+		return
+	}
+	rc.got[id] = body
+}
+
+func (rc *receiver) delivered() map[string][]byte {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	out := map[string][]byte{}
+	for k, v := range rc.got {
+		out[k] = v
+	}
+	return out
+}
+
+type env struct {
+	js    jetstream.JetStream
+	tasks *services.TaskStore
+	rc    *receiver
+	url   string
+}
+
+func start(t *testing.T, cfg webhook.Config, fails map[string]int) *env {
+	t.Helper()
+	srv := natstest.Start(t)
+	stores, err := services.Provision(t.Context(), srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &receiver{t: t, fails: fails, tries: map[string]int{}, got: map[string][]byte{}}
+	hs := httptest.NewServer(rc)
+	t.Cleanup(hs.Close)
+	cfg.JS, cfg.Secret, cfg.Log = srv.JS, secret, quiet
+	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
+	s, err := webhook.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, spec := range []services.Spec{s.SettleSpec(), s.Spec()} {
+		r := &services.Router{JS: srv.JS, Instance: "webhook@test", Log: quiet, Grace: time.Second}
+		wg.Go(func() {
+			if err := r.Run(ctx, spec); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(func() { stop(); wg.Wait() })
+	return &env{js: srv.JS, tasks: services.NewTaskStore(stores.Tasks), rc: rc, url: hs.URL + "/hook"}
+}
+
+// settle stores a settled state of task id calling back url.
+func (e *env) settle(t *testing.T, id, url string) events.TaskState {
+	t.Helper()
+	st := events.TaskState{ID: id, Type: "css_fix", Subject: "a.css", Status: events.StatusFailed, Pass: 1,
+		Reason: "out of tries", CallbackURL: url, SubmitSeq: 1, UpdatedAt: time.Now().UTC()}
+	if _, _, err := e.tasks.Create(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestDeliversSignedAnswerAfterFailures(t *testing.T) {
+	e := start(t, webhook.Config{AllowHosts: webhook.Hosts{"127.0.0.1"}, AllowPrivate: true, MaxAttempts: 5},
+		map[string]int{"t1": 2})
+	// A task still running is not settled: nothing is sent for it.
+	running := events.TaskState{ID: "t0", Type: "css_fix", Subject: "a.css", Status: events.StatusRunning, CallbackURL: e.url}
+	if _, _, err := e.tasks.Create(t.Context(), running); err != nil {
+		t.Fatal(err)
+	}
+	st := e.settle(t, "t1", e.url)
+	id := events.WebhookDeliveryID(st)
+	waitFor(t, "the delivery", func() bool { return e.rc.delivered()[id] != nil })
+	got := e.rc.delivered()
+	if len(got) != 1 {
+		t.Fatalf("delivered %d, want only t1's", len(got))
+	}
+	var answer events.WaitReply
+	if err := jsonUnmarshal(got[id], &answer); err != nil || answer.ID != "t1" || answer.Status != events.StatusFailed || !answer.Terminal || answer.Reason != "out of tries" {
+		t.Errorf("answer %+v (%v), want t1's wait answer", answer, err)
+	}
+	if e.rc.tries[id] != 3 || e.rc.bad != 0 {
+		t.Errorf("%d tries, %d bad signatures; want 3 and 0", e.rc.tries[id], e.rc.bad)
+	}
+	waitFor(t, "the delivered record", func() bool {
+		_, err := streamLast(t, e.js, events.WebhookDeliveredSubject("t1"))
+		return err == nil
+	})
+}
+
+func TestGivesUpThenRedelivers(t *testing.T) {
+	fails := map[string]int{"t2": -1}
+	e := start(t, webhook.Config{AllowHosts: webhook.Hosts{"127.0.0.1"}, AllowPrivate: true, MaxAttempts: 3}, fails)
+	st := e.settle(t, "t2", e.url)
+	e.settle(t, "t3", "https://not-allowed.example/hook")
+	var failing []webhook.Failing
+	waitFor(t, "two deliveries given up", func() bool {
+		var err error
+		failing, err = webhook.ListFailing(t.Context(), e.js)
+		return err == nil && len(failing) == 2
+	})
+	byTask := map[string]webhook.Failing{}
+	for _, f := range failing {
+		byTask[f.Due.TaskID] = f
+	}
+	if f := byTask["t2"]; f.Attempts != 3 || f.Due.DeliveryID != events.WebhookDeliveryID(st) || f.LastError != "the receiver answered 503" {
+		t.Errorf("t2: %+v, want 3 tries, its last 503", f)
+	}
+	if f := byTask["t3"]; f.Attempts != 1 {
+		t.Errorf("t3 (host not allowed): %d tries, want 1: refused at once", f.Attempts)
+	}
+	// The receiver recovers: a redelivery goes through, under the same id.
+	e.rc.mu.Lock()
+	fails["t2"] = 0
+	e.rc.mu.Unlock()
+	if err := webhook.Redeliver(t.Context(), e.js, byTask["t2"]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the redelivery", func() bool { return e.rc.delivered()[events.WebhookDeliveryID(st)] != nil })
+	waitFor(t, "t2 no longer failing", func() bool {
+		f, err := webhook.ListFailing(t.Context(), e.js)
+		return err == nil && len(f) == 1 && f[0].Due.TaskID == "t3"
+	})
+}
+
+// A host on the allow-list that resolves to a loopback address is refused
+// when it is dialed: the check is on the address, not the URL's text.
+func TestRefusesInternalAddressAtDial(t *testing.T) {
+	e := start(t, webhook.Config{AllowHosts: webhook.Hosts{"localhost"}, MaxAttempts: 5}, nil)
+	u, _ := url.Parse(e.url)
+	e.settle(t, "t4", "http://localhost:"+u.Port()+"/hook")
+	var failing []webhook.Failing
+	waitFor(t, "the delivery given up", func() bool {
+		var err error
+		failing, err = webhook.ListFailing(t.Context(), e.js)
+		return err == nil && len(failing) == 1
+	})
+	if f := failing[0]; f.Attempts != 1 || !contains(f.LastError, "internal address") {
+		t.Errorf("%+v, want refused at the first dial as internal", f)
+	}
+	if n := len(e.rc.delivered()); n != 0 || e.rc.tries[failing[0].Due.DeliveryID] != 0 {
+		t.Errorf("the receiver was reached: %d deliveries", n)
+	}
+}
