@@ -49,6 +49,9 @@ var Buckets = map[string]Access{
 	Recorder: {Writes: []string{services.BucketTasks, services.BucketHistory}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}},
 	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
+	// The webhook service consumes the task bucket's stream (a durable
+	// consumer on KV_dispatch_tasks), not the bucket: no KV API.
+	Webhook: {},
 }
 
 // bucketsOf is every bucket the named services use, each once.
