@@ -50,8 +50,9 @@ var Buckets = map[string]Access{
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}},
 	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
 	// The webhook service consumes the task bucket's stream (a durable
-	// consumer on KV_dispatch_tasks), not the bucket: no KV API.
-	Webhook: {},
+	// consumer on KV_dispatch_tasks), not the bucket: no KV API on it; the
+	// policy names a type's callback URL.
+	Webhook: {Reads: []string{services.BucketPolicy}},
 }
 
 // bucketsOf is every bucket the named services use, each once.

@@ -517,7 +517,7 @@ func stopSpecs(specs []services.Spec) {
 // webhook makes the webhook service, whose two consumers share it.
 func (o Options) webhook() (*webhook.Service, error) {
 	c := o.Webhook
-	c.JS, c.Registry, c.Instance, c.Log = o.JS, o.Registry, Webhook+"@"+o.Instance, o.Log
+	c.JS, c.Policy, c.Registry, c.Instance, c.Log = o.JS, o.Policy, o.Registry, Webhook+"@"+o.Instance, o.Log
 	return webhook.New(c)
 }
 

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
 // Defaults of Config.
@@ -47,6 +49,9 @@ type Config struct {
 	// Timeout bounds one try: connecting, sending and reading the answer.
 	// Default DefaultTimeout.
 	Timeout time.Duration
+	// Policy names the callback URL of a type (policy.Type.CallbackURL) for
+	// a task that settles without its own. Nil: only a task's own.
+	Policy *policy.Source
 	// Registry receives the service's metrics when set.
 	Registry prometheus.Registerer
 	// Instance names the service instance in logs. Log defaults to slog.Default().

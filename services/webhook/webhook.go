@@ -91,7 +91,11 @@ func (s *Service) Settle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err := json.Unmarshal(m.Data, &st); err != nil {
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("task state: %w", err))
 	}
-	if !events.Terminal(st.Status) || st.CallbackURL == "" {
+	url := st.CallbackURL
+	if url == "" && s.cfg.Policy != nil {
+		url = s.cfg.Policy.For(st.Type).CallbackURL
+	}
+	if !events.Terminal(st.Status) || url == "" {
 		return nil, nil
 	}
 	stream, err := s.tasks(ctx)
@@ -102,7 +106,7 @@ func (s *Service) Settle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err != nil {
 		return nil, err
 	}
-	due := events.WebhookDue{DeliveryID: events.WebhookDeliveryID(st), TaskID: st.ID, URL: st.CallbackURL,
+	due := events.WebhookDue{DeliveryID: events.WebhookDeliveryID(st), TaskID: st.ID, URL: url,
 		Status: st.Status, Body: body, SettledAt: st.UpdatedAt}
 	out, err := services.Emit(events.WebhookDueSubject(st.ID), "webhook:"+due.DeliveryID, events.EventWebhookDue, st.ID, due)
 	if err != nil {

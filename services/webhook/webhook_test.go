@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/webhook"
@@ -69,7 +70,7 @@ type env struct {
 	url   string
 }
 
-func start(t *testing.T, cfg webhook.Config, fails map[string]int) *env {
+func start(t *testing.T, cfg webhook.Config, fails map[string]int, pol ...func(url string) *policy.Source) *env {
 	t.Helper()
 	srv := natstest.Start(t)
 	stores, err := services.Provision(t.Context(), srv.JS, services.StreamConfig{})
@@ -80,6 +81,9 @@ func start(t *testing.T, cfg webhook.Config, fails map[string]int) *env {
 	hs := httptest.NewServer(rc)
 	t.Cleanup(hs.Close)
 	cfg.JS, cfg.Secret, cfg.Log = srv.JS, secret, quiet
+	if len(pol) > 0 {
+		cfg.Policy = pol[0](hs.URL + "/hook")
+	}
 	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	s, err := webhook.New(cfg)
 	if err != nil {
@@ -147,6 +151,36 @@ func TestDeliversSignedAnswerAfterFailures(t *testing.T) {
 		_, err := streamLast(t, e.js, events.WebhookDeliveredSubject("t1"))
 		return err == nil
 	})
+}
+
+// A task without a callback URL of its own is delivered to its type's
+// (the policy's), one of another type to none.
+func TestPolicyCallbackURL(t *testing.T) {
+	cfg := webhook.Config{AllowHosts: webhook.Hosts{"127.0.0.1"}, AllowPrivate: true}
+	e := start(t, cfg, nil, func(url string) *policy.Source {
+		return policy.Static(&policy.File{Types: map[string]policy.Type{"css_fix": {CallbackURL: url}}})
+	})
+	st := e.settle(t, "t5", "")
+	other := st
+	other.ID, other.Type = "t6", "docs"
+	if _, _, err := e.tasks.Create(t.Context(), other); err != nil {
+		t.Fatal(err)
+	}
+	id := events.WebhookDeliveryID(st)
+	waitFor(t, "the delivery to the type's URL", func() bool { return e.rc.delivered()[id] != nil })
+	waitFor(t, "both settlements handled, nothing more due", func() bool {
+		settle, err1 := e.js.Consumer(t.Context(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
+		deliver, err2 := e.js.Consumer(t.Context(), services.Stream, webhook.ConsumerDeliver)
+		if err1 != nil || err2 != nil {
+			return false
+		}
+		si, err1 := settle.Info(t.Context())
+		di, err2 := deliver.Info(t.Context())
+		return err1 == nil && err2 == nil && si.NumPending == 0 && si.NumAckPending == 0 && di.NumPending == 0 && di.NumAckPending == 0
+	})
+	if got := e.rc.delivered(); len(got) != 1 {
+		t.Errorf("%d deliveries, want t5's only", len(got))
+	}
 }
 
 func TestGivesUpThenRedelivers(t *testing.T) {
