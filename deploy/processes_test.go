@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -43,6 +44,9 @@ const patience = 45 * time.Second
 // through the submit API succeed end to end, and the status API answers. A
 // user is refused what is not its own: the server's refusal reaches the
 // error handler, and `dispatch` run under the wrong user exits naming it.
+// webhookSecret signs the webhook deliveries of TestServicesRunAsTheirUsers.
+const webhookSecret = "processes-test-webhook-secret"
+
 func TestServicesRunAsTheirUsers(t *testing.T) {
 	natsServer, dispatch := proctest.Build(t)
 	pw := proctest.SetPasswords(t)
@@ -65,18 +69,35 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch provision said:\n%s", out)
 	}
 
+	// A webhook receiver: the webhook service, as its own user, delivers
+	// e2e-api's answer there, signed.
+	hooks := make(chan string, 16)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		hooks <- r.Header.Get(events.WebhookTaskHeader)
+	}))
+	defer receiver.Close()
+
 	// Each process serves /readyz on a metrics port of its own; the review
-	// page runs too, as the web user.
+	// page and the webhook service run too, as the web and webhook users.
 	running := map[string]*proctest.Process{}
-	ports := proctest.FreePorts(t, len(mesh.All)+1)
+	ports := proctest.FreePorts(t, len(mesh.All)+2)
 	metrics := map[string]string{}
-	for i, name := range append(slices.Clone(mesh.All), "web") {
+	for i, name := range append(slices.Clone(mesh.All), "web", mesh.Webhook) {
 		metrics[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
 		argv := []string{dispatch, name}
-		if name == "web" {
+		env := append(as(name), "DISPATCH_METRICS_LISTEN="+metrics[name])
+		switch name {
+		case "web":
 			argv = append(argv, "-listen", "127.0.0.1:0")
+		case mesh.Webhook:
+			env = append(env, "DISPATCH_WEBHOOK_SECRET="+webhookSecret, "DISPATCH_WEBHOOK_ALLOW_HOSTS=127.0.0.1", "DISPATCH_WEBHOOK_ALLOW_PRIVATE=true")
 		}
-		running[name] = proctest.Start(t, name, append(as(name), "DISPATCH_METRICS_LISTEN="+metrics[name]), argv...)
+		running[name] = proctest.Start(t, name, env, argv...)
 	}
 
 	// The wrong user: gate may not read the history the prompt builder
@@ -109,7 +130,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	var reply intake.SubmitReply
 	proctest.WaitFor(t, patience, "the submit API", func() error {
 		proctest.CheckRunning(t, running)
-		msg, err := client.nc.Request(events.SubmitAPI, []byte(`{"id":"e2e-api","type":"css_fix","subject":"src/api.css"}`), 10*time.Second)
+		msg, err := client.nc.Request(events.SubmitAPI, []byte(`{"id":"e2e-api","type":"css_fix","subject":"src/api.css","callback_url":"`+receiver.URL+`/hook"}`), 10*time.Second)
 		if errors.Is(err, nats.ErrNoResponders) { // intake not subscribed yet
 			return err
 		}
@@ -164,6 +185,14 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	var waited events.WaitReply
 	if err := json.Unmarshal(msg.Data, &waited); err != nil || waited.Status != events.StatusSucceeded || waited.Result == nil {
 		t.Fatalf("wait API answered %s: %v", msg.Data, err)
+	}
+	select {
+	case id := <-hooks:
+		if id != "e2e-api" {
+			t.Fatalf("webhook delivered task %q, want e2e-api (the only one with a callback)", id)
+		}
+	case <-time.After(patience):
+		t.Fatalf("no webhook delivery of e2e-api:\n%s", running[mesh.Webhook].Output())
 	}
 	if out := proctest.RunToEnd(t, patience, "status", as("client"), dispatch, "status", "e2e-0"); !strings.Contains(out, string(events.StatusSucceeded)) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
@@ -304,8 +333,10 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 			t.Errorf("%s was refused something:\n%s", name, out)
 		}
 	}
-	if out := running["web"].Output(); strings.Contains(strings.ToLower(out), "permission") {
-		t.Errorf("web was refused something:\n%s", out)
+	for _, name := range []string{"web", mesh.Webhook} {
+		if out := running[name].Output(); strings.Contains(strings.ToLower(out), "permission") {
+			t.Errorf("%s was refused something:\n%s", name, out)
+		}
 	}
 }
 
