@@ -29,6 +29,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/intake"
+	"github.com/dispatchmesh/dispatchmesh/services/webhook"
 )
 
 // verifiedType is the type with a verifier (a command that always answers
@@ -114,6 +115,14 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	for _, w := range wrong {
 		misfits = append(misfits, proctest.Start(t, w.name, as(w.user), dispatch, w.service))
 	}
+
+	// The webhook service's consumer of the task states starts at their end
+	// when created: e2e-api, which names a callback, settles after it exists.
+	proctest.WaitFor(t, patience, "the webhook service's consumer", func() error {
+		proctest.CheckRunning(t, running)
+		_, err := admin.js.Consumer(context.Background(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
+		return err
+	})
 
 	// Tasks, submitted as the client user: three of css_fix and one of
 	// verifiedType with the CLI, one of css_fix through the micro API.

@@ -18,6 +18,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
+	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/webhook"
 )
 
@@ -111,6 +112,15 @@ func TestWebhookFaults(t *testing.T) {
 		"DISPATCH_WEBHOOK_BACKOFF=100ms", "DISPATCH_WEBHOOK_BACKOFF_MAX=2s", "DISPATCH_WEBHOOK_MAX_ATTEMPTS=60",
 		"DISPATCH_WEBHOOK_TIMEOUT=2s", "DISPATCH_ACK_WAIT=4s", "DISPATCH_LOG_LEVEL=warn")
 	hook := proctest.Start(t, "webhook", env, dispatch, "webhook")
+	// Its consumer of the task states starts at their end when created:
+	// the tasks are submitted once it exists.
+	proctest.WaitFor(t, time.Minute, "the webhook service's consumers", func() error {
+		if hook.Exited() {
+			t.Fatalf("dispatch webhook exited:\n%s", hook.Output())
+		}
+		_, err := e.srv.JS.Consumer(context.Background(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
+		return err
+	})
 
 	for i := range n {
 		e.submit(events.Submit{ID: fmt.Sprintf("hook-%04d", i), Type: "css_fix", Subject: fmt.Sprintf("src/%d.css", i),

@@ -59,12 +59,16 @@ func New(cfg Config) (*Service, error) {
 }
 
 // SettleSpec is the consumer of every task-state write: a settled task
-// with a callback URL gets a delivery due.
+// with a callback URL gets a delivery due. Created, it starts at the
+// stream's end (DeliverNew): the tasks that settled before the service
+// first ran are not called back — a type's callback_url added to the
+// policy must not call back a month of its tasks — and from then on the
+// durable consumer misses none, across restarts and crashes.
 func (s *Service) SettleSpec() services.Spec {
 	return services.Spec{
 		Name: ConsumerSettle, Stream: "KV_" + services.BucketTasks,
 		Filters: []string{"$KV." + services.BucketTasks + ".>"},
-		Handler: s.Settle, Concurrency: 4, Prefetch: services.FastPrefetch,
+		Handler: s.Settle, Concurrency: 4, Prefetch: services.FastPrefetch, DeliverNew: true,
 	}
 }
 

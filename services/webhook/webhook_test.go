@@ -64,10 +64,12 @@ func (rc *receiver) delivered() map[string][]byte {
 }
 
 type env struct {
+	t     *testing.T
 	js    jetstream.JetStream
 	tasks *services.TaskStore
 	rc    *receiver
 	url   string
+	cfg   webhook.Config
 }
 
 func start(t *testing.T, cfg webhook.Config, fails map[string]int, pol ...func(url string) *policy.Source) *env {
@@ -85,22 +87,52 @@ func start(t *testing.T, cfg webhook.Config, fails map[string]int, pol ...func(u
 		cfg.Policy = pol[0](hs.URL + "/hook")
 	}
 	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
-	s, err := webhook.New(cfg)
+	e := &env{t: t, js: srv.JS, tasks: services.NewTaskStore(stores.Tasks), rc: rc, url: hs.URL + "/hook", cfg: cfg}
+	e.run()
+	return e
+}
+
+// run starts the service, once its consumers exist, until stop (or the
+// test's end).
+func (e *env) run() (stop func()) {
+	e.t.Helper()
+	s, err := webhook.New(e.cfg)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, spec := range []services.Spec{s.SettleSpec(), s.Spec()} {
-		r := &services.Router{JS: srv.JS, Instance: "webhook@test", Log: quiet, Grace: time.Second}
+		r := &services.Router{JS: e.js, Instance: "webhook@test", Log: quiet, Grace: time.Second}
 		wg.Go(func() {
 			if err := r.Run(ctx, spec); err != nil {
-				t.Error(err)
+				e.t.Error(err)
 			}
 		})
 	}
-	t.Cleanup(func() { stop(); wg.Wait() })
-	return &env{js: srv.JS, tasks: services.NewTaskStore(stores.Tasks), rc: rc, url: hs.URL + "/hook"}
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	e.t.Cleanup(stop)
+	waitFor(e.t, "the consumers", func() bool {
+		_, err1 := e.js.Consumer(e.t.Context(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
+		_, err2 := e.js.Consumer(e.t.Context(), services.Stream, webhook.ConsumerDeliver)
+		return err1 == nil && err2 == nil
+	})
+	return stop
+}
+
+// drained waits until both consumers handled everything stored.
+func (e *env) drained() {
+	e.t.Helper()
+	waitFor(e.t, "every settlement handled, nothing more due", func() bool {
+		settle, err1 := e.js.Consumer(e.t.Context(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
+		deliver, err2 := e.js.Consumer(e.t.Context(), services.Stream, webhook.ConsumerDeliver)
+		if err1 != nil || err2 != nil {
+			return false
+		}
+		si, err1 := settle.Info(e.t.Context())
+		di, err2 := deliver.Info(e.t.Context())
+		return err1 == nil && err2 == nil && si.NumPending == 0 && si.NumAckPending == 0 && di.NumPending == 0 && di.NumAckPending == 0
+	})
 }
 
 // settle stores a settled state of task id calling back url.
@@ -168,18 +200,35 @@ func TestPolicyCallbackURL(t *testing.T) {
 	}
 	id := events.WebhookDeliveryID(st)
 	waitFor(t, "the delivery to the type's URL", func() bool { return e.rc.delivered()[id] != nil })
-	waitFor(t, "both settlements handled, nothing more due", func() bool {
-		settle, err1 := e.js.Consumer(t.Context(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
-		deliver, err2 := e.js.Consumer(t.Context(), services.Stream, webhook.ConsumerDeliver)
-		if err1 != nil || err2 != nil {
-			return false
-		}
-		si, err1 := settle.Info(t.Context())
-		di, err2 := deliver.Info(t.Context())
-		return err1 == nil && err2 == nil && si.NumPending == 0 && si.NumAckPending == 0 && di.NumPending == 0 && di.NumAckPending == 0
-	})
+	e.drained()
 	if got := e.rc.delivered(); len(got) != 1 {
 		t.Errorf("%d deliveries, want t5's only", len(got))
+	}
+}
+
+// A task that settles while the service is stopped is delivered once it
+// runs again: its consumer is durable. One that settled before the service
+// first ran is not (its consumer starts at the stream's end).
+func TestSettledWhileStoppedIsDelivered(t *testing.T) {
+	srv := natstest.Start(t)
+	stores, err := services.Provision(t.Context(), srv.JS, services.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &receiver{t: t, tries: map[string]int{}, got: map[string][]byte{}}
+	hs := httptest.NewServer(rc)
+	t.Cleanup(hs.Close)
+	e := &env{t: t, js: srv.JS, tasks: services.NewTaskStore(stores.Tasks), rc: rc, url: hs.URL + "/hook",
+		cfg: webhook.Config{JS: srv.JS, Secret: secret, Log: quiet, AllowHosts: webhook.Hosts{"127.0.0.1"}, AllowPrivate: true}}
+	before := e.settle(t, "before", e.url)
+	stop := e.run()
+	stop()
+	during := e.settle(t, "during", e.url)
+	e.run()
+	waitFor(t, "the task settled while stopped", func() bool { return e.rc.delivered()[events.WebhookDeliveryID(during)] != nil })
+	e.drained()
+	if e.rc.delivered()[events.WebhookDeliveryID(before)] != nil {
+		t.Error("a task settled before the service first ran was called back")
 	}
 }
 
