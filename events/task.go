@@ -29,6 +29,8 @@ type Task struct {
 	Priority int `json:"priority,omitempty"`
 	// Metadata is free string metadata carried with the task.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// CallbackURL is the submission's callback_url (Submit.CallbackURL).
+	CallbackURL string `json:"callback_url,omitempty"`
 	// SubmittedAt is set by intake.
 	SubmittedAt time.Time `json:"submitted_at"`
 }
@@ -205,7 +207,7 @@ func (s Submit) Task(id string, at time.Time) Task {
 	}
 	return Task{
 		ID: id, Type: s.Type, Subject: s.Subject, Payload: s.Payload,
-		MaxRetries: s.MaxRetries, Priority: s.Priority, Metadata: s.Metadata,
+		MaxRetries: s.MaxRetries, Priority: s.Priority, Metadata: s.Metadata, CallbackURL: s.CallbackURL,
 		SubmittedAt: at.UTC(),
 	}
 }

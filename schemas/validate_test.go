@@ -17,7 +17,7 @@ var (
 	task = events.Task{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css",
 		Payload: json.RawMessage(`{"selector": ".btn", "sizes": [1, 2]}`), MaxRetries: 5, Priority: 2,
-		Metadata: map[string]string{"team": "web"}, SubmittedAt: at,
+		Metadata: map[string]string{"team": "web"}, CallbackURL: "https://hooks.example.com/done", SubmittedAt: at,
 	}
 	run = events.Run{
 		Pass: 2, Attempt: 3, Rung: "PIVOT", Step: "implement",

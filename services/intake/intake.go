@@ -59,7 +59,6 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	run := firstRun(t, pol)
 	st := task.Queued(t, run, m.Seq)
-	st.CallbackURL = sub.CallbackURL
 	created, at, err := s.cfg.Tasks.Create(ctx, st)
 	if err != nil {
 		return nil, err
