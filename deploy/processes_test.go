@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,12 +72,18 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	}
 
 	// A webhook receiver: the webhook service, as its own user, delivers
-	// e2e-api's answer there, signed.
+	// e2e-api's answer there, signed — on its second try: the first one
+	// fails, and is recorded (dispatch.webhook.try.*).
 	hooks := make(chan string, 16)
+	var hookTries atomic.Int32
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
 			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		if hookTries.Add(1) == 1 {
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
 			return
 		}
 		hooks <- r.Header.Get(events.WebhookTaskHeader)
@@ -96,7 +103,8 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		case "web":
 			argv = append(argv, "-listen", "127.0.0.1:0")
 		case mesh.Webhook:
-			env = append(env, "DISPATCH_WEBHOOK_SECRET="+webhookSecret, "DISPATCH_WEBHOOK_ALLOW_HOSTS=127.0.0.1", "DISPATCH_WEBHOOK_ALLOW_PRIVATE=true")
+			env = append(env, "DISPATCH_WEBHOOK_SECRET="+webhookSecret, "DISPATCH_WEBHOOK_ALLOW_HOSTS=127.0.0.1", "DISPATCH_WEBHOOK_ALLOW_PRIVATE=true",
+				"DISPATCH_WEBHOOK_BACKOFF=100ms")
 		}
 		running[name] = proctest.Start(t, name, env, argv...)
 	}
@@ -199,6 +207,13 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	case id := <-hooks:
 		if id != "e2e-api" {
 			t.Fatalf("webhook delivered task %q, want e2e-api (the only one with a callback)", id)
+		}
+		stream, err := admin.js.Stream(context.Background(), services.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.GetLastMsgForSubject(context.Background(), events.WebhookTrySubject("e2e-api")); err != nil {
+			t.Fatalf("the failed first try was not recorded: %v\n%s", err, running[mesh.Webhook].Output())
 		}
 	case <-time.After(patience):
 		t.Fatalf("no webhook delivery of e2e-api:\n%s", running[mesh.Webhook].Output())

@@ -23,6 +23,7 @@ const (
 	ReviewWebhook = "webhook"
 
 	EventWebhookDue       = "webhook.due.v1"
+	EventWebhookTry       = "webhook.try.v1"
 	EventWebhookDelivered = "webhook.delivered.v1"
 	EventWebhookFailed    = "review.webhook.v1"
 )
@@ -47,6 +48,9 @@ const DefaultWebhookTolerance = 5 * time.Minute
 // WebhookDueSubject is where a delivery for the task falls due.
 func WebhookDueSubject(taskID string) string { return WebhookRoot + ".due." + taskID }
 
+// WebhookTrySubject records a failed try that will be tried again.
+func WebhookTrySubject(taskID string) string { return WebhookRoot + ".try." + taskID }
+
 // WebhookDeliveredSubject records a delivery the receiver accepted.
 func WebhookDeliveredSubject(taskID string) string { return WebhookRoot + ".delivered." + taskID }
 
@@ -69,6 +73,20 @@ type WebhookDelivered struct {
 	Attempt    int       `json:"attempt"`
 	Code       int       `json:"code"`
 	At         time.Time `json:"at"`
+}
+
+// WebhookTry records a failed try of a delivery that is tried again at
+// NextAt: what `dispatch webhooks` lists as retrying.
+type WebhookTry struct {
+	DeliveryID string `json:"delivery_id"`
+	TaskID     string `json:"task_id"`
+	URL        string `json:"url"`
+	Attempt    int    `json:"attempt"`
+	// Code is the receiver's HTTP status, 0 when none answered.
+	Code   int       `json:"code,omitempty"`
+	Error  string    `json:"error"`
+	At     time.Time `json:"at"`
+	NextAt time.Time `json:"next_at"`
 }
 
 // WebhookFailed is the review record of a delivery given up: after its last

@@ -46,6 +46,7 @@ var messages = []struct {
 	{events.EventStuck, events.Stuck{}},
 	{events.EventAction, events.Action{}},
 	{events.EventWebhookDue, events.WebhookDue{}},
+	{events.EventWebhookTry, events.WebhookTry{}},
 	{events.EventWebhookDelivered, events.WebhookDelivered{}},
 	{events.EventWebhookFailed, events.WebhookFailed{}},
 	{"task_state.v1", events.TaskState{}},

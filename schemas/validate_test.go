@@ -84,6 +84,8 @@ var populated = []struct {
 	{events.EventQueued, events.Queued{Base: base, Sealed: sealed}},
 	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
 	{events.EventWebhookDue, webhookDue},
+	{events.EventWebhookTry, events.WebhookTry{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t-42", URL: "https://hooks.example.com/done", Attempt: 3, Code: 503,
+		Error: "the receiver answered 503", At: at, NextAt: at.Add(20 * time.Second)}},
 	{events.EventWebhookDelivered, events.WebhookDelivered{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t-42", URL: "https://hooks.example.com/done", Attempt: 2, Code: 204, At: at}},
 	{events.EventWebhookFailed, events.WebhookFailed{Due: webhookDue, Attempts: 12, LastError: "the receiver answered 503", At: at}},
 	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed}},

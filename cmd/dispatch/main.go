@@ -34,7 +34,7 @@ Usage:
   dispatch provision                  create or update the stream and buckets (as an admin user)
   dispatch intake|verifier|gate|prompt|executor|recorder|reaper|webhook
                                       run one service against NATS_URL (webhook: DISPATCH_WEBHOOK_*)
-  dispatch webhooks [-o json]         webhook deliveries given up and not delivered since
+  dispatch webhooks [-o json]         failing webhook deliveries: retrying, or given up and not delivered since
   dispatch webhooks redeliver ID...|-all
                                       try them again (ID: a task id or a delivery id)
   dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait [-progress 5s] [-timeout 10m]]

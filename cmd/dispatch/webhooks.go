@@ -9,12 +9,13 @@ import (
 	"io"
 	"slices"
 	"text/tabwriter"
+	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/services/webhook"
 )
 
-// cmdWebhooks lists the webhook deliveries given up (and not delivered
-// since), or redelivers some or all of them.
+// cmdWebhooks lists the failing webhook deliveries — retrying, or given up
+// and not delivered since — or redelivers some or all of those given up.
 func cmdWebhooks(ctx context.Context, cfg Config, args []string) error {
 	redeliver := len(args) > 0 && args[0] == "redeliver"
 	if redeliver {
@@ -58,14 +59,16 @@ func cmdWebhooks(ctx context.Context, cfg Config, args []string) error {
 		fmt.Fprintf(stdout, "redelivering %s (task %s) to %s\n", f.Due.DeliveryID, f.Due.TaskID, f.Due.URL)
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("no failing delivery for %v (dispatch webhooks lists them)", missing)
+		return fmt.Errorf("no delivery given up for %v (dispatch webhooks lists them; a retrying one is still being tried)", missing)
 	}
 	return nil
 }
 
-// pickFailing is the deliveries of failing that ids name (a task id or a
-// delivery id), or all of them, and the ids that name none.
+// pickFailing is the deliveries given up among failing that ids name (a
+// task id or a delivery id), or all of them, and the ids that name none
+// (a retrying delivery is still being tried: it cannot be redelivered).
 func pickFailing(failing []webhook.Failing, ids []string, all bool) (picked []webhook.Failing, missing []string) {
+	failing = slices.DeleteFunc(slices.Clone(failing), func(f webhook.Failing) bool { return f.State != webhook.StateGivenUp })
 	for _, id := range ids {
 		if !slices.ContainsFunc(failing, func(f webhook.Failing) bool { return f.Due.TaskID == id || f.Due.DeliveryID == id }) {
 			missing = append(missing, id)
@@ -85,10 +88,14 @@ func writeFailing(w io.Writer, failing []webhook.Failing) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DELIVERY\tTASK\tSTATUS\tTRIES\tGIVEN UP\tURL\tLAST ERROR")
+	fmt.Fprintln(tw, "DELIVERY\tTASK\tSTATE\tTRIES\tLAST TRY\tNEXT TRY\tURL\tLAST ERROR")
 	for _, f := range failing {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", f.Due.DeliveryID, f.Due.TaskID, f.Due.Status, f.Attempts,
-			f.At.Format("2006-01-02 15:04:05"), f.Due.URL, f.LastError)
+		next := "-" // given up: dispatch webhooks redeliver
+		if !f.NextAt.IsZero() {
+			next = f.NextAt.Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", f.Due.DeliveryID, f.Due.TaskID, f.State, f.Attempts,
+			f.At.Format(time.DateTime), next, f.Due.URL, f.LastError)
 	}
 	return tw.Flush()
 }

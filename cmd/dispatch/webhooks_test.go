@@ -13,9 +13,11 @@ import (
 
 func TestPickFailing(t *testing.T) {
 	f := func(task, id string) webhook.Failing {
-		return webhook.Failing{WebhookFailed: events.WebhookFailed{Due: events.WebhookDue{TaskID: task, DeliveryID: id}}}
+		return webhook.Failing{State: webhook.StateGivenUp, WebhookFailed: events.WebhookFailed{Due: events.WebhookDue{TaskID: task, DeliveryID: id}}}
 	}
-	failing := []webhook.Failing{f("t1", "whd_a"), f("t2", "whd_b"), f("t1", "whd_c")}
+	retrying := f("t3", "whd_d")
+	retrying.State = webhook.StateRetrying
+	failing := []webhook.Failing{f("t1", "whd_a"), f("t2", "whd_b"), f("t1", "whd_c"), retrying}
 	ids := func(fs []webhook.Failing) []string {
 		var out []string
 		for _, x := range fs {
@@ -31,6 +33,7 @@ func TestPickFailing(t *testing.T) {
 		{[]string{"t1"}, false, []string{"whd_a", "whd_c"}, nil},
 		{[]string{"whd_b", "t9"}, false, []string{"whd_b"}, []string{"t9"}},
 		{nil, true, []string{"whd_a", "whd_b", "whd_c"}, nil},
+		{[]string{"t3"}, false, nil, []string{"t3"}}, // still being tried
 	} {
 		picked, missing := pickFailing(failing, c.ids, c.all)
 		if !slices.Equal(ids(picked), c.want) || !slices.Equal(missing, c.absent) {
@@ -46,10 +49,13 @@ func TestWriteFailing(t *testing.T) {
 	}
 	b.Reset()
 	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
-	err := writeFailing(&b, []webhook.Failing{{WebhookFailed: events.WebhookFailed{
+	err := writeFailing(&b, []webhook.Failing{{State: webhook.StateGivenUp, WebhookFailed: events.WebhookFailed{
 		Due:      events.WebhookDue{TaskID: "t1", DeliveryID: "whd_a", URL: "https://h.example/x", Status: events.StatusSucceeded},
-		Attempts: 12, LastError: "the receiver answered 503", At: at}}})
-	for _, want := range []string{"DELIVERY", "whd_a", "t1", "succeeded", "12", "2026-11-27 12:00:00", "https://h.example/x", "the receiver answered 503"} {
+		Attempts: 12, LastError: "the receiver answered 503", At: at}},
+		{State: webhook.StateRetrying, WebhookFailed: events.WebhookFailed{Due: events.WebhookDue{TaskID: "t2", DeliveryID: "whd_b"}, Attempts: 2, At: at},
+			NextAt: at.Add(20 * time.Second)}})
+	for _, want := range []string{"DELIVERY", "whd_a", "t1", "given_up", "12", "2026-11-27 12:00:00", "https://h.example/x", "the receiver answered 503",
+		"whd_b", "retrying", "2026-11-27 12:00:20"} {
 		if err != nil || !strings.Contains(b.String(), want) {
 			t.Errorf("%q lacks %q (%v)", b.String(), want, err)
 		}

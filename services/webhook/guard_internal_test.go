@@ -68,6 +68,18 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"": 0, "30": 30 * time.Second, "0": 0, "-5": 0, "soon": 0, "99999999999": 0,
+		"Fri, 27 Nov 2026 12:01:00 GMT": time.Minute, "Fri, 27 Nov 2026 11:00:00 GMT": 0,
+	} {
+		if got := RetryAfter(v, now); got != want {
+			t.Errorf("%q: %s, want %s", v, got, want)
+		}
+	}
+}
+
 func FuzzCheckURL(f *testing.F) {
 	f.Add("https://hooks.example.com/x")
 	f.Add("http://[::1]:80/")

@@ -13,17 +13,28 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
-// Failing is a delivery given up and not delivered since: its latest
-// review record and that record's stream sequence.
+// States of a failing delivery.
+const (
+	StateRetrying = "retrying" // a try failed; the next one is due at NextAt
+	StateGivenUp  = "given_up" // its tries ran out (a review record): redeliver it
+)
+
+// Failing is a delivery not delivered since it last failed: retrying (its
+// latest failed try) or given up (its review record, with the delivery to
+// redo, and that record's stream sequence).
 type Failing struct {
+	State string `json:"state"`
 	events.WebhookFailed
-	Seq uint64 `json:"seq"`
+	// NextAt is when a retrying delivery is tried again.
+	NextAt time.Time `json:"next_at,omitzero"`
+	Seq    uint64    `json:"seq"`
 }
 
-// ListFailing returns the deliveries given up (review records on
-// dispatch.review.webhook.*) that no later try delivered, oldest first.
+// ListFailing returns the deliveries whose latest record is a failed try
+// (dispatch.webhook.try.*) or a review record (dispatch.review.webhook.*)
+// — none delivered since (dispatch.webhook.delivered.*) — oldest first.
 func ListFailing(ctx context.Context, js jetstream.JetStream) ([]Failing, error) {
-	filters := []string{events.ReviewSubject(events.ReviewWebhook, "*"), events.WebhookDeliveredSubject("*")}
+	filters := []string{events.WebhookTrySubject("*"), events.ReviewSubject(events.ReviewWebhook, "*"), events.WebhookDeliveredSubject("*")}
 	cons, err := js.OrderedConsumer(ctx, services.Stream, jetstream.OrderedConsumerConfig{
 		InactiveThreshold: 10 * time.Second, FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
@@ -44,17 +55,16 @@ func ListFailing(ctx context.Context, js jetstream.JetStream) ([]Failing, error)
 		n := uint64(0)
 		for msg := range batch.Messages() {
 			n++
-			md, _ := msg.Metadata()
-			var f events.WebhookFailed
-			var d events.WebhookDelivered
+			f, id, ok := failingOf(msg)
 			switch {
-			case msg.Headers().Get(events.HeaderEvent) == events.EventWebhookFailed && json.Unmarshal(msg.Data(), &f) == nil && md != nil:
-				if _, seen := failing[f.Due.DeliveryID]; !seen {
-					order = append(order, f.Due.DeliveryID)
+			case !ok: // undecodable: not ours to list
+			case f == nil:
+				delete(failing, id)
+			default:
+				if _, seen := failing[id]; !seen {
+					order = append(order, id)
 				}
-				failing[f.Due.DeliveryID] = Failing{WebhookFailed: f, Seq: md.Sequence.Stream}
-			case json.Unmarshal(msg.Data(), &d) == nil:
-				delete(failing, d.DeliveryID)
+				failing[id] = *f
 			}
 		}
 		if n == 0 {
@@ -74,11 +84,48 @@ func ListFailing(ctx context.Context, js jetstream.JetStream) ([]Failing, error)
 	return out, nil
 }
 
+// failingOf reads one webhook record: the failing delivery it says (nil
+// for a delivery) and its delivery id; ok is false for what cannot be read.
+func failingOf(msg jetstream.Msg) (f *Failing, id string, ok bool) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return nil, "", false
+	}
+	switch msg.Headers().Get(events.HeaderEvent) {
+	case events.EventWebhookFailed:
+		var r events.WebhookFailed
+		if json.Unmarshal(msg.Data(), &r) != nil || r.Due.DeliveryID == "" {
+			return nil, "", false
+		}
+		return &Failing{State: StateGivenUp, WebhookFailed: r, Seq: md.Sequence.Stream}, r.Due.DeliveryID, true
+	case events.EventWebhookTry:
+		var r events.WebhookTry
+		if json.Unmarshal(msg.Data(), &r) != nil || r.DeliveryID == "" {
+			return nil, "", false
+		}
+		return &Failing{State: StateRetrying, WebhookFailed: events.WebhookFailed{
+			Due:      events.WebhookDue{DeliveryID: r.DeliveryID, TaskID: r.TaskID, URL: r.URL},
+			Attempts: r.Attempt, LastError: r.Error, At: r.At,
+		}, NextAt: r.NextAt, Seq: md.Sequence.Stream}, r.DeliveryID, true
+	case events.EventWebhookDelivered:
+		var r events.WebhookDelivered
+		if json.Unmarshal(msg.Data(), &r) != nil || r.DeliveryID == "" {
+			return nil, "", false
+		}
+		return nil, r.DeliveryID, true
+	}
+	return nil, "", false
+}
+
 // Redeliver files f's delivery due again, under the same delivery id: the
-// webhook service tries it anew, MaxAttempts times. Its Msg-Id is salted
+// webhook service tries it anew, MaxAttempts times. Only a delivery given
+// up can be: a retrying one is still being tried. Its Msg-Id is salted
 // with the review record's sequence, so the stream's duplicate window does
 // not swallow it, and redelivering the same record twice files it once.
 func Redeliver(ctx context.Context, js jetstream.JetStream, f Failing) error {
+	if f.State != StateGivenUp {
+		return fmt.Errorf("delivery %s is %s, not given up: it is still being tried", f.Due.DeliveryID, f.State)
+	}
 	out, err := services.Emit(events.WebhookDueSubject(f.Due.TaskID),
 		"webhook:"+f.Due.DeliveryID+":redeliver:"+strconv.FormatUint(f.Seq, 10), events.EventWebhookDue, f.Due.TaskID, f.Due)
 	if err != nil {

@@ -40,6 +40,7 @@ type Service struct {
 	cfg     Config
 	client  *http.Client
 	metrics *metrics
+	backoff func(n int) time.Duration
 
 	mu     sync.Mutex
 	stream jetstream.Stream // the task stream, bound on first use
@@ -55,7 +56,8 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, client: newClient(cfg.Timeout, cfg.AllowPrivate), metrics: m}, nil
+	return &Service{cfg: cfg, client: newClient(cfg.Timeout, cfg.AllowPrivate), metrics: m,
+		backoff: Backoff(cfg.BackoffBase, cfg.BackoffMax, nil)}, nil
 }
 
 // SettleSpec is the consumer of every task-state write: a settled task
@@ -133,9 +135,9 @@ func (s *Service) Deliver(ctx context.Context, m *services.Msg) ([]services.Out,
 		return nil, services.Dead(events.ReviewPoison, fmt.Errorf("webhook due: %w", err))
 	}
 	err := checkURL(s.cfg.AllowHosts, due.URL)
-	code := 0
+	code, wait := 0, time.Duration(0)
 	if err == nil {
-		code, err = s.post(ctx, due, m.Delivered)
+		code, wait, err = s.post(ctx, due, m.Delivered)
 	}
 	switch {
 	case err == nil:
@@ -153,14 +155,41 @@ func (s *Service) Deliver(ctx context.Context, m *services.Msg) ([]services.Out,
 		return []services.Out{out}, err
 	}
 	s.metrics.result(resultRetried)
-	return nil, fmt.Errorf("webhook %s try %d: %w", due.DeliveryID, m.Delivered, err)
+	return nil, s.retry(ctx, due, m, code, wait, err)
 }
 
-// post makes one try: the body signed now, the answer's status code.
-func (s *Service) post(ctx context.Context, due events.WebhookDue, attempt int) (int, error) {
+// retry records a failed try (dispatch.webhook.try.<id>, what `dispatch
+// webhooks` lists as retrying) and snoozes the delivery: the next try after
+// the backoff, or after the receiver's Retry-After (at most BackoffMax).
+// The record is informational: a failure to store it is logged, and the
+// delivery is retried all the same.
+func (s *Service) retry(ctx context.Context, due events.WebhookDue, m *services.Msg, code int, wait time.Duration, cause error) error {
+	delay := s.backoff(m.Delivered)
+	if wait > 0 {
+		delay = min(wait, s.cfg.BackoffMax)
+	}
+	now := time.Now().UTC()
+	out, err := services.Emit(events.WebhookTrySubject(due.TaskID),
+		"webhook-try:"+due.DeliveryID+":"+strconv.FormatUint(m.Seq, 10)+":"+strconv.Itoa(m.Delivered), events.EventWebhookTry, due.TaskID,
+		events.WebhookTry{DeliveryID: due.DeliveryID, TaskID: due.TaskID, URL: due.URL, Attempt: m.Delivered, Code: code,
+			Error: cause.Error(), At: now, NextAt: now.Add(delay)})
+	if err == nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, err = s.cfg.JS.PublishMsg(pctx, services.NatsMsg(out), jetstream.WithMsgID(out.MsgID))
+		cancel()
+	}
+	if err != nil {
+		s.cfg.Log.Warn("webhook try not recorded", "task", due.TaskID, "delivery", due.DeliveryID, "err", err)
+	}
+	return services.Snooze(delay, fmt.Errorf("webhook %s try %d: %w", due.DeliveryID, m.Delivered, cause))
+}
+
+// post makes one try: the body signed now. It returns the answer's status
+// code and, for a 429 or 503, the wait its Retry-After asks for.
+func (s *Service) post(ctx context.Context, due events.WebhookDue, attempt int) (int, time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, due.URL, bytes.NewReader(due.Body))
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrNotAllowed, err)
+		return 0, 0, fmt.Errorf("%w: %v", ErrNotAllowed, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "dispatchmesh-webhook/1")
@@ -170,14 +199,18 @@ func (s *Service) post(ctx context.Context, due events.WebhookDue, attempt int) 
 	req.Header.Set(events.WebhookSignatureHeader, events.SignWebhook(s.cfg.Secret, time.Now(), due.Body))
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return resp.StatusCode, fmt.Errorf("the receiver answered %d", resp.StatusCode)
+		var wait time.Duration
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			wait = RetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		}
+		return resp.StatusCode, wait, fmt.Errorf("the receiver answered %d", resp.StatusCode)
 	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, 0, nil
 }
 
 // tasks is the task stream, bound on first use (the wait answer reads it).

@@ -33,6 +33,8 @@ type receiver struct {
 	tries map[string]int // by delivery id
 	got   map[string][]byte
 	bad   int // tries whose signature did not verify
+	// retryAfter, when set, is the Retry-After of a failed try.
+	retryAfter string
 }
 
 func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -47,6 +49,9 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.tries[id]++
 	if f := rc.fails[r.Header.Get(events.WebhookTaskHeader)]; f < 0 || rc.tries[id] <= f {
+		if rc.retryAfter != "" {
+			w.Header().Set("Retry-After", rc.retryAfter)
+		}
 		http.Error(w, "try later", http.StatusServiceUnavailable)
 		return
 	}
@@ -183,6 +188,15 @@ func TestDeliversSignedAnswerAfterFailures(t *testing.T) {
 		_, err := streamLast(t, e.js, events.WebhookDeliveredSubject("t1"))
 		return err == nil
 	})
+	// Its two failed tries were recorded; delivered since, it is not failing.
+	last, err := streamLast(t, e.js, events.WebhookTrySubject("t1"))
+	var try events.WebhookTry
+	if err != nil || jsonUnmarshal(last.Data, &try) != nil || try.Attempt != 2 || try.Code != 503 || try.DeliveryID != id || !try.NextAt.After(try.At) {
+		t.Errorf("last try record %+v (%v), want try 2, a 503, a next try", try, err)
+	}
+	if f, err := webhook.ListFailing(t.Context(), e.js); err != nil || len(f) != 0 {
+		t.Errorf("failing after the delivery: %+v (%v), want none", f, err)
+	}
 }
 
 // A task without a callback URL of its own is delivered to its type's
@@ -240,7 +254,7 @@ func TestGivesUpThenRedelivers(t *testing.T) {
 	var failing []webhook.Failing
 	waitFor(t, "two deliveries given up", func() bool {
 		var err error
-		failing, err = webhook.ListFailing(t.Context(), e.js)
+		failing, err = givenUp(t, e.js)
 		return err == nil && len(failing) == 2
 	})
 	byTask := map[string]webhook.Failing{}
@@ -263,8 +277,32 @@ func TestGivesUpThenRedelivers(t *testing.T) {
 	waitFor(t, "the redelivery", func() bool { return e.rc.delivered()[events.WebhookDeliveryID(st)] != nil })
 	waitFor(t, "t2 no longer failing", func() bool {
 		f, err := webhook.ListFailing(t.Context(), e.js)
-		return err == nil && len(f) == 1 && f[0].Due.TaskID == "t3"
+		return err == nil && len(f) == 1 && f[0].Due.TaskID == "t3" && f[0].State == webhook.StateGivenUp
 	})
+}
+
+// A receiver's Retry-After sets the next try (here capped by BackoffMax,
+// 100ms in these tests, above any backoff of the first tries); while it
+// fails the delivery is listed as retrying.
+func TestReceiverRetryAfter(t *testing.T) {
+	e := start(t, webhook.Config{AllowHosts: webhook.Hosts{"127.0.0.1"}, AllowPrivate: true}, map[string]int{"t7": -1})
+	e.rc.mu.Lock()
+	e.rc.retryAfter = "1"
+	e.rc.mu.Unlock()
+	st := e.settle(t, "t7", e.url)
+	var f []webhook.Failing
+	waitFor(t, "a retrying delivery", func() bool {
+		var err error
+		f, err = webhook.ListFailing(t.Context(), e.js)
+		return err == nil && len(f) == 1
+	})
+	if r := f[0]; r.State != webhook.StateRetrying || r.Due.DeliveryID != events.WebhookDeliveryID(st) || r.NextAt.Sub(r.At) != 100*time.Millisecond ||
+		r.LastError != "the receiver answered 503" {
+		t.Errorf("%+v, want retrying, its next try Retry-After later (capped at 100ms)", r)
+	}
+	if err := webhook.Redeliver(t.Context(), e.js, f[0]); err == nil {
+		t.Error("a retrying delivery was redelivered")
+	}
 }
 
 // A host on the allow-list that resolves to a loopback address is refused
@@ -276,7 +314,7 @@ func TestRefusesInternalAddressAtDial(t *testing.T) {
 	var failing []webhook.Failing
 	waitFor(t, "the delivery given up", func() bool {
 		var err error
-		failing, err = webhook.ListFailing(t.Context(), e.js)
+		failing, err = givenUp(t, e.js)
 		return err == nil && len(failing) == 1
 	})
 	if f := failing[0]; f.Attempts != 1 || !contains(f.LastError, "internal address") {
