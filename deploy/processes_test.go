@@ -71,24 +71,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch provision said:\n%s", out)
 	}
 
-	// A webhook receiver: the webhook service, as its own user, delivers
-	// e2e-api's answer there, signed — on its second try: the first one
-	// fails, and is recorded (dispatch.webhook.try.*).
-	hooks := make(chan string, 16)
-	var hookTries atomic.Int32
-	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
-			http.Error(w, "bad signature", http.StatusUnauthorized)
-			return
-		}
-		if hookTries.Add(1) == 1 {
-			http.Error(w, "not yet", http.StatusServiceUnavailable)
-			return
-		}
-		hooks <- r.Header.Get(events.WebhookTaskHeader)
-	}))
-	defer receiver.Close()
+	receiver, hooks := webhookReceiver(t)
 
 	// Each process serves /readyz on a metrics port of its own; the review
 	// page and the webhook service run too, as the web and webhook users.
@@ -203,21 +186,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	if err := json.Unmarshal(msg.Data, &waited); err != nil || waited.Status != events.StatusSucceeded || waited.Result == nil {
 		t.Fatalf("wait API answered %s: %v", msg.Data, err)
 	}
-	select {
-	case id := <-hooks:
-		if id != "e2e-api" {
-			t.Fatalf("webhook delivered task %q, want e2e-api (the only one with a callback)", id)
-		}
-		stream, err := admin.js.Stream(context.Background(), services.Stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := stream.GetLastMsgForSubject(context.Background(), events.WebhookTrySubject("e2e-api")); err != nil {
-			t.Fatalf("the failed first try was not recorded: %v\n%s", err, running[mesh.Webhook].Output())
-		}
-	case <-time.After(patience):
-		t.Fatalf("no webhook delivery of e2e-api:\n%s", running[mesh.Webhook].Output())
-	}
+	checkWebhook(t, admin, hooks, running[mesh.Webhook])
 	if out := proctest.RunToEnd(t, patience, "status", as("client"), dispatch, "status", "e2e-0"); !strings.Contains(out, string(events.StatusSucceeded)) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
 	}
@@ -361,6 +330,50 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		if out := running[name].Output(); strings.Contains(strings.ToLower(out), "permission") {
 			t.Errorf("%s was refused something:\n%s", name, out)
 		}
+	}
+}
+
+// webhookReceiver is a receiver of the webhook service's deliveries, which
+// checks their signatures and fails the first try; hooks receives the task
+// id of each delivery accepted.
+func webhookReceiver(t *testing.T) (receiver *httptest.Server, hooks chan string) {
+	hooks = make(chan string, 16)
+	var tries atomic.Int32
+	receiver = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		if tries.Add(1) == 1 {
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
+			return
+		}
+		hooks <- r.Header.Get(events.WebhookTaskHeader)
+	}))
+	t.Cleanup(receiver.Close)
+	return receiver, hooks
+}
+
+// checkWebhook waits for the webhook service, as its own user, to deliver
+// e2e-api's answer — on its second try: the first one failed, and was
+// recorded (dispatch.webhook.try.*).
+func checkWebhook(t *testing.T, admin *conn, hooks chan string, p *proctest.Process) {
+	t.Helper()
+	select {
+	case id := <-hooks:
+		if id != "e2e-api" {
+			t.Fatalf("webhook delivered task %q, want e2e-api (the only one with a callback)", id)
+		}
+		stream, err := admin.js.Stream(context.Background(), services.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.GetLastMsgForSubject(context.Background(), events.WebhookTrySubject("e2e-api")); err != nil {
+			t.Fatalf("the failed first try was not recorded: %v\n%s", err, p.Output())
+		}
+	case <-time.After(patience):
+		t.Fatalf("no webhook delivery of e2e-api:\n%s", p.Output())
 	}
 }
 
