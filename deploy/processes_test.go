@@ -199,6 +199,9 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	if out := proctest.RunToEnd(t, patience, "status-v-as-auditor", as("auditor"), dispatch, "status", "-v", "e2e-0"); !strings.Contains(out, events.StageSucceeded) {
 		t.Fatalf("dispatch status -v e2e-0 as auditor:\n%s", out)
 	}
+	if out := proctest.RunToEnd(t, patience, "audit-webhook-as-auditor", as("auditor"), dispatch, "audit", "e2e-api"); !strings.Contains(out, "webhook.try") || !strings.Contains(out, "webhook.delivered") {
+		t.Fatalf("dispatch audit e2e-api as auditor shows no webhook try and delivery:\n%s", out)
+	}
 	// The task explorer as the auditor and the web users: intake filed
 	// every task in the index (as its own user), both may read it.
 	for _, user := range []string{"auditor", "web"} {

@@ -48,6 +48,22 @@ const DefaultWebhookTolerance = 5 * time.Minute
 // WebhookDueSubject is where a delivery for the task falls due.
 func WebhookDueSubject(taskID string) string { return WebhookRoot + ".due." + taskID }
 
+// WebhookTaskFilter matches every webhook event of one task.
+func WebhookTaskFilter(taskID string) string { return WebhookRoot + ".*." + taskID }
+
+// ParseWebhookSubject reads dispatch.webhook.<kind>.<task id>.
+func ParseWebhookSubject(subject string) (kind, taskID string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, WebhookRoot+".")
+	if !ok {
+		return "", "", false
+	}
+	kind, taskID, ok = strings.Cut(rest, ".")
+	if !ok || kind == "" || !ValidID(taskID) {
+		return "", "", false
+	}
+	return kind, taskID, true
+}
+
 // WebhookTrySubject records a failed try that will be tried again.
 func WebhookTrySubject(taskID string) string { return WebhookRoot + ".try." + taskID }
 

@@ -64,6 +64,19 @@ func TestWebhookDeliveryID(t *testing.T) {
 	}
 }
 
+func TestParseWebhookSubject(t *testing.T) {
+	for subject, want := range map[string][2]string{
+		WebhookDueSubject("t-1"): {"due", "t-1"}, WebhookTrySubject("t-1"): {"try", "t-1"},
+		WebhookDeliveredSubject("x_2"): {"delivered", "x_2"},
+		"dispatch.webhook.due":         {}, "dispatch.webhook.due.a.b": {}, "dispatch.task.t-1.queued": {}, "dispatch.webhook..t": {},
+	} {
+		kind, id, ok := ParseWebhookSubject(subject)
+		if ok != (want[0] != "") || kind != want[0] || id != want[1] {
+			t.Errorf("%q: %q %q %v, want %q", subject, kind, id, ok, want)
+		}
+	}
+}
+
 func FuzzVerifyWebhook(f *testing.F) {
 	f.Add("t=1700000000,v1=abc", []byte("{}"))
 	f.Add(",,==,", []byte(""))
