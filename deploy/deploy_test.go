@@ -176,7 +176,7 @@ func checkPermissions(t *testing.T, u *server.User) {
 	// answer on the requester's inbox, never on a service's.
 	ops := services.OpsName(u.Username)
 	opsSubs := []string{"$SRV.*", "$SRV.*." + ops, "$SRV.*." + ops + ".*", services.HealthSubject(u.Username)}
-	serves := slices.Contains(mesh.All, u.Username) || u.Username == "web"
+	serves := slices.Contains(mesh.All, u.Username) || u.Username == "web" || u.Username == mesh.Webhook
 	if serves {
 		for _, s := range opsSubs {
 			if !slices.Contains(p.Subscribe.Allow, s) {

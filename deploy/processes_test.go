@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +30,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/proctest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/intake"
+	"github.com/dispatchmesh/dispatchmesh/services/webhook"
 )
 
 // verifiedType is the type with a verifier (a command that always answers
@@ -43,6 +46,9 @@ const patience = 45 * time.Second
 // through the submit API succeed end to end, and the status API answers. A
 // user is refused what is not its own: the server's refusal reaches the
 // error handler, and `dispatch` run under the wrong user exits naming it.
+// webhookSecret signs the webhook deliveries of TestServicesRunAsTheirUsers.
+const webhookSecret = "processes-test-webhook-secret"
+
 func TestServicesRunAsTheirUsers(t *testing.T) {
 	natsServer, dispatch := proctest.Build(t)
 	pw := proctest.SetPasswords(t)
@@ -65,18 +71,25 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		t.Fatalf("dispatch provision said:\n%s", out)
 	}
 
+	receiver, hooks := webhookReceiver(t)
+
 	// Each process serves /readyz on a metrics port of its own; the review
-	// page runs too, as the web user.
+	// page and the webhook service run too, as the web and webhook users.
 	running := map[string]*proctest.Process{}
-	ports := proctest.FreePorts(t, len(mesh.All)+1)
+	ports := proctest.FreePorts(t, len(mesh.All)+2)
 	metrics := map[string]string{}
-	for i, name := range append(slices.Clone(mesh.All), "web") {
+	for i, name := range append(slices.Clone(mesh.All), "web", mesh.Webhook) {
 		metrics[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
 		argv := []string{dispatch, name}
-		if name == "web" {
+		env := append(as(name), "DISPATCH_METRICS_LISTEN="+metrics[name])
+		switch name {
+		case "web":
 			argv = append(argv, "-listen", "127.0.0.1:0")
+		case mesh.Webhook:
+			env = append(env, "DISPATCH_WEBHOOK_SECRET="+webhookSecret, "DISPATCH_WEBHOOK_ALLOW_HOSTS=127.0.0.1", "DISPATCH_WEBHOOK_ALLOW_PRIVATE=true",
+				"DISPATCH_WEBHOOK_BACKOFF=100ms")
 		}
-		running[name] = proctest.Start(t, name, append(as(name), "DISPATCH_METRICS_LISTEN="+metrics[name]), argv...)
+		running[name] = proctest.Start(t, name, env, argv...)
 	}
 
 	// The wrong user: gate may not read the history the prompt builder
@@ -94,6 +107,14 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 		misfits = append(misfits, proctest.Start(t, w.name, as(w.user), dispatch, w.service))
 	}
 
+	// The webhook service's consumer of the task states starts at their end
+	// when created: e2e-api, which names a callback, settles after it exists.
+	proctest.WaitFor(t, patience, "the webhook service's consumer", func() error {
+		proctest.CheckRunning(t, running)
+		_, err := admin.js.Consumer(context.Background(), "KV_"+services.BucketTasks, webhook.ConsumerSettle)
+		return err
+	})
+
 	// Tasks, submitted as the client user: three of css_fix and one of
 	// verifiedType with the CLI, one of css_fix through the micro API.
 	var submits []*proctest.Process
@@ -109,7 +130,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	var reply intake.SubmitReply
 	proctest.WaitFor(t, patience, "the submit API", func() error {
 		proctest.CheckRunning(t, running)
-		msg, err := client.nc.Request(events.SubmitAPI, []byte(`{"id":"e2e-api","type":"css_fix","subject":"src/api.css"}`), 10*time.Second)
+		msg, err := client.nc.Request(events.SubmitAPI, []byte(`{"id":"e2e-api","type":"css_fix","subject":"src/api.css","callback_url":"`+receiver.URL+`/hook"}`), 10*time.Second)
 		if errors.Is(err, nats.ErrNoResponders) { // intake not subscribed yet
 			return err
 		}
@@ -165,6 +186,7 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	if err := json.Unmarshal(msg.Data, &waited); err != nil || waited.Status != events.StatusSucceeded || waited.Result == nil {
 		t.Fatalf("wait API answered %s: %v", msg.Data, err)
 	}
+	checkWebhook(t, admin, hooks, running[mesh.Webhook])
 	if out := proctest.RunToEnd(t, patience, "status", as("client"), dispatch, "status", "e2e-0"); !strings.Contains(out, string(events.StatusSucceeded)) {
 		t.Fatalf("dispatch status e2e-0:\n%s", out)
 	}
@@ -176,6 +198,9 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 	}
 	if out := proctest.RunToEnd(t, patience, "status-v-as-auditor", as("auditor"), dispatch, "status", "-v", "e2e-0"); !strings.Contains(out, events.StageSucceeded) {
 		t.Fatalf("dispatch status -v e2e-0 as auditor:\n%s", out)
+	}
+	if out := proctest.RunToEnd(t, patience, "audit-webhook-as-auditor", as("auditor"), dispatch, "audit", "e2e-api"); !strings.Contains(out, "webhook.try") || !strings.Contains(out, "webhook.delivered") {
+		t.Fatalf("dispatch audit e2e-api as auditor shows no webhook try and delivery:\n%s", out)
 	}
 	// The task explorer as the auditor and the web users: intake filed
 	// every task in the index (as its own user), both may read it.
@@ -304,8 +329,54 @@ func TestServicesRunAsTheirUsers(t *testing.T) {
 			t.Errorf("%s was refused something:\n%s", name, out)
 		}
 	}
-	if out := running["web"].Output(); strings.Contains(strings.ToLower(out), "permission") {
-		t.Errorf("web was refused something:\n%s", out)
+	for _, name := range []string{"web", mesh.Webhook} {
+		if out := running[name].Output(); strings.Contains(strings.ToLower(out), "permission") {
+			t.Errorf("%s was refused something:\n%s", name, out)
+		}
+	}
+}
+
+// webhookReceiver is a receiver of the webhook service's deliveries, which
+// checks their signatures and fails the first try; hooks receives the task
+// id of each delivery accepted.
+func webhookReceiver(t *testing.T) (receiver *httptest.Server, hooks chan string) {
+	hooks = make(chan string, 16)
+	var tries atomic.Int32
+	receiver = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		if tries.Add(1) == 1 {
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
+			return
+		}
+		hooks <- r.Header.Get(events.WebhookTaskHeader)
+	}))
+	t.Cleanup(receiver.Close)
+	return receiver, hooks
+}
+
+// checkWebhook waits for the webhook service, as its own user, to deliver
+// e2e-api's answer — on its second try: the first one failed, and was
+// recorded (dispatch.webhook.try.*).
+func checkWebhook(t *testing.T, admin *conn, hooks chan string, p *proctest.Process) {
+	t.Helper()
+	select {
+	case id := <-hooks:
+		if id != "e2e-api" {
+			t.Fatalf("webhook delivered task %q, want e2e-api (the only one with a callback)", id)
+		}
+		stream, err := admin.js.Stream(context.Background(), services.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.GetLastMsgForSubject(context.Background(), events.WebhookTrySubject("e2e-api")); err != nil {
+			t.Fatalf("the failed first try was not recorded: %v\n%s", err, p.Output())
+		}
+	case <-time.After(patience):
+		t.Fatalf("no webhook delivery of e2e-api:\n%s", p.Output())
 	}
 }
 

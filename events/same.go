@@ -46,6 +46,9 @@ func (s Submit) Differences(t Submit) []string {
 	if s.Priority != t.Priority {
 		d = append(d, fmt.Sprintf(`"priority" differs: the task has %d, this submission %d`, s.Priority, t.Priority))
 	}
+	if s.CallbackURL != t.CallbackURL {
+		d = append(d, fmt.Sprintf(`"callback_url" differs: the task has %q, this submission %q`, clipText(s.CallbackURL, 80), clipText(t.CallbackURL, 80)))
+	}
 	if !maps.Equal(s.Metadata, t.Metadata) {
 		var keys []string
 		for k := range s.Metadata {

@@ -26,6 +26,7 @@ func TestSubmitDifferences(t *testing.T) {
 		{"type and metadata", func(s *Submit) { s.Type = "docs"; s.Metadata = map[string]string{"k": "w", "j": "1"} },
 			[]string{`"type" differs: the task has "css_fix", this submission "docs"`, `"metadata" differs at "j", "k"`}},
 		{"priority", func(s *Submit) { s.Priority = 3 }, []string{`"priority" differs: the task has 0, this submission 3`}},
+		{"callback url", func(s *Submit) { s.CallbackURL = "https://h.example/x" }, []string{`"callback_url" differs: the task has "", this submission "https://h.example/x"`}},
 	} {
 		other := base
 		c.edit(&other)

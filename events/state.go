@@ -176,9 +176,12 @@ type TaskState struct {
 	Actions []Action `json:"actions,omitempty"`
 	// SubmitSeq is the stream sequence of the submission that created the task:
 	// a redelivery of that submission is told apart from a second submission.
-	SubmitSeq uint64    `json:"submit_seq"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	SubmitSeq uint64 `json:"submit_seq"`
+	// CallbackURL is the submission's callback_url: where the webhook
+	// service POSTs the wait answer once the task settles.
+	CallbackURL string    `json:"callback_url,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
 }
 
 // Usage is tokens and USD spent.

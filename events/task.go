@@ -29,6 +29,8 @@ type Task struct {
 	Priority int `json:"priority,omitempty"`
 	// Metadata is free string metadata carried with the task.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// CallbackURL is the submission's callback_url (Submit.CallbackURL).
+	CallbackURL string `json:"callback_url,omitempty"`
 	// SubmittedAt is set by intake.
 	SubmittedAt time.Time `json:"submitted_at"`
 }
@@ -40,6 +42,8 @@ const (
 	MaxIDLen         = 128
 	MaxTypeLen       = 64
 	MaxMetadataPairs = 32
+	// MaxCallbackURLLen bounds a submission's callback_url.
+	MaxCallbackURLLen = 2048
 )
 
 var (
@@ -80,6 +84,11 @@ type Submit struct {
 	MaxRetries int               `json:"max_retries,omitempty"`
 	Priority   int               `json:"priority,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// CallbackURL, when set, is where the mesh POSTs the task's wait answer,
+	// signed, once it settles (docs/api.md#webhooks): an absolute http or
+	// https URL of at most MaxCallbackURLLen bytes. The webhook service
+	// delivers only to hosts its configuration allows.
+	CallbackURL string `json:"callback_url,omitempty"`
 }
 
 // DecodeSubmit parses and validates a submission. subjectType is the <type>
@@ -142,6 +151,11 @@ func DecodeSubmit(data []byte, subjectType string) (Submit, error) {
 	if len(s.Metadata) > MaxMetadataPairs {
 		problems = append(problems, fmt.Sprintf(`"metadata" has %d entries, limit is %d`, len(s.Metadata), MaxMetadataPairs))
 	}
+	if s.CallbackURL != "" {
+		if err := CheckCallbackURL(s.CallbackURL); err != nil {
+			problems = append(problems, `"callback_url" `+err.Error())
+		}
+	}
 	if problems == nil {
 		// What the mesh publishes is the task re-encoded: <, >, & and
 		// U+2028/2029 in strings grow to 6 bytes each. It must fit too.
@@ -193,7 +207,7 @@ func (s Submit) Task(id string, at time.Time) Task {
 	}
 	return Task{
 		ID: id, Type: s.Type, Subject: s.Subject, Payload: s.Payload,
-		MaxRetries: s.MaxRetries, Priority: s.Priority, Metadata: s.Metadata,
+		MaxRetries: s.MaxRetries, Priority: s.Priority, Metadata: s.Metadata, CallbackURL: s.CallbackURL,
 		SubmittedAt: at.UTC(),
 	}
 }

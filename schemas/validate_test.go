@@ -17,7 +17,7 @@ var (
 	task = events.Task{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css",
 		Payload: json.RawMessage(`{"selector": ".btn", "sizes": [1, 2]}`), MaxRetries: 5, Priority: 2,
-		Metadata: map[string]string{"team": "web"}, SubmittedAt: at,
+		Metadata: map[string]string{"team": "web"}, CallbackURL: "https://hooks.example.com/done", SubmittedAt: at,
 	}
 	run = events.Run{
 		Pass: 2, Attempt: 3, Rung: "PIVOT", Step: "implement",
@@ -63,10 +63,12 @@ var (
 		},
 		Step: "implement", StepRetries: map[string]int{"implement": 2}, Loops: map[string]int{"test>implement": 1},
 		StepInputs: map[string]string{"implement": "step plan passed: two phases"}, Skips: 1, Decision: events.DecisionHandoff, Cause: events.CauseRungRate, WakeAt: at.Add(2 * time.Hour), Actions: []events.Action{action},
-		SubmitSeq: 17, CreatedAt: at, UpdatedAt: at.Add(time.Hour),
+		SubmitSeq: 17, CallbackURL: "https://hooks.example.com/done", CreatedAt: at, UpdatedAt: at.Add(time.Hour),
 	}
-	stateAt = &events.StateAt{Rev: 9, State: state}
-	sealed  = &events.Sealed{Rev: 9, State: json.RawMessage(`{"id":"t-42","type":"css_fix"}`), MAC: "bWFj"}
+	stateAt    = &events.StateAt{Rev: 9, State: state}
+	webhookDue = events.WebhookDue{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t-42", URL: "https://hooks.example.com/done",
+		Status: events.StatusSucceeded, Body: json.RawMessage(`{"id":"t-42","status":"succeeded","terminal":true}`), SettledAt: at}
+	sealed = &events.Sealed{Rev: 9, State: json.RawMessage(`{"id":"t-42","type":"css_fix"}`), MAC: "bWFj"}
 )
 
 // populated holds one fully populated value per schema; TestPopulatedValuesAreComplete
@@ -77,10 +79,15 @@ var populated = []struct {
 }{
 	{events.EventSubmit, events.Submit{
 		ID: "t-42", Type: "css_fix", Subject: "src/app.css", Payload: json.RawMessage(`[1, "two", null]`),
-		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"},
+		MaxRetries: 3, Priority: 1, Metadata: map[string]string{"ticket": "WEB-7"}, CallbackURL: "https://hooks.example.com/done",
 	}},
 	{events.EventQueued, events.Queued{Base: base, Sealed: sealed}},
 	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
+	{events.EventWebhookDue, webhookDue},
+	{events.EventWebhookTry, events.WebhookTry{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t-42", URL: "https://hooks.example.com/done", Attempt: 3, Code: 503,
+		Error: "the receiver answered 503", At: at, NextAt: at.Add(20 * time.Second)}},
+	{events.EventWebhookDelivered, events.WebhookDelivered{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t-42", URL: "https://hooks.example.com/done", Attempt: 2, Code: 204, At: at}},
+	{events.EventWebhookFailed, events.WebhookFailed{Due: webhookDue, Attempts: 12, LastError: "the receiver answered 503", At: at}},
 	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed}},
 	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},

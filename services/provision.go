@@ -85,10 +85,11 @@ type Stores struct {
 const PolicyRevisions = 100_000
 
 // StreamSubjects are the subjects kept on Stream: every task event, review
-// record and task index entry (dispatch.index.>). Only services publish
+// record, task index entry (dispatch.index.>) and webhook delivery
+// (dispatch.webhook.>). Only services publish
 // them. dispatch.api.> (request-reply) is deliberately not among them: the
 // stream would answer requests.
-var StreamSubjects = []string{events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter}
+var StreamSubjects = []string{events.TaskRoot + ".>", events.ReviewFilter, events.IndexFilter, events.WebhookFilter}
 
 // SubmitSubjects are the subjects kept on SubmitStream: every submission,
 // bare dispatch.submit too, so a message there is rejected, not lost.

@@ -77,6 +77,11 @@ type Spec struct {
 	// Stop, when set, is called once Run returns, after every handler
 	// finished: it releases what the handler keeps between messages.
 	Stop func()
+	// DeliverNew makes a consumer created for the first time start at the
+	// stream's end instead of its start: for a consumer that reacts to what
+	// happens from then on (the webhook service's view of task states),
+	// not to the whole history. Default false: every message stored.
+	DeliverNew bool
 	// Beside, when set, runs while Run consumes (the gate's sweeper of
 	// held passes): its context ends when Run returns, and Run waits for
 	// it.
@@ -146,6 +151,9 @@ func (s Spec) ConsumerConfig() jetstream.ConsumerConfig {
 		MaxDeliver:    s.MaxDeliver,
 		MaxAckPending: s.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if s.DeliverNew {
+		cc.DeliverPolicy = jetstream.DeliverNewPolicy
 	}
 	if len(s.Filters) == 1 {
 		cc.FilterSubject = s.Filters[0]

@@ -19,6 +19,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
+	"github.com/dispatchmesh/dispatchmesh/services/webhook"
 )
 
 // Config is read from the environment, prefix DISPATCH_ (e.g.
@@ -178,11 +179,33 @@ type Config struct {
 	// running the executor with one of the others makes its own; the
 	// others seal nothing.
 	StateKey string `envconfig:"STATE_KEY"`
+	// WebhookSecret signs every webhook delivery (HMAC-SHA256, at least 16
+	// bytes); setting it makes `dispatch up` run the webhook service too.
+	// WebhookAllowHosts are the callback hosts deliveries may go to
+	// (webhook.Hosts: exact names, *.suffix, IPs, or *); none: every
+	// callback is refused. WebhookAllowPrivate lets a delivery reach
+	// loopback, link-local and private addresses. WebhookMaxAttempts,
+	// WebhookBackoff, WebhookBackoffMax and WebhookTimeout shape the tries.
+	WebhookSecret       string        `envconfig:"WEBHOOK_SECRET"`
+	WebhookAllowHosts   []string      `envconfig:"WEBHOOK_ALLOW_HOSTS"`
+	WebhookAllowPrivate bool          `envconfig:"WEBHOOK_ALLOW_PRIVATE"`
+	WebhookMaxAttempts  int           `envconfig:"WEBHOOK_MAX_ATTEMPTS" default:"12"`
+	WebhookBackoff      time.Duration `envconfig:"WEBHOOK_BACKOFF" default:"5s"`
+	WebhookBackoffMax   time.Duration `envconfig:"WEBHOOK_BACKOFF_MAX" default:"15m"`
+	WebhookTimeout      time.Duration `envconfig:"WEBHOOK_TIMEOUT" default:"10s"`
 	// Grace is how long in-flight work may finish after SIGTERM.
 	Grace time.Duration `envconfig:"GRACE" default:"25s"`
 	// LogLevel is debug, info, warn or error; LogFormat text or json.
 	LogLevel  string `envconfig:"LOG_LEVEL" default:"info"`
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+}
+
+// webhook is the webhook service's configuration from the environment.
+func (c Config) webhook() webhook.Config {
+	return webhook.Config{
+		Secret: []byte(c.WebhookSecret), AllowHosts: webhook.Hosts(c.WebhookAllowHosts), AllowPrivate: c.WebhookAllowPrivate,
+		MaxAttempts: c.WebhookMaxAttempts, BackoffBase: c.WebhookBackoff, BackoffMax: c.WebhookBackoffMax, Timeout: c.WebhookTimeout,
+	}
 }
 
 // serviceConcurrency is the per-service concurrency set in the environment.

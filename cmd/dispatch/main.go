@@ -32,8 +32,11 @@ const usage = `dispatch — supervised dispatch of tasks to LLM agents over NATS
 Usage:
   dispatch up                         start an embedded NATS server and every service
   dispatch provision                  create or update the stream and buckets (as an admin user)
-  dispatch intake|verifier|gate|prompt|executor|recorder|reaper
-                                      run one service against NATS_URL
+  dispatch intake|verifier|gate|prompt|executor|recorder|reaper|webhook
+                                      run one service against NATS_URL (webhook: DISPATCH_WEBHOOK_*)
+  dispatch webhooks [-o json]         failing webhook deliveries: retrying, or given up and not delivered since
+  dispatch webhooks redeliver ID...|-all
+                                      try them again (ID: a task id or a delivery id)
   dispatch submit -type T -subject S [-payload JSON] [-id ID] [-max-retries N] [-wait [-progress 5s] [-timeout 10m]]
   dispatch status [-v] ID [-o json]   a task's current state; -v: its payload and every attempt's answer
   dispatch tasks [-type T] [-status S] [-subject TEXT] [-id ID] [-since T] [-until T] [-limit N] [-cursor C] [-o json]
@@ -107,7 +110,7 @@ func run(ctx context.Context, args []string) error {
 	switch cmd {
 	case "up":
 		return cmdUp(ctx, cfg, rest)
-	case "intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper":
+	case "intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper", "webhook":
 		return cmdService(ctx, cfg, cmd, rest)
 	case "provision":
 		return cmdProvision(ctx, cfg, rest)
@@ -123,6 +126,8 @@ func run(ctx context.Context, args []string) error {
 		return cmdReview(ctx, cfg, rest)
 	case "audit":
 		return cmdAudit(ctx, cfg, rest)
+	case "webhooks":
+		return cmdWebhooks(ctx, cfg, rest)
 	case "stats":
 		return cmdStats(ctx, cfg, rest)
 	case "web":

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -106,7 +107,11 @@ func cmdUp(ctx context.Context, cfg Config, args []string) error {
 	// "is up" means it: the services run and the API answers, so a client
 	// that starts when it reads the banner is served.
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, cfg, log, url, "dispatch-up", mesh.All, checks, more...) }()
+	names := mesh.All
+	if cfg.WebhookSecret != "" {
+		names = append(slices.Clone(names), mesh.Webhook)
+	}
+	go func() { served <- serve(ctx, cfg, log, url, "dispatch-up", names, checks, more...) }()
 	if err := waitAPI(ctx, cfg, url, served); err != nil {
 		return err
 	}
@@ -368,6 +373,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		ErrorRules: cfg.errorRules(), Circuit: cfg.circuit(), BaseURL: cfg.OpenAIBaseURL, APIKey: cfg.OpenAIAPIKey,
 		KnownTypesOnly: cfg.KnownTypesOnly, MaxTypeLabels: cfg.maxTypeLabels(),
 		APIMaxRequests: cfg.APIMaxRequests, APIMaxWaits: cfg.APIMaxWaits, APIMaxClientWaits: cfg.APIMaxClientWaits,
+		Webhook: cfg.webhook(),
 	})
 	if err == nil || errors.Is(err, context.Canceled) {
 		log.Info("stopped cleanly")

@@ -49,6 +49,10 @@ var Buckets = map[string]Access{
 	Recorder: {Writes: []string{services.BucketTasks, services.BucketHistory}, Reads: []string{services.BucketPolicy},
 		Follows: []string{services.OutcomeStream}, Publishes: []string{services.OutcomeStream}},
 	Reaper: {}, // reads DISPATCH messages, no bucket, no policy
+	// The webhook service reads every task state write (a durable consumer
+	// on the bucket's stream, KV_dispatch_tasks) and writes none; the policy
+	// names a type's callback URL.
+	Webhook: {Reads: []string{services.BucketTasks, services.BucketPolicy}},
 }
 
 // bucketsOf is every bucket the named services use, each once.

@@ -114,6 +114,12 @@ func TestSubmitAPIConflict(t *testing.T) {
 	if !slices.Equal(ae.Problems, want) || !strings.Contains(ae.Message, "task conflict-1 exists and was submitted with another body") {
 		t.Fatalf("another body answered %+v, want the problems %q", ae, want)
 	}
+	// Where to call back is part of the task.
+	hooked := `{"id":"conflict-1","type":"css_fix","subject":"src/app.css","payload":{"issue":"x","sizes":[1,2]},"metadata":{"team":"web","k":"v"},"callback_url":"https://hooks.example.com/x"}`
+	ae = e.askAPI(events.SubmitAPI, hooked).fails(t, events.CodeConflict)
+	if want := []string{`"callback_url" differs: the task has "", this submission "https://hooks.example.com/x"`}; !slices.Equal(ae.Problems, want) {
+		t.Fatalf("another callback answered %+v, want the problems %q", ae, want)
+	}
 }
 
 // apiAnswer is one answer of the request-reply API.

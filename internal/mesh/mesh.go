@@ -34,6 +34,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/services/prompt"
 	"github.com/dispatchmesh/dispatchmesh/services/recorder"
 	"github.com/dispatchmesh/dispatchmesh/services/verifier"
+	"github.com/dispatchmesh/dispatchmesh/services/webhook"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
@@ -47,6 +48,10 @@ const (
 	Recorder = "recorder"
 	// Reaper files messages whose worker died on their last delivery.
 	Reaper = "reaper"
+	// Webhook delivers the wait answer of a settled task to its callback
+	// URL (services/webhook). Not in All: it runs only when asked for,
+	// with a signing secret (Options.Webhook).
+	Webhook = "webhook"
 )
 
 // ExecutorMaxDeliver bounds deliveries of one executor message: transient
@@ -145,6 +150,9 @@ type Options struct {
 	// request API (intake.API's MaxRequests, MaxWaits, MaxClientWaits).
 	// 0: intake's defaults (128, 1024, 64).
 	APIMaxRequests, APIMaxWaits, APIMaxClientWaits int
+	// Webhook configures the webhook service (its JS, Registry, Instance and
+	// Log are the mesh's): required when Services names Webhook.
+	Webhook webhook.Config
 
 	sealer *services.Sealer
 	types  *services.LabelSet
@@ -275,7 +283,7 @@ func (o *Options) setDefaults() error {
 		o.Services = All
 	}
 	for _, s := range o.Services {
-		if !slices.Contains(All, s) {
+		if !slices.Contains(All, s) && s != Webhook {
 			return fmt.Errorf("mesh: unknown service %q", s)
 		}
 	}
@@ -476,7 +484,12 @@ func (o Options) build(ctx context.Context, all *services.Stores) (specs []servi
 	for _, name := range o.Services {
 		st := newStoresOf(name, all)
 		var built []services.Spec
-		if name == Gate { // three consumers: verified passes, held ones, wakes
+		if name == Webhook { // two consumers: settlements seen, deliveries due
+			var w *webhook.Service
+			if w, err = o.webhook(); err == nil {
+				built = []services.Spec{w.SettleSpec(), w.Spec()}
+			}
+		} else if name == Gate { // three consumers: verified passes, held ones, wakes
 			var g *gate.Service
 			if g, err = o.gate(ctx, st); err == nil {
 				built = []services.Spec{g.Spec(), g.HeldSpec(), g.WakeSpec()}
@@ -509,6 +522,13 @@ func stopSpecs(specs []services.Spec) {
 			spec.Stop()
 		}
 	}
+}
+
+// webhook makes the webhook service, whose two consumers share it.
+func (o Options) webhook() (*webhook.Service, error) {
+	c := o.Webhook
+	c.JS, c.Policy, c.Registry, c.Instance, c.Log = o.JS, o.Policy, o.Registry, Webhook+"@"+o.Instance, o.Log
+	return webhook.New(c)
 }
 
 // gate makes the gate, whose two consumers (Spec, HeldSpec) share it.

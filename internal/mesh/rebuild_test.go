@@ -59,7 +59,12 @@ func TestRebuildAgreesWithLiveStores(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e.submit(events.Submit{ID: id, Type: typ, Subject: subject, Payload: []byte(`{"what":"` + subject + `"}`)})
+			// Every other task names a callback: the rebuilt state keeps it.
+			sub := events.Submit{ID: id, Type: typ, Subject: subject, Payload: []byte(`{"what":"` + subject + `"}`)}
+			if i%2 == 0 {
+				sub.CallbackURL = "https://hooks.example.com/" + id
+			}
+			e.submit(sub)
 		}()
 	}
 	wg.Wait()

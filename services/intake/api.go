@@ -312,11 +312,11 @@ func conflict(id string, diff []string) string {
 // submissions' stream s at st.SubmitSeq, and names what differs
 // (events.Submit.Differences: the submitted fields, normalised); none,
 // the same task. Once that submission is gone (older than the stream's
-// MaxAge, like the task's events), the type and subject the state keeps
-// are compared, the rest taken as the same. The API answers a difference
+// MaxAge, like the task's events), the type, subject and callback URL the
+// state keeps are compared, the rest taken as the same. The API answers a difference
 // with 409, the intake stage files it as a rejection.
 func Resubmitted(ctx context.Context, s jetstream.Stream, st events.TaskState, sub events.Submit) ([]string, error) {
-	stored := events.Submit{ID: st.ID, Type: st.Type, Subject: st.Subject}
+	stored := events.Submit{ID: st.ID, Type: st.Type, Subject: st.Subject, CallbackURL: st.CallbackURL}
 	partial := true
 	if st.SubmitSeq > 0 {
 		switch raw, err := s.GetMsg(ctx, st.SubmitSeq); {
@@ -330,7 +330,7 @@ func Resubmitted(ctx context.Context, s jetstream.Stream, st events.TaskState, s
 		}
 	}
 	if partial {
-		sub = events.Submit{ID: sub.ID, Type: sub.Type, Subject: sub.Subject}
+		sub = events.Submit{ID: sub.ID, Type: sub.Type, Subject: sub.Subject, CallbackURL: sub.CallbackURL}
 	}
 	return stored.Differences(sub), nil
 }

@@ -3,7 +3,6 @@ package intake
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // lookupTimeout bounds the reads that complete a wait's answer.
@@ -101,61 +101,15 @@ func (a *API) unfinished(ctx, wctx context.Context, id string, st events.TaskSta
 	return a.outcome(ctx, st, true), nil
 }
 
-// outcome is the answer for a task in state st: where it stands, and the
-// final answer of a succeeded task. What cannot be read in time is left out.
+// outcome is the answer for a task in state st (services.WaitAnswer).
 func (a *API) outcome(ctx context.Context, st events.TaskState, timedOut bool) events.WaitReply {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
 	defer cancel()
-	r := events.NewWaitReply(st)
-	r.TimedOut = timedOut
-	r.Stage = a.stage(ctx, st.ID)
-	if st.Status == events.StatusSucceeded {
-		r.Result = a.result(ctx, st)
-	}
-	return r
-}
-
-// stage is the stage of the task's latest event: its last task event or
-// review record, whichever is later.
-func (a *API) stage(ctx context.Context, id string) string {
-	var latest *jetstream.RawStreamMsg
-	for _, filter := range []string{events.TaskFilter(id), events.ReviewTaskFilter(id)} {
-		if m, err := a.lastMsg(ctx, filter); err == nil && (latest == nil || m.Sequence > latest.Sequence) {
-			latest = m
-		}
-	}
-	if latest == nil {
-		return ""
-	}
-	if _, stage, ok := events.ParseTaskSubject(latest.Subject); ok {
-		return stage
-	}
-	if reason, _, ok := events.ParseReviewSubject(latest.Subject); ok {
-		return "review." + reason
-	}
-	return ""
-}
-
-// result is the final answer of a succeeded task: the succeeded event's
-// result. The recorder stores the task's state before it publishes that
-// event; until it is stored, the success the recorder read (the pass's
-// executed event) is the same result. Nil when a human resolved the task.
-func (a *API) result(ctx context.Context, st events.TaskState) *events.Result {
-	if m, err := a.lastMsg(ctx, events.TaskSubject(st.ID, events.StageSucceeded)); err == nil {
-		var ev events.Succeeded
-		if json.Unmarshal(m.Data, &ev) == nil {
-			return &ev.Result
-		}
-	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil
-	}
-	m, err := a.lastMsg(ctx, events.TaskSubject(st.ID, events.StageExecuted))
+	stream, err := a.bind(ctx, services.Stream, &a.stream)
 	if err != nil {
-		return nil
+		r := events.NewWaitReply(st) // what cannot be read in time is left out
+		r.TimedOut = timedOut
+		return r
 	}
-	var ev events.Executed
-	if json.Unmarshal(m.Data, &ev) != nil || ev.Result.Outcome != events.OutcomeSuccess || ev.Run.Pass != st.Pass {
-		return nil
-	}
-	return &ev.Result
+	return services.WaitAnswer(ctx, stream, st, timedOut)
 }

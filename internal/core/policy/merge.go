@@ -69,6 +69,7 @@ func (f *File) For(taskType string) Type {
 	fill(&t.DailyBudget, d.DailyBudget)
 	fill(&t.SkipBudget, d.SkipBudget)
 	fill(&t.SkipDelay, d.SkipDelay)
+	fill(&t.CallbackURL, d.CallbackURL)
 	if len(t.Command) == 0 {
 		t.Command = d.Command
 	}

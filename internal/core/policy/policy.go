@@ -217,6 +217,11 @@ type Type struct {
 	// model (used when no API key is configured) reports as successes.
 	// Default 1. Decided deterministically from the task id and attempt.
 	SimulatedSuccessRate *float64 `json:"simulated_success_rate,omitempty"`
+	// CallbackURL is where the webhook service POSTs the wait answer of a
+	// task of the type that settles without a callback_url of its own
+	// (docs/api.md#webhooks): the policy in force when it settles decides.
+	// Default none.
+	CallbackURL string `json:"callback_url,omitempty"`
 }
 
 // Budget is a spending cap in tokens (input + output) and/or USD; zero

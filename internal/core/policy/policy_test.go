@@ -59,7 +59,7 @@ func TestParseAndMerge(t *testing.T) {
 
 func TestValidateReportsEveryProblem(t *testing.T) {
 	bad := `{"types": {"x": {
-	  "max_retries": -1, "threshold": 2, "executor": "magic", "tool_wait": "-1s",
+	  "max_retries": -1, "threshold": 2, "executor": "magic", "tool_wait": "-1s", "callback_url": "ftp://h.example/",
 	  "template": "<task>{{.Task.Subject</task>",
 	  "verifier": {"kind": "carrier-pigeon"},
 	  "tools": [{"name": "lookup"}],
@@ -73,7 +73,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 	for _, want := range []string{"max_retries", "tool_wait", "threshold", "unknown executor", "carrier-pigeon", "tool 1 needs a name and a subject",
 		"a command step needs a command", `name "a" is used twice`, `goto "later" must name an earlier step`, "final must be fail or skip",
-		"types.x: template does not parse"} {
+		"types.x: template does not parse", `types.x: callback_url must be an http or https URL, not "ftp"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

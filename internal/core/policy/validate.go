@@ -126,6 +126,11 @@ func runProblems(where string, t Type) []error {
 	if r := t.SimulatedSuccessRate; r != nil && (*r < 0 || *r > 1) {
 		errs = append(errs, fmt.Errorf("%s: simulated_success_rate must be within [0, 1]", where))
 	}
+	if t.CallbackURL != "" {
+		if err := events.CheckCallbackURL(t.CallbackURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: callback_url %w", where, err))
+		}
+	}
 	switch t.Executor {
 	case "", "model":
 	case "command":

@@ -6,7 +6,7 @@ import "github.com/dispatchmesh/dispatchmesh/events"
 func New(t events.Task) events.TaskState {
 	return events.TaskState{
 		ID: t.ID, Type: t.Type, Subject: t.Subject, Status: events.StatusPending,
-		Pass: 1, CreatedAt: t.SubmittedAt, UpdatedAt: t.SubmittedAt,
+		Pass: 1, CallbackURL: t.CallbackURL, CreatedAt: t.SubmittedAt, UpdatedAt: t.SubmittedAt,
 	}
 }
 

@@ -53,6 +53,13 @@ type Filter struct {
 // this page (Queue.Held): on the first page of every reason.
 func (f Filter) ListsHeld() bool { return f.Reason == "" && f.Cursor == "" }
 
+// OwnQueue reports whether records of a review reason are left out of the
+// human review queue because they have a queue of their own: a webhook
+// delivery given up (events.ReviewWebhook) is listed and redelivered by
+// `dispatch webhooks`, and closed by a delivery, not by a decision on its
+// task.
+func OwnQueue(reason string) bool { return reason == events.ReviewWebhook }
+
 // AnsweredRejection reports whether a review record is a rejection the
 // submit API already answered to its caller.
 func AnsweredRejection(r Record) bool {
@@ -278,7 +285,7 @@ func (c *Client) List(ctx context.Context, f Filter) (Queue, error) {
 	err = w.walk(ctx, more, size, func(msg jetstream.Msg, _ uint64) error {
 		q.Scanned++
 		it := Item{Record: record(msg)}
-		if it.Reason == ReasonAction || (!f.Answered && AnsweredRejection(it.Record)) || (f.Type != "" && it.Type != "" && it.Type != f.Type) {
+		if it.Reason == ReasonAction || OwnQueue(it.Reason) || (!f.Answered && AnsweredRejection(it.Record)) || (f.Type != "" && it.Type != "" && it.Type != f.Type) {
 			return nil // a decision, not an item; or decided without a read
 		}
 		it, err := jd.item(ctx, it)

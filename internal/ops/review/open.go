@@ -162,6 +162,7 @@ func (o *openQueue) apply(msg jetstream.Msg, seq uint64) {
 		delete(o.keys, key)
 	case reason == events.ReviewRejected && msg.Headers().Get(events.HeaderOrigSubj) == events.SubmitAPI:
 		// answered to its caller: nobody else needs to act (AnsweredRejection)
+	case OwnQueue(reason): // dispatch webhooks lists it
 	default:
 		o.keys[key] = append(o.keys[key], openRecord{seq: seq, reason: reason})
 		o.order = append(o.order, keyedSeq{seq: seq, key: key})

@@ -118,7 +118,7 @@ func (c *Client) Trust(ctx context.Context) ([]TrustView, error) {
 }
 
 // Timeline returns every event of the task stored on the stream, in order:
-// task events, review records and human decisions. It reads what
+// task events, review records, human decisions and webhook deliveries. It reads what
 // timeline.Follow reads, as timeline.Entry values, but stops as soon as the
 // stored events are read (a non-live Follow waits up to a second for more).
 func (c *Client) Timeline(ctx context.Context, id string) ([]timeline.Entry, error) {
@@ -126,7 +126,7 @@ func (c *Client) Timeline(ctx context.Context, id string) ([]timeline.Entry, err
 		return nil, fmt.Errorf("%w: task id %q", ErrInvalid, id)
 	}
 	all := []timeline.Entry{}
-	err := read(ctx, c.cfg.JS, c.cfg.Stream, []string{events.TaskFilter(id), events.ReviewTaskFilter(id)}, func(m jetstream.Msg) {
+	err := read(ctx, c.cfg.JS, c.cfg.Stream, timeline.Filters(id), func(m jetstream.Msg) {
 		all = append(all, timeline.FromMsg(m))
 	})
 	return all, err

@@ -44,6 +44,12 @@ func (e Entry) Final() (final, ok bool) {
 	return strings.HasPrefix(e.Stage, "review."), false
 }
 
+// Filters match every event of the task: its stage events, its review
+// records and human decisions, and its webhook deliveries.
+func Filters(id string) []string {
+	return []string{events.TaskFilter(id), events.ReviewTaskFilter(id), events.WebhookTaskFilter(id)}
+}
+
 // Follow delivers the task's events in stream order to fn, from the first,
 // until fn returns false or ctx ends. With live false it stops at the end of
 // what is stored now.
@@ -55,7 +61,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, id string, live bool, f
 		// Readers come and go (every page, every command): let the server
 		// drop a forgotten consumer soon instead of after 5 minutes.
 		InactiveThreshold: 10 * time.Second,
-		FilterSubjects:    []string{events.TaskFilter(id), events.ReviewTaskFilter(id)},
+		FilterSubjects:    Filters(id),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
@@ -109,6 +115,8 @@ func FromMsg(msg jetstream.Msg) Entry {
 		e.Stage = stage
 	} else if reason, _, ok := events.ParseReviewSubject(e.Subject); ok {
 		e.Stage = "review." + reason
+	} else if kind, _, ok := events.ParseWebhookSubject(e.Subject); ok {
+		e.Stage = "webhook." + kind
 	}
 	if !json.Valid(e.Data) {
 		e.Data = nil
@@ -118,6 +126,9 @@ func FromMsg(msg jetstream.Msg) Entry {
 
 // Summary is a one-line description of an entry for people.
 func (e Entry) Summary() string {
+	if strings.HasPrefix(e.Stage, "webhook.") || e.Stage == "review."+events.ReviewWebhook {
+		return e.webhookSummary()
+	}
 	var v struct {
 		Run          events.Run            `json:"run"`
 		Verification *events.Verification  `json:"verification"`
@@ -170,4 +181,33 @@ func (e Entry) Summary() string {
 // clip is s on one line, cut to n bytes (and "…").
 func clip(s string, n int) string {
 	return textcut.Clip(strings.ReplaceAll(s, "\n", " "), n)
+}
+
+// webhookSummary describes a webhook event or its review record.
+func (e Entry) webhookSummary() string {
+	var v struct {
+		events.WebhookTry
+		Due      *events.WebhookDue `json:"due"`
+		Attempts int                `json:"attempts"`
+		LastErr  string             `json:"last_error"`
+	}
+	_ = json.Unmarshal(e.Data, &v)
+	if d := v.Due; d != nil { // given up (review.webhook)
+		v.DeliveryID, v.URL, v.Attempt, v.Error = d.DeliveryID, d.URL, v.Attempts, v.LastErr
+	}
+	parts := []string{"delivery=" + v.DeliveryID}
+	if v.Attempt > 0 {
+		parts = append(parts, fmt.Sprintf("attempt=%d", v.Attempt))
+	}
+	if v.Code != 0 {
+		parts = append(parts, fmt.Sprintf("code=%d", v.Code))
+	}
+	parts = append(parts, fmt.Sprintf("url=%q", clip(v.URL, 100)))
+	if v.Error != "" {
+		parts = append(parts, fmt.Sprintf("error=%q", clip(v.Error, 100)))
+	}
+	if !v.NextAt.IsZero() {
+		parts = append(parts, "next="+v.NextAt.UTC().Format(time.RFC3339))
+	}
+	return strings.Join(parts, " ")
 }

@@ -20,7 +20,7 @@ import (
 
 // Users are the NATS users of deploy/nats/users.conf. The password of user u
 // is read from the environment variable PasswordVar(u).
-var Users = []string{"intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper", "web", "client", "auditor", "admin"}
+var Users = []string{"intake", "verifier", "gate", "prompt", "executor", "recorder", "reaper", "webhook", "web", "client", "auditor", "admin"}
 
 // PasswordVar is the environment variable users.conf reads user's password from.
 func PasswordVar(user string) string { return "NATS_PASSWORD_" + strings.ToUpper(user) }
