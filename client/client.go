@@ -31,6 +31,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
@@ -191,7 +193,10 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 	var err error
 	unanswered := false // some request found no service
 	for retry := 50 * time.Millisecond; ; retry = min(2*retry, time.Second) {
-		msg, err = c.nc.RequestWithContext(ctx, subject, body)
+		req := nats.NewMsg(subject)
+		req.Data = body
+		injectTrace(ctx, req.Header)
+		msg, err = c.nc.RequestMsgWithContext(ctx, req)
 		unanswered = unanswered || errors.Is(err, nats.ErrNoResponders)
 		if !errors.Is(err, nats.ErrNoResponders) || !sleep(ctx, retry) {
 			break
@@ -213,6 +218,29 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 		return fmt.Errorf("%s: answer %q: %w", subject, clip(msg.Data), err)
 	}
 	return nil
+}
+
+// injectTrace sets h's W3C traceparent (and tracestate) to ctx's span
+// context, when ctx has one (an OpenTelemetry span the caller started):
+// the mesh continues that trace.
+func injectTrace(ctx context.Context, h nats.Header) {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		propagation.TraceContext{}.Inject(ctx, traceCarrier(h))
+	}
+}
+
+// traceCarrier writes a trace context into NATS headers under the
+// lowercase names W3C gives (NATS header names are case-sensitive).
+type traceCarrier nats.Header
+
+func (h traceCarrier) Get(key string) string { return nats.Header(h).Get(key) }
+func (h traceCarrier) Set(key, value string) { h[key] = []string{value} }
+func (h traceCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 // answerError is the *Error a failed answer carries: the JSON body's, or

@@ -129,7 +129,7 @@ func (a *attempt) converse(ctx context.Context, req Request, tools []policy.Tool
 			o.err = errRefused
 			return o
 		}
-		resp, err := s.cfg.Model.Complete(ctx, req)
+		resp, err := s.complete(ctx, req)
 		if err != nil && ctx.Err() != nil {
 			o.err = ctx.Err()
 			return o
@@ -188,7 +188,7 @@ func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc
 	case !jsonObject(tc.Arguments):
 		err = &ToolError{Tool: tc.Name, Subject: t.Subject, Code: 400, Description: "the arguments are not a JSON object", Body: []byte(tc.Arguments)}
 	default:
-		reply, err = requestTool(ctx, s.cfg.NATS, t, tc.Arguments)
+		reply, err = callTool(ctx, s.cfg.NATS, t, tc.Name, tc.Arguments)
 	}
 	if err == nil {
 		return string(reply), false, nil
