@@ -29,8 +29,8 @@ type Span struct {
 	Name                      string
 	// Kind is the span's kind: "internal", "server", "client",
 	// "producer", "consumer" (or "unspecified").
-	Kind string
-	Start, End                time.Time
+	Kind       string
+	Start, End time.Time
 	// Attrs are the span's attributes, each value as text.
 	Attrs map[string]string
 	// Service is the resource's service.name.
