@@ -115,6 +115,15 @@ func (p *Provider) Tracer() trace.Tracer {
 	return p.tp.Tracer(Scope)
 }
 
+// ForceFlush exports the spans still batched, and keeps exporting. It
+// does nothing on a nil Provider.
+func (p *Provider) ForceFlush(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	return p.tp.ForceFlush(ctx)
+}
+
 // Shutdown flushes the spans still batched and stops exporting. It does
 // nothing on a nil Provider.
 func (p *Provider) Shutdown(ctx context.Context) error {
