@@ -193,10 +193,7 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 	var err error
 	unanswered := false // some request found no service
 	for retry := 50 * time.Millisecond; ; retry = min(2*retry, time.Second) {
-		req := nats.NewMsg(subject)
-		req.Data = body
-		injectTrace(ctx, req.Header)
-		msg, err = c.nc.RequestMsgWithContext(ctx, req)
+		msg, err = c.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: body, Header: traceHeader(ctx)})
 		unanswered = unanswered || errors.Is(err, nats.ErrNoResponders)
 		if !errors.Is(err, nats.ErrNoResponders) || !sleep(ctx, retry) {
 			break
@@ -220,13 +217,16 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 	return nil
 }
 
-// injectTrace sets h's W3C traceparent (and tracestate) to ctx's span
+// traceHeader is the W3C traceparent (and tracestate) of ctx's span
 // context, when ctx has one (an OpenTelemetry span the caller started):
-// the mesh continues that trace.
-func injectTrace(ctx context.Context, h nats.Header) {
-	if trace.SpanContextFromContext(ctx).IsValid() {
-		propagation.TraceContext{}.Inject(ctx, traceCarrier(h))
+// the mesh continues that trace. Else nil.
+func traceHeader(ctx context.Context) nats.Header {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
 	}
+	h := nats.Header{}
+	propagation.TraceContext{}.Inject(ctx, traceCarrier(h))
+	return h
 }
 
 // traceCarrier writes a trace context into NATS headers under the

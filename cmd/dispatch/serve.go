@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
@@ -397,6 +398,8 @@ func startTracing(ctx context.Context, log *slog.Logger) (processTraces, error) 
 		return processTraces{}, err
 	}
 	if p != nil {
+		// The SDK reports a failed export here: into the process's log.
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing: spans not exported", "err", err) }))
 		log.Info("tracing: spans exported over OTLP/HTTP",
 			"endpoint", cmp.Or(os.Getenv(tracing.EnvTracesEndpoint), os.Getenv(tracing.EnvEndpoint)))
 	}

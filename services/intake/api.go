@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
@@ -294,9 +295,11 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 // submission is the message queuing body on subject, carrying ctx's trace
 // context.
 func submission(ctx context.Context, subject string, body []byte) *nats.Msg {
-	m := nats.NewMsg(subject)
-	m.Data = body
-	tracing.Inject(ctx, m.Header)
+	m := &nats.Msg{Subject: subject, Data: body}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		m.Header = nats.Header{}
+		tracing.Inject(ctx, m.Header)
+	}
 	return m
 }
 
