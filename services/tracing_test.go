@@ -148,3 +148,30 @@ func TestTracingOff(t *testing.T) {
 		t.Errorf("traceparent %q with tracing off", m.Header.Get("traceparent"))
 	}
 }
+
+// FuzzTracingSpan: whatever a message and its handler's output hold (a
+// client's submission, a body that is not JSON, a traceparent of any
+// shape), the span is made, named after the service, and the handler's
+// outputs and error pass through unchanged.
+func FuzzTracingSpan(f *testing.F) {
+	f.Add("dispatch.submit.css_fix", `{"id":"a","type":"css_fix"}`, "dispatch.task.a.retry", `{"cause":"x","result":{"outcome":"failure","tokens_in":3}}`, "00-"+inTrace+"-"+inSpan+"-01")
+	f.Add("dispatch.task.a.executed", `{"task":{"id":"a","type":7},"run":{"pass":"x"}}`, "dispatch.review.poison.a", `[1,2]`, "garbage")
+	f.Add("x", "\x00", "", "", "")
+	f.Fuzz(func(t *testing.T, subject, data, outSubject, outData, tp string) {
+		exp := tracetest.NewInMemoryExporter()
+		tp2 := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		defer func() { _ = tp2.Shutdown(context.Background()) }()
+		failure := errors.New("handler failed")
+		h := services.Tracing(tp2.Tracer("fuzz"), "svc")(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
+			return []services.Out{{Subject: outSubject, Data: []byte(outData)}}, failure
+		})
+		m := &services.Msg{Subject: subject, Data: []byte(data), Header: nats.Header{"traceparent": {tp}}, Delivered: 1}
+		outs, err := h(context.Background(), m)
+		if !errors.Is(err, failure) || len(outs) != 1 || outs[0].Subject != outSubject || string(outs[0].Data) != outData {
+			t.Fatalf("the handler's result changed: %v, %v", outs, err)
+		}
+		if spans := exp.GetSpans(); len(spans) != 1 || spans[0].Name != "svc" || spans[0].Status.Code != codes.Error {
+			t.Fatalf("spans %v", spans)
+		}
+	})
+}
