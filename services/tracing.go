@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"encoding/json"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -25,6 +26,9 @@ const (
 	AttrResult    = "dispatch.result"     // ok, snoozed, retried, dead, shutdown
 	AttrNext      = "dispatch.next"       // the stage (or review.<reason>) the task moves to
 	AttrCause     = "dispatch.cause"      // the gate's decision cause (Cause*)
+	AttrHold      = "dispatch.hold"       // why the gate holds the pass (Hold*)
+	AttrReason    = "dispatch.reason"     // why: a retry's, a hold's, a review record's (first 256 bytes)
+	AttrNextRung  = "dispatch.next.rung"  // the rung of the pass the task moves to
 	AttrOutcome   = "dispatch.outcome"    // an executed attempt's outcome
 	AttrTokensIn  = "dispatch.tokens_in"  // an attempt's prompt tokens
 	AttrTokensOut = "dispatch.tokens_out" // an attempt's completion tokens
@@ -104,7 +108,12 @@ func spanOut(span trace.Span, outs []Out) {
 		span.SetAttributes(attribute.String(AttrNext, "review."+reason))
 	}
 	var out struct {
-		Cause string `json:"cause"`
+		Cause  string `json:"cause"`
+		Hold   string `json:"hold"`
+		Reason string `json:"reason"`
+		Run    struct {
+			Rung string `json:"rung"`
+		} `json:"run"`
 		Trust struct {
 			Cause string `json:"cause"`
 		} `json:"trust"`
@@ -124,10 +133,34 @@ func spanOut(span trace.Span, outs []Out) {
 	if cause != "" {
 		span.SetAttributes(attribute.String(AttrCause, cause))
 	}
+	if out.Hold != "" {
+		span.SetAttributes(attribute.String(AttrHold, out.Hold))
+	}
+	if out.Reason != "" {
+		span.SetAttributes(attribute.String(AttrReason, clipText(out.Reason, maxReason)))
+	}
+	if out.Run.Rung != "" {
+		span.SetAttributes(attribute.String(AttrNextRung, out.Run.Rung))
+	}
 	if r := out.Result; r != nil {
 		span.SetAttributes(attribute.String(AttrOutcome, r.Outcome),
 			attribute.Int(AttrTokensIn, r.TokensIn), attribute.Int(AttrTokensOut, r.TokensOut))
 	}
+}
+
+// maxReason bounds the reason a span carries: a failure's text can be a
+// model's whole answer.
+const maxReason = 256
+
+// clipText is s cut to at most n bytes, on a rune boundary.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // spanFate sets what the router does with the message; a failure is the

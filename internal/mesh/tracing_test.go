@@ -120,8 +120,8 @@ func TestOneTracePerTaskAcrossRetries(t *testing.T) {
 	if a := stages[4].Attrs; a[services.AttrOutcome] != events.OutcomeFailure || a[services.AttrTokensIn] != "120" || a[services.AttrTokensOut] != "30" {
 		t.Errorf("the failed attempt's executor span: %v", a)
 	}
-	if a := stages[5].Attrs; a[services.AttrNext] != events.StageRetry {
-		t.Errorf("the first recorder span moves the task to %q, want retry", a[services.AttrNext])
+	if a := stages[5].Attrs; a[services.AttrNext] != events.StageRetry || a[services.AttrNextRung] != string(events.RungRefine) || a[services.AttrReason] == "" {
+		t.Errorf("the first recorder span: %v, want a retry on REFINE and its reason", a)
 	}
 	if a := stages[7].Attrs; a[services.AttrCause] == "" || a[services.AttrNext] != events.StageAdmitted {
 		t.Errorf("the retry's gate span: %v, want a decision cause and admitted", a)
