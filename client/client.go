@@ -193,7 +193,11 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 	var err error
 	unanswered := false // some request found no service
 	for retry := 50 * time.Millisecond; ; retry = min(2*retry, time.Second) {
-		msg, err = c.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: body, Header: traceHeader(ctx)})
+		if h := traceHeader(ctx); h != nil {
+			msg, err = c.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: body, Header: h})
+		} else {
+			msg, err = c.nc.RequestWithContext(ctx, subject, body)
+		}
 		unanswered = unanswered || errors.Is(err, nats.ErrNoResponders)
 		if !errors.Is(err, nats.ErrNoResponders) || !sleep(ctx, retry) {
 			break
