@@ -31,6 +31,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
@@ -191,7 +193,11 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 	var err error
 	unanswered := false // some request found no service
 	for retry := 50 * time.Millisecond; ; retry = min(2*retry, time.Second) {
-		msg, err = c.nc.RequestWithContext(ctx, subject, body)
+		if h := traceHeader(ctx); h != nil {
+			msg, err = c.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: body, Header: h})
+		} else {
+			msg, err = c.nc.RequestWithContext(ctx, subject, body)
+		}
 		unanswered = unanswered || errors.Is(err, nats.ErrNoResponders)
 		if !errors.Is(err, nats.ErrNoResponders) || !sleep(ctx, retry) {
 			break
@@ -213,6 +219,32 @@ func (c *Client) request(ctx context.Context, subject string, body []byte, v any
 		return fmt.Errorf("%s: answer %q: %w", subject, clip(msg.Data), err)
 	}
 	return nil
+}
+
+// traceHeader is the W3C traceparent (and tracestate) of ctx's span
+// context, when ctx has one (an OpenTelemetry span the caller started):
+// the mesh continues that trace. Else nil.
+func traceHeader(ctx context.Context) nats.Header {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	h := nats.Header{}
+	propagation.TraceContext{}.Inject(ctx, traceCarrier(h))
+	return h
+}
+
+// traceCarrier writes a trace context into NATS headers under the
+// lowercase names W3C gives (NATS header names are case-sensitive).
+type traceCarrier nats.Header
+
+func (h traceCarrier) Get(key string) string { return nats.Header(h).Get(key) }
+func (h traceCarrier) Set(key, value string) { h[key] = []string{value} }
+func (h traceCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 // answerError is the *Error a failed answer carries: the JSON body's, or

@@ -11,8 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/tracing"
 )
 
 // Handler handles one message: it returns the messages to publish, or an
@@ -137,6 +139,10 @@ type Router struct {
 	Grace time.Duration
 	// Stats, when set, counts what Run does and whether it consumes.
 	Stats *RunStats
+	// Tracer, when set, makes a span of every message handled and carries
+	// its trace context into the outputs (Tracing). Default none: tracing
+	// off.
+	Tracer trace.Tracer
 
 	streams sync.Map // name → jetstream.Stream, for storedAs
 }
@@ -402,6 +408,8 @@ func (r *Router) logger() *slog.Logger {
 // chain wraps spec's handler in the router's middleware, from the
 // outside in:
 //
+//	Tracing      the message's span (Router.Tracer): outputs and
+//	             dead-letters are published under it
 //	Outcomes     counts the Result (dispatch_messages_total, RunStats)
 //	Logging      one line per message: debug when handled, else by its fate
 //	DeadLetters  turns a failure into a *Fate: nak with a delay, or copy
@@ -421,6 +429,7 @@ func (r *Router) logger() *slog.Logger {
 func (r *Router) chain(log *slog.Logger, spec Spec) Handler {
 	publish := func(ctx context.Context, out Out) error { return r.publish(ctx, spec.Name, out) }
 	mws := []Middleware{
+		Tracing(r.Tracer, spec.Name),
 		Outcomes(r.Metrics, r.Stats, spec.Name),
 		Logging(log),
 		DeadLetters(spec, publish),
@@ -549,7 +558,7 @@ func (r *Router) publishTogether(ctx context.Context, service string, outs []Out
 	}
 	acks := make([]jetstream.PubAckFuture, len(outs))
 	for i, out := range outs {
-		f, err := r.JS.PublishMsgAsync(r.msg(out), jetstream.WithMsgID(out.MsgID))
+		f, err := r.JS.PublishMsgAsync(r.msg(ctx, out), jetstream.WithMsgID(out.MsgID))
 		if err != nil {
 			return false, &publishError{subject: out.Subject, err: err}
 		}
@@ -592,7 +601,7 @@ func (r *Router) publish(ctx context.Context, service string, out Out) error {
 // publishAck publishes out and reports whether the stream deduplicated it
 // (a republish of a message it already stores under out's Msg-Id).
 func (r *Router) publishAck(ctx context.Context, service string, out Out) (duplicate bool, err error) {
-	ack, err := r.JS.PublishMsg(ctx, r.msg(out), jetstream.WithMsgID(out.MsgID))
+	ack, err := r.JS.PublishMsg(ctx, r.msg(ctx, out), jetstream.WithMsgID(out.MsgID))
 	if err != nil {
 		return false, err
 	}
@@ -649,9 +658,13 @@ func (r *Router) stream(ctx context.Context, name string) (jetstream.Stream, err
 	return s, nil
 }
 
-// msg is out as a NATS message, naming this instance.
-func (r *Router) msg(out Out) *nats.Msg {
+// msg is out as a NATS message, naming this instance and carrying ctx's
+// trace context (traceparent) when the message is traced.
+func (r *Router) msg(ctx context.Context, out Out) *nats.Msg {
 	m := NatsMsg(out)
+	if r.Tracer != nil {
+		tracing.Inject(ctx, m.Header)
+	}
 	if r.Instance != "" && m.Header.Get(events.HeaderService) == "" {
 		m.Header.Set(events.HeaderService, r.Instance)
 	}

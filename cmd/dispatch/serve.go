@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
@@ -30,6 +32,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/health"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/procgroup"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/tracing"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/executor"
 )
@@ -359,6 +362,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		}
 		defer stop()
 	}
+	traces, err := startTracing(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer traces.stop()
 	stateKey, _ := cfg.stateKey() // validated with the config
 	agentLimits, _ := cfg.agentLimits()
 	commandLimits, _ := cfg.commandLimits()
@@ -366,7 +374,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		NC: nc, Services: names, Model: model, DefaultModel: cfg.Model, Prices: table, // Policy: from the bucket
 		Provision: provisioning,
 		Stream:    cfg.streamConfig(),
-		Log:       log, Registry: reg, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
+		Log:       log, Registry: reg, Tracer: traces.Tracer(), MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		Concurrency: cfg.Concurrency, ServiceConcurrency: cfg.serviceConcurrency(), Grace: cfg.Grace, Version: version,
 		Health: checks, Instance: instance(), StateKey: stateKey, AgentEnv: cfg.AgentEnv, CommandEnv: cfg.CommandEnv,
 		AgentLimits: agentLimits, CommandLimits: commandLimits,
@@ -380,6 +388,38 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, url, connName stri
 		return nil
 	}
 	return err
+}
+
+// processTraces is the process's trace exporter (nil: tracing off).
+type processTraces struct {
+	*tracing.Provider
+	log *slog.Logger
+}
+
+// startTracing exports traces over OTLP/HTTP when the OTEL_EXPORTER_OTLP_*
+// variables ask for them (tracing.Setup).
+func startTracing(ctx context.Context, log *slog.Logger) (processTraces, error) {
+	p, err := tracing.Setup(ctx)
+	if err != nil {
+		return processTraces{}, err
+	}
+	if p != nil {
+		// The SDK reports a failed export here: into the process's log.
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing: spans not exported", "err", err) }))
+		log.Info("tracing: spans exported over OTLP/HTTP",
+			"endpoint", cmp.Or(os.Getenv(tracing.EnvTracesEndpoint), os.Getenv(tracing.EnvEndpoint)))
+	}
+	return processTraces{Provider: p, log: log}, nil
+}
+
+// stop flushes the spans still batched, once every service has drained:
+// the last messages' spans are exported too.
+func (t processTraces) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := t.Shutdown(ctx); err != nil {
+		t.log.Warn("tracing: spans not flushed", "err", err)
+	}
 }
 
 // instance names this process in micro services and published headers.

@@ -226,6 +226,7 @@ func TestFloorOf(t *testing.T) {
 		module + "/internal/ops/review":            ops,
 		module + "/internal/ops/review/reviewtest": testkit,
 		module + "/internal/core/task":             core,
+		module + "/internal/runtime/tracing":       rt,
 		module + "/services/gate":                  svc,
 		module + "/services":                       svc,
 		module + "/trust":                          svc,

@@ -16,10 +16,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/tracing"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/otlptest"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
@@ -48,13 +51,30 @@ func BenchmarkChainBare(b *testing.B) {
 // "spread" submits tasks over 8 types and 1000 subjects, as real traffic
 // is; "hotkey" puts every task on one type and one subject, so every
 // recorder contends for the same trust and history keys.
+//
+// "spread-traced" is "spread" with tracing on, every span exported over
+// OTLP/HTTP to an in-process receiver (spans/task: those it received).
 func BenchmarkChainMesh(b *testing.B) {
-	b.Run("spread", func(b *testing.B) { benchMesh(b, 8, 1000) })
-	b.Run("hotkey", func(b *testing.B) { benchMesh(b, 1, 1) })
+	b.Run("spread", func(b *testing.B) { benchMesh(b, 8, 1000, nil) })
+	b.Run("hotkey", func(b *testing.B) { benchMesh(b, 1, 1, nil) })
+	b.Run("spread-traced", func(b *testing.B) {
+		rcv := otlptest.New(b)
+		b.Setenv(tracing.EnvEndpoint, rcv.Endpoint())
+		p, err := tracing.Setup(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+		benchMesh(b, 8, 1000, p.Tracer())
+		if err := p.ForceFlush(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(len(rcv.Spans()))/float64(b.N+max(8*trust.DefaultWindow, 5000)), "spans/task")
+	})
 }
 
-func benchMesh(b *testing.B, types, subjects int) {
-	srv := startMesh(b)
+func benchMesh(b *testing.B, types, subjects int, tracer trace.Tracer) {
+	srv := startMesh(b, tracer)
 	done := countOn(b, srv.NC, events.StageFilter(events.StageSucceeded))
 	submit := func(prefix string, i int) {
 		data := fmt.Appendf(nil, `{"id":"%s%d","subject":"src/app%d.css","payload":{"issue":"button misaligned by 3px on the settings page"}}`, prefix, i, i%subjects)
@@ -112,14 +132,14 @@ func cpuTime() time.Duration {
 
 // startMesh runs every service, on the simulated model, against a fresh
 // embedded server, until the benchmark ends.
-func startMesh(b testing.TB) *natstest.Server {
+func startMesh(b testing.TB, tracer trace.Tracer) *natstest.Server {
 	srv := natstest.Start(b)
 	nc, _ := srv.Connect(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		_ = mesh.Run(ctx, mesh.Options{NC: nc, Provision: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tracer: tracer})
 	}()
 	b.Cleanup(func() { cancel(); <-stopped })
 	waitBucket(b, srv.JS)
@@ -168,7 +188,7 @@ func waitBucket(b testing.TB, js jetstream.JetStream) {
 //
 //	go test -run '^$' -bench Latency -benchtime 2000x ./internal/mesh/
 func BenchmarkLatencyMesh(b *testing.B) {
-	srv := startMesh(b)
+	srv := startMesh(b, nil)
 	measureLatency(b, srv, events.StageFilter(events.StageSucceeded), func(i int) (string, []byte) {
 		return events.SubmitSubject(fmt.Sprintf("type_%d", i%8)),
 			fmt.Appendf(nil, `{"id":"l%d","subject":"src/app%d.css","payload":{"issue":"button misaligned"}}`, i, i%1000)

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
@@ -102,6 +103,11 @@ type Options struct {
 	Log      *slog.Logger
 	// Registry receives Prometheus metrics when set.
 	Registry prometheus.Registerer
+	// Tracer, when set, traces every message each service handles and
+	// carries the trace context from stage to stage (services.Tracing;
+	// tracing.Setup makes it from the OTEL_* environment). Default none:
+	// tracing off.
+	Tracer trace.Tracer
 	// Router settings, per service (zero: the defaults of services.Spec).
 	MaxDeliver  int
 	AckWait     time.Duration
@@ -410,7 +416,7 @@ func (o Options) route(ctx context.Context, specs []services.Spec, stats []*serv
 		spec.AckWait = orDefault(o.AckWait, spec.AckWait)
 		spec.MaxAckPending = orDefault(o.MaxAckPending, spec.MaxAckPending)
 		spec.Concurrency = o.concurrency(spec)
-		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace, Stats: stats[i]}
+		r := &services.Router{JS: o.JS, Instance: spec.Name + "@" + o.Instance, Log: o.Log, Metrics: metrics, Grace: o.Grace, Stats: stats[i], Tracer: o.Tracer}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

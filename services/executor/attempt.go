@@ -190,7 +190,7 @@ func (a *attempt) runTool(ctx context.Context, byName map[string]policy.Tool, tc
 	case !jsonObject(tc.Arguments):
 		err = &ToolError{Tool: tc.Name, Subject: t.Subject, Code: 400, Description: "the arguments are not a JSON object", Body: []byte(tc.Arguments)}
 	default:
-		reply, err = requestTool(ctx, s.cfg.NATS, t, tc.Arguments)
+		reply, err = callTool(ctx, s.cfg.NATS, t, tc.Name, tc.Arguments)
 	}
 	if err == nil {
 		return string(reply), false, nil

@@ -191,13 +191,13 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 func (s *Service) execute(ctx context.Context, a *attempt, step policy.Step, isStep bool) (events.Result, error) {
 	switch {
 	case isStep:
-		result, err := s.runStep(ctx, a.in, step)
+		result, err := traced(ctx, func(ctx context.Context) (events.Result, error) { return s.runStep(ctx, a.in, step) })
 		// A command step spends nothing, but its Result is the one the
 		// recorder records: it bills what earlier tries left unbilled.
 		result.TokensIn, result.TokensOut, result.Cost = a.f.unbilled.TokensIn, a.f.unbilled.TokensOut, a.f.unbilled.Cost
 		return result, err
 	case a.pol.Executor == ExecutorCommand:
-		return s.runAgent(ctx, a)
+		return traced(ctx, func(ctx context.Context) (events.Result, error) { return s.runAgent(ctx, a) })
 	case a.pol.Executor == "" || a.pol.Executor == ExecutorModel:
 		return s.runModel(ctx, a)
 	default:

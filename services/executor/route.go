@@ -303,7 +303,7 @@ func (a *attempt) try(ctx context.Context, rt *route, r Request, hash string) (R
 		return Response{}, tryCooling, &circuitWait{wait: wait}
 	}
 	a.model, a.endpoint, a.route = rt.model, rt.endpoint, rt
-	resp, err := rt.client.Complete(ctx, r)
+	resp, err := complete(ctx, rt.client, r)
 	if err != nil && ctx.Err() != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
 		defer cancel()

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -110,7 +111,7 @@ func (a *API) serve(endpoint string, h func(*request)) micro.HandlerFunc {
 		if !a.inbox(req) {
 			return
 		}
-		r := &request{endpoint: endpoint, data: req.Data(), reply: req.Reply()}
+		r := &request{endpoint: endpoint, data: req.Data(), reply: req.Reply(), header: nats.Header(req.Headers())}
 		_, done, err := a.admit(endpoint, "", false)
 		if err != nil {
 			a.answer(r, nil, err)

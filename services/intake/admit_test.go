@@ -62,7 +62,8 @@ func TestClientOf(t *testing.T) {
 	}
 }
 
-// stallJS is the mesh's JetStream with a Publish that waits for release
+// stallJS is the mesh's JetStream with a PublishMsg (what Submit
+// queues with) that waits for release
 // (each call says so on entered first), or panics when panics is set.
 type stallJS struct {
 	jetstream.JetStream
@@ -80,13 +81,13 @@ func newStallJS(js jetstream.JetStream) *stallJS {
 
 func (s *stallJS) open() { s.once.Do(func() { close(s.release) }) }
 
-func (s *stallJS) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+func (s *stallJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	if s.panics {
 		panic("publish exploded")
 	}
 	s.entered <- struct{}{}
 	<-s.release
-	return s.JetStream.Publish(ctx, subject, data, opts...)
+	return s.JetStream.PublishMsg(ctx, msg, opts...)
 }
 
 // started is an API on srv with js, started; its service is stopped, then

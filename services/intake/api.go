@@ -18,9 +18,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/tracing"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -157,6 +159,8 @@ type request struct {
 	endpoint string
 	data     []byte
 	reply    string
+	// header is the request's: a submit's traceparent is carried on.
+	header   nats.Header
 	answered bool
 }
 
@@ -230,13 +234,15 @@ const (
 func (a *API) submit(r *request) {
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	reply, err := a.Submit(ctx, r.data)
+	reply, err := a.Submit(tracing.Extract(ctx, r.header), r.data)
 	a.answer(r, reply, err)
 }
 
 // Submit validates data and queues it for intake. Invalid input (and,
 // with KnownTypesOnly, a type the policy does not name) returns an
-// *events.InvalidError and is kept on the review subject.
+// *events.InvalidError and is kept on the review subject. The submission
+// carries ctx's trace context (traceparent), when it has one: intake's
+// span continues the submitter's trace.
 func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 	sub, err := events.DecodeSubmit(data, "")
 	if err == nil {
@@ -265,7 +271,7 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 		return SubmitReply{}, err
 	}
 	subject := events.SubmitSubject(sub.Type)
-	ack, err := a.JS.Publish(ctx, subject, body, jetstream.WithMsgID(submitMsgID(sub.ID, body)))
+	ack, err := a.JS.PublishMsg(ctx, submission(ctx, subject, body), jetstream.WithMsgID(submitMsgID(sub.ID, body)))
 	if err != nil {
 		return SubmitReply{}, fmt.Errorf("queue task: %w", err)
 	}
@@ -277,13 +283,24 @@ func (a *API) Submit(ctx context.Context, data []byte) (SubmitReply, error) {
 			return SubmitReply{}, fmt.Errorf("queue task: %w", err)
 		}
 		if !same {
-			ack, err = a.JS.Publish(ctx, subject, body, jetstream.WithMsgID(submitMsgID(sub.ID, body)+":"+nuid.Next()))
+			ack, err = a.JS.PublishMsg(ctx, submission(ctx, subject, body), jetstream.WithMsgID(submitMsgID(sub.ID, body)+":"+nuid.Next()))
 			if err != nil {
 				return SubmitReply{}, fmt.Errorf("queue task: %w", err)
 			}
 		}
 	}
 	return SubmitReply{ID: sub.ID, Duplicate: ack.Duplicate}, nil
+}
+
+// submission is the message queuing body on subject, carrying ctx's trace
+// context.
+func submission(ctx context.Context, subject string, body []byte) *nats.Msg {
+	m := &nats.Msg{Subject: subject, Data: body}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		m.Header = nats.Header{}
+		tracing.Inject(ctx, m.Header)
+	}
+	return m
 }
 
 // sameTask returns nil when sub, submitted again under the id of the task

@@ -18,9 +18,13 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/tracing"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -124,6 +128,15 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 }
 
+// SpanCheck is the span of one verifier call (a child of the verifier's
+// stage span when traced), with its kind (AttrKind) and verdict
+// (AttrVerdict).
+const (
+	SpanCheck   = "verifier.check"
+	AttrKind    = "dispatch.verifier.kind"
+	AttrVerdict = "dispatch.verifier.verdict"
+)
+
 // check runs pv's checker on t. A checker answering something other than
 // exists, stale or skipped is an error.
 func (s *Service) check(ctx context.Context, t events.Task, pv policy.Verifier) (events.Verification, error) {
@@ -131,7 +144,12 @@ func (s *Service) check(ctx context.Context, t events.Task, pv policy.Verifier) 
 	if err != nil {
 		return events.Verification{}, err
 	}
-	v, err := c.Check(ctx, t)
+	cctx, span := tracing.Child(ctx, SpanCheck, trace.SpanKindClient)
+	v, err := c.Check(cctx, t)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String(AttrKind, kind(pv)), attribute.String(AttrVerdict, string(v.Verdict)))
+	}
+	tracing.End(span, err)
 	if err != nil {
 		return v, err
 	}

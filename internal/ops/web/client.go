@@ -20,6 +20,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/tracing"
 )
 
 // The client HTTP API: submit, status, wait and cancel for clients that
@@ -161,7 +162,11 @@ func (c *clientAPI) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), apiPatience)
 	defer cancel()
-	msg, err := c.cfg.NC.RequestWithContext(ctx, events.SubmitAPI, body)
+	// The client's traceparent goes on to intake: its trace continues.
+	req := nats.NewMsg(events.SubmitAPI)
+	req.Data = body
+	tracing.Inject(tracing.ExtractHTTP(ctx, r.Header), req.Header)
+	msg, err := c.cfg.NC.RequestMsgWithContext(ctx, req)
 	c.relay(w, r, msg, err, func(data []byte) int {
 		var sr events.SubmitReply
 		if json.Unmarshal(data, &sr) == nil && sr.ID != "" {

@@ -358,3 +358,38 @@ func TestClientAPINoService(t *testing.T) {
 		}
 	}
 }
+
+// A submission over HTTP with a traceparent header is queued carrying it:
+// intake's span continues the client's trace.
+func TestClientAPISubmitCarriesTraceparent(t *testing.T) {
+	m := newAPIMesh(t, 0, mesh.Intake)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	ctx, cancel := context.WithTimeout(bg, patience)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", m.http.URL+"/api/v1/tasks",
+		strings.NewReader(`{"id":"traced-1","type":"css_fix","subject":"src/app.css"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+clientToken)
+	req.Header.Set("Traceparent", tp)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("submit: %d", resp.StatusCode)
+	}
+	s, err := m.srv.JS.Stream(ctx, services.SubmitStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.GetLastMsgForSubject(ctx, events.SubmitSubject("css_fix"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := raw.Header.Get("traceparent"); got != tp {
+		t.Errorf("queued submission's traceparent %q, want the client's %q", got, tp)
+	}
+}
