@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
@@ -57,6 +59,10 @@ type Config struct {
 	Wait time.Duration
 	// Log receives the mesh's logs. Default: discarded.
 	Log *slog.Logger
+	// Inspect, when set, is called with the mesh's JetStream once every
+	// task ended (or Wait passed), before the mesh stops: a test reads the
+	// stream the run recorded (dispatch whatif replays it).
+	Inspect func(ctx context.Context, js jetstream.JetStream) error
 }
 
 func (c Config) withDefaults() Config {

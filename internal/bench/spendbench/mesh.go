@@ -108,6 +108,12 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		_ = m.stop()
 		return Figures{}, ctx.Err()
 	}
+	if cfg.Inspect != nil {
+		if err := cfg.Inspect(ctx, js); err != nil {
+			_ = m.stop()
+			return Figures{}, err
+		}
+	}
 	if err := m.stop(); err != nil {
 		return Figures{}, fmt.Errorf("mesh: %w", err)
 	}

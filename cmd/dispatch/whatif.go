@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	core "github.com/dispatchmesh/dispatchmesh/internal/core/whatif"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
+)
+
+// cmdWhatIf re-decides the recorded history under a candidate policy and
+// reports actual against what-if (docs/whatif.md).
+func cmdWhatIf(ctx context.Context, cfg Config, args []string) error {
+	fs := flag.NewFlagSet("whatif", flag.ContinueOnError)
+	file := fs.String("policy", "", "the candidate policy file (required)")
+	since := fs.Duration("since", 24*time.Hour, "report the tasks that started within this long")
+	typ := fs.String("type", "", "report this task type only")
+	output := outputFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *file == "" || fs.NArg() != 0 {
+		return errors.New("usage: dispatch whatif -policy FILE [-since 24h] [-type T] [-o json]")
+	}
+	f, err := policy.LoadInline(*file)
+	if err != nil {
+		return err
+	}
+	js, closeFn, err := clientJS(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	res, err := whatif.Run(ctx, js, core.Options{Policy: f, Since: time.Now().Add(-*since).UTC(), Type: *typ})
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	printWhatIf(stdout, res)
+	return nil
+}
+
+func printWhatIf(w io.Writer, res whatif.Result) {
+	r := res.Report
+	fmt.Fprintf(w, "%d tasks since %s\n\n", r.Tasks, r.Since.Format(time.RFC3339))
+	fmt.Fprintf(w, "%-20s %10s %10s %9s %9s %6s %9s\n", "", "tokens", "cost", "resolved", "to_human", "held", "attempts")
+	types := make([]string, 0, len(r.ByType))
+	for t := range r.ByType {
+		types = append(types, t)
+	}
+	sort.Strings(types)
+	line := func(name string, a core.Figures, wi core.WhatIf) {
+		fmt.Fprintf(w, "%-20s %10d %10.4f %9d %9d %6d %9d\n", name+" actual", a.Tokens, a.Cost, a.Resolved, a.ToHuman, a.Held, a.Attempts)
+		fmt.Fprintf(w, "%-20s %10d %10.4f %9d %9d %6d %9d\n", "  what-if (facts)", wi.Tokens, wi.Cost, wi.Resolved, wi.ToHuman, wi.Held, wi.Attempts)
+		if e := wi.Estimated; e.Tasks > 0 {
+			fmt.Fprintf(w, "%-20s %10.0f %10.4f %9.1f %9.1f %6s %9.1f  (%d tasks)\n", "  + estimated", e.Tokens, e.Cost, e.Resolved, e.ToHuman, "", e.Attempts, e.Tasks)
+		}
+	}
+	for _, t := range types {
+		line(t, r.ByType[t].Actual, r.ByType[t].WhatIf)
+	}
+	line("total", r.Actual, r.WhatIf)
+	fmt.Fprintf(w, "\n%d tasks change:\n", len(r.Changed))
+	for _, c := range r.Changed {
+		fmt.Fprintf(w, "  %s (%s): %s by %s/%s after %d attempts -> %s by %s/%s after %d attempts\n      %s\n",
+			c.ID, c.Type, c.Actual.Fate, c.Actual.Decision, c.Actual.Cause, c.Actual.Attempts,
+			c.WhatIf.Fate, c.WhatIf.Decision, c.WhatIf.Cause, c.WhatIf.Attempts, c.Cause)
+	}
+	if len(res.Skipped) > 0 {
+		fmt.Fprintf(w, "\n%d events could not be decoded and were left out\n", len(res.Skipped))
+	}
+}

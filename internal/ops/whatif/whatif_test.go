@@ -1,0 +1,126 @@
+package whatif_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/bench/spendbench"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	core "github.com/dispatchmesh/dispatchmesh/internal/core/whatif"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/rebuild"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
+)
+
+// Policy A is the defaults; B raises the threshold and shortens the
+// ladder.
+const (
+	policyA = `{"defaults": {}}`
+	// policyA2 changes only a field no decision reads (how many previous
+	// attempts the prompt shows).
+	policyA2 = `{"defaults": {"previous_attempts": 3}}`
+	policyB  = `{"defaults": {"threshold": 0.45, "max_retries": 3}}`
+)
+
+// workload: five types — healthy, hopeless, two of mixed difficulty
+// (coinflip, history) and a regression (healthy, then hopeless) — in
+// order, the regression's phases one after the other.
+func workload() []spendbench.Task {
+	var tasks []spendbench.Task
+	add := func(typ, scenario string, n int) {
+		for range n {
+			id := fmt.Sprintf("wi-%03d", len(tasks)+1)
+			payload, _ := json.Marshal(map[string]string{"scenario": scenario, "ticket": id, "issue": "fix it (scenario=" + scenario + " ticket=" + id + ")"})
+			tasks = append(tasks, spendbench.Task{ID: id, Type: typ, Scenario: scenario, Subject: "src/" + id + ".go", Payload: payload})
+		}
+	}
+	for range 2 {
+		add("healthy", spendbench.Healthy, 6)
+		add("hopeless", spendbench.Hopeless, 7)
+		add("coinflip", spendbench.Coinflip, 6)
+		add("history", spendbench.History, 5)
+	}
+	add("regress", spendbench.Healthy, 10)
+	add("regress", spendbench.Hopeless, 12)
+	return tasks
+}
+
+// run runs the workload through a mesh under pol and returns what it
+// recorded.
+func run(t *testing.T, pol string) []rebuild.Message {
+	t.Helper()
+	var msgs []rebuild.Message
+	cfg := spendbench.Config{Policy: pol, Latency: -1, Mode: spendbench.ModeSteady, Rate: 5, Wait: 5 * time.Minute,
+		Inspect: func(ctx context.Context, js jetstream.JetStream) error {
+			var err error
+			msgs, _, err = rebuild.Read(ctx, js)
+			return err
+		}}
+	f, err := spendbench.RunMesh(context.Background(), cfg, workload())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f
+	return msgs
+}
+
+func replay(t *testing.T, msgs []rebuild.Message, pol string) core.Report {
+	t.Helper()
+	f, err := policy.Parse([]byte(pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, skipped := whatif.Events(msgs)
+	if len(skipped) > 0 {
+		t.Fatalf("skipped: %v", skipped)
+	}
+	return core.Replay(evs, core.Options{Policy: f})
+}
+
+func TestWhatIfReplaysAndPredicts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a mesh twice")
+	}
+	histA := run(t, policyA)
+	same := replay(t, histA, policyA)
+	t.Logf("A under A: actual %+v whatif %+v", same.Actual, same.WhatIf)
+	for _, c := range same.Changed {
+		for _, m := range histA {
+			if ev, ok, _ := whatif.Decode(m); ok && ev.Base.Task.ID == c.ID {
+				t.Logf("%s seq %d stored %s at %s pass %d: %+v", ev.Kind, m.Seq, m.Stored.Format("15:04:05.000"), ev.Base.At.Format("15:04:05.000"), ev.Base.Run.Pass, ev.Trust)
+			}
+		}
+	}
+	if same.Actual != same.WhatIf.Figures || same.WhatIf.Estimated != (core.Estimated{}) || len(same.Changed) != 0 {
+		t.Fatalf("the live policy does not reproduce the history:\nactual %+v\nwhatif %+v\nchanged %+v", same.Actual, same.WhatIf, same.Changed)
+	}
+	if unread := replay(t, histA, policyA2); !sameReport(unread, same) {
+		t.Fatalf("a field no decision reads changed the answer: %+v", unread)
+	}
+	b := replay(t, histA, policyB)
+	t.Logf("A under B: actual %+v whatif %+v", b.Actual, b.WhatIf)
+	for _, c := range b.Changed {
+		t.Logf("changed %s %s: actual %s/%s/%s %d attempts; whatif %s/%s/%s %d attempts; %s", c.ID, c.Type,
+			c.Actual.Fate, c.Actual.Decision, c.Actual.Cause, c.Actual.Attempts, c.WhatIf.Fate, c.WhatIf.Decision, c.WhatIf.Cause, c.WhatIf.Attempts, c.Cause)
+	}
+	histB := run(t, policyB)
+	live := replay(t, histB, policyB)
+	t.Logf("B live: actual %+v", live.Actual)
+	predTokens := float64(b.WhatIf.Tokens) + b.WhatIf.Estimated.Tokens
+	predHuman := float64(b.WhatIf.ToHuman) + b.WhatIf.Estimated.ToHuman
+	dt := math.Abs(predTokens-float64(live.Actual.Tokens)) / float64(live.Actual.Tokens)
+	dh := math.Abs(predHuman-float64(live.Actual.ToHuman)) / math.Max(float64(live.Actual.ToHuman), 1)
+	t.Logf("what-if B on A's history: tokens %.0f, to_human %.1f; B live: tokens %d, to_human %d; off by %.1f%% and %.1f%%",
+		predTokens, predHuman, live.Actual.Tokens, live.Actual.ToHuman, 100*dt, 100*dh)
+}
+
+func sameReport(a, b core.Report) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
+}
