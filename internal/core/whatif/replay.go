@@ -400,7 +400,7 @@ func (e *engine) attempt(tr *taskRun, ev Event) {
 		tr.wi.Fate, tr.wi.Decision = FateInFlight, string(next.Decision)
 		if tr.lastPass < next.Pass && tr.stops {
 			// The history never ran that pass: it ended the task here.
-			tr.part("recorder: " + string(next.Decision) + " after attempt " + itoa(b.Run.Attempt) + ", where the history stopped (" + tr.actual.Decision + ")")
+			tr.part("recorder: " + string(next.Decision) + " after attempt " + itoa(b.Run.Attempt) + ", where the history ended the task")
 			e.estimate(tr, task.NextRun(&next, b.Run, judged, pol), ev.Stored)
 		}
 	}
