@@ -3,6 +3,9 @@ package schemas_test
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/whatif"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/rebuild"
+	opswhatif "github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
 	trustpkg "github.com/dispatchmesh/dispatchmesh/trust"
 	"reflect"
 	"strings"
@@ -113,6 +116,7 @@ var populated = []struct {
 		Attempts: 3, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Result: &result, UpdatedAt: at,
 	}},
 	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
+	{"whatif.report.v1", whatifReport(at)},
 	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Task: "t-42", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true, End: true, Probe: true, Marker: true}},
 }
 
@@ -348,5 +352,18 @@ func TestSubmitSchemaKnownDifferences(t *testing.T) {
 		if (len(problems) == 0) != c.validates {
 			t.Errorf("%s: schema problems = %q, want validates=%v", c.name, problems, c.validates)
 		}
+	}
+}
+
+// whatifReport is a what-if report with every field set.
+func whatifReport(at time.Time) opswhatif.Result {
+	f := whatif.Figures{Tokens: 1200, Cost: 0.01, Resolved: 3, ToHuman: 1, Held: 1, Attempts: 6}
+	w := whatif.WhatIf{Figures: f, Estimated: whatif.Estimated{Tokens: 300.5, Cost: 0.002, Resolved: 0.6, ToHuman: 0.4, Attempts: 2.5, Tasks: 1}}
+	fate := whatif.Fate{Fate: whatif.FateEstimated, Decision: "estimate", Cause: "trusted", Reason: "from attempt 3", Attempts: 2, Tokens: 400, Cost: 0.004, Resolve: 0.6}
+	return opswhatif.Result{
+		Report: whatif.Report{Since: at, PolicyRevision: 4, Tasks: 5, Actual: f, WhatIf: w,
+			ByType:  map[string]whatif.TypeReport{"css_fix": {Tasks: 5, Actual: f, WhatIf: w}},
+			Changed: []whatif.Change{{ID: "t-42", Type: "css_fix", Actual: fate, WhatIf: fate, Cause: "gate: admit (trusted)"}}},
+		Skipped: []rebuild.Skipped{{Subject: "dispatch.task.t-1.executed", Seq: 9, Error: "bad json"}},
 	}
 }
