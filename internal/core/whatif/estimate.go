@@ -10,32 +10,53 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
 )
 
-// measure is what the history measured of attempts so far: how many,
-// what they spent, how many succeeded, per rung.
+// Recent is how many of the newest attempts (of a type on a rung, of a
+// type, of the mesh) an estimate's success rate is measured on: recent
+// enough that a type that regressed is estimated as it is now.
+const Recent = 20
+
+// measure is what the history measured of attempts so far: how many and
+// what they spent (for the mean cost), and whether each of the newest
+// Recent succeeded, per kind of attempt (first, or a retry's rung).
 type measure struct {
-	attempts, successes int
-	tokens              int64
-	cost                float64
-	rungs               map[events.Rung][2]int // tries, successes
+	attempts int
+	tokens   int64
+	cost     float64
+	all      []bool
+	rungs    map[events.Rung][]bool
 }
 
-func (m *measure) add(rung events.Rung, res events.Result) {
+// kindOf is the kind of attempt a rate is measured for: a first attempt,
+// or a retry on its rung.
+func kindOf(attempt int, rung events.Rung) events.Rung {
+	if attempt <= 1 {
+		return "first"
+	}
 	if rung == "" {
-		rung = events.RungRefine
+		return events.RungRefine
 	}
+	return rung
+}
+
+func recent(w []bool, ok bool) []bool {
+	w = append(w, ok)
+	if len(w) > Recent {
+		w = w[len(w)-Recent:]
+	}
+	return w
+}
+
+func (m *measure) add(run events.Run, res events.Result) {
 	if m.rungs == nil {
-		m.rungs = map[events.Rung][2]int{}
+		m.rungs = map[events.Rung][]bool{}
 	}
-	r := m.rungs[rung]
-	r[0]++
+	ok := res.Outcome == events.OutcomeSuccess
+	k := kindOf(run.Attempt, run.Rung)
+	m.rungs[k] = recent(m.rungs[k], ok)
+	m.all = recent(m.all, ok)
 	m.attempts++
 	m.tokens += int64(res.TokensIn + res.TokensOut)
 	m.cost += res.Cost
-	if res.Outcome == events.OutcomeSuccess {
-		r[1]++
-		m.successes++
-	}
-	m.rungs[rung] = r
 }
 
 func (e *engine) measure(typ string) *measure {
@@ -47,17 +68,22 @@ func (e *engine) measure(typ string) *measure {
 	return m
 }
 
-// rate is the measured success rate of an attempt on rung: the type's on
-// that rung, else the type's on any rung, else the mesh's on the rung,
-// else the mesh's; 0 when nothing was measured.
-func (e *engine) rate(typ string, rung events.Rung) float64 {
-	if rung == "" {
-		rung = events.RungRefine
-	}
+// rate is the measured success rate of an attempt of kind k (kindOf) over
+// the newest Recent: the type's of that kind, else the mesh's of that kind
+// (a retry on a rung the type never reached is more like other types'
+// retries there than like its own first attempts), else the type's of any
+// kind, else the mesh's; 0 when nothing was measured.
+func (e *engine) rate(typ string, k events.Rung) float64 {
 	m := e.measure(typ)
-	for _, r := range [][2]int{m.rungs[rung], {m.attempts, m.successes}, e.mesh.rungs[rung], {e.mesh.attempts, e.mesh.successes}} {
-		if r[0] > 0 {
-			return float64(r[1]) / float64(r[0])
+	for _, w := range [][]bool{m.rungs[k], e.mesh.rungs[k], m.all, e.mesh.all} {
+		if len(w) > 0 {
+			n := 0
+			for _, ok := range w {
+				if ok {
+					n++
+				}
+			}
+			return float64(n) / float64(len(w))
 		}
 	}
 	return 0
@@ -77,8 +103,8 @@ func (e *engine) meanCost(typ string) (tokens, cost float64) {
 // estimate estimates the rest of a task from run, an attempt the
 // candidate runs and the history never ran: attempt after attempt up its
 // ladder (the candidate's ladder.Config, each failure climbing it as the
-// recorder would), each succeeding with the measured rate of its rung and
-// costing the type's measured mean, until the ladder hands off. The
+// recorder would), each succeeding with the rate measured on the type's
+// newest attempts of its kind (rate) and costing the type's measured mean, until the ladder hands off. The
 // figures are expected values, added to Estimated.
 func (e *engine) estimate(tr *taskRun, run events.Run, now time.Time) {
 	pol := e.o.Policy.For(tr.t.Type)
@@ -89,7 +115,7 @@ func (e *engine) estimate(tr *taskRun, run events.Run, now time.Time) {
 	var est Estimated
 	reach := 1.0
 	for attempt := run.Attempt; reach > 1e-9; attempt++ {
-		p := e.rate(tr.t.Type, state.Rung)
+		p := e.rate(tr.t.Type, kindOf(attempt, state.Rung))
 		est.Attempts += reach
 		est.Tokens += reach * tokens
 		est.Cost += reach * cost

@@ -72,30 +72,20 @@ func (e *engine) decide(tr *taskRun, run events.Run, now time.Time, hold events.
 }
 
 // claim answers a claim as the trust store's compare-and-set would, on
-// the in-memory gate facts st.
+// the in-memory gate facts st (task.ClaimIn); trial places are counted on
+// the facts the decision read (view), as the gate counts them.
 func (e *engine) claim(c task.Claim, tr *taskRun, run events.Run, st *scoring.Stats, sc scoring.Policy, view scoring.Stats, now time.Time) bool {
-	id := tr.t.ID
-	switch c {
-	case task.ClaimStreak:
-		next, probe, _ := sc.Gate(*st, events.MsgID(id, run.Pass, "gate"), true)
-		*st = next
-		return probe
-	case task.ClaimProbe:
-		next, probe := sc.HeldProbe(*st, now)
-		*st = next
-		return probe
-	case task.ClaimTrial:
-		e.releaseEnded(st, id)
-		next, ok, _ := sc.AdmitTrial(*st, id, now, sc.TrialPlaces(view))
-		*st = next
-		return ok
-	case task.ClaimCanary:
-		e.releaseEnded(st, id)
-		next, ok, _ := sc.AdmitCanary(*st, id, now)
+	if c == task.ClaimTrial || c == task.ClaimCanary {
+		e.releaseEnded(st, tr.t.ID)
+	}
+	if c == task.ClaimTrial {
+		next, ok, _ := sc.AdmitTrial(*st, tr.t.ID, now, sc.TrialPlaces(view))
 		*st = next
 		return ok
 	}
-	return false
+	next, ok := task.ClaimIn(c, *st, sc, tr.t.ID, run.Pass, now)
+	*st = next
+	return ok
 }
 
 // releaseEnded frees the places of tasks the what-if ended (the gate

@@ -145,8 +145,8 @@ func (e *engine) recorded(tr *taskRun, ev Event) {
 		a.Attempts++
 		a.Tokens += int64(ev.Result.TokensIn + ev.Result.TokensOut)
 		a.Cost += ev.Result.Cost
-		e.measure(tr.t.Type).add(ev.Base.Run.Rung, ev.Result)
-		e.mesh.add(ev.Base.Run.Rung, ev.Result)
+		e.measure(tr.t.Type).add(ev.Base.Run, ev.Result)
+		e.mesh.add(ev.Base.Run, ev.Result)
 	case KindAdmitted:
 		a.Fate, a.Decision, a.Cause, a.Reason = FateInFlight, "admit", cause, ev.Trust.Reason
 	case KindHeld:
@@ -229,19 +229,9 @@ func (e *engine) whatif(tr *taskRun, ev Event) {
 	}
 }
 
-// actOf names a gate act as a fate decision.
-func actOf(a task.GateAct) string {
-	switch a {
-	case task.ActAdmit, task.ActPark, task.ActWait:
-		// Waiting for canaries delays a pass, it changes nothing of its fate.
-		return "admit"
-	case task.ActHold, task.ActSleep:
-		return "hold"
-	case task.ActBlock:
-		return "block"
-	}
-	return "handoff"
-}
+// actOf names a gate act as a fate decision (waiting for canaries delays
+// a pass, it changes nothing of its fate).
+func actOf(a task.GateAct) string { return a.Kind() }
 
 // recordedAct names a recorded gate event as a fate decision.
 func recordedAct(k Kind) string {
