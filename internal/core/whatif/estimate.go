@@ -132,9 +132,8 @@ func (e *engine) estimate(tr *taskRun, run events.Run, now time.Time) {
 	tr.est = est
 	// The task enters its type's trust as its likelier end: the gate
 	// scores the types the estimates change as it would have.
-	s := e.statsOf(tr.t.Type)
-	s.Outcomes, _ = scoring.Insert(s.Outcomes, scoring.Outcome{Key: events.MsgID(tr.t.ID, run.Pass, "estimate"), Task: tr.t.ID,
-		Success: est.Resolved >= 0.5, At: now, Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe, End: true}, scoring.Keep)
+	e.record(tr.t.Type, scoring.Outcome{Key: events.MsgID(tr.t.ID, run.Pass, "estimate"), Task: tr.t.ID,
+		Success: est.Resolved >= 0.5, At: now, Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe, End: true})
 	tr.mode = estimating
 	e.ended[tr.t.ID] = true // its places are not held in the replay
 	tr.wi.Fate, tr.wi.Decision, tr.wi.Resolve = FateEstimated, "estimate", est.Resolved

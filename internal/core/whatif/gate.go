@@ -24,13 +24,18 @@ func (e *engine) statsOf(typ string) *scoring.Stats {
 	return s
 }
 
-// pool is the mesh's pooled evidence from the replayed trust.
+// pool is the mesh's pooled evidence from the replayed trust, measured
+// again when an outcome changed.
 func (e *engine) pool() *scoring.Pool {
+	if e.poolAt == e.total && e.pooled != nil {
+		return e.pooled
+	}
 	all := make([]scoring.Stats, 0, len(e.stats))
 	for _, typ := range sortedTypes(e.stats) {
 		all = append(all, *e.stats[typ])
 	}
-	return scoring.NewPool(all, e.o.Scoring)
+	e.pooled, e.poolAt = scoring.NewPool(all, e.o.Scoring), e.total
+	return e.pooled
 }
 
 // decide is the gate's decision on a pass under the candidate, read and

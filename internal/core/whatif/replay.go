@@ -62,13 +62,22 @@ type engine struct {
 	holding  map[string][]*taskRun
 	ended    map[string]bool
 	last     time.Time
+	// version counts each type's outcome changes; looked is the version
+	// of the type's last full look at the passes the candidate holds;
+	// pooled is the pool as of poolAt (the sum of versions).
+	version map[string]int
+	looked  map[string]int
+	total   int
+	pooled  *scoring.Pool
+	poolAt  int
 }
 
 // Replay re-decides the history evs (in stream order) under o.Policy and
 // reports actual against what-if.
 func Replay(evs []Event, o Options) Report {
 	e := &engine{o: o, tasks: map[string]*taskRun{}, stats: map[string]*scoring.Stats{}, spend: map[[2]string]scoring.Spend{},
-		measured: map[string]*measure{}, holding: map[string][]*taskRun{}, ended: map[string]bool{}}
+		measured: map[string]*measure{}, holding: map[string][]*taskRun{}, ended: map[string]bool{},
+		version: map[string]int{}, looked: map[string]int{}, poolAt: -1}
 	for _, ev := range evs {
 		tr := e.task(ev)
 		if tr == nil {
@@ -287,17 +296,24 @@ func (e *engine) gateEvent(tr *taskRun, ev Event) {
 // look looks again at the passes of type typ the candidate holds where
 // the history went on: re-admitted (estimated from there), sent to a
 // human at the hold time, or held on. but is the task the event was about.
+// When none of the type's outcomes changed since the last full look, only
+// the oldest passes are looked at, until one stays held: the type's score
+// is as it was, so only a probe (one per interval) or the hold time (the
+// oldest first) can move one.
 func (e *engine) look(typ string, now time.Time, but *taskRun) {
 	held := e.holding[typ]
 	if len(held) == 0 {
 		return
 	}
+	full := e.looked[typ] != e.version[typ]
+	e.looked[typ] = e.version[typ]
 	kept := held[:0]
-	for _, tr := range held {
-		if tr == but || tr.mode != holding {
-			if tr.mode == holding {
-				kept = append(kept, tr)
-			}
+	for i, tr := range held {
+		if tr.mode != holding {
+			continue
+		}
+		if tr == but {
+			kept = append(kept, tr)
 			continue
 		}
 		out := e.decide(tr, tr.heldRun, now, events.HoldTrust, tr.heldSince)
@@ -307,11 +323,26 @@ func (e *engine) look(typ string, now time.Time, but *taskRun) {
 			e.estimate(tr, out.Run, now)
 		case "hold":
 			kept = append(kept, tr)
+			if !full {
+				kept = append(kept, held[i+1:]...)
+				e.holding[typ] = kept
+				return
+			}
 		default:
 			e.stopped(tr, out, tr.heldRun, now)
 		}
 	}
 	e.holding[typ] = kept
+}
+
+// record adds an outcome to a type's replayed trust.
+func (e *engine) record(typ string, o scoring.Outcome) {
+	s := e.statsOf(typ)
+	var changed bool
+	if s.Outcomes, changed = scoring.Insert(s.Outcomes, o, scoring.Keep); changed {
+		e.version[typ]++
+		e.total++
+	}
 }
 
 // stopped ends a task the candidate's gate stops (block, handoff): it
@@ -320,8 +351,7 @@ func (e *engine) look(typ string, now time.Time, but *taskRun) {
 func (e *engine) stopped(tr *taskRun, out task.GateOut, run events.Run, now time.Time) {
 	d := actOf(out.Act)
 	if d == "handoff" || run.Attempt > 1 {
-		s := e.statsOf(tr.t.Type)
-		s.Outcomes, _ = scoring.Insert(s.Outcomes, scoring.EndMarker(tr.t.ID, run.Pass, now), scoring.Keep)
+		e.record(tr.t.Type, scoring.EndMarker(tr.t.ID, run.Pass, now))
 	}
 	e.end(tr, Fate{Fate: FateToHuman, Decision: d, Cause: string(out.Trust.Cause), Reason: out.Trust.Reason})
 }
@@ -357,8 +387,7 @@ func (e *engine) attempt(tr *taskRun, ev Event) {
 	}
 	key := events.MsgID(tr.t.ID, pass, "outcome")
 	if task.CountsForTrust(judged) {
-		s := e.statsOf(tr.t.Type)
-		s.Outcomes, _ = scoring.Insert(s.Outcomes, task.TrustOutcome(key, next, b.Run, judged, ev.Stored), scoring.Keep)
+		e.record(tr.t.Type, task.TrustOutcome(key, next, b.Run, judged, ev.Stored))
 	}
 	if tokens, cost := task.DailySpend(judged, pol.DailyBudget); tokens != 0 || cost != 0 {
 		k := [2]string{tr.t.Type, scoring.Day(ev.Stored)}

@@ -63,9 +63,11 @@ func recorded() []Event {
 	return h.evs
 }
 
+func parseFile(s string) (*policy.File, error) { return policy.Parse([]byte(s)) }
+
 func parse(t *testing.T, s string) *policy.File {
 	t.Helper()
-	f, err := policy.Parse([]byte(s))
+	f, err := parseFile(s)
 	if err != nil {
 		t.Fatal(err)
 	}
