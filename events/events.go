@@ -306,6 +306,21 @@ type TrustDecision struct {
 	// Rung is set when the gate moved a retry up the ladder because
 	// retries on its own rung rarely succeed for the type: the rung it runs on.
 	Rung Rung `json:"rung,omitempty"`
+	// Shadow is the decision the shadow policy (dispatch policy shadow)
+	// would have made on the pass: computed and recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
+}
+
+// ShadowDecision is a decision computed under the shadow policy.
+type ShadowDecision struct {
+	// Act is what it would have done with the pass: admit, hold, block,
+	// handoff (the gate's), or the recorder's decision after an attempt.
+	Act string `json:"act"`
+	// Cause is the gate's cause under it.
+	Cause  Cause  `json:"cause,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// PolicyRev is the shadow policy's revision in the policy bucket.
+	PolicyRev uint64 `json:"policy_rev,omitempty"`
 }
 
 // Admitted is published by the gate when the task may be dispatched.

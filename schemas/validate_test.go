@@ -37,6 +37,7 @@ var (
 	trust = events.TrustDecision{
 		Score: 0.42, Outcomes: 12, Threshold: 0.15, Exempt: true, Probe: true, Blocked: true, Reason: "probe",
 		Cause: events.CauseProbe, RungTries: 9, RungSuccesses: 4, Rung: events.RungPivot,
+		Shadow: &events.ShadowDecision{Act: "hold", Cause: events.CauseTrust, Reason: "score 0.42 below 0.5", PolicyRev: 7},
 	}
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",

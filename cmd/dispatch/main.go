@@ -59,6 +59,7 @@ Usage:
                                       (-rev: only if revision N is in force)
   dispatch policy get [-rev N]        print the policy in the bucket dispatch_policy
   dispatch policy validate FILE       check a policy file without connecting
+  dispatch policy shadow FILE|-clear  compute every decision under FILE too, never enforced; promote makes it live
   dispatch schema [NAME]              print the embedded JSON Schemas
   dispatch bench spend [-tasks N] [-mode once|steady|both] [-runs N] [-o json]
                                       what a mixed workload costs through the mesh vs a naive retry loop
