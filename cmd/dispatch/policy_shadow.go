@@ -5,9 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // cmdPolicyShadow stores a candidate policy beside the one in force (key
@@ -75,4 +80,13 @@ func cmdPolicyPromote(ctx context.Context, cfg Config, args []string) error {
 	}
 	fmt.Fprintf(stdout, "policy revision %d in force (the shadow policy, promoted); the shadow is dropped\n", rev)
 	return nil
+}
+
+// watchShadow follows the shadow policy in the policy bucket.
+func watchShadow(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*policy.Source, error) {
+	kv, err := js.KeyValue(ctx, services.BucketPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
+	}
+	return policykv.WatchWith(ctx, kv, policykv.WatchOptions{JS: js, Log: log, Quiet: true, Key: policy.ShadowKey})
 }

@@ -73,7 +73,7 @@ func kind(v any) string {
 }
 
 var pages = map[string]*template.Template{
-	"queue": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/queue.html")),
+	"queue": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/queue.html", "templates/shadow.html")),
 	"task":  template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/task.html")),
 	"tasks": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/tasks.html")),
 	"error": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/error.html")),
@@ -133,6 +133,8 @@ type queueData struct {
 	// ListsHeld: the page lists the held tasks (Filter.ListsHeld); they
 	// could not be read when Queue.Held is nil.
 	ListsHeld bool
+	// Shadow is the shadow policy's section (nil: none).
+	Shadow *shadowView
 }
 
 // tab is one reason filter link with the open items of that reason (-1:
@@ -192,7 +194,7 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		return ""
 	}
 	d := queueData{
-		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(),
+		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(), Shadow: h.shadow(trustTypes(tr)),
 		AllLink:      link(map[string]string{"all": flag(!f.All), "cursor": ""}),
 		AnsweredLink: link(map[string]string{"answered": flag(!f.Answered), "cursor": ""}),
 	}
