@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/bench/spendbench"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	core "github.com/dispatchmesh/dispatchmesh/internal/core/whatif"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/rebuild"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
+	"github.com/dispatchmesh/dispatchmesh/internal/testkit/metricstest"
 )
 
 // Policy A is the defaults; B raises the threshold and shortens the
@@ -50,21 +52,23 @@ func workload() []spendbench.Task {
 	return tasks
 }
 
-// run runs the workload through a mesh under pol and returns what it
-// recorded.
-func run(t *testing.T, pol string) []rebuild.Message {
+// run runs the workload through a mesh under pol (with a shadow policy
+// when shadow is set, its metrics on reg) and returns what it recorded
+// and the figures measured from outside.
+func run(t *testing.T, pol, shadow string, reg prometheus.Registerer) ([]rebuild.Message, spendbench.Figures) {
 	t.Helper()
 	var msgs []rebuild.Message
-	cfg := spendbench.Config{Policy: pol, Latency: -1, Mode: spendbench.ModeSteady, Rate: 5, Wait: 5 * time.Minute,
+	cfg := spendbench.Config{Policy: pol, Shadow: shadow, Registry: reg, Latency: -1, Mode: spendbench.ModeSteady, Rate: 5, Wait: 5 * time.Minute,
 		Inspect: func(ctx context.Context, js jetstream.JetStream) error {
 			var err error
 			msgs, _, err = rebuild.Read(ctx, js)
 			return err
 		}}
-	if _, err := spendbench.RunMesh(context.Background(), cfg, workload()); err != nil {
+	f, err := spendbench.RunMesh(context.Background(), cfg, workload())
+	if err != nil {
 		t.Fatal(err)
 	}
-	return msgs
+	return msgs, f
 }
 
 func replay(t *testing.T, msgs []rebuild.Message, pol string) core.Report {
@@ -88,7 +92,7 @@ func TestWhatIfReplaysAndPredicts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a mesh twice")
 	}
-	histA := run(t, policyA)
+	histA, _ := run(t, policyA, "", nil)
 	same := replay(t, histA, policyA)
 	t.Logf("A under A: actual %+v whatif %+v", same.Actual, same.WhatIf)
 	for _, c := range same.Changed {
@@ -110,7 +114,7 @@ func TestWhatIfReplaysAndPredicts(t *testing.T) {
 		t.Logf("changed %s %s: actual %s/%s/%s %d attempts; whatif %s/%s/%s %d attempts; %s", c.ID, c.Type,
 			c.Actual.Fate, c.Actual.Decision, c.Actual.Cause, c.Actual.Attempts, c.WhatIf.Fate, c.WhatIf.Decision, c.WhatIf.Cause, c.WhatIf.Attempts, c.Cause)
 	}
-	histB := run(t, policyB)
+	histB, _ := run(t, policyB, "", nil)
 	live := replay(t, histB, policyB)
 	t.Logf("B live: actual %+v", live.Actual)
 	predTokens := float64(b.WhatIf.Tokens) + b.WhatIf.Estimated.Tokens
@@ -128,4 +132,45 @@ func sameReport(a, b core.Report) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
+}
+
+// A shadow policy changes nothing the mesh does: the same workload under
+// B, with A as the shadow, spends and ends as it does without one; and
+// each decision is counted once under both: as many as the gate's
+// decision records and the recorder's recorded attempts on the stream.
+func TestShadowChangesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a mesh twice")
+	}
+	_, plain := run(t, policyB, "", nil)
+	reg := prometheus.NewRegistry()
+	hist, shadowed := run(t, policyB, policyA, reg)
+	spent := func(f spendbench.Figures) string { // what was spent and how it ended, not how long it took
+		return fmt.Sprint(f.Tokens, f.TokensIn, f.TokensOut, f.WastedTokens, f.Resolved, f.Calls, f.Attempts, f.Retries, f.RetrySuccesses, f.Statuses, f.Held)
+	}
+	if spent(plain) != spent(shadowed) {
+		t.Fatalf("the shadow changed the run:\nwithout %+v %v held %d\nwith    %+v %v held %d",
+			plain.Tally, plain.Statuses, plain.Held, shadowed.Tally, shadowed.Statuses, shadowed.Held)
+	}
+	evs, _ := whatif.Events(hist)
+	decisions, attempts := map[string]bool{}, map[string]bool{}
+	for _, ev := range evs {
+		key := fmt.Sprintf("%s/%d/%s", ev.Base.Task.ID, ev.Base.Run.Pass, ev.Kind)
+		switch ev.Kind {
+		case core.KindAdmitted, core.KindHeld, core.KindGated, core.KindHandoff:
+			decisions[key] = true
+		case core.KindExecuted:
+			attempts[key] = true
+		}
+	}
+	counted := 0.0
+	for _, v := range metricstest.Family(t, reg, "dispatch_shadow_decisions_total") {
+		counted += v
+	}
+	t.Logf("figures with and without the shadow: %+v; %v decisions counted under both, %d gate decisions and %d attempts recorded",
+		shadowed.Tally, counted, len(decisions), len(attempts))
+	if int(counted) != len(decisions)+len(attempts) {
+		t.Fatalf("%v shadow decisions counted, want %d gate decisions + %d recorded attempts: %v",
+			counted, len(decisions), len(attempts), metricstest.Family(t, reg, "dispatch_shadow_decisions_total"))
+	}
 }
