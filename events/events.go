@@ -222,6 +222,10 @@ type Retry struct {
 	// Sealed is the task's state as the recorder left it, for the
 	// executor (optional; see Sealed).
 	Sealed *Sealed `json:"sealed,omitempty"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Verdicts of a staleness check.
@@ -254,6 +258,10 @@ type Verified struct {
 	// Sealed is the task's state as it was last written, for the executor
 	// (optional; see Sealed).
 	Sealed *Sealed `json:"sealed,omitempty"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Cancelled is published by the verifier for a stale task, or when a
@@ -455,6 +463,10 @@ type Executed struct {
 type Succeeded struct {
 	Base
 	Result Result `json:"result"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // AttemptRecord is one attempt in a task's decision tree.
@@ -487,6 +499,10 @@ type Escalated struct {
 	TokensIn   int             `json:"tokens_in"`
 	TokensOut  int             `json:"tokens_out"`
 	Cost       float64         `json:"cost"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Rejected is the review record of input the mesh could not accept. The
@@ -506,6 +522,10 @@ type Stuck struct {
 	Reason   string          `json:"reason"`
 	Skips    int             `json:"skips"`
 	Attempts []AttemptRecord `json:"attempts"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Human review actions.

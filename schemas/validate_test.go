@@ -34,7 +34,8 @@ var (
 	verification = events.Verification{
 		Verdict: events.VerdictError, Verifier: "http", Detail: "timeout after 5s", FailOpen: true,
 	}
-	trust = events.TrustDecision{
+	recorderShadow = &events.ShadowDecision{Act: "handoff", Cause: events.CauseTrust, Reason: "HANDOFF after 3 attempts", PolicyRev: 7}
+	trust          = events.TrustDecision{
 		Score: 0.42, Outcomes: 12, Threshold: 0.15, Exempt: true, Probe: true, Blocked: true, Reason: "probe",
 		Cause: events.CauseProbe, RungTries: 9, RungSuccesses: 4, Rung: events.RungPivot,
 		Shadow: &events.ShadowDecision{Act: "hold", Cause: events.CauseTrust, Reason: "score 0.42 below 0.5", PolicyRev: 7},
@@ -85,8 +86,8 @@ var populated = []struct {
 	}},
 	{events.EventQueued, events.Queued{Base: base, Sealed: sealed}},
 	{events.EventIndexed, events.IndexEntry{ID: "t-42", Type: "css_fix", Subject: "src/app.css", SubmittedAt: at}},
-	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed}},
-	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed}},
+	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed, Shadow: recorderShadow}},
+	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed, Shadow: recorderShadow}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
 	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust, Sealed: sealed}},
 	{events.EventHeld, events.Held{Base: base, Hold: events.HoldTrust, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15", Sealed: sealed}},
@@ -94,15 +95,15 @@ var populated = []struct {
 		Model: "gpt-4o", Messages: []events.Message{{Role: "system", Content: "You fix CSS."}},
 	}, Sealed: sealed}},
 	{events.EventExecuted, events.Executed{Base: base, Result: result, State: stateAt}},
-	{events.EventSucceeded, events.Succeeded{Base: base, Result: result}},
+	{events.EventSucceeded, events.Succeeded{Base: base, Result: result, Shadow: recorderShadow}},
 	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15",
 		Attempts: []events.AttemptRecord{attempt}}},
 	{events.EventEscalated, events.Escalated{
 		Base: base, Reason: "attempts exhausted", Cause: events.CauseRungRate, TrustScore: 0.3,
-		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
+		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Shadow: recorderShadow,
 	}},
 	{events.EventStuck, events.Stuck{
-		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt},
+		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt}, Shadow: recorderShadow,
 	}},
 	{events.EventAction, action},
 	{"task_state.v1", state},

@@ -76,6 +76,21 @@ func TestPolicyShadowAndPromote(t *testing.T) {
 			t.Fatalf("admitted pass %d records shadow %+v, want admit under revision %d", ev.Run.Pass, s, rev)
 		}
 	}
+	// The recorder's decisions under the shadow are recorded on what it
+	// published: the retry after attempt 1 (straight to the gate: css_fix
+	// has no verifier) would have been a hand-off; the success a success.
+	recorded := map[string]string{}
+	for _, e := range all {
+		var ev struct {
+			Shadow *events.ShadowDecision `json:"shadow"`
+		}
+		if (e.Stage == events.StageVerified || e.Stage == events.StageSucceeded) && json.Unmarshal(e.Data, &ev) == nil && ev.Shadow != nil {
+			recorded[e.Stage] = ev.Shadow.Act
+		}
+	}
+	if recorded[events.StageVerified] != "handoff" || recorded[events.StageSucceeded] != "succeeded" {
+		t.Fatalf("the recorder's shadow decisions on its events: %v", recorded)
+	}
 	got := metricstest.Family(t, reg, "dispatch_shadow_decisions_total")
 	want := map[string]float64{
 		"live=admit,shadow=admit,type=css_fix":         float64(admitted), // the gate, each pass once

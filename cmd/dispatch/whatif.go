@@ -38,7 +38,10 @@ func cmdWhatIf(ctx context.Context, cfg Config, args []string) error {
 		return err
 	}
 	defer closeFn()
-	res, err := whatif.Run(ctx, js, core.Options{Policy: f, Since: time.Now().Add(-*since).UTC(), Type: *typ})
+	now := time.Now().UTC()
+	// The last look at the passes the candidate holds is now: held past
+	// their hold time, they have gone to a human.
+	res, err := whatif.Run(ctx, js, core.Options{Policy: f, Since: now.Add(-*since), Type: *typ, End: now})
 	if err != nil {
 		return err
 	}

@@ -159,10 +159,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// write starts from it.
 	switch ev := e.Event.(type) {
 	case events.Retry:
-		ev.Sealed = s.cfg.Tasks.Seal(at)
+		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadowed
 		e.Event = ev
 	case events.Verified:
-		ev.Sealed = s.cfg.Tasks.Seal(at)
+		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadowed
+		e.Event = ev
+	case events.Succeeded:
+		ev.Shadow = shadowed
+		e.Event = ev
+	case events.Escalated:
+		ev.Shadow = shadowed
+		e.Event = ev
+	case events.Stuck:
+		ev.Shadow = shadowed
 		e.Event = ev
 	}
 	var out services.Out
