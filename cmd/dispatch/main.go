@@ -53,7 +53,7 @@ Usage:
   dispatch rebuild [-apply] [-policy FILE]
                                       recompute the KV stores from the stream (each event with the policy
                                       revision it names), report differences
-  dispatch whatif -policy FILE [-since 24h] [-type T] [-o json]
+  dispatch whatif -policy FILE|-shadow [-since 24h] [-type T] [-o json]
                                       re-decide the recorded history under FILE: cost, fates, changed tasks
   dispatch policy set [-rev N] FILE   make FILE (validated, templates inlined) the policy of every service
                                       (-rev: only if revision N is in force)

@@ -10,38 +10,43 @@ import (
 	"sort"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	core "github.com/dispatchmesh/dispatchmesh/internal/core/whatif"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
+	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
+	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // cmdWhatIf re-decides the recorded history under a candidate policy and
 // reports actual against what-if (docs/whatif.md).
 func cmdWhatIf(ctx context.Context, cfg Config, args []string) error {
 	fs := flag.NewFlagSet("whatif", flag.ContinueOnError)
-	file := fs.String("policy", "", "the candidate policy file (required)")
+	file := fs.String("policy", "", "the candidate policy file (or -shadow)")
+	useShadow := fs.Bool("shadow", false, "the candidate is the shadow policy in the bucket (dispatch policy shadow)")
 	since := fs.Duration("since", 24*time.Hour, "report the tasks that started within this long")
 	typ := fs.String("type", "", "report this task type only")
 	output := outputFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *file == "" || fs.NArg() != 0 {
-		return errors.New("usage: dispatch whatif -policy FILE [-since 24h] [-type T] [-o json]")
-	}
-	f, err := policy.LoadInline(*file)
-	if err != nil {
-		return err
+	if (*file == "") == !*useShadow || fs.NArg() != 0 {
+		return errors.New("usage: dispatch whatif -policy FILE | -shadow [-since 24h] [-type T] [-o json]")
 	}
 	js, closeFn, err := clientJS(cfg)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
+	f, rev, err := candidate(ctx, js, *file)
+	if err != nil {
+		return err
+	}
 	now := time.Now().UTC()
 	// The last look at the passes the candidate holds is now: held past
 	// their hold time, they have gone to a human.
-	res, err := whatif.Run(ctx, js, core.Options{Policy: f, Since: now.Add(-*since), Type: *typ, End: now})
+	res, err := whatif.Run(ctx, js, core.Options{Policy: f, Revision: rev, Since: now.Add(-*since), Type: *typ, End: now})
 	if err != nil {
 		return err
 	}
@@ -52,6 +57,24 @@ func cmdWhatIf(ctx context.Context, cfg Config, args []string) error {
 	}
 	printWhatIf(stdout, res)
 	return nil
+}
+
+// candidate is the policy file path, or ("") the shadow policy in the
+// bucket and its revision.
+func candidate(ctx context.Context, js jetstream.JetStream, path string) (*policy.File, uint64, error) {
+	if path != "" {
+		f, err := policy.LoadInline(path)
+		return f, 0, err
+	}
+	kv, err := js.KeyValue(ctx, services.BucketPolicy)
+	if err != nil {
+		return nil, 0, fmt.Errorf("bucket %s: %w", services.BucketPolicy, err)
+	}
+	f, rev, err := policykv.Shadow(ctx, kv)
+	if err == nil && f == nil {
+		err = &exitError{1, errors.New("no shadow policy in the bucket (dispatch policy shadow FILE stores one)")}
+	}
+	return f, rev, err
 }
 
 func printWhatIf(w io.Writer, res whatif.Result) {

@@ -49,4 +49,15 @@ func TestWhatIfCommand(t *testing.T) {
 	if _, err := c.run("whatif"); err == nil {
 		t.Fatal("whatif without -policy ran")
 	}
+	// The shadow policy in the bucket as the candidate, named by its revision.
+	if _, err := c.run("whatif", "-shadow"); err == nil || !strings.Contains(err.Error(), "no shadow policy") {
+		t.Fatalf("whatif -shadow without one: %v", err)
+	}
+	c.ok("policy", "shadow", short)
+	if err := json.Unmarshal([]byte(c.ok("whatif", "-shadow", "-o", "json")), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.PolicyRevision == 0 || len(r.Changed) != 1 || r.Changed[0].WhatIf.Fate != "to_human" {
+		t.Fatalf("whatif -shadow: %+v", r.Report)
+	}
 }
