@@ -222,6 +222,10 @@ type Retry struct {
 	// Sealed is the task's state as the recorder left it, for the
 	// executor (optional; see Sealed).
 	Sealed *Sealed `json:"sealed,omitempty"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Verdicts of a staleness check.
@@ -254,6 +258,10 @@ type Verified struct {
 	// Sealed is the task's state as it was last written, for the executor
 	// (optional; see Sealed).
 	Sealed *Sealed `json:"sealed,omitempty"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Cancelled is published by the verifier for a stale task, or when a
@@ -306,6 +314,21 @@ type TrustDecision struct {
 	// Rung is set when the gate moved a retry up the ladder because
 	// retries on its own rung rarely succeed for the type: the rung it runs on.
 	Rung Rung `json:"rung,omitempty"`
+	// Shadow is the decision the shadow policy (dispatch policy shadow)
+	// would have made on the pass: computed and recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
+}
+
+// ShadowDecision is a decision computed under the shadow policy.
+type ShadowDecision struct {
+	// Act is what it would have done with the pass: admit, hold, block,
+	// handoff (the gate's), or the recorder's decision after an attempt.
+	Act string `json:"act"`
+	// Cause is the gate's cause under it.
+	Cause  Cause  `json:"cause,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// PolicyRev is the shadow policy's revision in the policy bucket.
+	PolicyRev uint64 `json:"policy_rev,omitempty"`
 }
 
 // Admitted is published by the gate when the task may be dispatched.
@@ -458,6 +481,10 @@ type Executed struct {
 type Succeeded struct {
 	Base
 	Result Result `json:"result"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // AttemptRecord is one attempt in a task's decision tree.
@@ -494,6 +521,10 @@ type Escalated struct {
 	TokensIn   int             `json:"tokens_in"`
 	TokensOut  int             `json:"tokens_out"`
 	Cost       float64         `json:"cost"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Rejected is the review record of input the mesh could not accept. The
@@ -513,6 +544,10 @@ type Stuck struct {
 	Reason   string          `json:"reason"`
 	Skips    int             `json:"skips"`
 	Attempts []AttemptRecord `json:"attempts"`
+	// Shadow is the recorder's decision on the attempt under the shadow
+	// policy (dispatch policy shadow), set by the recorder when there is
+	// one: recorded, never enforced.
+	Shadow *ShadowDecision `json:"shadow,omitempty"`
 }
 
 // Human review actions.

@@ -3,6 +3,7 @@ package schemas_test
 import (
 	"encoding/json"
 	"fmt"
+	opswhatif "github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
 	"maps"
 	"reflect"
 	"slices"
@@ -56,6 +57,7 @@ var messages = []struct {
 	{"api.wait.reply.v1", events.WaitReply{}},
 	{"api.error.v1", events.ErrorReply{}},
 	{trustpkg.EventOutcome, trustpkg.Outcome{}},
+	{"whatif.report.v1", opswhatif.Result{}},
 }
 
 // TestSchemasMatchGoTypes is the drift test: every JSON field the Go type

@@ -3,6 +3,9 @@ package schemas_test
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/whatif"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/rebuild"
+	opswhatif "github.com/dispatchmesh/dispatchmesh/internal/ops/whatif"
 	trustpkg "github.com/dispatchmesh/dispatchmesh/trust"
 	"reflect"
 	"strings"
@@ -31,9 +34,11 @@ var (
 	verification = events.Verification{
 		Verdict: events.VerdictError, Verifier: "http", Detail: "timeout after 5s", FailOpen: true,
 	}
-	trust = events.TrustDecision{
+	recorderShadow = &events.ShadowDecision{Act: "handoff", Cause: events.CauseTrust, Reason: "HANDOFF after 3 attempts", PolicyRev: 7}
+	trust          = events.TrustDecision{
 		Score: 0.42, Outcomes: 12, Threshold: 0.15, Exempt: true, Probe: true, Blocked: true, Reason: "probe",
 		Cause: events.CauseProbe, RungTries: 9, RungSuccesses: 4, Rung: events.RungPivot,
+		Shadow: &events.ShadowDecision{Act: "hold", Cause: events.CauseTrust, Reason: "score 0.42 below 0.5", PolicyRev: 7},
 	}
 	result = events.Result{
 		Outcome: events.OutcomeFailure, Approach: "move the rule", Summary: "tests still fail",
@@ -88,8 +93,8 @@ var populated = []struct {
 		Error: "the receiver answered 503", At: at, NextAt: at.Add(20 * time.Second)}},
 	{events.EventWebhookDelivered, events.WebhookDelivered{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t-42", URL: "https://hooks.example.com/done", Attempt: 2, Code: 204, At: at}},
 	{events.EventWebhookFailed, events.WebhookFailed{Due: webhookDue, Attempts: 12, LastError: "the receiver answered 503", At: at}},
-	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed}},
-	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed}},
+	{events.EventRetry, events.Retry{Base: base, Reason: "tests failed", WakeAt: at.Add(10 * time.Minute), Sealed: sealed, Shadow: recorderShadow}},
+	{events.EventVerified, events.Verified{Base: base, Verification: verification, Reason: "tests failed", Sealed: sealed, Shadow: recorderShadow}},
 	{events.EventCancelled, events.Cancelled{Base: base, Verification: verification}},
 	{events.EventAdmitted, events.Admitted{Base: base, Trust: trust, Sealed: sealed}},
 	{events.EventHeld, events.Held{Base: base, Hold: events.HoldTrust, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15", Sealed: sealed}},
@@ -97,15 +102,15 @@ var populated = []struct {
 		Model: "gpt-4o", Messages: []events.Message{{Role: "system", Content: "You fix CSS."}},
 	}, Sealed: sealed}},
 	{events.EventExecuted, events.Executed{Base: base, Result: result, State: stateAt}},
-	{events.EventSucceeded, events.Succeeded{Base: base, Result: result}},
+	{events.EventSucceeded, events.Succeeded{Base: base, Result: result, Shadow: recorderShadow}},
 	{events.EventGated, events.Gated{Base: base, Trust: trust, Reason: "Blocked: css_fix trust score 0.08 below 0.15",
 		Attempts: []events.AttemptRecord{attempt}}},
 	{events.EventEscalated, events.Escalated{
 		Base: base, Reason: "attempts exhausted", Cause: events.CauseRungRate, TrustScore: 0.3,
-		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246,
+		Attempts: []events.AttemptRecord{attempt}, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Shadow: recorderShadow,
 	}},
 	{events.EventStuck, events.Stuck{
-		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt},
+		Base: base, Reason: "skip budget exhausted", Skips: 3, Attempts: []events.AttemptRecord{attempt}, Shadow: recorderShadow,
 	}},
 	{events.EventAction, action},
 	{"task_state.v1", state},
@@ -120,6 +125,7 @@ var populated = []struct {
 		Attempts: 3, TokensIn: 2400, TokensOut: 600, Cost: 0.0246, Result: &result, UpdatedAt: at,
 	}},
 	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
+	{"whatif.report.v1", whatifReport(at)},
 	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Task: "t-42", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true, End: true, Probe: true, Marker: true}},
 }
 
@@ -355,5 +361,18 @@ func TestSubmitSchemaKnownDifferences(t *testing.T) {
 		if (len(problems) == 0) != c.validates {
 			t.Errorf("%s: schema problems = %q, want validates=%v", c.name, problems, c.validates)
 		}
+	}
+}
+
+// whatifReport is a what-if report with every field set.
+func whatifReport(at time.Time) opswhatif.Result {
+	f := whatif.Figures{Tokens: 1200, Cost: 0.01, Resolved: 3, ToHuman: 1, Held: 1, Attempts: 6}
+	w := whatif.WhatIf{Figures: f, Estimated: whatif.Estimated{Tokens: 300.5, Cost: 0.002, Resolved: 0.6, ToHuman: 0.4, Attempts: 2.5, Tasks: 1}}
+	fate := whatif.Fate{Fate: whatif.FateEstimated, Decision: "estimate", Cause: "trusted", Reason: "from attempt 3", Attempts: 2, Tokens: 400, Cost: 0.004, Resolve: 0.6}
+	return opswhatif.Result{
+		Report: whatif.Report{Since: at, PolicyRevision: 4, Tasks: 5, Actual: f, WhatIf: w,
+			ByType:  map[string]whatif.TypeReport{"css_fix": {Tasks: 5, Actual: f, WhatIf: w}},
+			Changed: []whatif.Change{{ID: "t-42", Type: "css_fix", Actual: fate, WhatIf: fate, Cause: "gate: admit (trusted)"}}},
+		Skipped: []rebuild.Skipped{{Subject: "dispatch.task.t-1.executed", Seq: 9, Error: "bad json"}},
 	}
 }

@@ -58,10 +58,13 @@ Usage:
   dispatch rebuild [-apply] [-policy FILE]
                                       recompute the KV stores from the stream (each event with the policy
                                       revision it names), report differences
+  dispatch whatif -policy FILE|-shadow [-since 24h] [-type T] [-o json]
+                                      re-decide the recorded history under FILE: cost, fates, changed tasks
   dispatch policy set [-rev N] FILE   make FILE (validated, templates inlined) the policy of every service
                                       (-rev: only if revision N is in force)
   dispatch policy get [-rev N]        print the policy in the bucket dispatch_policy
   dispatch policy validate FILE       check a policy file without connecting
+  dispatch policy shadow FILE|-clear  compute every decision under FILE too, never enforced; promote makes it live
   dispatch schema [NAME]              print the embedded JSON Schemas
   dispatch bench spend [-tasks N] [-mode once|steady|both] [-runs N] [-o json]
                                       what a mixed workload costs through the mesh vs a naive retry loop
@@ -134,6 +137,8 @@ func run(ctx context.Context, args []string) error {
 		return cmdWeb(ctx, cfg, rest)
 	case "rebuild":
 		return cmdRebuild(ctx, cfg, rest)
+	case "whatif":
+		return cmdWhatIf(ctx, cfg, rest)
 	case "policy":
 		return cmdPolicy(ctx, cfg, rest)
 	}

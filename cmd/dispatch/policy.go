@@ -26,7 +26,11 @@ const policyUsage = `usage:
                                   with -rev, only if revision N is in force (0: only if the bucket holds no policy yet)
   dispatch policy get [-rev N]    print the policy in the bucket (the newest revision, or revision N) on stdout,
                                   its revision on stderr
-  dispatch policy validate FILE   check FILE as set would, without connecting`
+  dispatch policy validate FILE   check FILE as set would, without connecting
+  dispatch policy shadow FILE     store FILE beside the policy in force: every decision is also computed under it,
+                                  recorded, never enforced (dispatch_shadow_decisions_total)
+  dispatch policy shadow -clear   drop the shadow policy
+  dispatch policy promote         make the shadow policy the one in force, as a new revision`
 
 // cmdPolicy reads and changes the policy in the bucket dispatch_policy.
 func cmdPolicy(ctx context.Context, cfg Config, args []string) error {
@@ -40,6 +44,10 @@ func cmdPolicy(ctx context.Context, cfg Config, args []string) error {
 		return cmdPolicyGet(ctx, cfg, args[1:])
 	case "validate":
 		return cmdPolicyValidate(args[1:])
+	case "shadow":
+		return cmdPolicyShadow(ctx, cfg, args[1:])
+	case "promote":
+		return cmdPolicyPromote(ctx, cfg, args[1:])
 	}
 	return fmt.Errorf("unknown policy command %q\n%s", args[0], policyUsage)
 }

@@ -97,7 +97,11 @@ func newWebPage(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	wc := web.Config{Review: rc, Token: token, Log: log}
+	shadow, err := watchShadow(ctx, js, log) // the page shows the shadow policy
+	if err != nil {
+		return nil, err
+	}
+	wc := web.Config{Review: rc, Token: token, Log: log, Policy: pol, Shadow: shadow}
 	if apiToken != "" {
 		wc.Client = &web.ClientAPI{NC: nc, Token: apiToken, MaxWaits: cfg.HTTPMaxWaits}
 	}

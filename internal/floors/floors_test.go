@@ -227,6 +227,8 @@ func TestFloorOf(t *testing.T) {
 		module + "/internal/ops/review/reviewtest": testkit,
 		module + "/internal/core/task":             core,
 		module + "/internal/runtime/tracing":       rt,
+		module + "/internal/core/whatif":           core,
+		module + "/internal/ops/whatif":            ops,
 		module + "/services/gate":                  svc,
 		module + "/services":                       svc,
 		module + "/trust":                          svc,

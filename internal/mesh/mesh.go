@@ -78,6 +78,11 @@ type Options struct {
 	// Policy holds per-type policies. Default: the policy in the bucket
 	// dispatch_policy, followed with a KV watcher (policykv.Watch).
 	Policy *policy.Source
+	// Shadow is the shadow policy: the gate and the recorder compute every
+	// decision under it too, and record it, never enforce it. Default: the
+	// key shadow of the bucket dispatch_policy, followed (dispatch policy
+	// shadow).
+	Shadow *policy.Source
 	// Model answers prompts. Default: the simulated model, rates from Policy.
 	Model executor.Model
 	// DefaultModel is the model name when a type names none.
@@ -222,6 +227,11 @@ func Run(ctx context.Context, o Options) error {
 			return startError(o.NC, err)
 		}
 		o.Log.Info("policy from the bucket", "bucket", services.BucketPolicy, "rev", o.Policy.Rev())
+	}
+	if o.Shadow == nil && stores.Policy != nil && slices.ContainsFunc(o.Services, usesPolicy) {
+		if o.Shadow, err = policykv.WatchWith(ctx, stores.Policy, policykv.WatchOptions{JS: o.JS, Log: o.Log, Key: policy.ShadowKey, Quiet: true}); err != nil {
+			return startError(o.NC, err)
+		}
 	}
 	if o.Model == nil {
 		o.Model = executor.Simulated{Rate: executor.RateFromPolicy(o.Policy)}
@@ -543,7 +553,7 @@ func (o Options) gate(ctx context.Context, st *storesOf) (*gate.Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Held: st.held(), JS: o.JS, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: Gate + "@" + o.Instance, Log: o.Log})
+	return gate.New(gate.Config{View: view, Trust: st.trust(o.Scoring), Spending: st.spending(o.JS), Tasks: st.tasks(), Held: st.held(), JS: o.JS, Policy: o.Policy, Shadow: o.Shadow, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: Gate + "@" + o.Instance, Log: o.Log})
 }
 
 // spec makes the router spec of service name.
@@ -604,7 +614,7 @@ func (o Options) spec(ctx context.Context, name string, st *storesOf) (services.
 		if err != nil {
 			return services.Spec{}, err
 		}
-		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, NATS: o.NC, Policy: o.Policy, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: inst, Log: o.Log})
+		s, err := recorder.New(recorder.Config{Tasks: st.tasks().Sealing(o.sealer), History: st.history(), Trust: view, CountSpend: true, NATS: o.NC, Policy: o.Policy, Shadow: o.Shadow, Scoring: o.Scoring, Registry: o.Registry, TypeLabels: o.types, Instance: inst, Log: o.Log})
 		if err != nil {
 			return services.Spec{}, err
 		}

@@ -221,6 +221,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 		}
 		in.Claimed[out.Ask] = granted
 	}
+	out.Trust.Shadow = s.shadow(in) // recorded with the decision, never enforced
 	return s.act(ctx, m, b, sealed, held, in, out, release)
 }
 
@@ -472,7 +473,7 @@ func canaryDelay(delivered int, ttl time.Duration) time.Duration {
 // admit lets the pass through to the prompt builder, with the task's state
 // sealed as it came (the gate does not write it on the way).
 func (s *Service) admit(ctx context.Context, b events.Base, d events.TrustDecision, sealed *events.Sealed) ([]services.Out, error) {
-	s.decided(ctx, b, d)
+	s.decided(ctx, b, d, task.ActAdmit)
 	out, err := services.Next(b, events.StageAdmitted, events.EventAdmitted, events.Admitted{Base: b, Trust: d, Sealed: sealed})
 	return []services.Out{out}, err
 }
@@ -483,7 +484,7 @@ func (s *Service) block(ctx context.Context, b events.Base, d events.TrustDecisi
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
-	s.decided(ctx, b, d)
+	s.decided(ctx, b, d, task.ActBlock)
 	var attempts []events.AttemptRecord
 	if s.cfg.Tasks != nil {
 		st, cause, err := s.cfg.Tasks.Apply(ctx, b.Task.ID, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
@@ -516,7 +517,7 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 	if err := s.release(ctx, b.Task.Type, release); err != nil {
 		return nil, err
 	}
-	s.decided(ctx, b, d)
+	s.decided(ctx, b, d, task.ActHandoff)
 	var st events.TaskState
 	if s.cfg.Tasks != nil {
 		var cause task.Cause
@@ -552,8 +553,11 @@ func (s *Service) handoff(ctx context.Context, b events.Base, d events.TrustDeci
 // is stored: a redelivered pass republishes the same event, deduplicated,
 // and counts nothing (services.OnStored); a pass stopped with no record (a
 // human ended the task) counts nothing.
-func (s *Service) decided(ctx context.Context, b events.Base, d events.TrustDecision) {
-	services.OnStored(ctx, func() { s.metrics.decisions.WithLabelValues(s.metrics.types.Label(b.Task.Type), string(d.Cause)).Inc() })
+func (s *Service) decided(ctx context.Context, b events.Base, d events.TrustDecision, act task.GateAct) {
+	services.OnStored(ctx, func() {
+		s.metrics.decisions.WithLabelValues(s.metrics.types.Label(b.Task.Type), string(d.Cause)).Inc()
+		s.metrics.shadow.Count(b.Task.Type, act.Kind(), d.Shadow)
+	})
 }
 
 // release gives up the canary place of a task the gate stops.

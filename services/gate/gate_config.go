@@ -65,6 +65,10 @@ type Config struct {
 	MaxBacklog int
 	// Policy supplies per-type exemption, threshold, canary and rung floor.
 	Policy *policy.Source
+	// Shadow, when set and holding a policy, is the shadow policy: each
+	// decision is also computed under it, recorded and counted
+	// (dispatch_shadow_decisions_total), never enforced.
+	Shadow *policy.Source
 	// Scoring defaults (window 50, minimum 10, threshold 0.15, probe after 5
 	// blocks, 3 canaries, rung floor 0.25 after 8 samples); a type's policy
 	// overrides them (policy.Type.Scoring).

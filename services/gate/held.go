@@ -184,7 +184,7 @@ func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b e
 // its canaries and is then held for trust is held anew.
 func (s *Service) park(b events.Base, hold events.Hold, d events.TrustDecision, sealed *events.Sealed) ([]services.Out, error) {
 	if hold == events.HoldTrust { // a wait for canaries is no decision: dispatch_gate_waits_total counts it
-		s.decided(context.Background(), b, d)
+		s.decided(context.Background(), b, d, task.ActHold)
 	}
 	out, err := services.NextAs(b, events.StageHeld, events.StageHeld+"-"+string(hold), events.EventHeld,
 		events.Held{Base: b, Hold: hold, Trust: d, Reason: d.Reason, Sealed: sealed})

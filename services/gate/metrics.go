@@ -33,6 +33,7 @@ type metrics struct {
 	wakes     *prometheus.CounterVec // type, why
 	tasks     *services.TaskMetrics
 	types     *services.LabelSet
+	shadow    *services.ShadowMetrics
 }
 
 func newMetrics(cfg Config, s *Service) *metrics {
@@ -54,8 +55,9 @@ func newMetrics(cfg Config, s *Service) *metrics {
 			Name: "dispatch_gate_wakes_total",
 			Help: "Held passes the gate's sweeper woke from the held index, by type and why (readmit, probe, expired).",
 		}, []string{"type", "why"}),
-		tasks: services.NewTaskMetrics(reg, cfg.TypeLabels),
-		types: cfg.TypeLabels,
+		tasks:  services.NewTaskMetrics(reg, cfg.TypeLabels),
+		types:  cfg.TypeLabels,
+		shadow: services.NewShadowMetrics(reg, cfg.TypeLabels),
 	}
 	if reg != nil {
 		m.decisions = services.Register(reg, m.decisions)

@@ -54,6 +54,7 @@ type metrics struct {
 	resolvedCost     *prometheus.CounterVec   // type
 	resolvedAttempts *prometheus.HistogramVec // type
 	types            *services.LabelSet
+	shadow           *services.ShadowMetrics
 }
 
 func newMetrics(reg prometheus.Registerer, types *services.LabelSet) *metrics {
@@ -61,8 +62,9 @@ func newMetrics(reg prometheus.Registerer, types *services.LabelSet) *metrics {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	m := &metrics{
-		tasks: services.NewTaskMetrics(reg, types),
-		types: types,
+		tasks:  services.NewTaskMetrics(reg, types),
+		types:  types,
+		shadow: services.NewShadowMetrics(reg, types),
 		attempts: counter("dispatch_attempts_total",
 			"Attempts recorded, by type, rung (none for pipeline steps) and outcome (success, failure, refused).", "type", "rung", "outcome"),
 		retries: counter("dispatch_retries_total",

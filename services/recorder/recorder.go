@@ -101,9 +101,12 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if m.Delivered > 1 {
 		known = nil
 	}
+	shadow := s.cfg.Shadow.Snapshot()
+	var shadowed *events.ShadowDecision
 	at, cause, err := s.cfg.Tasks.ApplyAt(ctx, t.ID, known, func(st events.TaskState, found bool) (events.TaskState, task.Cause) {
 		next, judged, c := task.Record(st, found, b, ev.Result, pol, now)
 		res = judged
+		shadowed = shadowRecord(shadow, st, found, b, ev.Result, now)
 		return next, c
 	})
 	st := at.State
@@ -112,6 +115,11 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	}
 	if cause.Changed() {
 		s.metrics.recorded(&st)
+		s.metrics.shadow.Count(t.Type, string(st.Decision), shadowed) // once: a redelivery changes nothing
+		if shadowed != nil && shadowed.Act != string(st.Decision) {
+			s.log.Info("the shadow policy decides otherwise", "task", t.ID, "type", t.Type, "pass", b.Run.Pass,
+				"live", st.Decision, "shadow", shadowed.Act, "shadow_reason", shadowed.Reason, "shadow_rev", shadowed.PolicyRev)
+		}
 	}
 
 	if cause == task.CauseMovedOn || cause == task.CauseEnded {
@@ -151,10 +159,19 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	// write starts from it.
 	switch ev := e.Event.(type) {
 	case events.Retry:
-		ev.Sealed = s.cfg.Tasks.Seal(at)
+		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadowed
 		e.Event = ev
 	case events.Verified:
-		ev.Sealed = s.cfg.Tasks.Seal(at)
+		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadowed
+		e.Event = ev
+	case events.Succeeded:
+		ev.Shadow = shadowed
+		e.Event = ev
+	case events.Escalated:
+		ev.Shadow = shadowed
+		e.Event = ev
+	case events.Stuck:
+		ev.Shadow = shadowed
 		e.Event = ev
 	}
 	var out services.Out
@@ -212,4 +229,18 @@ func (s *Service) recorded(t events.Task, st events.TaskState, run events.Run, r
 		outs[i] = services.OutMsg(m)
 	}
 	return outs, counted, nil
+}
+
+// shadowRecord is the recorder's decision on the attempt under the shadow
+// policy (nil when there is none): task.Record on the same state, its
+// result dropped — never written, never enforced.
+func shadowRecord(shadow *policy.Snapshot, st events.TaskState, found bool, b events.Base, res events.Result, now time.Time) *events.ShadowDecision {
+	if shadow == nil || shadow.File == nil {
+		return nil
+	}
+	next, _, c := task.Record(st, found, b, res, shadow.For(b.Task.Type), now)
+	if !c.Changed() {
+		return nil
+	}
+	return &events.ShadowDecision{Act: string(next.Decision), Reason: next.Reason, PolicyRev: shadow.Rev}
 }

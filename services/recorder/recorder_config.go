@@ -36,6 +36,10 @@ type Config struct {
 	CountSpend bool
 	// Policy supplies each type's max_retries (default 7) and pipeline.
 	Policy *policy.Source
+	// Shadow, when set and holding a policy, is the shadow policy: each
+	// decision is also computed under it, recorded and counted
+	// (dispatch_shadow_decisions_total), never enforced.
+	Shadow *policy.Source
 	// Scoring is used to report the trust score in escalation records.
 	Scoring  trust.Policy
 	Instance string

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 )
 
@@ -57,6 +60,15 @@ type Config struct {
 	Wait time.Duration
 	// Log receives the mesh's logs. Default: discarded.
 	Log *slog.Logger
+	// Inspect, when set, is called with the mesh's JetStream once every
+	// task ended (or Wait passed), before the mesh stops: a test reads the
+	// stream the run recorded (dispatch whatif replays it).
+	Inspect func(ctx context.Context, js jetstream.JetStream) error
+	// Shadow, when set, is a shadow policy file (JSON) the mesh computes
+	// every decision under too, never enforced (dispatch policy shadow).
+	Shadow string
+	// Registry, when set, receives the mesh's metrics.
+	Registry prometheus.Registerer
 }
 
 func (c Config) withDefaults() Config {
@@ -107,6 +119,18 @@ func (c Config) policy() (*policy.Source, error) {
 	f, err := policy.Parse([]byte(c.Policy))
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return policy.Static(f), nil
+}
+
+// shadow is the shadow policy (nil: none).
+func (c Config) shadow() (*policy.Source, error) {
+	if c.Shadow == "" {
+		return nil, nil
+	}
+	f, err := policy.Parse([]byte(c.Shadow))
+	if err != nil {
+		return nil, fmt.Errorf("shadow policy: %w", err)
 	}
 	return policy.Static(f), nil
 }

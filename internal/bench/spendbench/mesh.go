@@ -43,6 +43,10 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 	if err != nil {
 		return Figures{}, err
 	}
+	shadow, err := cfg.shadow()
+	if err != nil {
+		return Figures{}, err
+	}
 	model, err := StartServer(cfg.Latency)
 	if err != nil {
 		return Figures{}, err
@@ -72,7 +76,7 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		return Figures{}, err
 	}
 
-	m := startMesh(ctx, cfg, pol, model, meshNC)
+	m := startMesh(ctx, cfg, pol, shadow, model, meshNC)
 	defer m.cancel()
 	kv, err := waitBucket(ctx, js, m.stopped)
 	if err != nil {
@@ -108,6 +112,12 @@ func RunMesh(ctx context.Context, cfg Config, tasks []Task) (Figures, error) {
 		_ = m.stop()
 		return Figures{}, ctx.Err()
 	}
+	if cfg.Inspect != nil {
+		if err := cfg.Inspect(ctx, js); err != nil {
+			_ = m.stop()
+			return Figures{}, err
+		}
+	}
 	if err := m.stop(); err != nil {
 		return Figures{}, fmt.Errorf("mesh: %w", err)
 	}
@@ -128,14 +138,15 @@ type meshProcess struct {
 	stopped chan error         // receives what mesh.Run returned
 }
 
-// startMesh runs every service on nc, with the policy pol and the OpenAI
+// startMesh runs every service on nc, with the policy pol (and the shadow
+// policy shadow, nil: the bucket's) and the OpenAI
 // model that model serves, until ctx ends or stop is called.
-func startMesh(ctx context.Context, cfg Config, pol *policy.Source, model *Server, nc *nats.Conn) *meshProcess {
+func startMesh(ctx context.Context, cfg Config, pol, shadow *policy.Source, model *Server, nc *nats.Conn) *meshProcess {
 	meshCtx, stopMesh := context.WithCancel(ctx)
 	m := &meshProcess{cancel: stopMesh, stopped: make(chan error, 1)}
 	go func() {
 		m.stopped <- mesh.Run(meshCtx, mesh.Options{
-			NC: nc, Provision: true, Policy: pol,
+			NC: nc, Provision: true, Policy: pol, Shadow: shadow, Registry: cfg.Registry,
 			Model:        executor.NewOpenAI(executor.OpenAIConfig{BaseURL: model.BaseURL(), APIKey: "sk-spendbench"}),
 			DefaultModel: cfg.Model,
 			Instance:     "spendbench",

@@ -16,6 +16,11 @@ import (
 // revision, so dispatch rebuild can read the policy of the time.
 const Key = "current"
 
+// ShadowKey is the shadow policy's key in the same bucket: a candidate every
+// gate and recorder decision is also computed under, never enforced
+// (dispatch policy shadow).
+const ShadowKey = "shadow"
+
 // ErrTemplateFile rejects a policy in the bucket that names a template file:
 // a file on whose disk? Templates are inlined when a file seeds the bucket
 // (dispatch up, dispatch policy set).

@@ -311,3 +311,41 @@ func LiveHolders(stats scoring.Stats, p scoring.Policy, now time.Time, self stri
 	}
 	return live
 }
+
+// Kind is what an act does to the pass's fate: admit (a wait for canaries
+// only delays it), hold, block or handoff; "" for ActAsk.
+func (a GateAct) Kind() string {
+	switch a {
+	case ActAdmit, ActPark, ActWait:
+		return "admit"
+	case ActHold, ActSleep:
+		return "hold"
+	case ActBlock:
+		return "block"
+	case ActHandoff:
+		return "handoff"
+	}
+	return ""
+}
+
+// ClaimIn answers claim c of task id's pass as the trust store's
+// compare-and-set would, on gate facts st held in memory: what a replay
+// (dispatch whatif) or a shadow policy's decision takes instead of
+// writing the type's gate facts. It returns the facts as the claim leaves
+// them.
+func ClaimIn(c Claim, st scoring.Stats, p scoring.Policy, id string, pass int, now time.Time) (scoring.Stats, bool) {
+	switch c {
+	case ClaimStreak:
+		next, probe, _ := p.Gate(st, events.MsgID(id, pass, "gate"), true)
+		return next, probe
+	case ClaimProbe:
+		return p.HeldProbe(st, now)
+	case ClaimTrial:
+		next, ok, _ := p.AdmitTrial(st, id, now, p.TrialPlaces(st))
+		return next, ok
+	case ClaimCanary:
+		next, ok, _ := p.AdmitCanary(st, id, now)
+		return next, ok
+	}
+	return st, false
+}

@@ -91,55 +91,12 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 	if o.Policy == nil && o.Revisions == nil {
 		return nil, errors.New("rebuild: no policy: set Options.Revisions (or Options.Policy)")
 	}
+	all, horizon, err := read(ctx, js)
+	if err != nil {
+		return nil, err
+	}
 	r := newReplayer(o)
-	cons, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{
-		// Readers come and go (every page, every command): let the server
-		// drop a forgotten consumer soon instead of after 5 minutes.
-		InactiveThreshold: 10 * time.Second,
-		FilterSubjects:    []string{events.TaskRoot + ".>", events.ReviewFilter},
-	})
-	if err != nil {
-		return nil, err
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var all []stored
-	for pending := info.NumPending; pending > 0; {
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, err
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			md, err := msg.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			all = append(all, stored{subject: msg.Subject(), data: msg.Data(), at: md.Timestamp.UTC(), seq: md.Sequence.Stream,
-				msgID: msg.Headers().Get(jetstream.MsgIDHeader)})
-		}
-		if err := batch.Error(); err != nil {
-			return nil, err
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("replay stalled with %d messages pending", pending)
-		}
-		pending -= uint64(n)
-		r.out.Events += n
-	}
-	// Read after the replay: what aged out meanwhile is behind the horizon
-	// too. A task submitted after it has every event on the stream (age
-	// removes from the front).
-	s, err := js.Stream(ctx, events.Stream)
-	if err != nil {
-		return nil, fmt.Errorf("rebuild: stream %s: %w", events.Stream, err)
-	}
-	if st := s.CachedInfo().State; st.FirstSeq > 1 {
-		r.out.Horizon = st.FirstTime.UTC() // events before it are gone
-	}
+	r.out.Events, r.out.Horizon = len(all), horizon
 	r.replay(all)
 	if len(r.missing) > 0 {
 		var list []Unavailable
@@ -152,6 +109,79 @@ func Replay(ctx context.Context, js jetstream.JetStream, o Options) (*Stores, er
 		r.out.Fallbacks = list
 	}
 	return r.out, nil
+}
+
+// Message is one stream message as a replay reads it.
+type Message struct {
+	Subject, MsgID string
+	Data           []byte
+	// Stored is when the stream stored it; Seq its stream sequence.
+	Stored time.Time
+	Seq    uint64
+}
+
+// Read reads every task event and review record on the stream, in order:
+// what Replay folds, for another reader of the history (dispatch whatif).
+// horizon is when the oldest message read was stored when the stream no
+// longer holds its first ones (they aged out); zero when it holds them all.
+func Read(ctx context.Context, js jetstream.JetStream) (msgs []Message, horizon time.Time, err error) {
+	all, horizon, err := read(ctx, js)
+	for _, m := range all {
+		msgs = append(msgs, Message{Subject: m.subject, MsgID: m.msgID, Data: m.data, Stored: m.at, Seq: m.seq})
+	}
+	return msgs, horizon, err
+}
+
+func read(ctx context.Context, js jetstream.JetStream) ([]stored, time.Time, error) {
+	cons, err := js.OrderedConsumer(ctx, events.Stream, jetstream.OrderedConsumerConfig{
+		// Readers come and go (every page, every command): let the server
+		// drop a forgotten consumer soon instead of after 5 minutes.
+		InactiveThreshold: 10 * time.Second,
+		FilterSubjects:    []string{events.TaskRoot + ".>", events.ReviewFilter},
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	var all []stored
+	for pending := info.NumPending; pending > 0; {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			md, err := msg.Metadata()
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			all = append(all, stored{subject: msg.Subject(), data: msg.Data(), at: md.Timestamp.UTC(), seq: md.Sequence.Stream,
+				msgID: msg.Headers().Get(jetstream.MsgIDHeader)})
+		}
+		if err := batch.Error(); err != nil {
+			return nil, time.Time{}, err
+		}
+		if n == 0 {
+			return nil, time.Time{}, fmt.Errorf("replay stalled with %d messages pending", pending)
+		}
+		pending -= uint64(n)
+	}
+	// Read after the replay: what aged out meanwhile is behind the horizon
+	// too. A task submitted after it has every event on the stream (age
+	// removes from the front).
+	s, err := js.Stream(ctx, events.Stream)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("rebuild: stream %s: %w", events.Stream, err)
+	}
+	var horizon time.Time
+	if st := s.CachedInfo().State; st.FirstSeq > 1 {
+		horizon = st.FirstTime.UTC() // events before it are gone
+	}
+	return all, horizon, nil
 }
 
 func newReplayer(o Options) *replayer {

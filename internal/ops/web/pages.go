@@ -73,7 +73,7 @@ func kind(v any) string {
 }
 
 var pages = map[string]*template.Template{
-	"queue": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/queue.html")),
+	"queue": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/queue.html", "templates/shadow.html")),
 	"task":  template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/task.html")),
 	"tasks": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/tasks.html")),
 	"bulk":  template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/bulk.html")),
@@ -150,6 +150,8 @@ type queueData struct {
 	// AgeText is the age as typed; Failed is why the page could not be
 	// read (bad filter): the form stays with it.
 	AgeText, Failed string
+	// Shadow is the shadow policy's section (nil: none).
+	Shadow *shadowView
 }
 
 // tab is one reason filter link with the open items of that reason (-1:
@@ -210,7 +212,7 @@ func (h *Handler) pageQueue(w http.ResponseWriter, r *http.Request) {
 		return ""
 	}
 	d := queueData{
-		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(), Reasons: review.Reasons,
+		Filter: f, Queue: q, Trust: tr, ScanFactor: review.QueueScanFactor, ListsHeld: f.ListsHeld(), Reasons: review.Reasons, Shadow: h.shadow(trustTypes(tr)),
 		AllLink:      link(map[string]string{"all": flag(!f.All), "cursor": ""}),
 		AnsweredLink: link(map[string]string{"answered": flag(!f.Answered), "cursor": ""}),
 	}

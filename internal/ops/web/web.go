@@ -52,6 +52,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
 )
 
@@ -69,6 +70,10 @@ type Config struct {
 	// Client, when set, serves the client HTTP API under /api/v1/
 	// (client.go), with a token of its own.
 	Client *ClientAPI
+	// Policy and Shadow, when Shadow holds a policy, show the shadow
+	// policy on the queue page (templates/shadow.html): its revision and
+	// what it sets otherwise than Policy, the policy in force.
+	Policy, Shadow *policy.Source
 }
 
 // ErrNoToken: New was given no token. The page never serves without one.

@@ -287,6 +287,10 @@ type WatchOptions struct {
 	// logs every change. Refusals (a revision that does not decode) are
 	// logged as errors and warnings either way.
 	Quiet bool
+	// Key is the key followed. Default policy.Key (the policy in force);
+	// ShadowKey follows the shadow policy, whose absence (a delete) is a
+	// Snapshot with no File.
+	Key string
 }
 
 // ErrNoJetStream is returned by WatchWith without WatchOptions.JS.
@@ -301,10 +305,14 @@ func WatchWith(ctx context.Context, kv jetstream.KeyValue, o WatchOptions) (*pol
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &watcher{src: &policy.Source{}, log: log.With("bucket", kv.Bucket(), "key", policy.Key), quiet: o.Quiet}
-	w, err := follow.Watch(ctx, o.JS, kv, policy.Key, follow.WatchOptions{Log: log})
+	key := o.Key
+	if key == "" {
+		key = policy.Key
+	}
+	s := &watcher{src: &policy.Source{}, log: log.With("bucket", kv.Bucket(), "key", key), quiet: o.Quiet, key: key}
+	w, err := follow.Watch(ctx, o.JS, kv, key, follow.WatchOptions{Log: log})
 	if err != nil {
-		return nil, fmt.Errorf("policy: watch %s %s: %w", kv.Bucket(), policy.Key, err)
+		return nil, fmt.Errorf("policy: watch %s %s: %w", kv.Bucket(), key, err)
 	}
 	var first jetstream.KeyValueEntry
 	for e := range w.Updates() {
@@ -337,6 +345,7 @@ type watcher struct {
 	src   *policy.Source
 	log   *slog.Logger
 	quiet bool // which policy is in force is logged at debug level (WatchOptions.Quiet)
+	key   string
 }
 
 // start takes the newest revision that decodes, from first backwards (the
@@ -345,9 +354,9 @@ func (s *watcher) start(ctx context.Context, js jetstream.JetStream, kv jetstrea
 	if s.apply(first) {
 		return nil
 	}
-	all, err := follow.History(ctx, js, kv, policy.Key, s.log)
+	all, err := follow.History(ctx, js, kv, s.key, s.log)
 	if err != nil {
-		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), policy.Key, err)
+		return fmt.Errorf("policy: history of %s %s: %w", kv.Bucket(), s.key, err)
 	}
 	if e, f, _ := newestDecoding(all, first.Revision()-1); e != nil {
 		s.src.Store(&policy.Snapshot{File: f, Rev: e.Revision()}, first.Revision())

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
@@ -36,6 +38,8 @@ type Options struct {
 	Policy *policy.File
 	// Scoring is the trust scoring of the gate and of the review client.
 	Scoring trust.Policy
+	// Registry, when set, receives the mesh's metrics.
+	Registry prometheus.Registerer
 }
 
 // Mesh is a running mesh with a review client.
@@ -47,6 +51,9 @@ type Mesh struct {
 	Tasks  *services.TaskStore
 	// Policy follows the policy bucket, where Start puts Options.Policy.
 	Policy *policy.Source
+	// Shadow follows the bucket's shadow policy (dispatch policy shadow),
+	// as the mesh's gate and recorder see it.
+	Shadow *policy.Source
 }
 
 // Start runs every service against a fresh embedded server, the model
@@ -68,10 +75,15 @@ func Start(t testing.TB, script openaitest.Script, o Options) *Mesh {
 	if m.Policy, err = policykv.Watch(ctx, m.Srv.JS, stores.Policy, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
+	m.Shadow, err = policykv.WatchWith(ctx, stores.Policy, policykv.WatchOptions{JS: m.Srv.JS, Key: policy.ShadowKey, Quiet: true,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
 		done <- mesh.Run(ctx, mesh.Options{
-			NC: nc, Provision: true, Policy: m.Policy, Scoring: o.Scoring,
+			NC: nc, Provision: true, Policy: m.Policy, Shadow: m.Shadow, Scoring: o.Scoring, Registry: o.Registry,
 			Model:   executor.NewOpenAI(executor.OpenAIConfig{BaseURL: m.Model.BaseURL(), APIKey: "test"}),
 			Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 			AckWait: 2 * time.Second, Grace: 5 * time.Second, Instance: "test",
