@@ -44,9 +44,9 @@ func ExampleReadWebhook() {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	fmt.Println(send(events.SignWebhook(secret, time.Now(), body)))
-	fmt.Println(send(events.SignWebhook(secret, time.Now(), body)))
-	fmt.Println(send(events.SignWebhook([]byte("not the secret"), time.Now(), body)))
+	fmt.Println(send(events.SignWebhook(secret, time.Now(), "whd_0123456789abcdef01234567", body)))
+	fmt.Println(send(events.SignWebhook(secret, time.Now(), "whd_0123456789abcdef01234567", body)))
+	fmt.Println(send(events.SignWebhook([]byte("not the secret"), time.Now(), "whd_0123456789abcdef01234567", body)))
 	// Output:
 	// task t-1 succeeded
 	// 204

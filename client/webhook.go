@@ -12,18 +12,19 @@ import (
 
 // The headers of a webhook delivery (docs/api.md#webhooks).
 const (
-	SignatureHeader = events.WebhookSignatureHeader // t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">
-	DeliveryHeader  = events.WebhookDeliveryHeader  // the delivery id: deduplicate on it
+	SignatureHeader = events.WebhookSignatureHeader // t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<delivery id>.<body>">
+	DeliveryHeader  = events.WebhookDeliveryHeader  // the delivery id (signed): deduplicate on it
 )
 
 // MaxWebhookBody bounds the body ReadWebhook reads.
 const MaxWebhookBody = 4 << 20
 
 // VerifyWebhook checks a delivery's Dispatch-Signature value against its
-// raw body under the shared secret, and that it was signed within
-// tolerance of now (0: 5 minutes). See events.VerifyWebhook.
-func VerifyWebhook(secret []byte, signature string, body []byte, now time.Time, tolerance time.Duration) error {
-	return events.VerifyWebhook(secret, signature, body, now, tolerance)
+// Dispatch-Delivery id and raw body under the shared secret, and that it
+// was signed within tolerance of now (0: 5 minutes). See
+// events.VerifyWebhook.
+func VerifyWebhook(secret []byte, signature, delivery string, body []byte, now time.Time, tolerance time.Duration) error {
+	return events.VerifyWebhook(secret, signature, delivery, body, now, tolerance)
 }
 
 // ReadWebhook reads and verifies a webhook POST: the task's outcome (the
@@ -37,7 +38,7 @@ func ReadWebhook(r *http.Request, secret []byte) (Outcome, string, error) {
 	if err != nil {
 		return Outcome{}, "", fmt.Errorf("webhook body: %w", err)
 	}
-	if err := VerifyWebhook(secret, r.Header.Get(SignatureHeader), body, time.Now(), 0); err != nil {
+	if err := VerifyWebhook(secret, r.Header.Get(SignatureHeader), r.Header.Get(DeliveryHeader), body, time.Now(), 0); err != nil {
 		return Outcome{}, "", err
 	}
 	var o Outcome

@@ -186,7 +186,7 @@ func checkPermissions(t *testing.T, u *server.User) {
 		if !slices.Contains(p.Publish.Allow, "_INBOX.>") {
 			t.Errorf("user %s may not publish on _INBOX.>: its micro service could not reply", u.Username)
 		}
-		for _, svc := range mesh.All {
+		for _, svc := range append(slices.Clone(mesh.All), mesh.Webhook) {
 			if d := "_INBOX." + svc + ".>"; !slices.Contains(p.Publish.Deny, d) {
 				t.Errorf("user %s may publish on %s, another service's inbox", u.Username, d)
 			}

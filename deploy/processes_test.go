@@ -344,7 +344,7 @@ func webhookReceiver(t *testing.T) (receiver *httptest.Server, hooks chan string
 	var tries atomic.Int32
 	receiver = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+		if events.VerifyWebhook([]byte(webhookSecret), r.Header.Get(events.WebhookSignatureHeader), r.Header.Get(events.WebhookDeliveryHeader), body, time.Now(), 0) != nil {
 			http.Error(w, "bad signature", http.StatusUnauthorized)
 			return
 		}

@@ -31,7 +31,7 @@ const (
 // The headers of a webhook POST (docs/api.md#webhooks).
 const (
 	// WebhookSignatureHeader is "t=<unix seconds>,v1=<hex HMAC-SHA256 of
-	// "<t>.<body>" under the shared secret>", as Stripe signs.
+	// "<t>.<delivery id>.<body>" under the shared secret>", in Stripe's format.
 	WebhookSignatureHeader = "Dispatch-Signature"
 	// WebhookDeliveryHeader is the delivery id: the same on every try of one
 	// settlement of one task; a receiver deduplicates on it.
@@ -115,23 +115,30 @@ type WebhookFailed struct {
 }
 
 // WebhookDeliveryID is the delivery id of the settlement st: derived from
-// the task, its submission, its pass, its status and how many human actions
-// it has seen, so each try — and a rebuild of the state — carries the same
-// id, and a task that settles again (a human's requeue) gets a new one.
+// the task, when it was created, its pass, its status and how many human
+// actions it has seen, so each try — and a rebuild of the state, which
+// restores each of them — carries the same id, and a task that settles
+// again (a human's requeue) gets a new one.
 func WebhookDeliveryID(st TaskState) string {
-	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%s\x00%d", st.ID, st.SubmitSeq, st.Pass, st.Status, len(st.Actions)))
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%s\x00%d", st.ID, st.CreatedAt.UnixNano(), st.Pass, st.Status, len(st.Actions)))
 	return "whd_" + hex.EncodeToString(sum[:12])
 }
 
-// SignWebhook is the signature header value of body sent at t under secret.
-func SignWebhook(secret []byte, t time.Time, body []byte) string {
+// SignWebhook is the signature header value of delivery's body sent at t
+// under secret: the MAC covers the timestamp, the delivery id and the
+// body, so a receiver that deduplicates on the delivery id relies on a
+// signed value (a replay under another id does not verify).
+func SignWebhook(secret []byte, t time.Time, delivery string, body []byte) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
-	return "t=" + ts + ",v1=" + webhookMAC(secret, ts, body)
+	return "t=" + ts + ",v1=" + webhookMAC(secret, ts, delivery, body)
 }
 
-func webhookMAC(secret []byte, ts string, body []byte) string {
+// webhookMAC is the hex HMAC-SHA256 of "<ts>.<delivery>.<body>".
+func webhookMAC(secret []byte, ts, delivery string, body []byte) string {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(ts))
+	m.Write([]byte{'.'})
+	m.Write([]byte(delivery))
 	m.Write([]byte{'.'})
 	m.Write(body)
 	return hex.EncodeToString(m.Sum(nil))
@@ -144,11 +151,11 @@ var (
 	ErrWebhookTimestamp = errors.New("webhook: timestamp outside the tolerance")
 )
 
-// VerifyWebhook checks header (the Dispatch-Signature value) against body
-// under secret, and that its timestamp is within tolerance of now (0:
+// VerifyWebhook checks header (the Dispatch-Signature value) against the
+// delivery id (the Dispatch-Delivery value) and body under secret, and that its timestamp is within tolerance of now (0:
 // DefaultWebhookTolerance). Several v1 entries may be present (a secret
 // being rotated): one matching is enough. Comparison is constant-time.
-func VerifyWebhook(secret []byte, header string, body []byte, now time.Time, tolerance time.Duration) error {
+func VerifyWebhook(secret []byte, header, delivery string, body []byte, now time.Time, tolerance time.Duration) error {
 	if tolerance <= 0 {
 		tolerance = DefaultWebhookTolerance
 	}
@@ -172,7 +179,7 @@ func VerifyWebhook(secret []byte, header string, body []byte, now time.Time, tol
 	if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
 		return ErrWebhookTimestamp
 	}
-	want := webhookMAC(secret, ts, body)
+	want := webhookMAC(secret, ts, delivery, body)
 	for _, s := range sigs {
 		if hmac.Equal([]byte(s), []byte(want)) {
 			return nil

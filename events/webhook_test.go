@@ -9,31 +9,34 @@ import (
 func TestWebhookSignature(t *testing.T) {
 	secret, body := []byte("whsec_test"), []byte(`{"id":"t1","status":"succeeded"}`)
 	at := time.Unix(1_700_000_000, 0)
-	h := SignWebhook(secret, at, body)
-	// Computed independently: printf '1700000000.{"id":"t1","status":"succeeded"}' | openssl dgst -sha256 -hmac whsec_test
-	if want := "t=1700000000,v1=42fd3349e58c601539eaf66914901ebd8988d93010092300cec9bb2447113887"; h != want {
+	const id = "whd_0123456789abcdef01234567"
+	h := SignWebhook(secret, at, id, body)
+	// Computed independently: printf '1700000000.whd_0123456789abcdef01234567.{"id":"t1","status":"succeeded"}' | openssl dgst -sha256 -hmac whsec_test
+	if want := "t=1700000000,v1=0dfa9c690760ee0e66c033a04f02f1e38e2da1d6673a8bbefdc6dd02cb8fdd64"; h != want {
 		t.Fatalf("header %q, want %q", h, want)
 	}
 	for _, c := range []struct {
 		name   string
 		header string
+		id     string
 		body   []byte
 		secret []byte
 		now    time.Time
 		want   error
 	}{
-		{"valid", h, body, secret, at.Add(time.Minute), nil},
-		{"rotated secret listed second", "t=1700000000,v1=00ff," + h[len("t=1700000000,"):], body, secret, at, nil},
-		{"other body", h, []byte(`{"id":"t2"}`), secret, at, ErrWebhookSignature},
-		{"other secret", h, body, []byte("other"), at, ErrWebhookSignature},
-		{"too old", h, body, secret, at.Add(6 * time.Minute), ErrWebhookTimestamp},
-		{"from the future", h, body, secret, at.Add(-6 * time.Minute), ErrWebhookTimestamp},
-		{"no v1", "t=1700000000", body, secret, at, ErrWebhookHeader},
-		{"no t", "v1=abc", body, secret, at, ErrWebhookHeader},
-		{"garbage", "sha256=abc", body, secret, at, ErrWebhookHeader},
-		{"empty", "", body, secret, at, ErrWebhookHeader},
+		{"valid", h, id, body, secret, at.Add(time.Minute), nil},
+		{"rotated secret listed second", "t=1700000000,v1=00ff," + h[len("t=1700000000,"):], id, body, secret, at, nil},
+		{"other body", h, id, []byte(`{"id":"t2"}`), secret, at, ErrWebhookSignature},
+		{"other secret", h, id, body, []byte("other"), at, ErrWebhookSignature},
+		{"too old", h, id, body, secret, at.Add(6 * time.Minute), ErrWebhookTimestamp},
+		{"from the future", h, id, body, secret, at.Add(-6 * time.Minute), ErrWebhookTimestamp},
+		{"no v1", "t=1700000000", id, body, secret, at, ErrWebhookHeader},
+		{"no t", "v1=abc", id, body, secret, at, ErrWebhookHeader},
+		{"garbage", "sha256=abc", id, body, secret, at, ErrWebhookHeader},
+		{"empty", "", id, body, secret, at, ErrWebhookHeader},
+		{"another delivery id", h, "whd_another", body, secret, at, ErrWebhookSignature},
 	} {
-		if err := VerifyWebhook(c.secret, c.header, c.body, c.now, 0); !errors.Is(err, c.want) {
+		if err := VerifyWebhook(c.secret, c.header, c.id, c.body, c.now, 0); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
@@ -82,10 +85,10 @@ func FuzzVerifyWebhook(f *testing.F) {
 	f.Add(",,==,", []byte(""))
 	f.Fuzz(func(t *testing.T, header string, body []byte) {
 		now := time.Unix(1_700_000_000, 0)
-		err := VerifyWebhook([]byte("k"), header, body, now, 0)
-		if err == nil && header != SignWebhook([]byte("k"), now, body) {
+		err := VerifyWebhook([]byte("k"), header, "d", body, now, 0)
+		if err == nil && header != SignWebhook([]byte("k"), now, "d", body) {
 			// Only a header carrying a valid MAC of body may pass.
-			if VerifyWebhook([]byte("other"), header, body, now, 0) == nil {
+			if VerifyWebhook([]byte("other"), header, "d", body, now, 0) == nil {
 				t.Fatalf("header %q verified under two secrets", header)
 			}
 		}

@@ -62,12 +62,13 @@ func TestWebhookReceivers(t *testing.T) {
 				body []byte
 				ok   bool
 			}{
-				{"signed", events.SignWebhook(secret, now, body), body, true},
-				{"the same delivery again", events.SignWebhook(secret, now.Add(time.Second), body), body, true},
-				{"tampered body", events.SignWebhook(secret, now, body), append(bytes.Clone(body), ' '), false},
-				{"other secret", events.SignWebhook([]byte("other"), now, body), body, false},
-				{"stale timestamp", events.SignWebhook(secret, now.Add(-10*time.Minute), body), body, false},
+				{"signed", events.SignWebhook(secret, now, "whd_example", body), body, true},
+				{"the same delivery again", events.SignWebhook(secret, now.Add(time.Second), "whd_example", body), body, true},
+				{"tampered body", events.SignWebhook(secret, now, "whd_example", body), append(bytes.Clone(body), ' '), false},
+				{"other secret", events.SignWebhook([]byte("other"), now, "whd_example", body), body, false},
+				{"stale timestamp", events.SignWebhook(secret, now.Add(-10*time.Minute), "whd_example", body), body, false},
 				{"no signature", "", body, false},
+				{"replayed under another delivery id", events.SignWebhook(secret, now, "whd_other", body), body, false},
 			} {
 				code := post(c.sig, c.body)
 				if ok := code >= 200 && code < 300; ok != c.ok {

@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TOLERANCE = 300  # seconds
 
 
-def verify(secret: bytes, header: str, body: bytes, now: float) -> str:
-    """Returns "" when header signs body, else what is wrong."""
+def verify(secret: bytes, header: str, delivery: str, body: bytes, now: float) -> str:
+    """Returns "" when header signs the delivery id and body, else what is wrong."""
     ts, sigs = None, []
     for part in header.split(","):
         k, _, v = part.strip().partition("=")
@@ -35,20 +35,29 @@ def verify(secret: bytes, header: str, body: bytes, now: float) -> str:
         return "malformed signature header"
     if abs(now - int(ts)) > TOLERANCE:
         return "timestamp outside the tolerance"
-    want = hmac.new(secret, ts.encode() + b"." + body, hashlib.sha256).hexdigest()
+    want = hmac.new(secret, ts.encode() + b"." + delivery.encode() + b"." + body, hashlib.sha256).hexdigest()
     if any(hmac.compare_digest(s, want) for s in sigs):
         return ""
     return "no signature matches"
 
 
 SECRET = os.environ.get("WEBHOOK_SECRET", "").encode()
+MAX_BODY = 4 << 20  # a wait answer is at most about 1 MiB
 seen, lock = set(), threading.Lock()  # a real receiver keeps this in its database
 
 
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        problem = verify(SECRET, self.headers.get("Dispatch-Signature", ""), body, time.time())
+        try:
+            length = int(self.headers.get("Content-Length", 0))
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:  # read nothing unbounded before the signature is checked
+            self.send_error(413, "body too large or no length")
+            return
+        body = self.rfile.read(length)
+        delivery = self.headers.get("Dispatch-Delivery", "")
+        problem = verify(SECRET, self.headers.get("Dispatch-Signature", ""), delivery, body, time.time())
         if problem:
             self.send_error(401, problem)
             return
@@ -57,7 +66,6 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.send_error(400, "not JSON")
             return
-        delivery = self.headers.get("Dispatch-Delivery", "")
         with lock:
             first = delivery not in seen
             seen.add(delivery)

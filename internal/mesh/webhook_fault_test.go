@@ -42,7 +42,7 @@ func (f *flakyReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tries++
-	if err != nil || events.VerifyWebhook(f.secret, r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+	if err != nil || events.VerifyWebhook(f.secret, r.Header.Get(events.WebhookSignatureHeader), r.Header.Get(events.WebhookDeliveryHeader), body, time.Now(), 0) != nil {
 		f.bad++
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return

@@ -34,3 +34,5 @@ func streamLast(t *testing.T, js jetstream.JetStream, subject string) (*jetstrea
 	}
 	return s.GetLastMsgForSubject(t.Context(), subject)
 }
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

@@ -74,13 +74,23 @@ func (s *Service) SettleSpec() services.Spec {
 	}
 }
 
+// MaxPendingDeliveries is the deliver consumer's MaxAckPending: the
+// deliveries it may hold at once, most of them waiting out a backoff.
+const MaxPendingDeliveries = 200_000
+
 // Spec is the consumer of the deliveries due: each is tried until the
 // receiver accepts it, or MaxAttempts times.
 func (s *Service) Spec() services.Spec {
 	return services.Spec{
 		Name: ConsumerDeliver, Filters: []string{events.WebhookDueSubject("*")},
 		Handler: s.Deliver, Concurrency: 16, OnDemand: true,
-		MaxDeliver: s.cfg.MaxAttempts, AckWait: s.cfg.Timeout + 30*time.Second,
+		// One delivery more than the tries: a try cut short by a crash (or
+		// a shutdown) on the last one comes back once more and is given
+		// up with its review record, never dropped to an advisory.
+		MaxDeliver: s.cfg.MaxAttempts + 1, AckWait: s.cfg.Timeout + 30*time.Second,
+		// A delivery waiting out its backoff stays pending: a receiver
+		// down for hours must not take every slot from the others.
+		MaxAckPending: MaxPendingDeliveries,
 		Backoff: Backoff(s.cfg.BackoffBase, s.cfg.BackoffMax, nil),
 	}
 }
@@ -136,7 +146,11 @@ func (s *Service) Deliver(ctx context.Context, m *services.Msg) ([]services.Out,
 	}
 	err := checkURL(s.cfg.AllowHosts, due.URL)
 	code, wait := 0, time.Duration(0)
-	if err == nil {
+	switch {
+	case err != nil:
+	case m.Delivered > s.cfg.MaxAttempts: // its last try was cut short
+		err = fmt.Errorf("the last of %d tries was cut short (the service stopped or crashed during it)", s.cfg.MaxAttempts)
+	default:
 		code, wait, err = s.post(ctx, due, m.Delivered)
 	}
 	switch {
@@ -196,7 +210,7 @@ func (s *Service) post(ctx context.Context, due events.WebhookDue, attempt int) 
 	req.Header.Set(events.WebhookDeliveryHeader, due.DeliveryID)
 	req.Header.Set(events.WebhookTaskHeader, due.TaskID)
 	req.Header.Set(events.WebhookAttemptHeader, strconv.Itoa(attempt))
-	req.Header.Set(events.WebhookSignatureHeader, events.SignWebhook(s.cfg.Secret, time.Now(), due.Body))
+	req.Header.Set(events.WebhookSignatureHeader, events.SignWebhook(s.cfg.Secret, time.Now(), due.DeliveryID, due.Body))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return 0, 0, err

@@ -42,7 +42,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(events.WebhookDeliveryHeader)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if events.VerifyWebhook(secret, r.Header.Get(events.WebhookSignatureHeader), body, time.Now(), 0) != nil {
+	if events.VerifyWebhook(secret, r.Header.Get(events.WebhookSignatureHeader), r.Header.Get(events.WebhookDeliveryHeader), body, time.Now(), 0) != nil {
 		rc.bad++
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return
@@ -322,5 +322,37 @@ func TestRefusesInternalAddressAtDial(t *testing.T) {
 	}
 	if n := len(e.rc.delivered()); n != 0 || e.rc.tries[failing[0].Due.DeliveryID] != 0 {
 		t.Errorf("the receiver was reached: %d deliveries", n)
+	}
+}
+
+// A delivery whose last try was cut short (the service crashed or stopped
+// during it) comes back once more — the consumer allows one delivery past
+// the tries — and is given up with its review record, never sent again and
+// never left to a max-deliveries advisory that `dispatch webhooks` would not
+// list.
+func TestLastTryCutShortIsGivenUp(t *testing.T) {
+	cfg := webhook.Config{AllowHosts: webhook.Hosts{"127.0.0.1"}, AllowPrivate: true, MaxAttempts: 3,
+		JS: natstest.Start(t).JS, Secret: secret, Log: quiet}
+	s, err := webhook.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Spec().MaxDeliver; got != cfg.MaxAttempts+1 {
+		t.Fatalf("MaxDeliver %d, want the tries and one more (%d)", got, cfg.MaxAttempts+1)
+	}
+	calls := 0
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls++ }))
+	t.Cleanup(hs.Close)
+	due := events.WebhookDue{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t1", URL: hs.URL + "/hook", Status: events.StatusSucceeded, Body: []byte(`{}`)}
+	data, _ := jsonMarshal(due)
+	outs, err := s.Deliver(t.Context(), &services.Msg{Subject: events.WebhookDueSubject("t1"), Data: data, Delivered: cfg.MaxAttempts + 1, Seq: 7})
+	if err != nil || len(outs) != 1 {
+		t.Fatalf("%d outputs, %v; want the review record", len(outs), err)
+	}
+	if reason, id, ok := events.ParseReviewSubject(outs[0].Subject); !ok || reason != events.ReviewWebhook || id != "t1" {
+		t.Fatalf("published on %s, want the webhook review record of t1", outs[0].Subject)
+	}
+	if calls != 0 {
+		t.Fatalf("the receiver was called %d times past the last try", calls)
 	}
 }

@@ -1,6 +1,6 @@
 // Command webhook is a receiver of dispatchmesh's completion webhooks, in
 // the standard library only: it checks each POST's Dispatch-Signature
-// (HMAC-SHA256 over "<t>.<body>" under the shared secret, and a timestamp
+// (HMAC-SHA256 over "<t>.<delivery id>.<body>" under the shared secret, and a timestamp
 // within 5 minutes), answers 204 at once, and handles each delivery id
 // once — the mesh delivers at least once, so the same id may come again.
 //
@@ -28,8 +28,9 @@ import (
 
 const tolerance = 5 * time.Minute
 
-// verify checks header (t=<unix>,v1=<hex>[,v1=...]) against body.
-func verify(secret []byte, header string, body []byte, now time.Time) error {
+// verify checks header (t=<unix>,v1=<hex>[,v1=...]) against the delivery
+// id and body: the id is signed, so deduplicating on it is safe.
+func verify(secret []byte, header, delivery string, body []byte, now time.Time) error {
 	var ts string
 	var sigs []string
 	for _, part := range strings.Split(header, ",") {
@@ -49,7 +50,7 @@ func verify(secret []byte, header string, body []byte, now time.Time) error {
 		return errors.New("timestamp outside the tolerance")
 	}
 	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(ts + "."))
+	mac.Write([]byte(ts + "." + delivery + "."))
 	mac.Write(body)
 	want := hex.EncodeToString(mac.Sum(nil))
 	for _, s := range sigs {
@@ -74,7 +75,8 @@ func main() {
 			http.Error(w, "read", http.StatusBadRequest)
 			return
 		}
-		if err := verify(secret, r.Header.Get("Dispatch-Signature"), body, time.Now()); err != nil {
+		id := r.Header.Get("Dispatch-Delivery")
+		if err := verify(secret, r.Header.Get("Dispatch-Signature"), id, body, time.Now()); err != nil {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}
@@ -86,7 +88,6 @@ func main() {
 			http.Error(w, "not JSON", http.StatusBadRequest)
 			return
 		}
-		id := r.Header.Get("Dispatch-Delivery")
 		mu.Lock()
 		first := !seen[id]
 		seen[id] = true
