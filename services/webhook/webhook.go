@@ -91,7 +91,7 @@ func (s *Service) Spec() services.Spec {
 		// A delivery waiting out its backoff stays pending: a receiver
 		// down for hours must not take every slot from the others.
 		MaxAckPending: MaxPendingDeliveries,
-		Backoff: Backoff(s.cfg.BackoffBase, s.cfg.BackoffMax, nil),
+		Backoff:       Backoff(s.cfg.BackoffBase, s.cfg.BackoffMax, nil),
 	}
 }
 
