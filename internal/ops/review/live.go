@@ -185,7 +185,8 @@ func (c *Client) Live(ctx context.Context) (*Live, error) {
 		Stream: c.cfg.Stream, Filters: []string{events.TaskSubject("*", events.StageExecuted)}, Log: c.cfg.Log,
 	}, func(m follow.Msg) {
 		var ex events.Executed
-		if json.Unmarshal(m.Data, &ex) == nil && events.ValidID(ex.Task.ID) {
+		id, _, _ := events.ParseTaskSubject(m.Subject)
+		if json.Unmarshal(m.Data, &ex) == nil && events.ValidID(ex.Task.ID) && ex.Task.ID == id {
 			l.index.answered(ex.Task.ID, ex.Result)
 		}
 	})
@@ -195,6 +196,7 @@ func (c *Client) Live(ctx context.Context) (*Live, error) {
 		return nil, fmt.Errorf("follow the answers: %w", err)
 	}
 	l.stop = func() { cancel(); answers.Stop(); states.Stop() }
+	go l.pruneEvery(lctx, c.taskTTL(ctx))
 	go func() {
 		defer close(l.done)
 		select {
@@ -228,6 +230,38 @@ func (l *Live) take(key string, m follow.Msg, loaded bool) {
 	if loaded {
 		l.publish(Change{ID: st.ID, Type: st.Type, Status: st.Status})
 	}
+}
+
+// pruneEvery drops from the index, every PruneEvery until ctx ends, the
+// tasks the bucket expired (ttl: its MaxAge; 0, none: nothing expires).
+func (l *Live) pruneEvery(ctx context.Context, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
+	t := time.NewTicker(PruneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if n := l.index.prune(now.Add(-ttl), now.Add(-time.Hour)); n > 0 {
+				l.log.Info("review: expired tasks dropped from the search index", "tasks", n)
+			}
+		}
+	}
+}
+
+// PruneEvery is how often the live feed drops expired tasks from its index.
+const PruneEvery = 10 * time.Minute
+
+// taskTTL is the task bucket's MaxAge, 0 when it cannot be read.
+func (c *Client) taskTTL(ctx context.Context) time.Duration {
+	s, err := c.cfg.JS.Stream(ctx, "KV_"+services.BucketTasks)
+	if err != nil {
+		return 0
+	}
+	return s.CachedInfo().Config.MaxAge
 }
 
 // Close stops the feed: every subscription's channel is closed.

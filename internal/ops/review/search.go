@@ -26,8 +26,9 @@ const (
 // lower-cased text a search matches.
 type searchRow struct {
 	row    TaskRow
-	answer string // the latest answer, clipped
-	text   string // lower-cased id, type, subject, reason and answer
+	answer string    // the latest answer, clipped
+	text   string    // lower-cased id, type, subject, reason and answer
+	seen   time.Time // when the index last took something of it
 }
 
 func (r *searchRow) reindex() {
@@ -52,7 +53,7 @@ func (x *searchIndex) put(st events.TaskState) {
 		r = &searchRow{}
 		x.rows[st.ID] = r
 	}
-	r.row = rowOf(st, 0)
+	r.row, r.seen = rowOf(st, 0), time.Now()
 	r.reindex()
 }
 
@@ -70,8 +71,25 @@ func (x *searchIndex) answered(id string, res events.Result) {
 		r = &searchRow{row: TaskRow{ID: id}}
 		x.rows[id] = r
 	}
-	r.answer = textcut.Clip(text, searchAnswerLen)
+	r.answer, r.seen = textcut.Clip(text, searchAnswerLen), time.Now()
 	r.reindex()
+}
+
+// prune drops the rows of tasks whose state the bucket no longer holds: a
+// key the bucket expires (its MaxAge) leaves no marker the feed would see.
+// A state not updated since before cutoff is gone; an answer whose state
+// never came, seen before orphaned, never will.
+func (x *searchIndex) prune(cutoff, orphaned time.Time) (dropped int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for id, r := range x.rows {
+		noState := r.row.Status == ""
+		if (!noState && r.row.UpdatedAt.Before(cutoff)) || (noState && r.seen.Before(orphaned)) {
+			delete(x.rows, id)
+			dropped++
+		}
+	}
+	return dropped
 }
 
 // remove drops a task whose state was deleted.

@@ -105,3 +105,20 @@ func BenchmarkSearch100k(b *testing.B) {
 		})
 	}
 }
+
+// The index forgets the tasks the bucket expired (their keys leave no
+// marker) and answers whose state never came.
+func TestSearchIndexPrunesExpired(t *testing.T) {
+	x := newSearchIndex()
+	old, fresh := state(1, "css_fix", events.StatusSucceeded, ""), state(2, "css_fix", events.StatusSucceeded, "")
+	old.UpdatedAt, fresh.UpdatedAt = t0, t0.Add(40*24*time.Hour)
+	x.put(old)
+	x.put(fresh)
+	x.answered("t-orphan", events.Result{Summary: "an answer whose task state never came"})
+	if n := x.prune(t0.Add(time.Hour), time.Now().Add(-time.Hour)); n != 1 || x.len() != 2 {
+		t.Fatalf("pruned %d, %d left; want the expired task gone, the fresh one and the recent answer kept", n, x.len())
+	}
+	if n := x.prune(t0.Add(time.Hour), time.Now().Add(time.Hour)); n != 1 || x.len() != 1 {
+		t.Fatalf("pruned %d, %d left; want the orphaned answer gone too", n, x.len())
+	}
+}

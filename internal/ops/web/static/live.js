@@ -63,7 +63,26 @@
     timer = setTimeout(function () { timer = null; refresh(); }, wait);
   }
 
-  var es = new EventSource("/events" + (task ? "?task=" + encodeURIComponent(task) : ""));
-  es.addEventListener("change", schedule);
-  es.addEventListener("open", function () { body.dataset.following = "1"; });
+  // The feed sends changes from the moment a page subscribes, and keeps
+  // no history: every (re)connection refreshes once, for what changed
+  // between the page's render (or the last connection) and now. A hidden
+  // page lets its stream go — a browser holds six connections per host,
+  // and each open tab would keep one — and follows again when shown.
+  var es = null;
+  function follow() {
+    if (es) return;
+    es = new EventSource("/events" + (task ? "?task=" + encodeURIComponent(task) : ""));
+    es.addEventListener("change", schedule);
+    es.addEventListener("open", function () { body.dataset.following = "1"; schedule(); });
+  }
+  function unfollow() {
+    if (!es) return;
+    es.close();
+    es = null;
+    body.dataset.following = "";
+  }
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) unfollow(); else follow();
+  });
+  if (!document.hidden) follow();
 })();
