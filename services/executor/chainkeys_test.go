@@ -176,3 +176,18 @@ func slicesContainsPrefix(list []string, prefix string) bool {
 	}
 	return false
 }
+
+// A chain model's transient failures are counted under its name, not its
+// policy URL (a metric label must come from a bounded set).
+func TestChainTransientMetricIsLabelledByName(t *testing.T) {
+	down := status(http.StatusServiceUnavailable, unavailable)
+	c := newChainEnv(t, always(down), always(down), 1, bothKeys)
+	e := c.instances[0]
+	e.handle("t1", 1, testMessages).snooze(t)
+	if n := e.counter("dispatch_executor_transient_retries_total", map[string]string{"endpoint": "spare"}); n != 1 {
+		t.Errorf("%v transient failures counted for spare, want 1", n)
+	}
+	if n := e.counter("dispatch_executor_transient_retries_total", map[string]string{"endpoint": c.spare.BaseURL()}); n != 0 {
+		t.Errorf("%v transient failures counted under the spare's URL, want 0", n)
+	}
+}

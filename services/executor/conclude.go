@@ -155,7 +155,13 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 	if endpoint == "" {
 		endpoint = a.endpoint
 	}
-	s.metrics.transient.WithLabelValues(endpoint).Inc()
+	label := endpoint
+	if a.route != nil && a.route.chain && endpoint == a.route.endpoint {
+		// a chain's model is labelled by its name, from the bounded set
+		// (its URL comes from the policy: every edit would be a series)
+		label = s.metrics.routes.Label(a.route.name)
+	}
+	s.metrics.transient.WithLabelValues(label).Inc()
 	n, err := s.ledger.cutShort(ctx, a.base, a.known, o.usage(), a.resumeOf(o), true)
 	if err != nil {
 		return events.Result{}, err
