@@ -191,3 +191,14 @@ func TestChainTransientMetricIsLabelledByName(t *testing.T) {
 		t.Errorf("%v transient failures counted under the spare's URL, want 0", n)
 	}
 }
+
+// A keyless entry whose endpoint wants a key says so in the fix.
+func TestChainKeylessEntryRefusedNamesTheCredential(t *testing.T) {
+	local := openaitest.New(t, always(refusedKey))
+	e := newEnv(t, always(ok("own")), policy.Type{Models: []policy.Model{{Name: "local", Model: "llama3", BaseURL: local.BaseURL()}}},
+		func(c *executor.Config) { c.APIKey = "sk-test" })
+	r := e.handle("t1", 1, testMessages).result(t)
+	if r.ErrorClass != events.ErrorClassAuth || !strings.Contains(r.Error, "check the credential of the entry (it names none: it is called without a key) (models[0] of the type's policy)") {
+		t.Errorf("result %+v, want the auth fix naming the missing credential", r)
+	}
+}

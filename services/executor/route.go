@@ -106,7 +106,7 @@ func (s *Service) routes(a *attempt) []route {
 			// Another endpoint without a credential is called without a
 			// key (a local model): the executor's own key never goes to a
 			// host the policy names.
-			key, keyEnv = "", "a credential for it (it names none: it is called without a key)"
+			key, keyEnv = "", "the credential of the entry (it names none: it is called without a key)"
 			client = s.dial(base, key)
 		default:
 			client = s.dial(base, key)
