@@ -231,3 +231,20 @@ func TestModelStatesHoldWhatTheBucketWouldNotTake(t *testing.T) {
 		t.Error("the mark in the bucket does not stop calls")
 	}
 }
+
+// An API root is known by its scheme, host and path, however the policy
+// spells them; a value that is not a URL is kept.
+func TestNormaliseURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://X.example/v1/":  "https://x.example/v1",
+		"HTTPS://x.example/v1":   "https://x.example/v1",
+		"https://x.example/v1":   "https://x.example/v1",
+		"http://ollama:11434/v1": "http://ollama:11434/v1",
+		"https://x.example/":     "https://x.example",
+		"executor.Simulated":     "executor.Simulated",
+	} {
+		if got := normaliseURL(in); got != want {
+			t.Errorf("normaliseURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
