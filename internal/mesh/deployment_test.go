@@ -19,7 +19,9 @@ import (
 // Errors about the deployment are not the task's fault: a model that does
 // not exist, a refused key, an exhausted quota and a prompt longer than the
 // context each cost one call, reach a human with a reason that leads with
-// what to fix, and never touch the type's trust.
+// what to fix, and never touch the type's trust. A refused key and a spent
+// quota stop every later call with that key, whatever the task: each of
+// them runs on its own mesh (its own endpoint and key).
 func TestDeploymentFaultsReachAHumanWithTheFix(t *testing.T) {
 	replies := map[string]openaitest.Reply{
 		"model.go": {Status: http.StatusNotFound,
@@ -31,15 +33,24 @@ func TestDeploymentFaultsReachAHumanWithTheFix(t *testing.T) {
 		"context.go": {Status: http.StatusBadRequest,
 			Body: `{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`},
 	}
+	for _, subjects := range [][]string{{"model.go", "context.go"}, {"key.go"}, {"quota.go"}} {
+		deploymentFaults(t, replies, subjects)
+	}
+}
+
+// deploymentFaults runs the tasks of subjects on one mesh whose model
+// answers each with its reply.
+func deploymentFaults(t *testing.T, replies map[string]openaitest.Reply, subjects []string) {
+	t.Helper()
 	var mu sync.Mutex
 	calls := map[string]int{}
 	e := newEnv(t, func(_ int, r openaitest.Request) openaitest.Reply {
-		for subject, reply := range replies {
+		for _, subject := range subjects {
 			if strings.Contains(r.Messages[1].Content, subject) {
 				mu.Lock()
 				calls[subject]++
 				mu.Unlock()
-				return reply
+				return replies[subject]
 			}
 		}
 		return openaitest.Reply{Content: openaitest.Success("unexpected")}
@@ -51,10 +62,11 @@ func TestDeploymentFaultsReachAHumanWithTheFix(t *testing.T) {
 		"quota.go":   `deployment: quota exhausted at ` + e.model.BaseURL() + ` — raise the quota or the billing limit`,
 		"context.go": `deployment: the prompt (9120 tokens) exceeds the context (8192 tokens) of model "gpt-5x" — choose a model with a larger context`,
 	}
-	for subject := range replies {
+	for _, subject := range subjects {
 		e.submit(events.Submit{ID: strings.TrimSuffix(subject, ".go"), Type: "bug_fix", Subject: subject})
 	}
-	for subject, fix := range fixes {
+	for _, subject := range subjects {
+		fix := fixes[subject]
 		id := strings.TrimSuffix(subject, ".go")
 		if got := last(e.waitEnd(id)).Stage; got != "review.escalated" {
 			t.Errorf("%s ended with %s, want review.escalated", id, got)

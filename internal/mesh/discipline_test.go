@@ -14,7 +14,8 @@ import (
 // A scripted provider mixing transient, deterministic, quota and auth
 // failures: transient failures are never attempts, no request that failed
 // deterministically is ever sent again, auth and quota go to a human after
-// one call.
+// one call — and stop every later call with that key: each runs on its own
+// mesh (its own endpoint and key), where a second task is not sent.
 func TestErrorDiscipline(t *testing.T) {
 	var mu sync.Mutex
 	calls := map[string]int{}
@@ -53,10 +54,16 @@ func TestErrorDiscipline(t *testing.T) {
 	}}
 	e := newEnv(t, script, pol)
 	e.start()
-	for _, s := range []string{"transient.go", "retry-after.go", "deterministic.go", "quota.go", "auth.go"} {
+	for _, s := range []string{"transient.go", "retry-after.go", "deterministic.go"} {
 		e.submit(events.Submit{ID: strings.TrimSuffix(strings.ReplaceAll(s, ".", "-"), "-go"), Type: "bug_fix", Subject: s})
 	}
 	e.submit(events.Submit{ID: "stubborn", Type: "stubborn_fix", Subject: "stubborn.go"})
+	envs := map[string]*env{}
+	for _, id := range []string{"quota", "auth"} {
+		envs[id] = newEnv(t, script, pol)
+		envs[id].start()
+		envs[id].submit(events.Submit{ID: id, Type: "bug_fix", Subject: id + ".go"})
+	}
 
 	want := map[string]struct {
 		end      string
@@ -71,6 +78,10 @@ func TestErrorDiscipline(t *testing.T) {
 		"stubborn":      {"review.escalated", 3, 1},
 	}
 	for id, w := range want {
+		e := e
+		if envs[id] != nil {
+			e = envs[id]
+		}
 		all := e.waitEnd(id)
 		st := e.state(id)
 		subject := id + ".go"
@@ -102,8 +113,22 @@ func TestErrorDiscipline(t *testing.T) {
 			}
 		}
 	}
-	if st := e.state("quota"); st.Status != events.StatusBlocked || !strings.Contains(st.Reason, "quota") {
+	if st := envs["quota"].state("quota"); st.Status != events.StatusBlocked || !strings.Contains(st.Reason, "quota") {
 		t.Errorf("quota: %s %q", st.Status, st.Reason)
+	}
+	// A later task on a key refused or out of quota is not sent: it goes
+	// to a human with the fix the first call found.
+	for _, id := range []string{"quota", "auth"} {
+		envs[id].submit(events.Submit{ID: id + "-again", Type: "bug_fix", Subject: id + ".go"})
+		if got := last(envs[id].waitEnd(id + "-again")).Stage; got != "review.escalated" {
+			t.Errorf("%s-again ended with %s, want review.escalated", id, got)
+		}
+		mu.Lock()
+		n := calls[id+".go"]
+		mu.Unlock()
+		if st := envs[id].state(id + "-again"); n != 1 || !strings.Contains(st.Reason, "not called again with this key") {
+			t.Errorf("%s-again: %d calls of %s.go in all, reason %q; want 1, the key's mark", id, n, id, st.Reason)
+		}
 	}
 }
 

@@ -74,8 +74,9 @@ func (s *Service) conclude(ctx context.Context, a *attempt, o outcome) (events.R
 	case errors.As(o.err, &none):
 		// every model of the chain is the deployment's fault: a human, with
 		// each model's fix
+		// (each request sent was banned as its model failed: none to ban)
 		r.Outcome, r.ErrorClass, r.Error = events.OutcomeFailure, none.Class(), none.Error()
-		if err := s.failed(ctx, a, &r, o.hash); err != nil {
+		if err := s.failed(ctx, a, &r, ""); err != nil {
 			return events.Result{}, err
 		}
 	default:
@@ -115,14 +116,17 @@ func (a *attempt) bannedOnRoutes() []string {
 }
 
 // failed bans a failed attempt's request when its class does (before the
-// Executed goes out, so the next attempt sees it) and counts the failure.
+// Executed goes out, so the next attempt sees it; hash "": none) and
+// counts the failure.
 // Its error is capped as the Executed will store it, so it compares with
 // the last error the state kept.
 func (s *Service) failed(ctx context.Context, a *attempt, r *events.Result, hash string) error {
 	r.Error = textcut.Cut(r.Error, answerCaps.error)
 	if task.Bans(r.ErrorClass) {
-		if err := s.ledger.addFailed(ctx, a.base, a.known, hash, r.ErrorClass, r.Error); err != nil {
-			return err
+		if hash != "" {
+			if err := s.ledger.addFailed(ctx, a.base, a.known, hash, r.ErrorClass, r.Error); err != nil {
+				return err
+			}
 		}
 		if r.Error == a.f.lastError {
 			s.metrics.sameError.WithLabelValues(s.metrics.typ(a.in.Task.Type)).Inc()
@@ -151,7 +155,13 @@ func (s *Service) transient(ctx context.Context, a *attempt, r events.Result, c 
 	if endpoint == "" {
 		endpoint = a.endpoint
 	}
-	s.metrics.transient.WithLabelValues(endpoint).Inc()
+	label := endpoint
+	if a.route != nil && a.route.chain && endpoint == a.route.endpoint {
+		// a chain's model is labelled by its name, from the bounded set
+		// (its URL comes from the policy: every edit would be a series)
+		label = s.metrics.routes.Label(a.route.name)
+	}
+	s.metrics.transient.WithLabelValues(label).Inc()
 	n, err := s.ledger.cutShort(ctx, a.base, a.known, o.usage(), a.resumeOf(o), true)
 	if err != nil {
 		return events.Result{}, err

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -19,11 +20,55 @@ import (
 // circuit (circuitKey) and the marks of deployments found wrong (deadKey).
 // Every write is a compare-and-set from the value last seen; a store that
 // cannot be written is logged and the instance decides alone (a breaker
-// must never stop calls for its own outage).
+// must never stop calls for its own outage): it keeps the value it could
+// not write in its memory (local) and reads that until a write of the key
+// goes through again.
 type modelStates struct {
 	cfg   CircuitConfig
 	store stateStore
 	log   *slog.Logger
+
+	mu       sync.Mutex
+	local    map[string][]byte
+	unshared bool // a write failed since the last one that held: logged once
+}
+
+// get is the value at key: this instance's own when the store would not
+// take it, else the store's (whose revision a write starts from).
+func (m *modelStates) get(key string) (data []byte, local bool, rev uint64) {
+	data, rev = m.store.get(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if v, ok := m.local[key]; ok {
+		return v, true, rev
+	}
+	return data, false, rev
+}
+
+// keep holds data at key in this instance's memory: the store failed to
+// take it (err).
+func (m *modelStates) keep(key, label string, data []byte, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.local == nil {
+		m.local = map[string][]byte{}
+	}
+	m.local[key] = data
+	if !m.unshared {
+		m.unshared = true
+		m.log.Warn("model state not shared: this instance decides alone until the bucket takes writes again", "model", label, "err", err)
+	}
+}
+
+// shared says the store took key's value: this instance's own is dropped.
+func (m *modelStates) shared(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.local, key)
+	if m.unshared && len(m.local) == 0 {
+		m.unshared = false
+		m.log.Info("model state shared again")
+	}
 }
 
 // maxCAS bounds the compare-and-set retries of one update (each lost one
@@ -36,9 +81,9 @@ const maxCAS = 100
 func (m *modelStates) update(ctx context.Context, key, label string, tr func(circuit) (circuit, bool)) circuit {
 	var next circuit
 	for range maxCAS {
-		data, rev := m.store.get(key)
+		data, local, rev := m.get(key)
 		var cur circuit
-		if rev > 0 {
+		if rev > 0 || local {
 			var err error
 			if cur, err = decodeCircuit(data); err != nil {
 				m.log.Warn("model circuit unreadable: taken as closed", "key", key, "err", err)
@@ -56,14 +101,17 @@ func (m *modelStates) update(ctx context.Context, key, label string, tr func(cir
 		}
 		_, err = m.store.put(ctx, key, b, rev)
 		if err == nil {
+			m.shared(key)
 			return next
 		}
 		if !errors.Is(err, errStale) {
-			m.log.Warn("model circuit not shared: this instance decides alone", "model", label, "err", err)
+			m.keep(key, label, b, err)
 			return next
 		}
+		// another instance wrote it: the bucket works, its value wins
+		m.shared(key)
 		if err := m.store.refresh(ctx, key); err != nil {
-			m.log.Warn("model circuit not read: this instance decides alone", "model", label, "err", err)
+			m.keep(key, label, b, err)
 			return next
 		}
 	}
@@ -125,22 +173,21 @@ func decodeDeadMark(data []byte) (deadMark, error) {
 	return d, nil
 }
 
-// dead returns the first of keys marked dead under policy revision rev at
-// now.
-func (m *modelStates) dead(keys []string, rev uint64, now time.Time) (deadMark, bool) {
-	for _, key := range keys {
-		data, r := m.store.get(key)
-		if r == 0 {
-			continue
-		}
-		d, err := decodeDeadMark(data)
-		if err != nil {
-			m.log.Warn("model mark unreadable: ignored", "key", key, "err", err)
-			continue
-		}
-		if d.Rev == rev && now.Before(d.Until) {
-			return d, true
-		}
+// dead returns the mark at key if it holds at now: under policy revision
+// rev, or under any when anyRev (a key's mark: a policy edit does not
+// mend a refused key).
+func (m *modelStates) dead(key string, rev uint64, anyRev bool, now time.Time) (deadMark, bool) {
+	data, local, r := m.get(key)
+	if r == 0 && !local {
+		return deadMark{}, false
+	}
+	d, err := decodeDeadMark(data)
+	if err != nil {
+		m.log.Warn("model mark unreadable: ignored", "key", key, "err", err)
+		return deadMark{}, false
+	}
+	if (anyRev || d.Rev == rev) && now.Before(d.Until) {
+		return d, true
 	}
 	return deadMark{}, false
 }
@@ -162,8 +209,10 @@ func (m *modelStates) markDead(ctx context.Context, key string, d deadMark) {
 		}
 	}
 	if err != nil {
-		m.log.Warn("model mark not shared", "model", d.Model, "err", err)
+		m.keep(key, d.Model, b, err)
+		return
 	}
+	m.shared(key)
 }
 
 // stateKey is a bucket key for the parts: kind, then a hash of the rest

@@ -3,8 +3,10 @@ package executor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,7 +81,7 @@ func TestModelStatesIgnoreForgedValues(t *testing.T) {
 	if _, err := m.store.put(ctx, "dead.x", []byte(`{"class":"task","until":"2030-01-01T00:00:00Z"}`), rev); err != nil {
 		t.Fatal(err)
 	}
-	if _, dead := m.dead([]string{"dead.x"}, 0, now); dead {
+	if _, dead := m.dead("dead.x", 0, true, now); dead {
 		t.Error("a mark whose class is not a deployment fault stops calls")
 	}
 }
@@ -181,5 +183,68 @@ func TestModelCircuitLetsOneProbeAcrossInstances(t *testing.T) {
 	wg.Wait()
 	if probes != 1 {
 		t.Errorf("%d probes let through by 4 instances, want 1", probes)
+	}
+}
+
+// brokenStore is a store whose writes fail while down is set.
+type brokenStore struct {
+	memStore
+	down bool
+}
+
+func (s *brokenStore) put(ctx context.Context, key string, data []byte, rev uint64) (uint64, error) {
+	if s.down {
+		return 0, errors.New("nats: no responders available for request")
+	}
+	return s.memStore.put(ctx, key, data, rev)
+}
+
+// While the bucket takes no writes, the instance keeps its circuits and
+// marks itself: the circuit still opens, a mark still stops calls; once
+// the bucket takes writes again, they go there.
+func TestModelStatesHoldWhatTheBucketWouldNotTake(t *testing.T) {
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	store := &brokenStore{down: true}
+	m := &modelStates{cfg: CircuitConfig{Threshold: 2, CoolDown: time.Minute}.withDefaults(), store: store, log: log}
+	ctx := context.Background()
+	now := time.Date(2026, 5, 18, 14, 0, 0, 0, time.UTC)
+	for range 2 {
+		m.done(ctx, "circuit.x", "m", now, false, true)
+	}
+	if ok, _, _, _ := m.allow(ctx, "circuit.x", "m", now); ok {
+		t.Error("circuit closed after 2 failures while the bucket failed: want it open")
+	}
+	m.markDead(ctx, "dead.x", deadMark{Model: "m", Class: events.ErrorClassAuth, Fix: "fix", Until: now.Add(time.Hour)})
+	if _, dead := m.dead("dead.x", 0, true, now); !dead {
+		t.Error("a mark the bucket would not take is lost")
+	}
+	if n := strings.Count(logs.String(), "not shared"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logs.String())
+	}
+	store.down = false
+	m.markDead(ctx, "dead.x", deadMark{Model: "m", Class: events.ErrorClassAuth, Fix: "fix", Until: now.Add(time.Hour)})
+	if _, rev := store.get("dead.x"); rev == 0 {
+		t.Error("the mark did not reach the bucket once it took writes again")
+	}
+	if _, dead := m.dead("dead.x", 0, true, now); !dead {
+		t.Error("the mark in the bucket does not stop calls")
+	}
+}
+
+// An API root is known by its scheme, host and path, however the policy
+// spells them; a value that is not a URL is kept.
+func TestNormaliseURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://X.example/v1/":  "https://x.example/v1",
+		"HTTPS://x.example/v1":   "https://x.example/v1",
+		"https://x.example/v1":   "https://x.example/v1",
+		"http://ollama:11434/v1": "http://ollama:11434/v1",
+		"https://x.example/":     "https://x.example",
+		"executor.Simulated":     "executor.Simulated",
+	} {
+		if got := normaliseURL(in); got != want {
+			t.Errorf("normaliseURL(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

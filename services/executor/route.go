@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -44,14 +45,14 @@ const (
 const defaultKeyEnv = "DISPATCH_OPENAI_API_KEY"
 
 func newRoute(name, model, endpoint, identity, keyEnv, key string, client Model, chain bool) route {
-	fp := fingerprint(key)
+	fp, at := fingerprint(key), normaliseURL(endpoint)
 	return route{
 		name: name, model: model, endpoint: endpoint, identity: identity, keyEnv: keyEnv, client: client, chain: chain,
-		circuitKey: stateKey("circuit", endpoint, model),
+		circuitKey: stateKey("circuit", at, model),
 		deadKeys: [3]string{
-			stateKey("dead", "key", endpoint, fp),
-			stateKey("dead", "access", endpoint, fp, model),
-			stateKey("dead", "model", endpoint, model),
+			stateKey("dead", "key", at, fp),
+			stateKey("dead", "access", at, fp, model),
+			stateKey("dead", "model", at, model),
 		},
 	}
 }
@@ -82,34 +83,65 @@ func (s *Service) routes(a *attempt) []route {
 		model := s.modelFor(a.in, a.pol)
 		return []route{newRoute(model, model, s.endpoint(), "", defaultKeyEnv, s.cfg.APIKey, s.cfg.Model, false)}
 	}
+	own := normaliseURL(s.cfg.BaseURL)
 	out := make([]route, 0, len(chain))
 	for i, m := range chain {
 		if m.BaseURL == "" && m.Credential == "" {
 			out = append(out, newRoute(m.Name, m.Model, s.endpoint(), "", defaultKeyEnv, s.cfg.APIKey, s.cfg.Model, true))
 			continue
 		}
-		base, key, keyEnv := m.BaseURL, s.cfg.APIKey, defaultKeyEnv
-		if base == "" {
-			base = s.cfg.BaseURL
+		base, key, keyEnv := own, s.cfg.APIKey, defaultKeyEnv
+		if m.BaseURL != "" {
+			base = normaliseURL(m.BaseURL)
 		}
 		var client Model
-		if m.Credential != "" {
+		switch {
+		case m.Credential != "":
 			keyEnv = policy.CredentialEnv(m.Credential)
 			var ok bool
 			if key, ok = s.cfg.Credential(m.Credential); ok {
 				client = s.dial(base, key)
 			}
-		} else {
+		case base != own:
+			// Another endpoint without a credential is called without a
+			// key (a local model): the executor's own key never goes to a
+			// host the policy names.
+			key, keyEnv = "", "the credential of the entry (it names none: it is called without a key)"
+			client = s.dial(base, key)
+		default:
 			client = s.dial(base, key)
 		}
-		identity := fmt.Sprintf("%s#%s", base, m.Credential)
-		r := newRoute(m.Name, m.Model, base, identity, keyEnv, key, client, true)
+		r := newRoute(m.Name, m.Model, base, requestIdentity(base, key, own, s.cfg.APIKey), keyEnv, key, client, true)
 		if m.BaseURL != "" {
 			r.keyEnv = fmt.Sprintf("%s (models[%d] of the type's policy)", keyEnv, i)
 		}
 		out = append(out, r)
 	}
 	return out
+}
+
+// requestIdentity is what of a chain model's endpoint and key is part of
+// its requests' hash: the endpoint and the key's fingerprint (never the
+// credential's name: a renamed credential is the same request, a rotated
+// key another), "" for the executor's own endpoint and key.
+func requestIdentity(base, key, ownBase, ownKey string) string {
+	if base == ownBase && key == ownKey {
+		return ""
+	}
+	return base + "#" + fingerprint(key)
+}
+
+// normaliseURL is an API root as the hash and the marks know it: scheme
+// and host lower-cased, without a trailing slash. A value that is not a
+// URL is kept as it is.
+func normaliseURL(raw string) string {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return raw
+	}
+	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	u.Path, u.RawPath = strings.TrimRight(u.Path, "/"), strings.TrimRight(u.RawPath, "/")
+	return u.String()
 }
 
 // dial is the model calling base with key, made once per endpoint and key.
@@ -137,6 +169,9 @@ type routeFault struct {
 	hash  string
 	err   error
 	mark  *deadMark
+	// keyMark says mark is its key's: it holds whatever the policy
+	// revision, until the key changes.
+	keyMark bool
 }
 
 // NoModelLeft is the error of a call for which every model of the chain
@@ -171,6 +206,9 @@ func (e *NoModelLeft) Unwrap() error {
 
 func (f routeFault) text(short bool) string {
 	switch {
+	case f.mark != nil && f.keyMark:
+		return fmt.Sprintf("%s (found by a call at %s; not called again with this key until %s)",
+			f.fix, f.mark.At.UTC().Format(time.RFC3339), f.mark.Until.UTC().Format(time.RFC3339))
 	case f.mark != nil:
 		return fmt.Sprintf("%s (found by a call at %s; not called again until %s or a new policy revision)",
 			f.fix, f.mark.At.UTC().Format(time.RFC3339), f.mark.Until.UTC().Format(time.RFC3339))
@@ -259,7 +297,15 @@ func (a *attempt) complete(ctx context.Context, req Request) (Response, string, 
 	case cooling:
 		return Response{}, "", &circuitWait{wait: wait}
 	case len(faults) > 0:
-		return Response{}, faults[len(faults)-1].hash, &NoModelLeft{faults: faults}
+		// the request of the last model called (banned by fault), or
+		// none: a model passed over made no request
+		called := ""
+		for _, f := range faults {
+			if f.err != nil {
+				called = f.hash
+			}
+		}
+		return Response{}, called, &NoModelLeft{faults: faults}
 	}
 	return Response{}, banned, errRefused
 }
@@ -290,10 +336,16 @@ func (a *attempt) try(ctx context.Context, rt *route, r Request, hash string) (R
 		return Response{}, tryFault, &routeFaultError{routeFault{route: rt, class: events.ErrorClassAuth, fix: fix, hash: hash}}
 	}
 	now := s.cfg.Now()
-	if rt.chain {
-		if d, dead := s.models.dead(rt.deadKeys[:], a.base.PolicyRev, now); dead {
+	for i, key := range rt.deadKeys {
+		// a key refused or out of quota stays so whatever the policy
+		// says, for every route that holds it; a chain model's access or
+		// name is the policy's to change
+		if !rt.chain && i != deadKey {
+			continue
+		}
+		if d, dead := s.models.dead(key, a.base.PolicyRev, i == deadKey, now); dead {
 			s.metrics.skip(rt.name, skipDead)
-			return Response{}, tryFault, &routeFaultError{routeFault{route: rt, class: d.Class, fix: d.Fix, hash: hash, mark: &d}}
+			return Response{}, tryFault, &routeFaultError{routeFault{route: rt, class: d.Class, fix: d.Fix, hash: hash, mark: &d, keyMark: i == deadKey}}
 		}
 	}
 	ok, probe, wait, state := s.models.allow(ctx, rt.circuitKey, rt.label(), now)
@@ -328,11 +380,14 @@ func (a *attempt) try(ctx context.Context, rt *route, r Request, hash string) (R
 	return a.fault(ctx, rt, hash, c, err)
 }
 
-// fault takes a model's deployment fault: a chain's model is marked
-// (when the fault is not this request's alone), the request banned for the
-// task, and the call goes on to the next model.
+// fault takes a model's deployment fault: the model is marked (when the
+// fault is not this request's alone), the request banned for the task, and
+// the call goes on to the next model. Both are written even if ctx ends
+// now (shutdown): the redelivery must not call the refused key again.
 func (a *attempt) fault(ctx context.Context, rt *route, hash string, c Classification, err error) (Response, int, error) {
 	s := a.s
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
+	defer cancel()
 	s.metrics.skip(rt.name, skipFailed)
 	fix := s.rules.fix(c.Class, err, rt.endpoint)
 	if rt.keyEnv != defaultKeyEnv {
@@ -343,10 +398,11 @@ func (a *attempt) fault(ctx context.Context, rt *route, hash string, c Classific
 	}
 	status, _, _, _ := errorDetails(err)
 	now := s.cfg.Now()
-	if key := rt.markKey(c.Class, status); key != "" && rt.chain {
-		// A chain's model is marked for every task and instance; the one
-		// model of a type without a chain is not (each task's call goes
-		// to a human after its one call, as it always did).
+	if key := rt.markKey(c.Class, status); key != "" && (rt.chain || key == rt.deadKeys[deadKey]) {
+		// marked for every task and instance: a key refused is never
+		// called again, whichever type's route holds it; a model not found
+		// or denied is marked for a chain (the one model of a type
+		// without one fails each task after its one call, as it did)
 		s.models.markDead(ctx, key, deadMark{Model: rt.label(), Class: c.Class, Fix: fix, Rev: a.base.PolicyRev, At: now, Until: now.Add(s.models.cfg.DeadFor)})
 	}
 	f := routeFault{route: rt, class: c.Class, fix: fix, hash: hash, err: err}

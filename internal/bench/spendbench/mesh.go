@@ -150,8 +150,13 @@ func startMesh(ctx context.Context, cfg Config, pol, shadow *policy.Source, mode
 			Model:        executor.NewOpenAI(executor.OpenAIConfig{BaseURL: model.BaseURL(), APIKey: "sk-spendbench"}),
 			DefaultModel: cfg.Model,
 			Instance:     "spendbench",
-			Log:          cfg.Log,
-			Grace:        5 * time.Second,
+			// The scripted provider refuses the key (or the quota) of a
+			// badkey or quota ticket only, and takes it for the next: the
+			// key's mark, which would stop every later call with it (the
+			// right thing with a real provider), ends at once here.
+			Circuit: executor.CircuitConfig{DeadFor: time.Nanosecond},
+			Log:     cfg.Log,
+			Grace:   5 * time.Second,
 		})
 	}()
 	return m

@@ -22,8 +22,9 @@ type Model struct {
 	Name string `json:"name,omitempty"`
 	// Model is the model name sent to the endpoint. Required.
 	Model string `json:"model"`
-	// BaseURL is the endpoint's API root (http or https). Default: the
-	// executor's (DISPATCH_OPENAI_BASE_URL).
+	// BaseURL is the endpoint's API root (http or https; no user,
+	// password, query or fragment). Default: the executor's
+	// (DISPATCH_OPENAI_BASE_URL).
 	BaseURL string `json:"base_url,omitempty"`
 	// Credential names the API key: the executor reads
 	// DISPATCH_CREDENTIAL_<CREDENTIAL> (upper-cased). Default: the
@@ -98,6 +99,10 @@ func modelProblems(where string, models []Model) []error {
 				errs = append(errs, fmt.Errorf("%s: base_url %q must be an http:// or https:// URL with a host", at, m.BaseURL))
 			} else if u.User != nil {
 				errs = append(errs, fmt.Errorf("%s: base_url must not carry credentials: name them in credential (%s<NAME> in the executor's environment)", at, CredentialPrefix))
+			} else if strings.ContainsAny(m.BaseURL, "?#") {
+				// a key in it (?api-key=) would be in the bucket, the logs,
+				// the events and a metric label
+				errs = append(errs, fmt.Errorf("%s: base_url must not carry a query or a fragment: the API root only, the key named in credential (%s<NAME> in the executor's environment)", at, CredentialPrefix))
 			}
 		}
 		if m.Credential != "" && !credentialName.MatchString(m.Credential) {

@@ -76,7 +76,10 @@ func (pm *procMesh) supervise(in *instance) {
 	defer pm.wg.Done()
 	var extra []string
 	if in.service == mesh.Executor {
-		extra = append(extra, "DISPATCH_OPENAI_BASE_URL="+pm.model.baseURL(in.name))
+		// The scripted model refuses the key of one task (plan A) and
+		// takes it for the next: a refused key's mark, which would stop
+		// every later call with it, ends at once here.
+		extra = append(extra, "DISPATCH_OPENAI_BASE_URL="+pm.model.baseURL(in.name), "DISPATCH_MODEL_DEAD_FOR=1ns")
 	}
 	for {
 		in.mu.Lock()
