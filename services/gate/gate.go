@@ -82,6 +82,9 @@ type Service struct {
 	index   atomic.Pointer[heldIndex] // the sweeper's copy of the held index, once current
 	bound   atomic.Pointer[jetstream.Stream]
 	turn    int // the lane the sweeper's next sweep starts after (sweep)
+	// checked is when the sweeper last woke a canary lane's oldest pass
+	// to look in full (dueOf); the sweeper's goroutine only.
+	checked map[lane]time.Time
 	// unbounded: the sweeper could not read the backlog before the model
 	// (room); full: the backlog was full at its last read.
 	unbounded, full atomic.Bool

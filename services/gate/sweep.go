@@ -185,6 +185,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	}
 	x := &heldIndex{entries: map[string]services.HeldEntry{}, lanes: map[lane][]string{}}
 	woke := map[string]woken{}
+	s.checked = map[lane]time.Time{}
 	ticker := time.NewTicker(s.cfg.SweepEvery)
 	defer ticker.Stop()
 	current := false // the watch delivered every entry there was
@@ -360,8 +361,26 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			due = append(due, wake{e, why})
 		}
 	}
+	if l.hold == events.HoldCanary && len(due) == 0 && limit > 0 && j.canaryRound() && now.Sub(s.checked[l]) >= CanaryCheck {
+		// Every place looks taken, but a canary that ended with no outcome
+		// (cancelled as stale, stopped by a human or the gate) keeps its
+		// place in the view until the canary TTL: the oldest waiting pass
+		// that was not woken lately looks in full, which frees such places
+		// (releaseEnded) and takes one.
+		for _, key := range keys {
+			if w, ok := woke[key]; !ok || now.Sub(w.at) >= Rewake {
+				due = append(due, wake{entries[key], WakeCanary})
+				s.checked[l] = now
+				break
+			}
+		}
+	}
 	return due
 }
+
+// CanaryCheck is how often, at most, the sweeper wakes the oldest pass of a
+// type waiting for canaries while every canary place looks taken (dueOf).
+const CanaryCheck = 5 * time.Second
 
 // judgement is what a sweep judges of one type: whether its held passes
 // may go, and how many more it wakes.

@@ -114,6 +114,13 @@ func (m *meshGate) stage(stage string) []string {
 	if err != nil {
 		m.t.Fatal(err)
 	}
+	// Deleted once read: a test polling for a minute would otherwise fill
+	// the stream's consumer limit with idle ones.
+	defer func() {
+		if info := c.CachedInfo(); info != nil {
+			_ = m.stream.DeleteConsumer(context.Background(), info.Name)
+		}
+	}()
 	var ids []string
 	for {
 		batch, err := c.FetchNoWait(500)
@@ -441,4 +448,40 @@ func (q queue) drain(t *testing.T) {
 	for msg := range batch.Messages() {
 		_ = msg.Ack()
 	}
+}
+
+// A canary that ends with no outcome (cancelled as stale) keeps its place
+// in the view until the canary TTL; the sweeper still wakes the oldest
+// waiting pass now and then to look in full, which frees the place and
+// takes it: the waiting passes do not wait the TTL out.
+func TestCanaryPlacesOfCancelledTasksAreFreed(t *testing.T) {
+	m := startGate(t, trust.Policy{PriorWeight: -1}, 100)
+	var all []string
+	for i := range canaries + 2 {
+		id := fmt.Sprintf("fresh-%02d", i)
+		m.submit(id, "fresh")
+		all = append(all, id)
+	}
+	// Which passes take the places is the gate's race: read it back.
+	var canaryIDs, waiting []string
+	eventually(t, "the canaries admitted, the others asleep", func() bool {
+		canaryIDs = m.stageOf(events.StageAdmitted, all)
+		return len(canaryIDs) == canaries && len(m.asleep()) == 2
+	})
+	for _, id := range all {
+		if !slices.Contains(canaryIDs, id) {
+			waiting = append(waiting, id)
+		}
+	}
+	for _, id := range canaryIDs { // cancelled: no outcome
+		if _, err := m.tasks.Update(context.Background(), id, func(st *events.TaskState, _ bool) error {
+			st.Status = events.StatusCancelled
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the waiting passes admitted", func() bool {
+		return len(m.stageOf(events.StageAdmitted, waiting)) == len(waiting)
+	})
 }
