@@ -71,12 +71,25 @@ func TestAuditOfGatedRequeuedTask(t *testing.T) {
 	c := newCLI(t, m)
 	m.Submit(events.Submit{ID: "warm-1", Type: "css_fix", Subject: "a.css", MaxRetries: 1})
 	m.WaitStage("warm-1", "review.escalated", 1) // css_fix now scores 0: the gate holds it
-	// The recorder may store warm-1's outcome just after its record: until
-	// it is stored, css_fix is unproven and aud-1 would first wait for
-	// canaries (a second held event) before the gate holds it for trust.
-	waitOutcome(t, m, "css_fix")
+	// The recorder may store warm-1's end just after its record: until it
+	// is stored, css_fix has no settled task, and aud-1 would first wait
+	// for canaries (a second held event) before the gate holds it for trust.
+	waitEnded(t, m, "css_fix")
 	m.Submit(events.Submit{ID: "aud-1", Type: "css_fix", Subject: "b.css", MaxRetries: 3})
-	m.WaitStage("aud-1", events.StageHeld, 1) // a human may act on a held task at once
+	// A human may act on a held task at once. Its first held event may be
+	// a wait for canaries (the gate parks a pass of a type its view still
+	// shows unproven, reading nothing): the hold for trust follows.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := m.Tasks.Get(t.Context(), "aud-1")
+		if err == nil && st.Status == events.StatusHeld {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("aud-1 never held: %s (%v)", st.Status, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	out := c.ok("review", "requeue", "aud-1", "-note", "the selector is right, try again", "-by", "alice@desk")
 	if !strings.Contains(out, "aud-1: requeue by alice@desk (status pending)") {
@@ -107,7 +120,7 @@ func TestAuditOfGatedRequeuedTask(t *testing.T) {
 			t.Errorf("time of %q: %v", mm[0], err)
 		}
 	}
-	if !slices.Equal(got, want) {
+	if got = withoutCanaryWait(got); !slices.Equal(got, want) {
 		t.Fatalf("audit stages = %v\nwant %v\n%s", got, want, text)
 	}
 	for _, s := range []string{"task aud-1: css_fix on b.css, status succeeded", "2 attempts", "requeued by alice@desk",
@@ -133,9 +146,23 @@ func TestAuditOfGatedRequeuedTask(t *testing.T) {
 			stages = append(stages, e.Stage)
 		}
 	}
-	if !slices.Equal(stages, want) {
+	if stages = withoutCanaryWait(stages); !slices.Equal(stages, want) {
 		t.Fatalf("audit json stages = %v", stages)
 	}
+}
+
+// withoutCanaryWait drops from stages a wait for canaries before the hold
+// for trust — a held event, and the sweeper's wake of it if any — which
+// comes when the gate's view had not yet seen the warm-up's end.
+func withoutCanaryWait(stages []string) []string {
+	i := slices.Index(stages, "held")
+	switch {
+	case i >= 0 && len(stages) > i+2 && stages[i+1] == "wake" && stages[i+2] == "held":
+		return slices.Delete(stages, i, i+2)
+	case i >= 0 && len(stages) > i+1 && stages[i+1] == "held":
+		return slices.Delete(stages, i, i+1)
+	}
+	return stages
 }
 
 func TestReviewCommands(t *testing.T) {
@@ -375,21 +402,24 @@ func TestWebCommandServesWithToken(t *testing.T) {
 	}
 }
 
-// waitOutcome waits until the outcome stream holds an outcome of taskType.
-func waitOutcome(t *testing.T, m *reviewtest.Mesh, taskType string) {
+// waitEnded waits until the outcome stream holds the end of a task of
+// taskType (an outcome that settles it).
+func waitEnded(t *testing.T, m *reviewtest.Mesh, taskType string) {
 	t.Helper()
 	stream, err := m.Srv.JS.Stream(t.Context(), trust.OutcomeStream)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Nothing else of taskType runs meanwhile: the end is its last outcome.
 	deadline := time.Now().Add(time.Minute)
 	for {
-		_, err := stream.GetLastMsgForSubject(t.Context(), trust.OutcomeSubject(taskType))
-		if err == nil {
+		raw, err := stream.GetLastMsgForSubject(t.Context(), trust.OutcomeSubject(taskType))
+		var o trust.Outcome
+		if err == nil && json.Unmarshal(raw.Data, &o) == nil && o.End {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no outcome of %s stored: %v", taskType, err)
+			t.Fatalf("no end of a %s task stored (%v)", taskType, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
