@@ -46,6 +46,10 @@ func ListFailing(ctx context.Context, js jetstream.JetStream) ([]Failing, error)
 		return nil, fmt.Errorf("read webhook records: %w", err)
 	}
 	failing := map[string]Failing{}
+	// A delivery the receiver accepted stays delivered: a try record stored
+	// after it (a try that overlapped the accepted one, its record stored
+	// last) does not make it failing again.
+	delivered := map[string]bool{}
 	var order []string
 	for pending := info.NumPending; pending > 0; {
 		batch, err := cons.Fetch(int(min(pending, 500)), jetstream.FetchMaxWait(5*time.Second))
@@ -60,6 +64,8 @@ func ListFailing(ctx context.Context, js jetstream.JetStream) ([]Failing, error)
 			case !ok: // undecodable: not ours to list
 			case f == nil:
 				delete(failing, id)
+				delivered[id] = true
+			case delivered[id]:
 			default:
 				if _, seen := failing[id]; !seen {
 					order = append(order, id)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -354,5 +355,36 @@ func TestLastTryCutShortIsGivenUp(t *testing.T) {
 	}
 	if calls != 0 {
 		t.Fatalf("the receiver was called %d times past the last try", calls)
+	}
+}
+
+// A delivery the receiver accepted stays delivered, even when the record
+// of a try that overlapped it is stored after its delivered record.
+func TestDeliveredStaysDeliveredInTheList(t *testing.T) {
+	js := natstest.Start(t).JS
+	if _, err := services.Provision(t.Context(), js, services.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	const id = "whd_0123456789abcdef01234567"
+	at := time.Now().UTC()
+	try := events.WebhookTry{DeliveryID: id, TaskID: "t1", URL: "https://hooks.example.com/x", Attempt: 1, Code: 500, Error: "the receiver answered 500", At: at}
+	for i, rec := range []struct {
+		subject, name string
+		v             any
+	}{
+		{events.WebhookTrySubject("t1"), events.EventWebhookTry, try},
+		{events.WebhookDeliveredSubject("t1"), events.EventWebhookDelivered, events.WebhookDelivered{DeliveryID: id, TaskID: "t1", URL: try.URL, Attempt: 2, Code: 204, At: at}},
+		{events.WebhookTrySubject("t1"), events.EventWebhookTry, try}, // the overlapping try's record, stored last
+	} {
+		out, err := services.Emit(rec.subject, "rec-"+strconv.Itoa(i), rec.name, "t1", rec.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishMsg(t.Context(), services.NatsMsg(out)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if failing, err := webhook.ListFailing(t.Context(), js); err != nil || len(failing) != 0 {
+		t.Fatalf("failing %+v (%v), want none: the delivery was accepted", failing, err)
 	}
 }
