@@ -1,8 +1,6 @@
 package webhook_test
 
 import (
-	"encoding/json"
-	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,10 +21,6 @@ func givenUp(t *testing.T, js jetstream.JetStream) ([]webhook.Failing, error) {
 	return out, err
 }
 
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }
-
 func streamLast(t *testing.T, js jetstream.JetStream, subject string) (*jetstream.RawStreamMsg, error) {
 	s, err := js.Stream(t.Context(), services.Stream)
 	if err != nil {
@@ -34,5 +28,3 @@ func streamLast(t *testing.T, js jetstream.JetStream, subject string) (*jetstrea
 	}
 	return s.GetLastMsgForSubject(t.Context(), subject)
 }
-
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

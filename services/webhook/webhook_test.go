@@ -2,12 +2,14 @@ package webhook_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -179,7 +181,7 @@ func TestDeliversSignedAnswerAfterFailures(t *testing.T) {
 		t.Fatalf("delivered %d, want only t1's", len(got))
 	}
 	var answer events.WaitReply
-	if err := jsonUnmarshal(got[id], &answer); err != nil || answer.ID != "t1" || answer.Status != events.StatusFailed || !answer.Terminal || answer.Reason != "out of tries" {
+	if err := json.Unmarshal(got[id], &answer); err != nil || answer.ID != "t1" || answer.Status != events.StatusFailed || !answer.Terminal || answer.Reason != "out of tries" {
 		t.Errorf("answer %+v (%v), want t1's wait answer", answer, err)
 	}
 	if e.rc.tries[id] != 3 || e.rc.bad != 0 {
@@ -192,7 +194,7 @@ func TestDeliversSignedAnswerAfterFailures(t *testing.T) {
 	// Its two failed tries were recorded; delivered since, it is not failing.
 	last, err := streamLast(t, e.js, events.WebhookTrySubject("t1"))
 	var try events.WebhookTry
-	if err != nil || jsonUnmarshal(last.Data, &try) != nil || try.Attempt != 2 || try.Code != 503 || try.DeliveryID != id || !try.NextAt.After(try.At) {
+	if err != nil || json.Unmarshal(last.Data, &try) != nil || try.Attempt != 2 || try.Code != 503 || try.DeliveryID != id || !try.NextAt.After(try.At) {
 		t.Errorf("last try record %+v (%v), want try 2, a 503, a next try", try, err)
 	}
 	if f, err := webhook.ListFailing(t.Context(), e.js); err != nil || len(f) != 0 {
@@ -318,7 +320,7 @@ func TestRefusesInternalAddressAtDial(t *testing.T) {
 		failing, err = givenUp(t, e.js)
 		return err == nil && len(failing) == 1
 	})
-	if f := failing[0]; f.Attempts != 1 || !contains(f.LastError, "internal address") {
+	if f := failing[0]; f.Attempts != 1 || !strings.Contains(f.LastError, "internal address") {
 		t.Errorf("%+v, want refused at the first dial as internal", f)
 	}
 	if n := len(e.rc.delivered()); n != 0 || e.rc.tries[failing[0].Due.DeliveryID] != 0 {
@@ -345,7 +347,7 @@ func TestLastTryCutShortIsGivenUp(t *testing.T) {
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls++ }))
 	t.Cleanup(hs.Close)
 	due := events.WebhookDue{DeliveryID: "whd_0123456789abcdef01234567", TaskID: "t1", URL: hs.URL + "/hook", Status: events.StatusSucceeded, Body: []byte(`{}`)}
-	data, _ := jsonMarshal(due)
+	data, _ := json.Marshal(due)
 	outs, err := s.Deliver(t.Context(), &services.Msg{Subject: events.WebhookDueSubject("t1"), Data: data, Delivered: cfg.MaxAttempts + 1, Seq: 7})
 	if err != nil || len(outs) != 1 {
 		t.Fatalf("%d outputs, %v; want the review record", len(outs), err)
