@@ -64,6 +64,10 @@ type Run struct {
 	// Probe is set when the gate let the task through a blocked type as an
 	// exploration probe: its retries keep going while the type stays blocked.
 	Probe bool `json:"probe,omitempty"`
+	// Readmitted is set when the gate let the task through after holding
+	// it for its type's trust: its outcomes say how the rest of the type's
+	// held tasks may fare (the held backlog), not how its new tasks do.
+	Readmitted bool `json:"readmitted,omitempty"`
 }
 
 // DeadEnd is an approach that failed, kept so later attempts avoid it.

@@ -8,6 +8,7 @@ package trust
 import "github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
 
 type (
+	Backlog    = scoring.Backlog
 	Canary     = scoring.Canary
 	GateMark   = scoring.GateMark
 	Outcome    = scoring.Outcome
@@ -21,6 +22,7 @@ type (
 )
 
 const (
+	BacklogStop           = scoring.BacklogStop
 	DefaultCanary         = scoring.DefaultCanary
 	DefaultCanaryTTL      = scoring.DefaultCanaryTTL
 	DefaultDecay          = scoring.DefaultDecay

@@ -345,6 +345,9 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			}
 		}
 	}
+	if l.hold == events.HoldTrust && j.backlog.NewestFirst() {
+		keys = newestFirst(keys, entries, j.scoring.HoldTime, now)
+	}
 	var due []wake
 	for _, key := range keys {
 		if len(due) >= limit {
@@ -378,6 +381,20 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 	return due
 }
 
+// newestFirst orders a lane's keys (oldest first) for a held backlog that
+// failed when re-admitted (trust.Backlog): those held past the hold time
+// still first, oldest first, then the rest newest first. keys is not
+// modified.
+func newestFirst(keys []string, entries map[string]services.HeldEntry, hold time.Duration, now time.Time) []string {
+	n := 0
+	for n < len(keys) && now.Sub(entries[keys[n]].Since) >= hold {
+		n++
+	}
+	out := slices.Clone(keys)
+	slices.Reverse(out[n:])
+	return out
+}
+
 // CanaryCheck is how often, at most, the sweeper wakes the oldest pass of a
 // type waiting for canaries while every canary place looks taken (dueOf).
 const CanaryCheck = 5 * time.Second
@@ -389,8 +406,9 @@ type judgement struct {
 	exempt       bool
 	first, retry trust.Verdict
 	probe        bool // a probe of the type is due
-	readmits     int  // passes held for trust it wakes to re-admit
-	places       int  // canary places free for passes waiting for canaries
+	backlog      trust.Backlog
+	readmits     int // passes held for trust it wakes to re-admit
+	places       int // canary places free for passes waiting for canaries
 	// room is how many more passes bound for the model the sweep may wake
 	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
 	// quota the part of it a lane of passes waiting their turn may take.
@@ -449,9 +467,10 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 	j.first, j.retry = j.scoring.EvaluateWith(typ, stats, prior, false), j.scoring.EvaluateWith(typ, stats, prior, true)
 	j.exempt = pol.IsExempt() || j.scoring.Threshold < 0
 	_, probe := j.scoring.HeldProbe(stats, now)
-	j.probe = probe && !j.exempt && (j.first.Below || j.retry.Below)
+	j.backlog = j.scoring.BacklogOf(stats)
+	j.probe = probe && !j.exempt && (j.first.Below || j.retry.Below || j.backlog.Paused())
 	j.readmits = s.cfg.Readmit
-	if j.first.Probation { // the look admits no more than the free trial places
+	if j.scoring.ReadmitLimited(stats, j.first.Probation) { // the look admits no more than the free trial places
 		j.readmits = min(j.readmits, max(0, j.scoring.TrialPlaces(stats)-task.LiveHolders(stats, j.scoring, now, "")))
 	}
 	if j.canaryRound() {
@@ -502,6 +521,9 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 	open := j.exempt || !j.first.Below
 	if e.Retry {
 		open = j.exempt || !j.retry.Below
+	}
+	if !j.exempt && j.backlog.Paused() {
+		open = false // re-admitted held tasks fail: the rest go as probes
 	}
 	switch {
 	case open && j.readmits > 0:

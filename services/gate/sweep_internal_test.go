@@ -75,6 +75,8 @@ func TestJudgementDue(t *testing.T) {
 			[]services.HeldEntry{held(p.HoldTime), held(time.Hour)}, []string{WakeExpired, WakeProbe}},
 		{"room for one: the oldest", judgement{first: trust.Verdict{}, readmits: 5, room: ptr(1)},
 			[]services.HeldEntry{canary(time.Minute), canary(time.Second)}, []string{WakeCanary, ""}},
+		{"recovered, its held backlog paused: the expired and one probe, no readmit", judgement{first: trust.Verdict{}, readmits: 5, probe: true, backlog: trust.Backlog{Losses: trust.BacklogStop}},
+			[]services.HeldEntry{held(p.HoldTime), held(time.Hour), held(time.Minute)}, []string{WakeExpired, WakeProbe, ""}},
 		{"waiting their turn: as many as the lane's quota", judgement{first: trust.Verdict{}, quota: 2},
 			[]services.HeldEntry{queued(time.Minute), queued(time.Second), queued(0)}, []string{WakeQueued, WakeQueued, ""}},
 		{"waiting their turn, no room: asleep", judgement{first: trust.Verdict{}, quota: 2, room: ptr(0)},
@@ -93,6 +95,31 @@ func TestJudgementDue(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A held backlog that failed when re-admitted is swept newest first, but
+// the passes past their hold time still go first, oldest first.
+func TestNewestFirst(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	hold := 24 * time.Hour
+	entries := map[string]services.HeldEntry{}
+	var keys []string
+	for i, age := range []time.Duration{2 * hold, hold, time.Hour, time.Minute, time.Second} {
+		e := services.HeldEntry{Type: "t", Task: string(rune('a' + i)), Pass: 1, Since: now.Add(-age)}
+		entries[e.Key()] = e
+		keys = append(keys, e.Key())
+	}
+	got := newestFirst(keys, entries, hold, now)
+	var order string
+	for _, k := range got {
+		order += entries[k].Task
+	}
+	if order != "abedc" {
+		t.Fatalf("swept in the order %s, want abedc (the expired a, b first, then e, d, c)", order)
+	}
+	if entries[keys[0]].Task != "a" || entries[keys[4]].Task != "e" {
+		t.Fatal("the lane's keys were modified")
 	}
 }
 

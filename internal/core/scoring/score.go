@@ -31,6 +31,10 @@ type Outcome struct {
 	End bool `json:"end,omitempty"`
 	// Probe is set on the attempts of an exploration probe.
 	Probe bool `json:"probe,omitempty"`
+	// Held is set on the attempts of a task the gate held for its type's
+	// trust and let through later (events.Run.Readmitted): they measure
+	// the type's held backlog (BacklogOf).
+	Held bool `json:"held,omitempty"`
 	// Marker: no attempt, the mark that the gate ended the task before
 	// its next attempt (EndMarker).
 	Marker bool `json:"marker,omitempty"`

@@ -200,27 +200,38 @@ func (p Policy) AdmitTrial(s Stats, key string, now time.Time, places int) (next
 	return next, true, true
 }
 
-// TrialPlaces is how many held tasks may be re-admitted at once while a
-// probe's success alone keeps the type open (Verdict.Probation): 2 after
-// the win, doubling with each task that succeeded since, up to
-// MinOutcomes — a slow start, so a lucky probe of a type that still fails
-// does not send its whole backlog before the first of them fails.
+// TrialPlaces is how many held tasks of the type may be re-admitted at
+// once while its held backlog has not Cleared (or a probe's success alone
+// keeps the type open, Verdict.Probation): 2, doubling with each
+// re-admitted task that succeeded in a row, up to MinOutcomes — a slow
+// start, so a lucky probe of a type that still fails, or a backlog held
+// through a bad period its new tasks are past, does not send every held
+// task before the first of them fails. One place after a re-admitted task
+// failed, none once BacklogStop did in a row (Backlog).
 func (p Policy) TrialPlaces(s Stats) int {
 	p = p.WithDefaults()
-	rs := p.tasks(s.Outcomes, true)
-	wins := 0
-	for i := len(rs) - 1; i >= 0 && rs[i].Success; i-- {
-		wins++
-		if rs[i].Probe {
-			break
-		}
+	b := p.BacklogOf(s)
+	switch {
+	case b.Paused():
+		return 0
+	case b.Doubt():
+		return 1
 	}
 	limit := max(p.MinOutcomes, 2)
-	places := 1
-	for range min(wins, 16) {
+	places := 2
+	for range min(b.Wins, 16) {
 		places = min(2*places, limit)
 	}
-	return max(places, 2)
+	return places
+}
+
+// ReadmitLimited reports whether the type's held tasks come back only
+// through its trial places (TrialPlaces): its held backlog has not
+// Cleared. probation is the verdict's: a type a probe alone keeps open is
+// limited too.
+func (p Policy) ReadmitLimited(s Stats, probation bool) bool {
+	p = p.WithDefaults()
+	return probation || !p.BacklogOf(s).Cleared(p.MinOutcomes)
 }
 
 // Release returns s without the canary place of key; changed is false when
@@ -333,10 +344,11 @@ func (p Policy) settled(outcomes []Outcome) int {
 // HeldProbe decides whether a held task of the type goes through as a
 // probe now: when the probe interval has passed — doubled for every probe
 // that failed in a row, up to MaxProbeInterval — since the type's last
-// probe and its newest outcome (a type that has just failed is not probed
-// at once); the probe then takes the type's probe time. A backlog of held
-// tasks thus sends one probe per interval, not one per look. s is not
-// modified.
+// probe and its newest failed task (a type that has just failed is not
+// probed at once); the probe then takes the type's probe time. A backlog
+// of held tasks thus sends one probe per interval, not one per look. The
+// same pace probes a paused held backlog (Backlog.Paused) of a type whose
+// new tasks succeed. s is not modified.
 func (p Policy) HeldProbe(s Stats, now time.Time) (next Stats, probe bool) {
 	p = p.WithDefaults()
 	rs := p.tasks(s.Outcomes, false)
@@ -345,8 +357,13 @@ func (p Policy) HeldProbe(s Stats, now time.Time) (next Stats, probe bool) {
 		wait = min(2*wait, MaxProbeInterval)
 	}
 	since := s.ProbeAt
-	if len(rs) > 0 && rs[len(rs)-1].At.After(since) {
-		since = rs[len(rs)-1].At
+	for i := len(rs) - 1; i >= 0; i-- {
+		if !rs[i].Success {
+			if rs[i].At.After(since) {
+				since = rs[i].At
+			}
+			break
+		}
 	}
 	if !since.IsZero() && now.Sub(since) < wait {
 		return s, false

@@ -23,6 +23,9 @@ type TaskResult struct {
 	Ended bool
 	// Probe: it went through the gate as an exploration probe.
 	Probe bool
+	// Held: the gate held it for its type's trust before letting it
+	// through (Outcome.Held): one of the type's held backlog.
+	Held bool
 	// Failures counts its failed attempts.
 	Failures int
 	// At is when its newest outcome was recorded: tasks are ordered by it,
@@ -80,6 +83,7 @@ func Tasks(outcomes []Outcome) []TaskResult {
 		r.Success = r.Success || (o.Success && (o.End || legacy))
 		r.Ended = r.Ended || o.End || legacy || r.Success
 		r.Probe = r.Probe || o.Probe
+		r.Held = r.Held || o.Held
 		if !o.Success {
 			r.Failures++
 		}
@@ -133,14 +137,17 @@ func scoreTasks(rs []TaskResult, p Policy) (score, overall, recency float64) {
 }
 
 // openedByProbe reports whether a probe's success has re-opened the type:
-// the newest probe among the settled tasks succeeded and no task settled
-// since has failed. A run of wins after a probe keeps the type open while
-// its score climbs back; the first failure closes it again.
+// the newest probe among the settled tasks succeeded and no new task
+// settled since has failed. A run of wins after a probe keeps the type
+// open while its score climbs back; the first failure of a new task
+// closes it again. A re-admitted held task that fails does not: it tells
+// of the held backlog (BacklogOf), whose oldest tasks may have been held
+// through a bad period that is over for the new ones.
 func openedByProbe(rs []TaskResult) bool {
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]
 		switch {
-		case !r.Settled():
+		case !r.Settled(), r.backlog():
 		case !r.Success:
 			return false
 		case r.Probe:
@@ -164,7 +171,7 @@ func openedByProbe(rs []TaskResult) bool {
 func failedRun(rs []TaskResult, alpha float64, minBefore int) (k int, stopped bool) {
 	var settled []TaskResult
 	for _, r := range rs {
-		if r.Settled() {
+		if r.Settled() && !r.backlog() { // the held backlog's failures are its own (BacklogOf)
 			settled = append(settled, r)
 		}
 	}
@@ -186,6 +193,80 @@ func failedRun(rs []TaskResult, alpha float64, minBefore int) (k int, stopped bo
 	}
 	fail := 1 - float64(ok+1)/float64(len(before)+2)
 	return k, math.Pow(fail, float64(k)) < alpha
+}
+
+// backlog reports whether r is a re-admitted held task that did not go
+// as a probe: it measures the held backlog, not the type's new tasks.
+func (r TaskResult) backlog() bool { return r.Held && !r.Probe }
+
+// Backlog is what the type's re-admitted held tasks say of the tasks it
+// still holds. When the oldest held tasks fail again after the type
+// recovered, they were likely held through a bad period that is over for
+// new tasks but not for them: re-admitting the rest in bulk would pay a
+// call for each. So the gate re-admits them a few at a time — 2, doubling
+// with each that succeeds, at most MinOutcomes (Policy.TrialPlaces) —
+// until MinOutcomes succeeded in a row (Cleared), one at a time after one
+// failed, and after BacklogStop failed
+// in a row only as probes (Policy.HeldProbe's pace), handing off the
+// retries of those that failed; the newest held tasks — the most like the
+// new tasks that succeed — go first once one failed.
+type Backlog struct {
+	// Losses is how many re-admitted tasks failed since the newest one
+	// that succeeded (a task still climbing its ladder has failed so
+	// far), Wins how many succeeded since the newest that failed; Failed
+	// whether any in the window did.
+	Losses, Wins int
+	Failed       bool
+}
+
+// Cleared reports whether the held backlog has shown, by minOutcomes
+// re-admitted tasks succeeding in a row, that the rest may come back as
+// fast as the gate's sweeper wakes them.
+func (b Backlog) Cleared(minOutcomes int) bool { return b.Wins >= max(minOutcomes, 1) }
+
+// BacklogStop is how many re-admitted held tasks failing in a row pause
+// the re-admission of the type's held backlog: the rest goes only as
+// probes.
+const BacklogStop = 2
+
+// Paused reports whether the held backlog is re-admitted only as probes.
+func (b Backlog) Paused() bool { return b.Losses >= BacklogStop }
+
+// Doubt reports whether the newest re-admitted held task failed: the
+// backlog is re-admitted one at a time at most.
+func (b Backlog) Doubt() bool { return b.Losses > 0 }
+
+// NewestFirst reports whether the held backlog is re-admitted newest
+// first: a re-admitted task failed in the window.
+func (b Backlog) NewestFirst() bool { return b.Failed }
+
+// BacklogOf is the held backlog's record among the window's tasks of s.
+func (p Policy) BacklogOf(s Stats) Backlog {
+	p = p.WithDefaults()
+	var b Backlog
+	counting := true
+	rs := p.tasks(s.Outcomes, false)
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
+		if !r.Held {
+			continue
+		}
+		if r.Success {
+			if counting && b.Losses == 0 {
+				b.Wins++
+			} else {
+				counting = false
+			}
+			continue
+		}
+		b.Failed = true
+		if counting && b.Wins == 0 {
+			b.Losses++
+		} else {
+			counting = false
+		}
+	}
+	return b
 }
 
 // failedProbes counts the probes that failed since the newest probe that

@@ -207,7 +207,7 @@ func failedTasks(n int) []scoring.Outcome {
 }
 
 // Held tasks send one probe per interval, the interval doubling with each
-// probe that failed, counted from the type's newest outcome.
+// probe that failed, counted from the type's newest failure.
 func TestHeldProbeSpacing(t *testing.T) {
 	p := scoring.Policy{ProbeInterval: 10 * time.Second}
 	s := scoring.Stats{Outcomes: failedTasks(12)} // newest at t0+11s
@@ -229,6 +229,12 @@ func TestHeldProbeSpacing(t *testing.T) {
 	}
 	if _, probe := p.HeldProbe(s, newest.Add(32*time.Second)); !probe {
 		t.Fatal("no probe 21s after a failed probe")
+	}
+	// Successes since (the type's new tasks, its backlog paused) do not
+	// put the next probe off: the interval counts from the newest failure.
+	ok := scoring.Stats{Outcomes: append(failedTasks(12), ladder("ok", 15, "S", false)...)}
+	if _, probe := p.HeldProbe(ok, newest.Add(10*time.Second)); !probe {
+		t.Fatal("a success after the newest failure put the probe off")
 	}
 }
 
@@ -305,24 +311,137 @@ func TestRungBelowWithPool(t *testing.T) {
 	}
 }
 
+// readmitted is one re-admitted held task's attempts (ladder's, marked
+// Held).
+func readmitted(id string, start int, pattern string, end bool) []scoring.Outcome {
+	out := ladder(id, start, pattern, end)
+	for i := range out {
+		out[i].Held = true
+	}
+	return out
+}
+
 // After a probe's win the held come back two at a time, doubling with
-// every task that succeeds, up to MinOutcomes.
+// every re-admitted task that succeeds, up to MinOutcomes; one at a time
+// after a re-admitted task failed, none after BacklogStop did in a row.
+// The type's new tasks say nothing of its held backlog.
 func TestTrialPlaces(t *testing.T) {
 	base := failedTasks(12)
 	win := scoring.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
 	p := scoring.Policy{}
 	for _, tt := range []struct {
-		successes, want int
-	}{{0, 2}, {1, 4}, {2, 8}, {3, 10}, {6, 10}} {
+		pattern string // re-admitted tasks after the win, oldest first: S succeeded, F failed
+		fresh   int    // new tasks that succeeded after them
+		want    int
+	}{
+		{"", 0, 2}, {"S", 0, 4}, {"SS", 0, 8}, {"SSS", 0, 10}, {"SSSSSS", 0, 10},
+		{"", 6, 2},              // new tasks' wins open no more places
+		{"SSSF", 0, 1},          // the newest failed: one at a time
+		{"SSFF", 3, 0},          // two in a row: only probes
+		{"FFS", 0, 4},           // a win since: the slow start again
+		{"FFFFFFFFFFFFF", 0, 0}, // a backlog that keeps failing
+	} {
 		all := append(append([]scoring.Outcome{}, base...), win)
-		for i := range tt.successes {
-			all = append(all, ladder(fmt.Sprintf("ok%d", i), 3700+i, "S", false)...)
+		for i, c := range tt.pattern {
+			all = append(all, readmitted(fmt.Sprintf("h%d", i), 3700+i, string(c), true)...)
+		}
+		for i := range tt.fresh {
+			all = append(all, ladder(fmt.Sprintf("ok%d", i), 3800+i, "S", false)...)
 		}
 		if got := p.TrialPlaces(scoring.Stats{Outcomes: all}); got != tt.want {
-			t.Errorf("%d successes after the win: %d places, want %d", tt.successes, got, tt.want)
+			t.Errorf("re-admitted %q, then %d new wins: %d places, want %d", tt.pattern, tt.fresh, got, tt.want)
 		}
-		if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: all}); tt.successes == 0 && !v.Probation {
+		if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: all}); tt.pattern == "" && tt.fresh == 0 && !v.Probation {
 			t.Errorf("right after the win: not on probation: %+v", v)
 		}
+	}
+}
+
+// The held backlog's record: re-admitted tasks only, newest first, a task
+// still climbing its ladder counting as failed so far.
+func TestBacklogOf(t *testing.T) {
+	p := scoring.Policy{}
+	for _, tt := range []struct {
+		name    string
+		tasks   [][]scoring.Outcome
+		want    scoring.Backlog
+		cleared bool
+	}{
+		{name: "none", tasks: [][]scoring.Outcome{ladder("a", 0, "FFF", true)}},
+		{name: "two failed in a row: paused", tasks: [][]scoring.Outcome{readmitted("a", 0, "S", false), readmitted("b", 1, "F", true), readmitted("c", 2, "F", true)},
+			want: scoring.Backlog{Losses: 2, Failed: true}},
+		{name: "one still climbing counts as failed", tasks: [][]scoring.Outcome{readmitted("a", 0, "S", false), readmitted("b", 1, "FF", false)},
+			want: scoring.Backlog{Losses: 1, Failed: true}},
+		{name: "new tasks between do not count", tasks: [][]scoring.Outcome{readmitted("a", 0, "F", true), ladder("n", 1, "S", false), readmitted("b", 2, "F", true)},
+			want: scoring.Backlog{Losses: 2, Failed: true}},
+		{name: "wins since a failure", tasks: [][]scoring.Outcome{readmitted("a", 0, "F", true), readmitted("b", 1, "S", false), readmitted("c", 2, "FS", false)},
+			want: scoring.Backlog{Wins: 2, Failed: true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var all []scoring.Outcome
+			for _, o := range tt.tasks {
+				all = append(all, o...)
+			}
+			got := p.BacklogOf(scoring.Stats{Outcomes: window(all)})
+			if got != tt.want {
+				t.Errorf("BacklogOf = %+v, want %+v", got, tt.want)
+			}
+			if got.Paused() != (tt.want.Losses >= scoring.BacklogStop) || got.Doubt() != (tt.want.Losses > 0) {
+				t.Errorf("paused %v, doubt %v for %d losses", got.Paused(), got.Doubt(), got.Losses)
+			}
+		})
+	}
+	// MinOutcomes re-admitted wins in a row clear the backlog: held tasks
+	// come back as fast as the sweeper wakes them.
+	var all []scoring.Outcome
+	for i := range scoring.DefaultMinOutcomes {
+		all = append(all, readmitted(fmt.Sprintf("h%d", i), i, "S", false)...)
+	}
+	s := scoring.Stats{Outcomes: all}
+	if !p.BacklogOf(s).Cleared(scoring.DefaultMinOutcomes) || p.ReadmitLimited(s, false) {
+		t.Errorf("%d re-admitted wins: %+v, still limited", scoring.DefaultMinOutcomes, p.BacklogOf(s))
+	}
+	if !p.ReadmitLimited(s, true) {
+		t.Error("on probation: not limited")
+	}
+	if !p.ReadmitLimited(scoring.Stats{Outcomes: all[1:]}, false) {
+		t.Error("one win short: not limited")
+	}
+}
+
+// A re-admitted held task that fails tells of the held backlog, not of
+// the type's new tasks: it neither closes a type a probe re-opened nor
+// starts the run of failures that stops a type.
+func TestBacklogFailuresLeaveNewTasksAlone(t *testing.T) {
+	p := scoring.Policy{}
+	var all []scoring.Outcome
+	all = append(all, failedTasks(12)...)
+	all = append(all, scoring.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)})
+	all = append(all, readmitted("h1", 3700, "F", true)...)
+	all = append(all, readmitted("h2", 3701, "F", true)...)
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: all}); !v.Opened || v.Below {
+		t.Fatalf("re-admitted failures closed the re-opened type: %+v", v)
+	}
+	closed := append(append([]scoring.Outcome{}, all...), ladder("n", 3702, "F", true)...)
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: closed}); v.Opened || !v.Below {
+		t.Fatalf("a new task failed after the probe: still open: %+v", v)
+	}
+
+	var healthy []scoring.Outcome
+	for i := range 20 {
+		healthy = append(healthy, ladder(fmt.Sprintf("ok%d", i), i, "S", false)...)
+	}
+	healthy = append(healthy, readmitted("h1", 30, "F", true)...)
+	healthy = append(healthy, readmitted("h2", 31, "F", true)...)
+	healthy = append(healthy, readmitted("h3", 32, "F", true)...)
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: healthy}); v.Below {
+		t.Fatalf("three re-admitted failures after 20 wins stopped the type: %+v", v)
+	}
+	stopped := append([]scoring.Outcome{}, healthy...)
+	for i := range 3 {
+		stopped = append(stopped, ladder(fmt.Sprintf("n%d", i), 33+i, "F", true)...)
+	}
+	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: stopped}); !v.Below || v.Run != 3 {
+		t.Fatalf("three new tasks failed after 20 wins: %+v, want stopped by the run test", v)
 	}
 }

@@ -108,6 +108,14 @@ const FullLookEvery = 8
 // wait. Where a rule takes something of the type's gate facts, it asks
 // (ActAsk) and decides again with the answer.
 func Decide(in GateIn) GateOut {
+	out := decide(in)
+	if in.Hold == events.HoldTrust && out.Act == ActAdmit {
+		out.Run.Readmitted = true // it and its retries measure the held backlog
+	}
+	return out
+}
+
+func decide(in GateIn) GateOut {
 	t := in.Task
 	v := in.Verdict
 	out := GateOut{Run: in.Run, Trust: events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: in.Exempt}}
@@ -164,22 +172,58 @@ func Decide(in GateIn) GateOut {
 		step, _ := scoring.StreakStep(out.Trust.Cause, false, in.Run.Attempt, false)
 		out.ResetStreak = step && in.Stats.BlockStreak > 0 // the type recovered
 	}
-	if held && v.Probation && !out.Run.Probe {
+	backlog := in.Scoring.BacklogOf(in.Stats)
+	if held && backlog.Paused() && !out.Run.Probe {
+		// Re-admitted held tasks failed in a row while the type's new
+		// tasks do not: the rest of its backlog goes only as probes.
+		probe, asked := in.Claimed[ClaimProbe]
+		if !asked {
+			return ask(out, ClaimProbe)
+		}
+		if !probe {
+			out.Trust.Cause = events.CauseTrust
+			out.Trust.Reason = fmt.Sprintf("held: the last %d held tasks of %s re-admitted failed; the rest go as probes", backlog.Losses, t.Type)
+			if in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
+				out.Trust.Blocked = true
+				out.Trust.Reason += fmt.Sprintf(", and it was held %s", in.Scoring.HoldTime)
+				return act(out, ActBlock)
+			}
+			return act(out, ActSleep)
+		}
+		out.Trust.Probe, out.Trust.Cause, out.Run.Probe = true, events.CauseProbe, true
+		out.Trust.Reason = fmt.Sprintf("probe of the held tasks of %s: the last %d re-admitted failed", t.Type, backlog.Losses)
+	}
+	if held && in.Scoring.ReadmitLimited(in.Stats, v.Probation) && !out.Run.Probe {
 		// Re-admitted on a probe's word alone: a few at a time, more with
-		// every success (a slow start).
+		// every success (a slow start); one at a time while the newest
+		// re-admitted held task failed.
 		ok, asked := in.Claimed[ClaimTrial]
 		if !asked {
 			return ask(out, ClaimTrial)
 		}
 		if !ok && in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
 			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
-			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s is on probation, and held %s without a place", t.Type, in.Scoring.HoldTime)
+			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s's held tasks prove themselves, and held %s without a place", t.Type, in.Scoring.HoldTime)
 			return act(out, ActBlock)
 		}
 		if !ok {
 			return act(out, ActSleep)
 		}
-		out.Trust.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, in.Scoring.TrialPlaces(in.Stats))
+		switch {
+		case backlog.Doubt():
+			out.Trust.Reason = fmt.Sprintf("re-admitted one at a time: the last held task of %s re-admitted failed", t.Type)
+		case v.Probation:
+			out.Trust.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, in.Scoring.TrialPlaces(in.Stats))
+		default:
+			out.Trust.Reason = fmt.Sprintf("re-admitted: %s recovered (%d held tasks at a time until %d re-admitted succeed in a row)", t.Type, in.Scoring.TrialPlaces(in.Stats), in.Scoring.MinOutcomes)
+		}
+	}
+	if in.Run.Readmitted && in.Run.Attempt > 1 && backlog.Paused() {
+		// A held task re-admitted after its type recovered failed again,
+		// as the last re-admitted did: hard on its own, not for its type.
+		out.Trust.Cause = events.CauseRungRate
+		out.Trust.Reason = fmt.Sprintf("HANDOFF before attempt %d: the last %d held tasks of %s re-admitted failed, while its new tasks do not", in.Run.Attempt, backlog.Losses, t.Type)
+		return act(out, ActHandoff)
 	}
 	if in.Run.Attempt > 1 && in.Run.Rung != "" {
 		if climb(&out, in) {

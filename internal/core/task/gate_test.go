@@ -35,6 +35,25 @@ func TestDecide(t *testing.T) {
 		}
 	}
 	claimed := func(c task.Claim, granted bool) map[task.Claim]bool { return map[task.Claim]bool{c: granted} }
+	// backlog is the type's re-admitted held tasks, oldest first: S
+	// succeeded, F failed.
+	backlog := func(pattern string) scoring.Stats {
+		var s scoring.Stats
+		for i, c := range pattern {
+			id := fmt.Sprintf("h%d", i)
+			s.Outcomes = append(s.Outcomes, scoring.Outcome{Key: id + ":1:outcome", Task: id, Held: true, Success: c == 'S', End: true, At: gateNow.Add(time.Duration(i-100) * time.Second)})
+		}
+		return s
+	}
+	readmitted := func(t *testing.T, out task.GateOut) {
+		if !out.Run.Readmitted {
+			t.Error("not marked re-admitted")
+		}
+	}
+	cleared := strings.Repeat("S", p.MinOutcomes)
+	heldLook := func(v scoring.Verdict, st scoring.Stats, c map[task.Claim]bool) task.GateIn {
+		return task.GateIn{Run: first, Verdict: v, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Stats: st, Claimed: c}
+	}
 
 	tests := []struct {
 		name   string
@@ -79,7 +98,38 @@ func TestDecide(t *testing.T) {
 		{name: "held past its hold time, on probation, no place: to a human", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Claimed: claimed(task.ClaimTrial, false)},
 			act: task.ActBlock, cause: events.CauseTrust, reason: "without a place"},
 		{name: "held, on probation, a place: re-admitted", in: task.GateIn{Run: first, Verdict: probation, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Claimed: claimed(task.ClaimTrial, true)},
-			act: task.ActAdmit, cause: events.CauseTrusted, reason: "re-admitted"},
+			act: task.ActAdmit, cause: events.CauseTrusted, reason: "re-admitted", check: readmitted},
+		{name: "held, recovered: asks for a trial place until its backlog clears", in: heldLook(trusted, backlog("SS"), nil), act: task.ActAsk, ask: task.ClaimTrial},
+		{name: "held, recovered, a place: re-admitted", in: heldLook(trusted, backlog("SS"), claimed(task.ClaimTrial, true)),
+			act: task.ActAdmit, cause: events.CauseTrusted, reason: "recovered", check: readmitted},
+		{name: "held, recovered, backlog cleared: re-admitted, no place asked", in: heldLook(trusted, backlog(cleared), nil),
+			act: task.ActAdmit, cause: events.CauseTrusted, check: readmitted},
+		{name: "held, the last re-admitted failed: one at a time", in: heldLook(trusted, backlog(cleared+"F"), claimed(task.ClaimTrial, true)),
+			act: task.ActAdmit, reason: "one at a time", check: readmitted},
+		{name: "held, the backlog paused: asks for a probe", in: heldLook(trusted, backlog("SFF"), nil), act: task.ActAsk, ask: task.ClaimProbe},
+		{name: "held, the backlog paused, no probe due: sleeps", in: heldLook(trusted, backlog("SFF"), claimed(task.ClaimProbe, false)),
+			act: task.ActSleep, cause: events.CauseTrust, reason: "the rest go as probes"},
+		{name: "held past its hold time, the backlog paused: to a human",
+			in:  task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Stats: backlog("FF"), Claimed: claimed(task.ClaimProbe, false)},
+			act: task.ActBlock, cause: events.CauseTrust},
+		{name: "held, the backlog paused, a probe due: goes as its probe", in: heldLook(trusted, backlog("SFF"), claimed(task.ClaimProbe, true)),
+			act: task.ActAdmit, cause: events.CauseProbe, check: func(t *testing.T, out task.GateOut) {
+				readmitted(t, out)
+				if !out.Run.Probe {
+					t.Error("not marked a probe")
+				}
+			}},
+		{name: "a re-admitted task's retry, the backlog paused: handed off",
+			in:  task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Readmitted: true}, Verdict: trusted, Stats: backlog("FF")},
+			act: task.ActHandoff, cause: events.CauseRungRate, reason: "re-admitted failed"},
+		{name: "a new task's retry, the backlog paused: goes on", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, Verdict: trusted, Stats: backlog("FF")},
+			act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "a verified pass is not re-admitted", in: task.GateIn{Run: first, Verdict: trusted, Stats: backlog("FF")},
+			act: task.ActAdmit, check: func(t *testing.T, out task.GateOut) {
+				if out.Run.Readmitted {
+					t.Error("marked re-admitted")
+				}
+			}},
 		{name: "a retry whose rungs rarely pay: handed off", in: task.GateIn{Run: retry, Verdict: trusted, Stats: scoring.Stats{Outcomes: failedRetries}},
 			act: task.ActHandoff, cause: events.CauseRungRate, reason: "HANDOFF before attempt 3"},
 		{name: "unproven: asks for a canary place", in: task.GateIn{Run: first, Verdict: unproven}, act: task.ActAsk, ask: task.ClaimCanary},

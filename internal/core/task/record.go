@@ -220,8 +220,9 @@ func NextRun(st *events.TaskState, run events.Run, res events.Result, pol policy
 		// A round a human started keeps the human's word: the gate lets
 		// it through and the note stays in the prompt.
 		Reviewed: run.Reviewed, Note: run.Note,
-		// A probe's retries go on re-measuring its blocked type.
-		Probe: run.Probe,
+		// A probe's retries go on re-measuring its blocked type; a
+		// re-admitted task's go on measuring the held backlog.
+		Probe: run.Probe, Readmitted: run.Readmitted,
 	}
 	switch {
 	case st.Decision == events.DecisionPark:
@@ -313,7 +314,7 @@ func TrustOutcome(key string, st events.TaskState, run events.Run, res events.Re
 	return scoring.Outcome{
 		Key: key, Task: st.ID, Success: res.Outcome == events.OutcomeSuccess, At: at,
 		Tokens: res.TokensIn + res.TokensOut, Cost: res.Cost,
-		Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe,
+		Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe, Held: run.Readmitted,
 		End: Ends(st.Decision),
 	}
 }

@@ -133,7 +133,7 @@ func (e *engine) estimate(tr *taskRun, run events.Run, now time.Time) {
 	// The task enters its type's trust as its likelier end: the gate
 	// scores the types the estimates change as it would have.
 	e.record(tr.t.Type, scoring.Outcome{Key: events.MsgID(tr.t.ID, run.Pass, "estimate"), Task: tr.t.ID,
-		Success: est.Resolved >= 0.5, At: now, Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe, End: true})
+		Success: est.Resolved >= 0.5, At: now, Rung: run.Rung, Retry: run.Attempt > 1, Probe: run.Probe, Held: run.Readmitted, End: true})
 	tr.mode = estimating
 	e.ended[tr.t.ID] = true // its places are not held in the replay
 	tr.wi.Fate, tr.wi.Decision, tr.wi.Resolve = FateEstimated, "estimate", est.Resolved
