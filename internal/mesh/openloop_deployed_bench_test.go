@@ -63,9 +63,12 @@ import (
 // (/proc/stat, other work included), at saturation (`sat-`) and at the
 // rate: where 2 shared cores bound the latency, the figures show it. Each
 // process's CPU time per task and peak RSS are logged. The processes
-// inherit GOGC and GOMAXPROCS from the environment.
+// inherit GOGC and GOMAXPROCS from the environment. DISPATCH_BENCH_LOAD
+// sets the share of saturation to run at (default 0.5): a lower one shows
+// what the path costs when the cores are not the bound.
 //
 //	go test -run '^$' -bench OpenLoopDeployed -benchtime 2000x -count 3 ./internal/mesh/
+//	DISPATCH_BENCH_LOAD=0.25 go test -run '^$' -bench OpenLoopDeployed -benchtime 2000x ./internal/mesh/
 func BenchmarkOpenLoopDeployed(b *testing.B) {
 	const warm, burst = 500, 2000
 	st := &stamps{tasks: map[int]*taskTimes{}}
@@ -96,7 +99,7 @@ func BenchmarkOpenLoopDeployed(b *testing.B) {
 	sat := d.usage(b).since(before)
 	saturation := float64(burst) / sat.wall.Seconds()
 
-	rate := saturation / 2
+	rate := saturation * loadShare(b)
 	interval := time.Duration(float64(time.Second) / rate)
 	first, sent := warm+burst, 0
 	before = d.usage(b)
@@ -499,4 +502,18 @@ func (st *stamps) latencies(b *testing.B, from, to int) (call, record, e2e []tim
 		slices.Sort(ds)
 	}
 	return call, record, e2e, repeated
+}
+
+// loadShare is the share of saturation the open-loop run keeps:
+// DISPATCH_BENCH_LOAD, 0.5 unset.
+func loadShare(b *testing.B) float64 {
+	v := os.Getenv("DISPATCH_BENCH_LOAD")
+	if v == "" {
+		return 0.5
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 || f > 1 {
+		b.Fatalf("DISPATCH_BENCH_LOAD=%q: want a share of saturation in (0, 1]", v)
+	}
+	return f
 }
