@@ -99,9 +99,10 @@ type Policy struct {
 	// RungMinSamples is how many retries on a rung the window must hold
 	// before RungFloor applies. Default 8.
 	RungMinSamples int
-	// RungExplore: one retry in RungExplore (a hash of the task) climbs a
-	// rung below the floor on pooled evidence alone, so the pool keeps
-	// measuring it. Default 5; negative never.
+	// RungExplore: at most one retry in RungExplore (a hash of the task)
+	// climbs a rung below the floor on pooled evidence, so the pool keeps
+	// measuring it — fewer as the evidence grows (ExploreShare). Default 5;
+	// negative never.
 	RungExplore int
 	// PriorWeight is how many of a type's own tasks the mesh's pooled
 	// evidence counts for while the type has fewer than MinOutcomes

@@ -1,6 +1,7 @@
 package scoring
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -280,15 +281,21 @@ func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, success
 // RungBelowWith reports whether a retry should not climb onto rung:
 // with p.RungMinSamples retries of the type on it in the window or more,
 // when their success rate is below p.RungFloor; with fewer, when that rate
-// shrunk toward the other types' (Pool.Rung, once two types measured the
-// rung, else their retries on any rung; that pulled toward the type's own
-// retries on every rung is the prior, counting for RungMinSamples/2
-// retries; with nothing pooled, the type's own retries on every rung once
-// it has RungMinSamples of them) is below the floor — except, when explore is
-// set (the retry's own rung), for one retry in RungExplore (a hash of
-// explore), which climbs anyway so the rung keeps being measured: a floor
-// on pooled evidence alone would otherwise lock itself shut. A rung that stops being climbed gets no
-// new samples, so its old ones leave the window as the type's other
+// shrunk toward a prior is below the floor. The prior is the type's
+// retries on every rung, pulled toward the other types' rate on the rung
+// (Pool.Rung, once two types measured the rung, else their retries on any
+// rung; with fewer than two types, an even chance), each level worth
+// RungMinSamples/2 retries: a type whose retries fail on two rungs is not
+// presumed to succeed on a third, and a mesh's first hard task stops
+// climbing after a few failed retries instead of the whole ladder. When
+// explore is set (the retry's own rung), a share of the retries the
+// estimate stops climb anyway (a hash of explore picks them), so the rung
+// keeps being measured — a floor on pooled evidence alone would otherwise
+// lock itself shut: the chance that the rung's rate is at the floor or
+// above given every retry measured on it (ExploreShare), at most one in
+// RungExplore. Thin evidence explores often, a rung that failed dozens of
+// times across the mesh almost never. A rung that stops being climbed gets
+// no new samples, so its old ones leave the window as the type's other
 // outcomes come in, and the rung is measured again.
 func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore string) (below bool, tries, successes int) {
 	p = p.WithDefaults()
@@ -299,27 +306,59 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 	case tries >= p.RungMinSamples:
 		return float64(successes) < p.RungFloor*float64(tries), tries, successes
 	}
-	// Two levels: the type's retries on every rung, pulled toward the
-	// pool's, are the prior of its retries on this one — a type whose
-	// retries fail on two rungs is not presumed to succeed on a third.
-	// With nothing pooled, the type's own retries on every rung stand in
-	// once there are RungMinSamples of them (pulled toward an even
-	// chance); fewer, and the ladder applies as it is.
 	k := float64(p.RungMinSamples) / 2
 	allTries, allSuccesses := p.retries(s)
 	mean, types := pool.Rung(s.Type, rung)
 	if types < 2 {
-		if allTries < p.RungMinSamples {
-			return false, tries, successes
-		}
 		mean = 0.5
 	}
 	mean = (k*mean + float64(allSuccesses)) / (k + float64(allTries))
 	est := (k*mean + float64(successes)) / (k + float64(tries))
-	if est >= p.RungFloor || (explore != "" && explores(explore, p.RungExplore)) {
+	if est >= p.RungFloor {
 		return false, tries, successes
 	}
+	if explore != "" && p.RungExplore > 0 {
+		pooled, pooledOK := pool.RungCounts(s.Type, rung)
+		if explores(explore, p.ExploreShare(allTries+pooled, allSuccesses+pooledOK)) {
+			return false, tries, successes
+		}
+	}
 	return true, tries, successes
+}
+
+// ExploreShare is the share of retries that climb a rung the estimate
+// stops (RungBelowWith), given tries retries measured on it of which
+// successes succeeded: the chance that its success rate is RungFloor or
+// more under a uniform prior (a Beta(1 + successes, 1 + failures)
+// posterior), at most 1/RungExplore; 0 when RungExplore is negative.
+func (p Policy) ExploreShare(tries, successes int) float64 {
+	p = p.WithDefaults()
+	if p.RungExplore <= 0 {
+		return 0
+	}
+	limit := 1 / float64(p.RungExplore)
+	if p.RungFloor <= 0 {
+		return limit
+	}
+	return min(limit, betaAbove(1+successes, 1+max(tries-successes, 0), p.RungFloor))
+}
+
+// betaAbove is P(X >= x) for X ~ Beta(a, b), a and b whole: the chance
+// that a Binomial(a+b-1, x) is at most a-1.
+func betaAbove(a, b int, x float64) float64 {
+	if x >= 1 {
+		return 0
+	}
+	n := a + b - 1
+	lx, l1x := math.Log(x), math.Log1p(-x)
+	sum := 0.0
+	for i := range a {
+		lgn, _ := math.Lgamma(float64(n + 1))
+		lgi, _ := math.Lgamma(float64(i + 1))
+		lgr, _ := math.Lgamma(float64(n - i + 1))
+		sum += math.Exp(lgn - lgi - lgr + float64(i)*lx + float64(n-i)*l1x)
+	}
+	return min(sum, 1)
 }
 
 // retries counts the retries on every rung among the window's outcomes

@@ -413,6 +413,31 @@ func (pool *Pool) Rung(taskType string, rung events.Rung) (mean float64, types i
 	return pool.rate(taskType, func(events.Rung) bool { return true })
 }
 
+// RungCounts is every retry the other types measured on rung and how many
+// succeeded — on any rung when fewer than two types measured this one, as
+// Rung reads them: the evidence of how often the rung pays in this mesh.
+func (pool *Pool) RungCounts(taskType string, rung events.Rung) (tries, successes int) {
+	if pool == nil {
+		return 0, 0
+	}
+	on := func(r events.Rung) bool { return r == rung }
+	if _, types := pool.rate(taskType, on); types < 2 {
+		on = func(events.Rung) bool { return true }
+	}
+	for r, m := range pool.rungs {
+		if !on(r) {
+			continue
+		}
+		for t, c := range m {
+			if t != taskType {
+				tries += c.tries
+				successes += c.successes
+			}
+		}
+	}
+	return tries, successes
+}
+
 func (pool *Pool) rate(taskType string, rungs func(events.Rung) bool) (mean float64, types int) {
 	by := map[string]rate{}
 	for rung, m := range pool.rungs {
@@ -461,17 +486,17 @@ func (p Policy) windowOutcomes(outcomes []Outcome) []Outcome {
 	return out
 }
 
-// explores reports whether the retry named key is one of the share 1/every
-// that climb a rung only the pooled evidence advises against, so that the
-// pool keeps measuring it (a rung nobody climbs is never measured again).
-// It is a hash of key: a redelivery decides the same.
-func explores(key string, every int) bool {
-	if every <= 1 {
-		return every == 1
+// explores reports whether the retry named key is among the share of
+// retries that climb a rung only the estimate advises against, so that
+// the rung keeps being measured (a rung nobody climbs is never measured
+// again): a hash of key, read as a number in [0, 1), below share.
+func explores(key string, share float64) bool {
+	if share <= 0 {
+		return false
 	}
 	h := fnv.New32a()
 	h.Write([]byte(key))
-	return h.Sum32()%uint32(every) == 0
+	return float64(h.Sum32())/(1<<32) < share
 }
 
 // Sample is how many settled tasks of a type's own, all failed, take its

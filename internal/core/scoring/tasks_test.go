@@ -2,6 +2,7 @@ package scoring_test
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -271,8 +272,9 @@ func TestPoolPrior(t *testing.T) {
 }
 
 // A type with few retries of its own borrows the other types' rate: in a
-// mesh where retries never pay, its first retries are handed off — but one
-// in RungExplore climbs anyway, so the rung keeps being measured.
+// mesh where retries never pay, its first retries are handed off — but a
+// share climbs anyway, so the rung keeps being measured: at most one in
+// RungExplore, fewer the more the rung was measured to fail.
 func TestRungBelowWithPool(t *testing.T) {
 	retries := func(typ string, rung events.Rung, ok, n int) scoring.Stats {
 		var out []scoring.Outcome
@@ -295,14 +297,41 @@ func TestRungBelowWithPool(t *testing.T) {
 	if below, _, _ := p.RungBelowWith(fresh, events.RungPivot, never, ""); !below {
 		t.Error("an unmeasured rung in a mesh where retries never pay: went")
 	}
-	explored := 0
-	for i := range 100 {
-		if below, _, _ := p.RungBelowWith(fresh, events.RungRefine, never, fmt.Sprintf("t%d:2:explore", i)); !below {
-			explored++
+	// Explored: a share that shrinks as the pool's failures mount.
+	thin := scoring.NewPool([]scoring.Stats{retries("a", events.RungRefine, 0, 1), retries("b", events.RungRefine, 0, 1)}, scoring.Policy{})
+	deep := scoring.NewPool([]scoring.Stats{retries("a", events.RungRefine, 0, 25), retries("b", events.RungRefine, 0, 25)}, scoring.Policy{})
+	for _, tt := range []struct {
+		name     string
+		pool     *scoring.Pool
+		min, max int // of 1,000 retries
+	}{
+		{"2 failed retries pooled: one in RungExplore", thin, 150, 250},
+		{"12 failed: 0.75^13 ≈ 2.4%", never, 10, 45},
+		{"50 failed: almost none", deep, 0, 2},
+	} {
+		explored := 0
+		for i := range 1000 {
+			if below, _, _ := p.RungBelowWith(fresh, events.RungRefine, tt.pool, fmt.Sprintf("t%d:2:explore", i)); !below {
+				explored++
+			}
+		}
+		if explored < tt.min || explored > tt.max {
+			t.Errorf("%s: %d of 1000 retries explored, want %d to %d", tt.name, explored, tt.min, tt.max)
 		}
 	}
-	if explored < 10 || explored > 30 {
-		t.Errorf("%d of 100 retries explored, want about 1 in %d", explored, scoring.DefaultRungExplore)
+	// Nothing pooled: the type's own failed retries, pulled toward an even
+	// chance, stop its ladder after a few rungs, not the whole ladder.
+	alone := scoring.Stats{Type: "new"}
+	stoppedAt := 0
+	for n := range 7 {
+		if below, _, _ := p.RungBelowWith(alone, events.RungResearch, nil, ""); below {
+			stoppedAt = n
+			break
+		}
+		alone.Outcomes = append(alone.Outcomes, scoring.Outcome{Key: fmt.Sprintf("x:%d:outcome", n+2), Task: "x", Retry: true, Rung: events.RungPivot, At: t0.Add(time.Duration(n) * time.Second)})
+	}
+	if stoppedAt == 0 || stoppedAt > 5 {
+		t.Errorf("nothing pooled: stopped after %d failed retries of its own, want 1 to 5 (the ladder has 6)", stoppedAt)
 	}
 	// The type's own evidence, once it has enough, decides alone.
 	own := retries("new", events.RungRefine, 8, 8)
@@ -443,5 +472,27 @@ func TestBacklogFailuresLeaveNewTasksAlone(t *testing.T) {
 	}
 	if v := p.Evaluate("css_fix", scoring.Stats{Outcomes: stopped}); !v.Below || v.Run != 3 {
 		t.Fatalf("three new tasks failed after 20 wins: %+v, want stopped by the run test", v)
+	}
+}
+
+// The share of retries explored is the chance that the rung's rate is at
+// the floor or above given what was measured, at most 1/RungExplore.
+func TestExploreShare(t *testing.T) {
+	p := scoring.Policy{}
+	for _, tt := range []struct {
+		tries, successes int
+		want             float64
+	}{
+		{0, 0, 0.2}, // nothing known: capped
+		{5, 0, 0.75 * 0.75 * 0.75 * 0.75 * 0.75 * 0.75}, // Beta(1, 6): 0.75^6
+		{20, 0, math.Pow(0.75, 21)},
+		{20, 10, 0.2}, // half of them pay: capped
+	} {
+		if got := p.ExploreShare(tt.tries, tt.successes); math.Abs(got-tt.want) > 1e-9 {
+			t.Errorf("ExploreShare(%d, %d) = %v, want %v", tt.tries, tt.successes, got, tt.want)
+		}
+	}
+	if got := (scoring.Policy{RungExplore: -1}).ExploreShare(0, 0); got != 0 {
+		t.Errorf("RungExplore negative: share %v, want 0", got)
 	}
 }
