@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -106,8 +107,8 @@ func (m *meshGate) outcomes(typ string, n int, success bool, tag string) {
 	}
 }
 
-// readmitted records the outcome of task id, a held task of typ the gate
-// re-admitted, as the recorder would.
+// readmitted records the end of task id, a held task of typ the gate
+// re-admitted, as the recorder would: its outcome, and its status.
 func (m *meshGate) readmitted(typ, id string, success bool) {
 	m.t.Helper()
 	msg, err := trust.OutcomeMsg(typ, trust.Outcome{Key: id + ":1:outcome", Task: id, Success: success, Held: true, End: true, At: time.Now().UTC()})
@@ -115,6 +116,16 @@ func (m *meshGate) readmitted(typ, id string, success bool) {
 		m.t.Fatal(err)
 	}
 	if _, err := m.js.PublishMsg(context.Background(), msg); err != nil {
+		m.t.Fatal(err)
+	}
+	status := events.StatusSucceeded
+	if !success {
+		status = events.StatusBlocked
+	}
+	if _, err := m.tasks.Update(context.Background(), id, func(st *events.TaskState, _ bool) error {
+		st.Status = status
+		return nil
+	}); err != nil && !errors.Is(err, services.ErrTaskNotFound) {
 		m.t.Fatal(err)
 	}
 }
@@ -327,6 +338,44 @@ func TestHeldPassesSleepInTheIndexAndComeBackOldestFirst(t *testing.T) {
 	}
 	if !slices.Equal(woken, want) {
 		t.Fatalf("woken in the order %v, want oldest first %v", woken, want)
+	}
+}
+
+// A held backlog whose re-admitted tasks fail is read from its other end:
+// after the type recovers its oldest two held passes come back (two trial
+// places), and once one of them failed and the other succeeded, the
+// sweeper wakes the rest newest first, four at a time.
+func TestAFailingBacklogComesBackNewestFirst(t *testing.T) {
+	scoring := trust.Policy{ProbeAfter: 1000, ProbeInterval: time.Hour, PriorWeight: -1}
+	m := startGateWith(t, scoring, 100, 16, 0)
+	m.outcomes("gated", 10, false, "before")
+	eventually(t, "the view holds the outcomes", func() bool { return len(m.view.Stats("gated").Outcomes) == 10 })
+	held := ids("held-", 8)
+	for _, id := range held {
+		m.submit(id, "gated")
+		// One at a time, so that the index orders them as submitted.
+		eventually(t, id+" asleep", func() bool {
+			return slices.ContainsFunc(m.asleep(), func(e services.HeldEntry) bool { return e.Task == id })
+		})
+	}
+
+	m.outcomes("gated", 40, true, "after")
+	eventually(t, "the two oldest re-admitted", func() bool { return len(m.stageOf(events.StageAdmitted, held)) == 2 })
+	if got := m.stageOf(events.StageAdmitted, held); !slices.Equal(got, held[:2]) {
+		t.Fatalf("re-admitted first: %v, want the two oldest %v", got, held[:2])
+	}
+	m.readmitted("gated", held[0], false)
+	m.readmitted("gated", held[1], true)
+	eventually(t, "four more re-admitted", func() bool { return len(m.stageOf(events.StageAdmitted, held)) == 6 })
+	var woken []string
+	for _, id := range m.stage(events.StageWake) {
+		if !slices.Contains(woken, id) {
+			woken = append(woken, id)
+		}
+	}
+	want := append(slices.Clone(held[:2]), held[7], held[6], held[5], held[4])
+	if !slices.Equal(woken, want) {
+		t.Fatalf("woken in the order %v, want the oldest two, then newest first: %v", woken, want)
 	}
 }
 

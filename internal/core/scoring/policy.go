@@ -29,8 +29,9 @@ const (
 	// that the task goes to a human instead.
 	DefaultRungFloor      = 0.25
 	DefaultRungMinSamples = 8
-	// DefaultRungExplore: one retry in 5 climbs a rung that only the
-	// pooled evidence (not yet the type's own) advises against.
+	// DefaultRungExplore: at most one retry in 5 climbs a rung that only
+	// the pooled evidence (not yet the type's own) advises against, fewer
+	// as that evidence grows (ExploreShare).
 	DefaultRungExplore = 5
 	// DefaultHoldTime is how long a task the gate holds for low trust
 	// waits to be re-admitted before it goes to a human.
@@ -99,10 +100,10 @@ type Policy struct {
 	// RungMinSamples is how many retries on a rung the window must hold
 	// before RungFloor applies. Default 8.
 	RungMinSamples int
-	// RungExplore: at most one retry in RungExplore (a hash of the task)
+	// RungExplore: at most one retry in RungExplore (a hash of the pass)
 	// climbs a rung below the floor on pooled evidence, so the pool keeps
-	// measuring it — fewer as the evidence grows (ExploreShare). Default 5;
-	// negative never.
+	// measuring it — fewer as the evidence grows (ExploreShare); 1 leaves
+	// the share uncapped. Default 5; negative never.
 	RungExplore int
 	// PriorWeight is how many of a type's own tasks the mesh's pooled
 	// evidence counts for while the type has fewer than MinOutcomes

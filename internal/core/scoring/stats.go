@@ -386,13 +386,14 @@ func (p Policy) settled(outcomes []Outcome) int {
 // probe and its newest failed task (a type that has just failed is not
 // probed at once); the probe then takes the type's probe time. A backlog
 // of held tasks thus sends one probe per interval, not one per look. The
-// same pace probes a paused held backlog (Backlog.Paused) of a type whose
-// new tasks succeed. s is not modified.
+// same pace re-admits a paused held backlog (Backlog.Paused) of a type
+// whose new tasks succeed, the interval doubling too for every
+// re-admitted task that failed past BacklogStop. s is not modified.
 func (p Policy) HeldProbe(s Stats, now time.Time) (next Stats, probe bool) {
 	p = p.WithDefaults()
 	rs := p.tasks(s.Outcomes, false)
 	wait := p.ProbeInterval
-	for range min(failedProbes(rs), 16) {
+	for range min(failedProbes(rs)+max(0, p.BacklogOf(s).Losses-BacklogStop), 16) {
 		wait = min(2*wait, MaxProbeInterval)
 	}
 	since := s.ProbeAt

@@ -206,17 +206,22 @@ func (r TaskResult) backlog() bool { return r.Held && !r.Probe }
 // call for each. So the gate re-admits them a few at a time — 2, doubling
 // with each that succeeds, at most MinOutcomes (Policy.TrialPlaces) —
 // until MinOutcomes succeeded in a row (Cleared), one at a time after one
-// failed, and after BacklogStop failed
-// in a row only as probes (Policy.HeldProbe's pace), handing off the
-// retries of those that failed; the newest held tasks — the most like the
-// new tasks that succeed — go first once one failed.
+// failed, and after BacklogStop failed in a row only at the held-probe
+// pace (Policy.HeldProbe), handing off the retries of the next once
+// BacklogStop ended failed; the newest held tasks — the most like the new
+// tasks that succeed — go first once one failed. Probes a type below its
+// threshold takes from its held tasks judge the type, not the backlog:
+// they are left out. The record is the type's window's (its newest
+// Window outcomes): a backlog paused by failures long past is tried again
+// once they left the window.
 type Backlog struct {
 	// Losses is how many re-admitted tasks failed since the newest one
-	// that succeeded (a task still climbing its ladder has failed so
-	// far), Wins how many succeeded since the newest that failed; Failed
-	// whether any in the window did.
-	Losses, Wins int
-	Failed       bool
+	// that succeeded — a task still climbing its ladder that failed so
+	// far counts — and Ended how many of those ended; Wins how many
+	// succeeded since the newest that failed; Failed whether any in the
+	// window failed.
+	Losses, Ended, Wins int
+	Failed              bool
 }
 
 // Cleared reports whether the held backlog has shown, by minOutcomes
@@ -225,16 +230,24 @@ type Backlog struct {
 func (b Backlog) Cleared(minOutcomes int) bool { return b.Wins >= max(minOutcomes, 1) }
 
 // BacklogStop is how many re-admitted held tasks failing in a row pause
-// the re-admission of the type's held backlog: the rest goes only as
-// probes.
+// the re-admission of the type's held backlog: the rest goes only at the
+// held-probe pace; once as many ended failed, the retries of the next
+// re-admitted are handed off.
 const BacklogStop = 2
 
-// Paused reports whether the held backlog is re-admitted only as probes.
+// Paused reports whether the held backlog is re-admitted only at the
+// held-probe pace.
 func (b Backlog) Paused() bool { return b.Losses >= BacklogStop }
 
 // Doubt reports whether the newest re-admitted held task failed: the
 // backlog is re-admitted one at a time at most.
 func (b Backlog) Doubt() bool { return b.Losses > 0 }
+
+// HandsOff reports whether a re-admitted task's retry is handed off:
+// BacklogStop of the re-admitted tasks before it ended failed in a row. A
+// retry is not stopped by its siblings' first failures while they still
+// climb (a type whose tasks need a retry), as EvaluateWith judges retries.
+func (b Backlog) HandsOff() bool { return b.Ended >= BacklogStop }
 
 // NewestFirst reports whether the held backlog is re-admitted newest
 // first: a re-admitted task failed in the window.
@@ -248,22 +261,27 @@ func (p Policy) BacklogOf(s Stats) Backlog {
 	rs := p.tasks(s.Outcomes, false)
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]
-		if !r.Held {
+		switch {
+		case !r.backlog():
 			continue
-		}
-		if r.Success {
+		case r.Success:
 			if counting && b.Losses == 0 {
 				b.Wins++
 			} else {
 				counting = false
 			}
-			continue
-		}
-		b.Failed = true
-		if counting && b.Wins == 0 {
-			b.Losses++
-		} else {
-			counting = false
+		case r.Failures == 0 && !r.Ended:
+			// A pipeline whose steps so far passed: nothing failed yet.
+		default:
+			b.Failed = true
+			if counting && b.Wins == 0 {
+				b.Losses++
+				if r.Ended {
+					b.Ended++
+				}
+			} else {
+				counting = false
+			}
 		}
 	}
 	return b

@@ -231,6 +231,21 @@ func TestHeldProbeSpacing(t *testing.T) {
 	if _, probe := p.HeldProbe(s, newest.Add(32*time.Second)); !probe {
 		t.Fatal("no probe 21s after a failed probe")
 	}
+	// A paused held backlog re-admits at the same pace, doubling for each
+	// re-admitted task that failed past BacklogStop.
+	paused := scoring.Stats{Outcomes: append(append(failedTasks(12), readmitted("h1", 12, "F", true)...), readmitted("h2", 13, "F", true)...)}
+	last := t0.Add(13 * time.Second)
+	if _, probe := p.HeldProbe(paused, last.Add(10*time.Second)); !probe {
+		t.Fatal("a paused backlog: nothing re-admitted 10s after its newest failure")
+	}
+	paused.Outcomes = append(paused.Outcomes, readmitted("h3", 14, "F", true)...)
+	last = t0.Add(14 * time.Second)
+	if _, probe := p.HeldProbe(paused, last.Add(15*time.Second)); probe {
+		t.Fatal("a third re-admitted failure: re-admitted again within 20s")
+	}
+	if _, probe := p.HeldProbe(paused, last.Add(20*time.Second)); !probe {
+		t.Fatal("a third re-admitted failure: nothing re-admitted after 20s")
+	}
 	// Successes since (the type's new tasks, its backlog paused) do not
 	// put the next probe off: the interval counts from the newest failure.
 	ok := scoring.Stats{Outcomes: append(failedTasks(12), ladder("ok", 15, "S", false)...)}
@@ -350,13 +365,21 @@ func readmitted(id string, start int, pattern string, end bool) []scoring.Outcom
 	return out
 }
 
+// probed marks a task's attempts as a probe's.
+func probed(out []scoring.Outcome) []scoring.Outcome {
+	for i := range out {
+		out[i].Probe = true
+	}
+	return out
+}
+
 // After a probe's win the held come back two at a time, doubling with
 // every re-admitted task that succeeds, up to MinOutcomes; one at a time
 // after a re-admitted task failed, none after BacklogStop did in a row.
 // The type's new tasks say nothing of its held backlog.
 func TestTrialPlaces(t *testing.T) {
 	base := failedTasks(12)
-	win := scoring.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, End: true, At: t0.Add(time.Hour)}
+	win := scoring.Outcome{Key: "p:1:outcome", Task: "p", Success: true, Probe: true, Held: true, End: true, At: t0.Add(time.Hour)}
 	p := scoring.Policy{}
 	for _, tt := range []struct {
 		pattern string // re-admitted tasks after the win, oldest first: S succeeded, F failed
@@ -398,13 +421,18 @@ func TestBacklogOf(t *testing.T) {
 	}{
 		{name: "none", tasks: [][]scoring.Outcome{ladder("a", 0, "FFF", true)}},
 		{name: "two failed in a row: paused", tasks: [][]scoring.Outcome{readmitted("a", 0, "S", false), readmitted("b", 1, "F", true), readmitted("c", 2, "F", true)},
-			want: scoring.Backlog{Losses: 2, Failed: true}},
-		{name: "one still climbing counts as failed", tasks: [][]scoring.Outcome{readmitted("a", 0, "S", false), readmitted("b", 1, "FF", false)},
+			want: scoring.Backlog{Losses: 2, Ended: 2, Failed: true}},
+		{name: "one still climbing counts as failed so far, not as ended", tasks: [][]scoring.Outcome{readmitted("a", 0, "S", false), readmitted("b", 1, "FF", false)},
 			want: scoring.Backlog{Losses: 1, Failed: true}},
 		{name: "new tasks between do not count", tasks: [][]scoring.Outcome{readmitted("a", 0, "F", true), ladder("n", 1, "S", false), readmitted("b", 2, "F", true)},
-			want: scoring.Backlog{Losses: 2, Failed: true}},
+			want: scoring.Backlog{Losses: 2, Ended: 2, Failed: true}},
 		{name: "wins since a failure", tasks: [][]scoring.Outcome{readmitted("a", 0, "F", true), readmitted("b", 1, "S", false), readmitted("c", 2, "FS", false)},
 			want: scoring.Backlog{Wins: 2, Failed: true}},
+		{name: "probes a type below takes from its held tasks judge the type, not the backlog",
+			tasks: [][]scoring.Outcome{probed(readmitted("p1", 0, "F", true)), probed(readmitted("p2", 1, "FF", true))}},
+		{name: "a pipeline whose first step passed has failed nothing", tasks: [][]scoring.Outcome{readmitted("a", 0, "F", true),
+			{{Key: "pipe:1:outcome", Task: "pipe", Held: true, Success: true, At: t0.Add(5 * time.Second)}}},
+			want: scoring.Backlog{Losses: 1, Ended: 1, Failed: true}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var all []scoring.Outcome

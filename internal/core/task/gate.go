@@ -112,6 +112,10 @@ func Decide(in GateIn) GateOut {
 	if in.Hold == events.HoldTrust && out.Act == ActAdmit {
 		out.Run.Readmitted = true // it and its retries measure the held backlog
 	}
+	// The block streak ends only with a trusted pass that goes on, as
+	// rebuild replays it (scoring.StreakStep): not with one the backlog's
+	// rules put back to sleep or let through as a probe.
+	out.ResetStreak = out.ResetStreak && out.Trust.Cause == events.CauseTrusted && (out.Act == ActAdmit || out.Act == ActPark)
 	return out
 }
 
@@ -173,35 +177,42 @@ func decide(in GateIn) GateOut {
 		out.ResetStreak = step && in.Stats.BlockStreak > 0 // the type recovered
 	}
 	backlog := in.Scoring.BacklogOf(in.Stats)
-	if held && backlog.Paused() && !out.Run.Probe {
-		// Re-admitted held tasks failed in a row while the type's new
-		// tasks do not: the rest of its backlog goes only as probes.
-		probe, asked := in.Claimed[ClaimProbe]
-		if !asked {
-			return ask(out, ClaimProbe)
+	gated := !in.Exempt && in.Scoring.Threshold >= 0
+	expired := held && in.Now.Sub(in.Since) >= in.Scoring.HoldTime
+	paced := false // re-admitted at the held-probe pace
+	if held && gated && backlog.Doubt() && !out.Run.Probe {
+		// Re-admitted held tasks of the type fail while its new tasks do
+		// not: the few places left go to the newest held, not to one past
+		// its hold time.
+		if expired {
+			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
+			out.Trust.Reason = fmt.Sprintf("held %s: the last held tasks of %s re-admitted failed", in.Scoring.HoldTime, t.Type)
+			return act(out, ActBlock)
 		}
-		if !probe {
-			out.Trust.Cause = events.CauseTrust
-			out.Trust.Reason = fmt.Sprintf("held: the last %d held tasks of %s re-admitted failed; the rest go as probes", backlog.Losses, t.Type)
-			if in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
-				out.Trust.Blocked = true
-				out.Trust.Reason += fmt.Sprintf(", and it was held %s", in.Scoring.HoldTime)
-				return act(out, ActBlock)
+		if backlog.Paused() {
+			ok, asked := in.Claimed[ClaimProbe]
+			if !asked {
+				return ask(out, ClaimProbe)
 			}
-			return act(out, ActSleep)
+			if !ok {
+				out.Trust.Cause = events.CauseTrust
+				out.Trust.Reason = fmt.Sprintf("held: the last %d held tasks of %s re-admitted failed; the rest come back at the probe pace", backlog.Losses, t.Type)
+				return act(out, ActSleep)
+			}
+			paced = true
+			out.Trust.Reason = fmt.Sprintf("re-admitted at the probe pace: the last %d held tasks of %s re-admitted failed", backlog.Losses, t.Type)
 		}
-		out.Trust.Probe, out.Trust.Cause, out.Run.Probe = true, events.CauseProbe, true
-		out.Trust.Reason = fmt.Sprintf("probe of the held tasks of %s: the last %d re-admitted failed", t.Type, backlog.Losses)
 	}
-	if held && in.Scoring.ReadmitLimited(in.Stats, v.Probation) && !out.Run.Probe {
-		// Re-admitted on a probe's word alone: a few at a time, more with
-		// every success (a slow start); one at a time while the newest
-		// re-admitted held task failed.
+	if held && gated && !paced && in.Scoring.ReadmitLimited(in.Stats, v.Probation) && !out.Run.Probe {
+		// Re-admitted on a probe's word alone, or while the held backlog
+		// has not proved itself: a few at a time, more with every
+		// re-admitted success (a slow start); one at a time while the
+		// newest re-admitted held task failed.
 		ok, asked := in.Claimed[ClaimTrial]
 		if !asked {
 			return ask(out, ClaimTrial)
 		}
-		if !ok && in.Now.Sub(in.Since) >= in.Scoring.HoldTime {
+		if !ok && expired {
 			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
 			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s's held tasks prove themselves, and held %s without a place", t.Type, in.Scoring.HoldTime)
 			return act(out, ActBlock)
@@ -218,11 +229,11 @@ func decide(in GateIn) GateOut {
 			out.Trust.Reason = fmt.Sprintf("re-admitted: %s recovered (%d held tasks at a time until %d re-admitted succeed in a row)", t.Type, in.Scoring.TrialPlaces(in.Stats), in.Scoring.MinOutcomes)
 		}
 	}
-	if in.Run.Readmitted && in.Run.Attempt > 1 && backlog.Paused() {
+	if in.Run.Readmitted && !in.Run.Probe && in.Run.Attempt > 1 && gated && backlog.HandsOff() {
 		// A held task re-admitted after its type recovered failed again,
 		// as the last re-admitted did: hard on its own, not for its type.
 		out.Trust.Cause = events.CauseRungRate
-		out.Trust.Reason = fmt.Sprintf("HANDOFF before attempt %d: the last %d held tasks of %s re-admitted failed, while its new tasks do not", in.Run.Attempt, backlog.Losses, t.Type)
+		out.Trust.Reason = fmt.Sprintf("HANDOFF before attempt %d: the last %d held tasks of %s re-admitted ended failed, while its new tasks do not", in.Run.Attempt, backlog.Ended, t.Type)
 		return act(out, ActHandoff)
 	}
 	if in.Run.Attempt > 1 && in.Run.Rung != "" {

@@ -51,6 +51,7 @@ func TestDecide(t *testing.T) {
 		}
 	}
 	cleared := strings.Repeat("S", p.MinOutcomes)
+	withStreak := func(s scoring.Stats, n int) scoring.Stats { s.BlockStreak = n; return s }
 	heldLook := func(v scoring.Verdict, st scoring.Stats, c map[task.Claim]bool) task.GateIn {
 		return task.GateIn{Run: first, Verdict: v, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Stats: st, Claimed: c}
 	}
@@ -107,21 +108,41 @@ func TestDecide(t *testing.T) {
 		{name: "held, the last re-admitted failed: one at a time", in: heldLook(trusted, backlog(cleared+"F"), claimed(task.ClaimTrial, true)),
 			act: task.ActAdmit, reason: "one at a time", check: readmitted},
 		{name: "held, the backlog paused: asks for a probe", in: heldLook(trusted, backlog("SFF"), nil), act: task.ActAsk, ask: task.ClaimProbe},
-		{name: "held, the backlog paused, no probe due: sleeps", in: heldLook(trusted, backlog("SFF"), claimed(task.ClaimProbe, false)),
-			act: task.ActSleep, cause: events.CauseTrust, reason: "the rest go as probes"},
-		{name: "held past its hold time, the backlog paused: to a human",
-			in:  task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Stats: backlog("FF"), Claimed: claimed(task.ClaimProbe, false)},
+		{name: "held, the backlog paused, not due: sleeps", in: heldLook(trusted, backlog("SFF"), claimed(task.ClaimProbe, false)),
+			act: task.ActSleep, cause: events.CauseTrust, reason: "at the probe pace"},
+		{name: "held past its hold time, the backlog in doubt: to a human, nothing asked",
+			in:  task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Stats: backlog("F")},
 			act: task.ActBlock, cause: events.CauseTrust},
-		{name: "held, the backlog paused, a probe due: goes as its probe", in: heldLook(trusted, backlog("SFF"), claimed(task.ClaimProbe, true)),
-			act: task.ActAdmit, cause: events.CauseProbe, check: func(t *testing.T, out task.GateOut) {
+		{name: "held past its hold time, the backlog paused: to a human, nothing asked",
+			in:  task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-p.HoldTime), Stats: backlog("FF")},
+			act: task.ActBlock, cause: events.CauseTrust},
+		{name: "held, the backlog paused, due: re-admitted at the probe pace, no probe", in: heldLook(trusted, backlog("SFF"), claimed(task.ClaimProbe, true)),
+			act: task.ActAdmit, cause: events.CauseTrusted, reason: "probe pace", check: func(t *testing.T, out task.GateOut) {
 				readmitted(t, out)
-				if !out.Run.Probe {
-					t.Error("not marked a probe")
+				if out.Run.Probe {
+					t.Error("marked a probe: its failure would close the type for new tasks")
 				}
 			}},
-		{name: "a re-admitted task's retry, the backlog paused: handed off",
+		{name: "held, exempt now, the backlog paused: re-admitted", in: task.GateIn{Run: first, Verdict: trusted, Exempt: true, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Stats: backlog("FF")},
+			act: task.ActAdmit, cause: events.CauseExempt, check: readmitted},
+		{name: "a re-admitted task's retry, two before it ended failed: handed off",
 			in:  task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Readmitted: true}, Verdict: trusted, Stats: backlog("FF")},
-			act: task.ActHandoff, cause: events.CauseRungRate, reason: "re-admitted failed"},
+			act: task.ActHandoff, cause: events.CauseRungRate, reason: "re-admitted ended failed"},
+		{name: "a re-admitted task's retry, its siblings still climbing: goes on",
+			in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Readmitted: true}, Verdict: trusted, Stats: scoring.Stats{Outcomes: []scoring.Outcome{
+				{Key: "h1:1:outcome", Task: "h1", Held: true, At: gateNow.Add(-2 * time.Second)},
+				{Key: "h2:1:outcome", Task: "h2", Held: true, At: gateNow.Add(-time.Second)}}}},
+			act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "a probe's retry, the backlog's ended failures before it: goes on",
+			in:  task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Readmitted: true, Probe: true}, Verdict: below, Stats: backlog("FF")},
+			act: task.ActAdmit, cause: events.CauseProbe},
+		{name: "trusted after blocks, but the backlog puts it back to sleep: the streak stays",
+			in:  task.GateIn{Run: first, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Stats: withStreak(backlog("SFF"), 3), Claimed: claimed(task.ClaimProbe, false)},
+			act: task.ActSleep, check: func(t *testing.T, out task.GateOut) {
+				if out.ResetStreak {
+					t.Error("the streak is reset by a pass that did not go")
+				}
+			}},
 		{name: "a new task's retry, the backlog paused: goes on", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, Verdict: trusted, Stats: backlog("FF")},
 			act: task.ActAdmit, cause: events.CauseTrusted},
 		{name: "a verified pass is not re-admitted", in: task.GateIn{Run: first, Verdict: trusted, Stats: backlog("FF")},

@@ -188,6 +188,25 @@ func TestNextRunKeepsAStepsInputOnItsRetry(t *testing.T) {
 	}
 }
 
+// A re-admitted held task's retries, and their outcomes, still measure
+// the held backlog: the mark goes with the ladder and into the trust
+// outcome (scoring.Outcome.Held).
+func TestReadmittedGoesWithTheLadder(t *testing.T) {
+	st := events.TaskState{ID: "t", Pass: 1}
+	run := events.Run{Pass: 1, Attempt: 1, Rung: events.RungRefine, Readmitted: true}
+	res := failed(events.ErrorClassTask, "does not compile")
+	task.Apply(&st, events.Task{ID: "t"}, run, res, policy.Type{}, now)
+	if next := task.NextRun(&st, run, res, policy.Type{}); !next.Readmitted {
+		t.Fatalf("the retry of a re-admitted task: %+v, not marked re-admitted", next)
+	}
+	if o := task.TrustOutcome("t:1:outcome", st, run, res, now); !o.Held {
+		t.Fatalf("its outcome %+v is not marked held", o)
+	}
+	if o := task.TrustOutcome("t:1:outcome", st, events.Run{Pass: 1, Attempt: 1}, res, now); o.Held {
+		t.Fatalf("a new task's outcome %+v is marked held", o)
+	}
+}
+
 // A task a human requeued round after round keeps every attempt of its
 // current round and the newest KeepEarlierAttempts of the rounds before:
 // its state stays storable however often it is requeued.

@@ -1,6 +1,7 @@
 package whatif
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -307,13 +308,14 @@ func (e *engine) look(typ string, now time.Time, but *taskRun) {
 	}
 	full := e.looked[typ] != e.version[typ]
 	e.looked[typ] = e.version[typ]
-	kept := held[:0]
-	for i, tr := range held {
-		if tr.mode != holding {
-			continue
-		}
-		if tr == but {
-			kept = append(kept, tr)
+	order := held
+	if sc := e.o.Policy.For(typ).Scoring(e.o.Scoring).WithDefaults(); sc.BacklogOf(*e.statsOf(typ)).NewestFirst() {
+		order = newestFirst(held, sc.HoldTime, now) // as the gate's sweeper wakes them
+	}
+	gone := map[*taskRun]bool{}
+look:
+	for _, tr := range order {
+		if tr.mode != holding || tr == but {
 			continue
 		}
 		out := e.decide(tr, tr.heldRun, now, events.HoldTrust, tr.heldSince)
@@ -321,18 +323,31 @@ func (e *engine) look(typ string, now time.Time, but *taskRun) {
 		case "admit":
 			tr.wi.Cause, tr.wi.Reason = string(out.Trust.Cause), out.Trust.Reason
 			e.estimate(tr, out.Run, now)
+			gone[tr] = true
 		case "hold":
-			kept = append(kept, tr)
 			if !full {
-				kept = append(kept, held[i+1:]...)
-				e.holding[typ] = kept
-				return
+				break look // the rest stays held as it is
 			}
 		default:
 			e.stopped(tr, out, tr.heldRun, now)
+			gone[tr] = true
 		}
 	}
-	e.holding[typ] = kept
+	e.holding[typ] = slices.DeleteFunc(held, func(tr *taskRun) bool { return gone[tr] || tr.mode != holding })
+}
+
+// newestFirst orders a type's held passes (oldest first) as the gate's
+// sweeper wakes a held backlog that failed when re-admitted: those past
+// their hold time first, oldest first, then the rest newest first. held
+// is not modified.
+func newestFirst(held []*taskRun, hold time.Duration, now time.Time) []*taskRun {
+	n := 0
+	for n < len(held) && now.Sub(held[n].heldSince) >= hold {
+		n++
+	}
+	out := slices.Clone(held)
+	slices.Reverse(out[n:])
+	return out
 }
 
 // record adds an outcome to a type's replayed trust.
