@@ -47,7 +47,8 @@ type Config struct {
 	Held *services.HeldIndex
 	JS   jetstream.JetStream
 	// SweepEvery is how often the sweeper looks over the held index.
-	// Default 1s.
+	// Default 250ms: a sweep reads nothing from the server but the two
+	// consumer infos of the MaxBacklog bound.
 	SweepEvery time.Duration
 	// Readmit bounds how many held passes of one type a sweep wakes for
 	// re-admission once the type recovered, oldest first. Default 16.
@@ -116,7 +117,7 @@ func (c Config) withDefaults() Config {
 		c.Now = time.Now
 	}
 	if c.SweepEvery <= 0 {
-		c.SweepEvery = time.Second
+		c.SweepEvery = 250 * time.Millisecond
 	}
 	if c.Readmit <= 0 {
 		c.Readmit = 16

@@ -55,6 +55,11 @@ func (w woken) due(now time.Time) bool {
 // of a large index ends quickly; the next sweep goes on.
 const MaxWakesPerSweep = 1000
 
+// SweepAgain is how soon the sweeper sweeps again after a sweep the
+// model's backlog (Config.MaxBacklog) or MaxWakesPerSweep cut short, at
+// most Config.SweepEvery.
+const SweepAgain = 100 * time.Millisecond
+
 // Why a sweep wakes a held pass (the "why" label of dispatch_gate_wakes_total).
 const (
 	WakeReadmit = "readmit" // its type recovered (or is exempt now): oldest first, Config.Readmit per sweep
@@ -188,6 +193,12 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	s.checked = map[lane]time.Time{}
 	ticker := time.NewTicker(s.cfg.SweepEvery)
 	defer ticker.Stop()
+	// A sweep the model's backlog cut short sweeps again soon: the bound
+	// paces bulk wakes to the rate the backlog drains, not to one
+	// MaxBacklog per SweepEvery.
+	again := time.NewTimer(time.Hour)
+	again.Stop()
+	defer again.Stop()
 	current := false // the watch delivered every entry there was
 	for {
 		select {
@@ -203,16 +214,20 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 				continue
 			}
 			x.apply(e, s.log)
+			continue
 		case <-ticker.C:
-			if !current {
-				continue
-			}
-			// Every update the watch holds first: a sweep slower than a
-			// tick must not leave the copy behind the index.
-			if err := drain(w.Updates(), x, s.log); err != nil {
-				return err
-			}
-			s.sweep(ctx, stream, x, woke)
+		case <-again.C:
+		}
+		if !current {
+			continue
+		}
+		// Every update the watch holds first: a sweep slower than a tick
+		// must not leave the copy behind the index.
+		if err := drain(w.Updates(), x, s.log); err != nil {
+			return err
+		}
+		if s.sweep(ctx, stream, x, woke) {
+			again.Reset(min(s.cfg.SweepEvery, SweepAgain))
 		}
 	}
 }
@@ -247,7 +262,11 @@ type wake struct {
 // sweep wakes what is due in x; woke holds when this sweeper last woke
 // each key still in the index. Lanes take turns at the head of the sweep
 // (the start rotates), so MaxWakesPerSweep favours none.
-func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woke map[string]woken) {
+//
+// It reports whether it may have left passes due for want of room (the
+// backlog before the model was full, or MaxWakesPerSweep reached): the
+// sweeper then sweeps again after SweepAgain.
+func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldIndex, woke map[string]woken) (more bool) {
 	now := s.cfg.Now().UTC()
 	var due []wake
 	x.mu.Lock()
@@ -291,6 +310,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			break
 		}
 	}
+	more = len(due) >= MaxWakesPerSweep || (room <= 0 && len(x.entries) > len(due))
 	x.mu.Unlock()
 	// Published together, then their acks awaited: a sweep of a thousand
 	// wakes takes a few round trips, not a thousand.
@@ -321,9 +341,10 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 		case err := <-p.ack.Err():
 			s.log.Warn("waking a held pass failed; it is woken again later", "task", p.w.entry.Task, "type", p.w.entry.Type, "err", err)
 		case <-ctx.Done():
-			return
+			return more
 		}
 	}
+	return more
 }
 
 // dueOf is what a sweep wakes of one type's held passes, keys oldest
