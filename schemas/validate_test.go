@@ -25,7 +25,7 @@ var (
 	run = events.Run{
 		Pass: 2, Attempt: 3, Rung: "PIVOT", Step: "implement",
 		Context: "FAIL: TestButton", StepInput: "step plan passed (two-phase migration)", Note: "try the theme file",
-		LastErrorClass: events.ErrorClassDeterministic, DeadEnds: []events.DeadEnd{deadEnd}, Reviewed: true, Probe: true,
+		LastErrorClass: events.ErrorClassDeterministic, DeadEnds: []events.DeadEnd{deadEnd}, Reviewed: true, Probe: true, Readmitted: true,
 	}
 	deadEnd = events.DeadEnd{
 		Approach: "inline the style", Reason: "the linter forbids inline styles", Attempt: 2, Rung: events.RungRefine,
@@ -126,7 +126,7 @@ var populated = []struct {
 	}},
 	{"api.error.v1", events.ErrorReply{Error: events.NewAPIError(events.CodeRejected, "task t-42 was rejected", `"subject" is required`)}},
 	{"whatif.report.v1", whatifReport(at)},
-	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Task: "t-42", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true, End: true, Probe: true, Marker: true}},
+	{trustpkg.EventOutcome, trustpkg.Outcome{Key: "t-42:2:outcome", Task: "t-42", Success: true, At: at, Tokens: 1500, Cost: 0.0123, Rung: events.RungPivot, Retry: true, End: true, Probe: true, Held: true, Marker: true}},
 }
 
 func TestPopulatedValuesAreComplete(t *testing.T) {
