@@ -60,7 +60,9 @@ type Live struct {
 // spend, failed tool calls, a cut-short tool loop kept to resume)
 // and the submission's stream sequence are not derived from events and are
 // left out; so are the canary places in the trust bucket (see
-// Stores.Trust). Each type's outcomes are read as a trust.View reads them
+// Stores.Trust), and a type's gate facts that its recorded streak steps
+// give in another commit order than the stream's (keepCommitOrder). Each
+// type's outcomes are read as a trust.View reads them
 // from the outcome stream, and its newest OutcomeDepth compared. Each
 // record of the history bucket is compared field by field, as stored,
 // with the rebuilt record of its key: a field no rebuilt record has (the
@@ -74,6 +76,7 @@ func Compare(ctx context.Context, live Live, rebuilt *Stores) ([]Difference, err
 	}
 	rebuilt.keepBeforeHorizon(cur)
 	rebuilt.keepAfterReplay(cur)
+	rebuilt.keepCommitOrder(cur)
 	var diffs []Difference
 	if live.Tasks != nil {
 		diffs = append(diffs, compareValues(events.BucketTasks, cur.tasks, rebuilt.Tasks, normTask, nil)...)
@@ -445,6 +448,99 @@ func (s *Stores) keepAfterReplay(cur *current) {
 			s.Held[k] = &e
 		}
 	}
+}
+
+// gateSteps are one type's steps of its block streak (trust.StreakStep)
+// as their events recorded them: each new task's pass below its threshold
+// by its gate key, with the answer the gate's compare-and-set gave it (let
+// through as the probe, or held), and how many trusted passes may have
+// reset the streak.
+type gateSteps struct {
+	marks  map[string]bool // gate key → probe
+	resets int
+}
+
+// stepOf notes the step of the streak that the gate's decision d on b's
+// pass took (r.gate).
+func (s *Stores) stepOf(b events.Base, d events.TrustDecision, below bool) {
+	if s.steps == nil {
+		s.steps = map[string]*gateSteps{}
+	}
+	g := s.steps[b.Task.Type]
+	if g == nil {
+		g = &gateSteps{marks: map[string]bool{}}
+		s.steps[b.Task.Type] = g
+	}
+	if !below {
+		g.resets++
+		return
+	}
+	key := events.MsgID(b.Task.ID, b.Run.Pass, "gate")
+	if _, seen := g.marks[key]; !seen { // a redelivery gets the answer the first got
+		g.marks[key] = d.Probe
+	}
+}
+
+// keepCommitOrder takes into s, as the live trust bucket holds them, the
+// gate facts of each type that the same steps of its block streak give in
+// the order the gate committed them (allows). The replay steps the streak
+// in stream order, but the gate's workers — of one instance, the steps of
+// a burst written in one compare-and-set, or of several — commit their
+// steps to the bucket first and publish their events after, each on its
+// own: two passes decided at once may be committed in one order and
+// stored on the stream in the other. The second committed then holds the
+// answer the first would get in stream order (the probe, or the step that
+// earned it), and the streak left after them may differ too; no event
+// records the commit order. So Compare reports, and Apply rewrites, only
+// gate facts that no commit order of the recorded steps gives.
+// Idempotent.
+func (s *Stores) keepCommitOrder(cur *current) {
+	if cur.facts == nil || !s.Horizon.IsZero() { // before a horizon: keepBeforeHorizon
+		return
+	}
+	for typ, g := range s.steps {
+		live, b := cur.facts[typ], s.Trust[typ]
+		if live != nil && b != nil && g.allows(*live) {
+			b.BlockStreak, b.Gates = live.BlockStreak, live.Gates
+		}
+	}
+}
+
+// allows reports whether gate facts live may be what the steps g give in
+// some commit order: the live marks, in the order the gate committed them,
+// are exactly the steps' (the newest trust.GateMemory of them once the
+// gate forgot the oldest), each with the answer its event recorded; and
+// the live streak is the blocks committed after the newest probe — fewer
+// when a trusted pass may have reset it since (a reset leaves no mark), a
+// count of its own when the oldest marks are forgotten and none of the
+// rest is a probe.
+func (g *gateSteps) allows(live trust.Stats) bool {
+	if len(live.Gates) != min(len(g.marks), trust.GateMemory) {
+		return false
+	}
+	seen := make(map[string]bool, len(live.Gates))
+	blocks, known := 0, len(g.marks) <= trust.GateMemory
+	for _, m := range live.Gates {
+		probe, ok := g.marks[m.Key]
+		if !ok || probe != m.Probe || seen[m.Key] {
+			return false
+		}
+		seen[m.Key] = true
+		if m.Probe {
+			blocks, known = 0, true
+		} else {
+			blocks++
+		}
+	}
+	switch {
+	case live.BlockStreak < 0:
+		return false
+	case g.resets > 0 && (live.BlockStreak <= blocks || !known):
+		return true
+	case known:
+		return live.BlockStreak == blocks
+	}
+	return live.BlockStreak >= blocks
 }
 
 // decodeHeld decodes a held index entry as stored; ok is false for one

@@ -59,4 +59,8 @@ type Stores struct {
 	// entry naming a later one is the gate's news, which the replay cannot
 	// judge (keepAfterReplay).
 	replayed uint64
+	// steps are each type's steps of its block streak as their events
+	// recorded them, in no order: what keepCommitOrder holds the live gate
+	// facts to.
+	steps map[string]*gateSteps
 }

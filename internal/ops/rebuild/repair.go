@@ -41,6 +41,7 @@ func Apply(ctx context.Context, live Live, rebuilt *Stores) error {
 	}
 	rebuilt.keepBeforeHorizon(cur)
 	rebuilt.keepAfterReplay(cur)
+	rebuilt.keepCommitOrder(cur)
 	if live.Tasks != nil {
 		for _, k := range slices.Sorted(maps.Keys(rebuilt.Tasks)) {
 			if err := applyTask(ctx, live.Tasks, k, *rebuilt.Tasks[k], rebuilt.Horizon); err != nil {

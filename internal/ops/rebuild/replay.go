@@ -492,6 +492,9 @@ func (r *replayer) review(reason string, data []byte) error {
 func (r *replayer) gate(b events.Base, d events.TrustDecision) {
 	st, ok := r.out.Tasks[b.Task.ID]
 	step, below := trust.StreakStep(d.Cause, d.Probe, b.Run.Attempt, ok && task.Held(*st, b.Run.Pass))
+	if step {
+		r.out.stepOf(b, d, below)
+	}
 	s := r.stats(b.Task.Type)
 	if !step || (!below && s.BlockStreak == 0) {
 		return
