@@ -284,10 +284,12 @@ func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, success
 // shrunk toward a prior is below the floor. The prior is the type's
 // retries on every rung, pulled toward the other types' rate on the rung
 // (Pool.Rung, once two types measured the rung, else their retries on any
-// rung; with fewer than two types, an even chance), each level worth
-// RungMinSamples/2 retries: a type whose retries fail on two rungs is not
-// presumed to succeed on a third, and a mesh's first hard task stops
-// climbing after a few failed retries instead of the whole ladder. When
+// rung), each level worth RungMinSamples/2 retries: a type whose retries
+// fail on two rungs is not presumed to succeed on a third. With fewer than
+// two types pooled, the type's own retries on every rung stand in once
+// there are RungMinSamples of them (pulled toward an even chance); fewer,
+// and the ladder applies as it is: max_retries is what a task may take
+// while nothing is known. When
 // explore is set (the retry's own rung), a share of the retries the
 // estimate stops climb anyway (a hash of explore picks them), so the rung
 // keeps being measured — a floor on pooled evidence alone would otherwise
@@ -310,6 +312,9 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 	allTries, allSuccesses := p.retries(s)
 	mean, types := pool.Rung(s.Type, rung)
 	if types < 2 {
+		if allTries < p.RungMinSamples {
+			return false, tries, successes // nothing to judge by: the ladder applies as it is
+		}
 		mean = 0.5
 	}
 	mean = (k*mean + float64(allSuccesses)) / (k + float64(allTries))

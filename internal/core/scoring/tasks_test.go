@@ -334,19 +334,17 @@ func TestRungBelowWithPool(t *testing.T) {
 			t.Errorf("%s: %d of 1000 retries explored, want %d to %d", tt.name, explored, tt.min, tt.max)
 		}
 	}
-	// Nothing pooled: the type's own failed retries, pulled toward an even
-	// chance, stop its ladder after a few rungs, not the whole ladder.
+	// Nothing pooled: the ladder applies as it is until the type has
+	// RungMinSamples retries of its own; then they stand in.
 	alone := scoring.Stats{Type: "new"}
-	stoppedAt := 0
-	for n := range 7 {
+	for n := range p.WithDefaults().RungMinSamples {
 		if below, _, _ := p.RungBelowWith(alone, events.RungResearch, nil, ""); below {
-			stoppedAt = n
-			break
+			t.Fatalf("nothing pooled: stopped after %d failed retries of its own", n)
 		}
-		alone.Outcomes = append(alone.Outcomes, scoring.Outcome{Key: fmt.Sprintf("x:%d:outcome", n+2), Task: "x", Retry: true, Rung: events.RungPivot, At: t0.Add(time.Duration(n) * time.Second)})
+		alone.Outcomes = append(alone.Outcomes, scoring.Outcome{Key: fmt.Sprintf("x%d:2:outcome", n), Task: fmt.Sprintf("x%d", n), Retry: true, Rung: events.RungPivot, At: t0.Add(time.Duration(n) * time.Second)})
 	}
-	if stoppedAt == 0 || stoppedAt > 5 {
-		t.Errorf("nothing pooled: stopped after %d failed retries of its own, want 1 to 5 (the ladder has 6)", stoppedAt)
+	if below, _, _ := p.RungBelowWith(alone, events.RungResearch, nil, ""); !below {
+		t.Error("nothing pooled, 8 failed retries of its own: went on")
 	}
 	// The type's own evidence, once it has enough, decides alone.
 	own := retries("new", events.RungRefine, 8, 8)
