@@ -159,7 +159,10 @@ func FuzzTracingSpan(f *testing.F) {
 	f.Add("x", "\x00", "", "", "")
 	f.Fuzz(func(t *testing.T, subject, data, outSubject, outData, tp string) {
 		exp := tracetest.NewInMemoryExporter()
-		tp2 := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		// Every span sampled: a valid traceparent whose flags say "not
+		// sampled" would otherwise, rightly, leave no span to check
+		// (the default sampler follows the caller's decision).
+		tp2 := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
 		defer func() { _ = tp2.Shutdown(context.Background()) }()
 		failure := errors.New("handler failed")
 		h := services.Tracing(tp2.Tracer("fuzz"), "svc")(func(ctx context.Context, m *services.Msg) ([]services.Out, error) {
