@@ -366,8 +366,8 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			}
 		}
 	}
-	if l.hold == events.HoldTrust && j.backlog.NewestFirst() {
-		keys = newestFirst(keys, entries, j.scoring.HoldTime, now)
+	if l.hold == events.HoldTrust {
+		keys = task.WakeOrder(keys, func(k string) time.Time { return entries[k].Since }, j.backlog.NewestFirst(), j.scoring.HoldTime, now)
 	}
 	var due []wake
 	for _, key := range keys {
@@ -400,20 +400,6 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		}
 	}
 	return due
-}
-
-// newestFirst orders a lane's keys (oldest first) for a held backlog that
-// failed when re-admitted (trust.Backlog): those held past the hold time
-// still first, oldest first, then the rest newest first. keys is not
-// modified.
-func newestFirst(keys []string, entries map[string]services.HeldEntry, hold time.Duration, now time.Time) []string {
-	n := 0
-	for n < len(keys) && now.Sub(entries[keys[n]].Since) >= hold {
-		n++
-	}
-	out := slices.Clone(keys)
-	slices.Reverse(out[n:])
-	return out
 }
 
 // CanaryCheck is how often, at most, the sweeper wakes the oldest pass of a

@@ -98,31 +98,6 @@ func TestJudgementDue(t *testing.T) {
 	}
 }
 
-// A held backlog that failed when re-admitted is swept newest first, but
-// the passes past their hold time still go first, oldest first.
-func TestNewestFirst(t *testing.T) {
-	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
-	hold := 24 * time.Hour
-	entries := map[string]services.HeldEntry{}
-	var keys []string
-	for i, age := range []time.Duration{2 * hold, hold, time.Hour, time.Minute, time.Second} {
-		e := services.HeldEntry{Type: "t", Task: string(rune('a' + i)), Pass: 1, Since: now.Add(-age)}
-		entries[e.Key()] = e
-		keys = append(keys, e.Key())
-	}
-	got := newestFirst(keys, entries, hold, now)
-	var order string
-	for _, k := range got {
-		order += entries[k].Task
-	}
-	if order != "abedc" {
-		t.Fatalf("swept in the order %s, want abedc (the expired a, b first, then e, d, c)", order)
-	}
-	if entries[keys[0]].Task != "a" || entries[keys[4]].Task != "e" {
-		t.Fatal("the lane's keys were modified")
-	}
-}
-
 // A lane is quiet — nothing younger can be due — only when nothing is left
 // to wake but passes that waited their time.
 func TestJudgementQuiet(t *testing.T) {

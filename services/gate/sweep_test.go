@@ -373,8 +373,11 @@ func TestAFailingBacklogComesBackNewestFirst(t *testing.T) {
 			woken = append(woken, id)
 		}
 	}
+	// A sweep may also wake the next ones before the view shows the four
+	// places taken (their looks then leave them asleep): the order of the
+	// first six is what counts.
 	want := append(slices.Clone(held[:2]), held[7], held[6], held[5], held[4])
-	if !slices.Equal(woken, want) {
+	if len(woken) < len(want) || !slices.Equal(woken[:len(want)], want) {
 		t.Fatalf("woken in the order %v, want the oldest two, then newest first: %v", woken, want)
 	}
 }

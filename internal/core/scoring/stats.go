@@ -356,9 +356,9 @@ func betaAbove(a, b int, x float64) float64 {
 	}
 	n := a + b - 1
 	lx, l1x := math.Log(x), math.Log1p(-x)
+	lgn, _ := math.Lgamma(float64(n + 1))
 	sum := 0.0
 	for i := range a {
-		lgn, _ := math.Lgamma(float64(n + 1))
 		lgi, _ := math.Lgamma(float64(i + 1))
 		lgr, _ := math.Lgamma(float64(n - i + 1))
 		sum += math.Exp(lgn - lgi - lgr + float64(i)*lx + float64(n-i)*l1x)
@@ -398,7 +398,7 @@ func (p Policy) HeldProbe(s Stats, now time.Time) (next Stats, probe bool) {
 	p = p.WithDefaults()
 	rs := p.tasks(s.Outcomes, false)
 	wait := p.ProbeInterval
-	for range min(failedProbes(rs)+max(0, p.BacklogOf(s).Losses-BacklogStop), 16) {
+	for range min(failedProbes(rs)+max(0, backlogOf(rs).Losses-BacklogStop), 16) {
 		wait = min(2*wait, MaxProbeInterval)
 	}
 	since := s.ProbeAt

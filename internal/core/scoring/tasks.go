@@ -256,9 +256,13 @@ func (b Backlog) NewestFirst() bool { return b.Failed }
 // BacklogOf is the held backlog's record among the window's tasks of s.
 func (p Policy) BacklogOf(s Stats) Backlog {
 	p = p.WithDefaults()
+	return backlogOf(p.tasks(s.Outcomes, false))
+}
+
+// backlogOf is BacklogOf over the window's folded tasks rs.
+func backlogOf(rs []TaskResult) Backlog {
 	var b Backlog
 	counting := true
-	rs := p.tasks(s.Outcomes, false)
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]
 		switch {

@@ -2,6 +2,7 @@ package task
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -176,7 +177,10 @@ func decide(in GateIn) GateOut {
 		step, _ := scoring.StreakStep(out.Trust.Cause, false, in.Run.Attempt, false)
 		out.ResetStreak = step && in.Stats.BlockStreak > 0 // the type recovered
 	}
-	backlog := in.Scoring.BacklogOf(in.Stats)
+	var backlog scoring.Backlog // read only for a held pass or a re-admitted one's retry: not on every pass
+	if held || in.Run.Readmitted {
+		backlog = in.Scoring.BacklogOf(in.Stats)
+	}
 	gated := !in.Exempt && in.Scoring.Threshold >= 0
 	expired := held && in.Now.Sub(in.Since) >= in.Scoring.HoldTime
 	paced := false // re-admitted at the held-probe pace
@@ -403,4 +407,23 @@ func ClaimIn(c Claim, st scoring.Stats, p scoring.Policy, id string, pass int, n
 		return next, ok
 	}
 	return st, false
+}
+
+// WakeOrder is the order in which a type's held passes are looked at,
+// given oldest first with since giving when each was held: as they are,
+// or — for a held backlog whose re-admitted tasks failed
+// (scoring.Backlog.NewestFirst) — those past the hold time still first,
+// oldest first, then the rest newest first. The sweeper wakes them in
+// this order and the what-if replays them in it. held is not modified.
+func WakeOrder[T any](held []T, since func(T) time.Time, newestFirst bool, hold time.Duration, now time.Time) []T {
+	if !newestFirst {
+		return held
+	}
+	n := 0
+	for n < len(held) && now.Sub(since(held[n])) >= hold {
+		n++
+	}
+	out := slices.Clone(held)
+	slices.Reverse(out[n:])
+	return out
 }

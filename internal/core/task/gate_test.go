@@ -2,6 +2,7 @@ package task_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,5 +214,28 @@ func TestDecide(t *testing.T) {
 				tt.check(t, out)
 			}
 		})
+	}
+}
+
+// A held backlog that failed when re-admitted is looked at newest first
+// (the sweeper's wakes, the what-if's looks), but the passes past their
+// hold time still go first, oldest first; otherwise oldest first.
+func TestWakeOrder(t *testing.T) {
+	hold := 24 * time.Hour
+	var held []time.Time // when each was held, oldest first
+	for _, age := range []time.Duration{2 * hold, hold, time.Hour, time.Minute, time.Second} {
+		held = append(held, gateNow.Add(-age))
+	}
+	since := func(at time.Time) time.Time { return at }
+	got := task.WakeOrder(held, since, true, hold, gateNow)
+	want := []time.Time{held[0], held[1], held[4], held[3], held[2]}
+	if !slices.Equal(got, want) {
+		t.Fatalf("newest first: %v, want %v", got, want)
+	}
+	if !held[4].Equal(gateNow.Add(-time.Second)) {
+		t.Fatal("the held passes were reordered in place")
+	}
+	if got := task.WakeOrder(held, since, false, hold, gateNow); !slices.Equal(got, held) {
+		t.Fatalf("oldest first: %v, want them as held", got)
 	}
 }

@@ -308,10 +308,8 @@ func (e *engine) look(typ string, now time.Time, but *taskRun) {
 	}
 	full := e.looked[typ] != e.version[typ]
 	e.looked[typ] = e.version[typ]
-	order := held
-	if sc := e.o.Policy.For(typ).Scoring(e.o.Scoring).WithDefaults(); sc.BacklogOf(*e.statsOf(typ)).NewestFirst() {
-		order = newestFirst(held, sc.HoldTime, now) // as the gate's sweeper wakes them
-	}
+	sc := e.o.Policy.For(typ).Scoring(e.o.Scoring).WithDefaults()
+	order := task.WakeOrder(held, func(tr *taskRun) time.Time { return tr.heldSince }, sc.BacklogOf(*e.statsOf(typ)).NewestFirst(), sc.HoldTime, now)
 	gone := map[*taskRun]bool{}
 look:
 	for _, tr := range order {
@@ -334,20 +332,6 @@ look:
 		}
 	}
 	e.holding[typ] = slices.DeleteFunc(held, func(tr *taskRun) bool { return gone[tr] || tr.mode != holding })
-}
-
-// newestFirst orders a type's held passes (oldest first) as the gate's
-// sweeper wakes a held backlog that failed when re-admitted: those past
-// their hold time first, oldest first, then the rest newest first. held
-// is not modified.
-func newestFirst(held []*taskRun, hold time.Duration, now time.Time) []*taskRun {
-	n := 0
-	for n < len(held) && now.Sub(held[n].heldSince) >= hold {
-		n++
-	}
-	out := slices.Clone(held)
-	slices.Reverse(out[n:])
-	return out
 }
 
 // record adds an outcome to a type's replayed trust.
