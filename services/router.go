@@ -181,6 +181,9 @@ func (r *Router) Run(ctx context.Context, spec Spec) error {
 	log := r.logger().With("service", spec.Name)
 	cons, err := r.JS.CreateOrUpdateConsumer(ctx, spec.Stream, spec.ConsumerConfig())
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started: nothing was in flight
+		}
 		return fmt.Errorf("consumer %s: %w", spec.Name, err)
 	}
 	var wg sync.WaitGroup
