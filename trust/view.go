@@ -72,6 +72,14 @@ func (v *View) Pool(p Policy) *Pool {
 	return v.pool
 }
 
+// Applied returns a channel closed when the View next applies an outcome,
+// of any type.
+func (v *View) Applied() <-chan struct{} {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.applied
+}
+
 // DefaultSyncWait is how long Sync waits, by default, for an outcome the
 // stream holds to reach the View: far longer than a healthy server takes,
 // short enough that a View that stopped following is an error the caller

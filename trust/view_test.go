@@ -116,6 +116,34 @@ func TestViewFollows(t *testing.T) {
 	eventually(t, "three outcomes in the view", func() bool { return len(v.Stats("css_fix").Outcomes) == 3 })
 }
 
+// Applied is closed by the next outcome the view applies, and only then:
+// the gate's sweeper waits on it while passes wait for canaries.
+func TestViewApplied(t *testing.T) {
+	srv := natstest.Start(t)
+	newOutcomeStream(t, srv.JS)
+	v := newView(t, srv.JS, nil)
+	applied := v.Applied()
+	select {
+	case <-applied:
+		t.Fatal("closed with no outcome applied")
+	default:
+	}
+	publish(t, srv.JS, "css_fix", seq("S")[0])
+	select {
+	case <-applied:
+	case <-time.After(time.Minute):
+		t.Fatal("not closed by an outcome")
+	}
+	if len(v.Stats("css_fix").Outcomes) != 1 {
+		t.Fatal("closed before the outcome was in the view")
+	}
+	select {
+	case <-v.Applied():
+		t.Fatal("the next channel is closed already")
+	default:
+	}
+}
+
 // Sync returns once the view holds every outcome the stream held when it
 // was called, with no polling by the caller; a view that stopped following
 // the stream makes it fail (in SyncWait), not wait for ever.

@@ -128,7 +128,7 @@ func (s *Service) HeldSpec() services.Spec {
 // it has nothing to consume.
 func (s *Service) WakeSpec() services.Spec {
 	spec := services.Spec{Name: services.ConsumerGateWake, Filters: []string{events.StageFilter(events.StageWake)},
-		Handler: s.HandleHeld, Concurrency: 8, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
+		Handler: s.HandleHeld, Concurrency: 32, Prefetch: services.FastPrefetch, MaxDeliver: MaxHeldDeliver}
 	if s.cfg.Held != nil {
 		spec.Beside = s.Sweep
 	}
@@ -141,7 +141,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 	if err := services.Decode(m, &ev); err != nil {
 		return nil, err
 	}
-	return s.decide(ctx, m, ev.Base, ev.Sealed, nil)
+	return s.decide(ctx, m, ev.Base, ev.Sealed, nil, nil)
 }
 
 // decide is the gate's decision on a pass, verified (held nil) or held:
@@ -151,7 +151,10 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 // task.Decide decide, taking the claims it asks for (a probe, a trial or
 // canary place: compare-and-set writes of the type's gate facts); then it
 // writes and emits what was decided.
-func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, sealed *events.Sealed, held *events.Held) ([]services.Out, error) {
+//
+// read is the task's state when the caller has just read it (a held
+// look), nil when decide reads it where it must.
+func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, sealed *events.Sealed, held *events.Held, read *stateRead) ([]services.Out, error) {
 	snap := s.cfg.Policy.Snapshot()
 	b.At, b.By, b.PolicyRev = s.cfg.Now().UTC(), s.cfg.Instance, snap.Rev
 	t := b.Task
@@ -208,7 +211,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	// human's requeue too: the daily budget may have stopped it).
 	if m.Delivered > 1 || held != nil {
 		d := events.TrustDecision{Score: in.Verdict.Score, Outcomes: in.Verdict.Outcomes, Threshold: in.Verdict.Threshold, Exempt: in.Exempt}
-		if outs, ok, err := s.stopped(ctx, b, d); ok || err != nil {
+		if outs, ok, err := s.stopped(ctx, b, d, read); ok || err != nil {
 			return outs, err
 		}
 	}

@@ -23,6 +23,8 @@ type View interface {
 	Sync(ctx context.Context, taskType string) error
 	// Pool is the mesh's pooled evidence a type's is shrunk toward.
 	Pool(p trust.Policy) *trust.Pool
+	// Applied is closed when the next outcome of any type is applied.
+	Applied() <-chan struct{}
 }
 
 // Config of the gate.

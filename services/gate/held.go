@@ -50,7 +50,7 @@ func (s *Service) HandleHeld(ctx context.Context, m *services.Msg) ([]services.O
 		}
 		return nil, nil
 	}
-	outs, err := s.decide(ctx, m, ev.Base, ev.Sealed, &ev)
+	outs, err := s.decide(ctx, m, ev.Base, ev.Sealed, &ev, &stateRead{st, found})
 	switch {
 	case !asleep:
 		return outs, err

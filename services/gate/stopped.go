@@ -2,13 +2,19 @@ package gate
 
 import (
 	"context"
-	"errors"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
 )
+
+// stateRead is a task's state as read from the store: found is false when
+// it has none (or the gate keeps no task store).
+type stateRead struct {
+	st    events.TaskState
+	found bool
+}
 
 // stopped republishes the stop of a pass that an earlier delivery of the
 // same message decided. The gate writes a stop into the task's state
@@ -23,17 +29,20 @@ import (
 // It returns ok=false when the state holds no stop of this pass (a first
 // delivery, or the task moved on). d is the decision as evaluated now; its
 // measurements go in the record, the stop's reason and time are the state's.
-func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDecision) ([]services.Out, bool, error) {
-	if s.cfg.Tasks == nil {
+//
+// read is the task's state as the caller has just read it, nil to read it.
+func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDecision, read *stateRead) ([]services.Out, bool, error) {
+	if read == nil {
+		st, found, err := s.taskState(ctx, b.Task.ID)
+		if err != nil {
+			return nil, false, err
+		}
+		read = &stateRead{st, found}
+	}
+	if !read.found {
 		return nil, false, nil
 	}
-	st, err := s.cfg.Tasks.Get(ctx, b.Task.ID)
-	if errors.Is(err, services.ErrTaskNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
+	st := read.st
 	if st.Pass != b.Run.Pass || task.Attempted(st, b.Run.Pass) {
 		return nil, false, nil // the recorder's handoff, or not this pass
 	}
@@ -42,6 +51,7 @@ func (s *Service) stopped(ctx context.Context, b events.Base, d events.TrustDeci
 	var (
 		out  services.Out
 		outs []services.Out
+		err  error
 	)
 	switch {
 	case st.Status == events.StatusNeedsHumanReview:

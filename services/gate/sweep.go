@@ -36,14 +36,22 @@ const (
 	MaxRewake = 5 * time.Minute
 )
 
-// woken is when a sweeper last woke a pass, and how many times it has.
+// woken is when a sweeper last woke a pass, and how many times it has;
+// place, whether for a canary place while its type was still unproven.
 type woken struct {
-	at time.Time
-	n  int
+	at    time.Time
+	n     int
+	place bool
 }
 
-// due reports whether a pass woken as w may be woken again at now.
-func (w woken) due(now time.Time) bool {
+// due reports whether a pass woken as w may be woken again at now; round,
+// whether its type still sends canaries. A pass woken for a canary place
+// that its look found taken may go as soon as the canaries score its
+// type: it is due at once when round is over.
+func (w woken) due(now time.Time, round bool) bool {
+	if w.place && !round {
+		return true
+	}
 	after := Rewake
 	for i := 1; i < w.n && after < MaxRewake; i++ {
 		after *= 2
@@ -58,7 +66,7 @@ const MaxWakesPerSweep = 1000
 // SweepAgain is how soon the sweeper sweeps again after a sweep the
 // model's backlog (Config.MaxBacklog) or MaxWakesPerSweep cut short, at
 // most Config.SweepEvery.
-const SweepAgain = 100 * time.Millisecond
+const SweepAgain = 25 * time.Millisecond
 
 // Why a sweep wakes a held pass (the "why" label of dispatch_gate_wakes_total).
 const (
@@ -195,12 +203,18 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	defer ticker.Stop()
 	// A sweep the model's backlog cut short sweeps again soon: the bound
 	// paces bulk wakes to the rate the backlog drains, not to one
-	// MaxBacklog per SweepEvery.
+	// MaxBacklog per SweepEvery. So does an outcome while passes wait for
+	// canaries: it may be the one that scores their type.
 	again := time.NewTimer(time.Hour)
 	again.Stop()
 	defer again.Stop()
+	soon := false    // again is set
 	current := false // the watch delivered every entry there was
 	for {
+		var outcome <-chan struct{}
+		if current && !soon && x.waiting() {
+			outcome = s.cfg.View.Applied()
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -215,8 +229,13 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 			}
 			x.apply(e, s.log)
 			continue
+		case <-outcome:
+			again.Reset(min(s.cfg.SweepEvery, SweepAgain))
+			soon = true
+			continue
 		case <-ticker.C:
 		case <-again.C:
+			soon = false
 		}
 		if !current {
 			continue
@@ -226,10 +245,23 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 		if err := drain(w.Updates(), x, s.log); err != nil {
 			return err
 		}
-		if s.sweep(ctx, stream, x, woke) {
+		if s.sweep(ctx, stream, x, woke) && !soon {
 			again.Reset(min(s.cfg.SweepEvery, SweepAgain))
+			soon = true
 		}
 	}
+}
+
+// waiting reports whether any pass in x waits for its type's canaries.
+func (x *heldIndex) waiting() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for l := range x.lanes {
+		if l.hold == events.HoldCanary {
+			return true
+		}
+	}
+	return false
 }
 
 // errWatchStopped ends a sweeper whose watch of the held index stopped
@@ -253,10 +285,12 @@ func drain(updates <-chan jetstream.KeyValueEntry, x *heldIndex, log *slog.Logge
 	}
 }
 
-// wake is one pass a sweep wakes, and why.
+// wake is one pass a sweep wakes, and why; place, whether for a free
+// canary place (its look may find it taken and leave it asleep).
 type wake struct {
 	entry services.HeldEntry
 	why   string
+	place bool
 }
 
 // sweep wakes what is due in x; woke holds when this sweeper last woke
@@ -312,40 +346,63 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 	}
 	more = len(due) >= MaxWakesPerSweep || (room <= 0 && len(x.entries) > len(due))
 	x.mu.Unlock()
-	// Published together, then their acks awaited: a sweep of a thousand
-	// wakes takes a few round trips, not a thousand.
+	// Each wake reads its held event (a round trip), WakeReaders at a
+	// time; the wakes are then published in the sweep's order and their
+	// acks awaited together: a sweep of a thousand wakes takes a few dozen
+	// round trips, not a thousand.
 	type sent struct {
-		w   wake
+		msg *nats.Msg
 		ack jetstream.PubAckFuture
+		err error
 	}
-	var pending []sent
-	for _, w := range due {
-		ack, err := s.wake(ctx, stream, w, now)
-		if err != nil {
+	sends := make([]sent, len(due))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(WakeReaders, len(due)) {
+		wg.Go(func() {
+			for i := range next {
+				sends[i].msg, sends[i].err = s.wakeMsg(ctx, stream, due[i])
+			}
+		})
+	}
+	for i := range due {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for i, w := range due {
+		if sends[i].err == nil && sends[i].msg != nil {
+			sends[i].ack, sends[i].err = s.cfg.JS.PublishMsgAsync(sends[i].msg, jetstream.WithMsgID(wakeID(w, now)))
+		}
+		if err := sends[i].err; err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("waking a held pass failed; the next sweep tries again", "task", w.entry.Task, "type", w.entry.Type, "err", err)
 			}
 			continue
 		}
-		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1}
-		if ack != nil {
-			pending = append(pending, sent{w, ack})
-		}
+		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place}
 	}
-	for _, p := range pending {
+	for i, w := range due {
+		if sends[i].ack == nil {
+			continue
+		}
 		select {
-		case a := <-p.ack.Ok():
+		case a := <-sends[i].ack.Ok():
 			if !a.Duplicate { // another sweeper's wake of this period was stored first
-				s.metrics.wakes.WithLabelValues(s.metrics.types.Label(p.w.entry.Type), p.w.why).Inc()
+				s.metrics.wakes.WithLabelValues(s.metrics.types.Label(w.entry.Type), w.why).Inc()
 			}
-		case err := <-p.ack.Err():
-			s.log.Warn("waking a held pass failed; it is woken again later", "task", p.w.entry.Task, "type", p.w.entry.Type, "err", err)
+		case err := <-sends[i].ack.Err():
+			s.log.Warn("waking a held pass failed; it is woken again later", "task", w.entry.Task, "type", w.entry.Type, "err", err)
 		case <-ctx.Done():
 			return more
 		}
 	}
 	return more
 }
+
+// WakeReaders is how many held events a sweep reads from the stream at
+// once to republish them as wakes.
+const WakeReaders = 16
 
 // dueOf is what a sweep wakes of one type's held passes, keys oldest
 // first, at most limit. Of the passes held for trust: each held past the
@@ -378,11 +435,11 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		if j.quiet(e, now) {
 			break // nothing younger can be due
 		}
-		if w, ok := woke[key]; ok && !w.due(now) {
+		if w, ok := woke[key]; ok && !w.due(now, j.canaryRound()) {
 			continue
 		}
 		if why := j.due(e, now); why != "" {
-			due = append(due, wake{e, why})
+			due = append(due, wake{e, why, e.Canary() && j.canaryRound()})
 		}
 	}
 	if l.hold == events.HoldCanary && len(due) == 0 && limit > 0 && j.canaryRound() && now.Sub(s.checked[l]) >= CanaryCheck {
@@ -393,7 +450,7 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		// (releaseEnded) and takes one.
 		for _, key := range keys {
 			if w, ok := woke[key]; !ok || now.Sub(w.at) >= Rewake {
-				due = append(due, wake{entries[key], WakeCanary})
+				due = append(due, wake{entries[key], WakeCanary, true})
 				s.checked[l] = now
 				break
 			}
@@ -550,10 +607,10 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 	return ""
 }
 
-// wake republishes the held event entry w names as a wake of its pass,
-// for the held consumer to look at; ack is nil when there was nothing to
-// publish.
-func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now time.Time) (ack jetstream.PubAckFuture, err error) {
+// wakeMsg is the wake of the pass entry w names: its held event,
+// republished on dispatch.task.<id>.wake for the held consumer to look at;
+// nil when there is nothing to publish.
+func (s *Service) wakeMsg(ctx context.Context, stream jetstream.Stream, w wake) (*nats.Msg, error) {
 	e := w.entry
 	raw, err := stream.GetMsg(ctx, e.Seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -580,6 +637,18 @@ func (s *Service) wake(ctx context.Context, stream jetstream.Stream, w wake, now
 	}
 	msg.Header.Set(events.HeaderService, s.cfg.Instance)
 	msg.Data = raw.Data
+	return msg, nil
+}
+
+// wakeID is the Nats-Msg-Id of w at now: two sweepers that wake a pass
+// within the same Rewake period publish one wake. A wake for a canary
+// place has an id of its own: the pass's bulk wake once the canaries
+// score its type may follow within the period.
+func wakeID(w wake, now time.Time) string {
+	suffix := "wake-"
+	if w.place {
+		suffix = "wake-place-"
+	}
 	period := now.Truncate(Rewake).Unix()
-	return s.cfg.JS.PublishMsgAsync(msg, jetstream.WithMsgID(services.MsgID(e.Task, e.Pass, "wake-"+strconv.FormatInt(period, 10))))
+	return services.MsgID(w.entry.Task, w.entry.Pass, suffix+strconv.FormatInt(period, 10))
 }

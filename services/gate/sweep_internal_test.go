@@ -18,12 +18,37 @@ func TestRewakeBacksOff(t *testing.T) {
 		after time.Duration
 	}{{1, Rewake}, {2, 2 * Rewake}, {3, 4 * Rewake}, {7, MaxRewake}, {40, MaxRewake}} {
 		w := woken{at: at, n: tt.n}
-		if w.due(at.Add(tt.after - time.Millisecond)) {
+		if w.due(at.Add(tt.after-time.Millisecond), false) {
 			t.Errorf("woken %d times: due again before %s", tt.n, tt.after)
 		}
-		if !w.due(at.Add(tt.after)) {
+		if !w.due(at.Add(tt.after), false) {
 			t.Errorf("woken %d times: not due again after %s", tt.n, tt.after)
 		}
+	}
+}
+
+// A pass woken for a canary place, whose look found every place taken,
+// waits out Rewake while its type sends canaries, and is due at once when
+// the canaries have scored the type: the bulk wake does not wait for it.
+// Its wakes have Msg-Ids of their own, so the stream keeps both.
+func TestAPlaceWakeDoesNotDelayTheBulkWake(t *testing.T) {
+	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	placed := woken{at: at, n: 1, place: true}
+	if placed.due(at.Add(time.Second), true) {
+		t.Error("woken for a place: due again within Rewake while the type sends canaries")
+	}
+	if !placed.due(at.Add(time.Second), false) {
+		t.Error("woken for a place: not due at once when the canaries scored the type")
+	}
+	if (woken{at: at, n: 1}).due(at.Add(time.Second), false) {
+		t.Error("a bulk wake: due again within Rewake")
+	}
+	e := services.HeldEntry{Task: "t1", Type: "fresh", Pass: 1, Hold: events.HoldCanary}
+	if wakeID(wake{entry: e, place: true}, at) == wakeID(wake{entry: e}, at) {
+		t.Error("a place wake and a bulk wake of one period share a Msg-Id: the stream keeps one")
+	}
+	if wakeID(wake{entry: e}, at) != wakeID(wake{entry: e}, at.Add(time.Second)) {
+		t.Error("two bulk wakes of one period have different Msg-Ids: two sweepers would both wake")
 	}
 }
 
