@@ -210,10 +210,14 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	defer again.Stop()
 	soon := false    // again is set
 	current := false // the watch delivered every entry there was
+	// Taken before each sweep reads the view: an outcome applied during
+	// the sweep finds it closed.
+	applied := s.cfg.View.Applied()
+	var marks map[string]string // what the last sweep saw of the types with passes waiting for canaries
 	for {
 		var outcome <-chan struct{}
-		if current && !soon && x.waiting() {
-			outcome = s.cfg.View.Applied()
+		if current && !soon && marks != nil {
+			outcome = applied
 		}
 		select {
 		case <-ctx.Done():
@@ -230,6 +234,10 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 			x.apply(e, s.log)
 			continue
 		case <-outcome:
+			applied = s.cfg.View.Applied()
+			if maps.Equal(marks, s.canaryMarks(x)) {
+				continue // an outcome of a type no pass waits for
+			}
 			again.Reset(min(s.cfg.SweepEvery, SweepAgain))
 			soon = true
 			continue
@@ -245,6 +253,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 		if err := drain(w.Updates(), x, s.log); err != nil {
 			return err
 		}
+		applied, marks = s.cfg.View.Applied(), s.canaryMarks(x)
 		if s.sweep(ctx, stream, x, woke) && !soon {
 			again.Reset(min(s.cfg.SweepEvery, SweepAgain))
 			soon = true
@@ -252,16 +261,30 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	}
 }
 
-// waiting reports whether any pass in x waits for its type's canaries.
-func (x *heldIndex) waiting() bool {
+// canaryMarks is, for each type with passes in x waiting for its
+// canaries, its newest outcome as the view holds it (nil when none
+// waits): an outcome that changes one may be the one that scores it.
+func (s *Service) canaryMarks(x *heldIndex) map[string]string {
 	x.mu.Lock()
-	defer x.mu.Unlock()
+	var types []string
 	for l := range x.lanes {
 		if l.hold == events.HoldCanary {
-			return true
+			types = append(types, l.typ)
 		}
 	}
-	return false
+	x.mu.Unlock()
+	if len(types) == 0 {
+		return nil
+	}
+	marks := make(map[string]string, len(types))
+	for _, typ := range types {
+		mark := ""
+		if outs := s.cfg.View.Stats(typ).Outcomes; len(outs) > 0 {
+			mark = strconv.Itoa(len(outs)) + " " + outs[len(outs)-1].Key
+		}
+		marks[typ] = mark
+	}
+	return marks
 }
 
 // errWatchStopped ends a sweeper whose watch of the held index stopped
@@ -318,7 +341,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 	}
 	// The passes woken lately whose looks have not ended their hold yet
 	// are on their way to the executor's queue: they take room too.
-	room := s.room(ctx, stream)
+	room, short := s.room(ctx, stream), false
 	for key, w := range woke {
 		if now.Sub(w.at) < Rewake && room > 0 && room < math.MaxInt {
 			if _, asleep := x.entries[key]; asleep {
@@ -339,12 +362,12 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 		quota = max(1, room/turns)
 	}
 	for _, l := range lanes {
-		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due), &room, quota)...)
+		due = append(due, s.dueOf(l, x.lanes[l], x.entries, now, woke, MaxWakesPerSweep-len(due), &room, quota, &short)...)
 		if len(due) >= MaxWakesPerSweep {
 			break
 		}
 	}
-	more = len(due) >= MaxWakesPerSweep || (room <= 0 && len(x.entries) > len(due))
+	more = len(due) >= MaxWakesPerSweep || short
 	x.mu.Unlock()
 	// Each wake reads its held event (a round trip), WakeReaders at a
 	// time; the wakes are then published in the sweep's order and their
@@ -413,9 +436,9 @@ const WakeReaders = 16
 // many of the oldest as there are free canary places, each that waited
 // the canary TTL, and every one once the canaries' results scored the
 // type. A pass woken lately (woken.due) is left to its look.
-func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int, quota int) []wake {
+func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int, quota int, short *bool) []wake {
 	j := s.judge(l.typ, now)
-	j.room, j.quota = room, quota
+	j.room, j.quota, j.short = room, quota, short
 	if l.hold == events.HoldCanary {
 		for _, key := range keys { // places its passes woken lately are about to ask for
 			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
@@ -476,13 +499,28 @@ type judgement struct {
 	// room is how many more passes bound for the model the sweep may wake
 	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
 	// quota the part of it a lane of passes waiting their turn may take.
-	room  *int
+	room *int
+	// short is set when a pass bound for the model was left asleep for
+	// want of room: the sweeper sweeps again soon.
+	short *bool
 	quota int
+}
+
+// full reports whether the sweep has no room left for a pass bound for
+// the model, noting that one was left asleep for want of it.
+func (j *judgement) full() bool {
+	if *j.room > 0 {
+		return false
+	}
+	if j.short != nil {
+		*j.short = true
+	}
+	return true
 }
 
 // take takes one of the sweep's room for a pass bound for the model.
 func (j *judgement) take() bool {
-	if *j.room <= 0 {
+	if j.full() {
 		return false
 	}
 	*j.room--
@@ -552,13 +590,13 @@ func (j *judgement) canaryRound() bool { return j.first.Unproven && !j.exempt }
 // TTL), and nothing is left to wake but passes that have.
 func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
 	if e.Hold == events.HoldQueued {
-		return *j.room <= 0 || j.quota <= 0
+		return j.full() || j.quota <= 0
 	}
 	if e.Canary() {
 		bulk := !j.canaryRound() || now.Sub(e.Since) >= j.scoring.CanaryTTL
-		return (j.places <= 0 || !j.canaryRound()) && (*j.room <= 0 || !bulk)
+		return (j.places <= 0 || !j.canaryRound()) && (!bulk || j.full())
 	}
-	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || *j.room <= 0) && !j.probe
+	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || j.full()) && !j.probe
 }
 
 // due is why the sweep wakes e, "" when it leaves it asleep.
