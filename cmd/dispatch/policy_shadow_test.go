@@ -11,6 +11,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/timeline"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/policykv"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/metricstest"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
@@ -59,8 +60,8 @@ func TestPolicyShadowAndPromote(t *testing.T) {
 
 	id := m.Submit(events.Submit{ID: "sh-1", Type: "css_fix", Subject: "src/app.css", Payload: json.RawMessage(`{}`)})
 	all := m.WaitStage(id, events.StageSucceeded, 1)
-	if n := reviewtest.Count(all, events.StageExecuted); n != 2 {
-		t.Fatalf("the live ladder ran %d attempts, want 2 (the shadow's ends after 1 but is never enforced): %v", n, reviewtest.Stages(all))
+	if n := timeline.Count(all, events.StageExecuted); n != 2 {
+		t.Fatalf("the live ladder ran %d attempts, want 2 (the shadow's ends after 1 but is never enforced): %v", n, timeline.Stages(all))
 	}
 	admitted := 0
 	for _, e := range all {

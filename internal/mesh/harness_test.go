@@ -168,7 +168,7 @@ func (e *env) follow(id, what string, done func(timeline.Entry) bool) []timeline
 		return !done(en)
 	})
 	if err != nil {
-		e.t.Fatalf("task %s never %s (%v); events: %v", id, what, err, stages(all))
+		e.t.Fatalf("task %s never %s (%v); events: %v", id, what, err, timeline.Stages(all))
 	}
 	return all
 }
@@ -235,24 +235,6 @@ func (e *env) waitReviews(reason string, n int) []*nats.Msg {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func stages(all []timeline.Entry) []string {
-	var s []string
-	for _, en := range all {
-		s = append(s, en.Stage)
-	}
-	return s
-}
-
-func count(all []timeline.Entry, stage string) int {
-	n := 0
-	for _, en := range all {
-		if en.Stage == stage {
-			n++
-		}
-	}
-	return n
 }
 
 func last(all []timeline.Entry) timeline.Entry {

@@ -14,6 +14,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/timeline"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/services/recorder"
@@ -71,7 +72,7 @@ func TestLadderHandsOffOnceAfterMaxRetries(t *testing.T) {
 	e.start(services.ConsumerRecorder)
 	all := e.waitEnd(id)
 	if got := last(all).Stage; got != "review.escalated" {
-		t.Fatalf("ended with %s: %v", got, stages(all))
+		t.Fatalf("ended with %s: %v", got, timeline.Stages(all))
 	}
 
 	reqs := e.model.Requests()
@@ -119,7 +120,7 @@ func TestLadderHandsOffOnceAfterMaxRetries(t *testing.T) {
 	if st.Status != events.StatusBlocked || st.PivotCount != 4 || len(st.DeadEnds) != 7 || st.Attempts != 7 {
 		t.Fatalf("state: %s pivot_count=%d dead_ends=%d attempts=%d", st.Status, st.PivotCount, len(st.DeadEnds), st.Attempts)
 	}
-	if n := count(e.events(id), events.StageExecuted); n != 7 {
+	if n := timeline.Count(e.events(id), events.StageExecuted); n != 7 {
 		t.Fatalf("%d executed events", n)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/timeline"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 	"github.com/dispatchmesh/dispatchmesh/trust"
@@ -27,14 +28,14 @@ func TestHappyPathThroughAllServices(t *testing.T) {
 	// A type with a verifier goes through it; one without (css_fix) has
 	// nothing to verify and goes from intake to the gate.
 	checked := e.submit(events.Submit{ID: "happy-0", Type: "lint_fix", Subject: "src/app.go"})
-	if got, want := stages(e.waitEnd(checked)), []string{"queued", "verified", "admitted", "prompted", "executed", "succeeded"}; !slices.Equal(got, want) {
+	if got, want := timeline.Stages(e.waitEnd(checked)), []string{"queued", "verified", "admitted", "prompted", "executed", "succeeded"}; !slices.Equal(got, want) {
 		t.Fatalf("stages with a verifier = %v, want %v", got, want)
 	}
 	id := e.submit(events.Submit{ID: "happy-1", Type: "css_fix", Subject: "src/app.css", Payload: []byte(`{"issue":"button misaligned"}`)})
 
 	all := e.waitEnd(id)
 	want := []string{"verified", "admitted", "prompted", "executed", "succeeded"}
-	if got := stages(all); strings.Join(got, ",") != strings.Join(want, ",") {
+	if got := timeline.Stages(all); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("stages = %v, want %v", got, want)
 	}
 	if v := all[0]; !strings.Contains(string(v.Data), `"verdict":"skipped"`) || !strings.HasPrefix(v.By, "intake@") {
@@ -68,7 +69,7 @@ func TestStaleTaskIsCancelledWithoutModelCall(t *testing.T) {
 
 	all := e.waitEnd(id)
 	if got := last(all).Stage; got != events.StageCancelled {
-		t.Fatalf("ended with %s, want cancelled (%v)", got, stages(all))
+		t.Fatalf("ended with %s, want cancelled (%v)", got, timeline.Stages(all))
 	}
 	if n := e.model.Calls(); n != 0 {
 		t.Fatalf("model called %d times for a stale task", n)
@@ -119,8 +120,8 @@ func TestGate(t *testing.T) {
 	// The sixth after five blocks is let through as an exploration probe.
 	e.submit(events.Submit{ID: "probe-1", Type: "css_fix", Subject: "x.css", MaxRetries: 1})
 	all := e.waitEnd("probe-1")
-	if count(all, events.StageAdmitted) != 1 || !strings.Contains(string(all[2].Data), `"probe":true`) {
-		t.Fatalf("probe not admitted as a probe: %v %s", stages(all), all[2].Data)
+	if timeline.Count(all, events.StageAdmitted) != 1 || !strings.Contains(string(all[2].Data), `"probe":true`) {
+		t.Fatalf("probe not admitted as a probe: %v %s", timeline.Stages(all), all[2].Data)
 	}
 	// ...and the one after it is held again.
 	e.submit(events.Submit{ID: "after-probe", Type: "css_fix", Subject: "x.css", MaxRetries: 1})
@@ -174,8 +175,8 @@ func TestSameIDTwiceMakesOneTask(t *testing.T) {
 	e.submit(events.Submit{ID: "marker", Type: "css_fix", Subject: "a.css"})
 	e.waitEnd("marker")
 	all := e.events("once")
-	if count(all, events.StageVerified) != 1 || count(all, events.StageSucceeded) != 1 {
-		t.Fatalf("events of a task submitted twice: %v", stages(all))
+	if timeline.Count(all, events.StageVerified) != 1 || timeline.Count(all, events.StageSucceeded) != 1 {
+		t.Fatalf("events of a task submitted twice: %v", timeline.Stages(all))
 	}
 	if e.model.Calls() != 2 {
 		t.Fatalf("model calls = %d, want 2", e.model.Calls())
@@ -245,7 +246,7 @@ func TestKilledExecutorMessageIsRedelivered(t *testing.T) {
 	if got := last(all).Stage; got != events.StageSucceeded {
 		t.Fatalf("ended with %s", got)
 	}
-	if n := count(e.events("crash-1"), events.StageExecuted); n != 1 {
+	if n := timeline.Count(e.events("crash-1"), events.StageExecuted); n != 1 {
 		t.Fatalf("%d executed events, want exactly 1", n)
 	}
 	if st := e.state("crash-1"); st.Attempts != 1 || len(st.History) != 1 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/policy"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/timeline"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 )
 
@@ -28,7 +29,7 @@ func TestPipelineGoesBackWithTheValidatorsOutput(t *testing.T) {
 	id := e.submit(events.Submit{ID: "pipe-1", Type: "go_fix", Subject: "main.go"})
 	all := e.waitEnd(id)
 	if got := last(all).Stage; got != events.StageSucceeded {
-		t.Fatalf("ended with %s: %v", got, stages(all))
+		t.Fatalf("ended with %s: %v", got, timeline.Stages(all))
 	}
 	reqs := e.model.Requests()
 	if len(reqs) != 2 {
@@ -66,7 +67,7 @@ func TestPipelineSkipThenStuck(t *testing.T) {
 	id := e.submit(events.Submit{ID: "pipe-stuck", Type: "go_fix", Subject: "main.go"})
 	all := e.waitEnd(id)
 	if got := last(all).Stage; got != "review.stuck" {
-		t.Fatalf("ended with %s: %v", got, stages(all))
+		t.Fatalf("ended with %s: %v", got, timeline.Stages(all))
 	}
 	st := e.state(id)
 	if st.Status != events.StatusBlocked || st.Skips != 2 || st.Decision != events.DecisionStuck {

@@ -184,7 +184,7 @@ func stagesAfter(all []timeline.Entry, stage string) []string {
 		return nil
 	}
 	var out []string
-	for _, s := range reviewtest.Stages(all[i+1:]) {
+	for _, s := range timeline.Stages(all[i+1:]) {
 		if s != "review.action" {
 			out = append(out, s)
 		}
@@ -226,8 +226,8 @@ func TestRequeueInsideDedupWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := m.WaitStage("dd-1", events.StageSucceeded, 1)
-	if got := reviewtest.Count(all, events.StageRetry); got != 2 {
-		t.Fatalf("%d retry events stored, want 2 (one per requeue): %v", got, reviewtest.Stages(all))
+	if got := timeline.Count(all, events.StageRetry); got != 2 {
+		t.Fatalf("%d retry events stored, want 2 (one per requeue): %v", got, timeline.Stages(all))
 	}
 	if got := m.State("dd-1"); got.Status != events.StatusSucceeded || len(got.Actions) != 2 || got.Pass != st.Pass+2 {
 		t.Fatalf("state = %s pass %d, %d actions", got.Status, got.Pass, len(got.Actions))
@@ -367,7 +367,7 @@ func TestRequeueOfHeldTask(t *testing.T) {
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("g-1 not held: %+v, %v; events %v", st, err, reviewtest.Stages(m.Events("g-1")))
+			t.Fatalf("g-1 not held: %+v, %v; events %v", st, err, timeline.Stages(m.Events("g-1")))
 		}
 		waitABit(ctx)
 	}
@@ -375,7 +375,7 @@ func TestRequeueOfHeldTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := m.WaitStage("g-1", events.StageSucceeded, 1)
-	t.Logf("stages: %v", reviewtest.Stages(all))
+	t.Logf("stages: %v", timeline.Stages(all))
 	trustHolds := 0
 	for _, e := range all {
 		var h events.Held
@@ -384,7 +384,7 @@ func TestRequeueOfHeldTask(t *testing.T) {
 		}
 	}
 	if trustHolds != 1 {
-		t.Fatalf("held for trust %d times: %v", trustHolds, reviewtest.Stages(all))
+		t.Fatalf("held for trust %d times: %v", trustHolds, timeline.Stages(all))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/review"
 	"github.com/dispatchmesh/dispatchmesh/internal/ops/review/reviewtest"
+	"github.com/dispatchmesh/dispatchmesh/internal/ops/timeline"
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/openaitest"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
@@ -53,12 +54,12 @@ func TestCancelRunningTask(t *testing.T) {
 	}
 	all := m.Events("stop-1")
 	for _, stage := range []string{events.StageExecuted, events.StageRetry, events.StageCancelled} {
-		if n := reviewtest.Count(all, stage); n != 0 {
-			t.Fatalf("%d %s events after the cancel: %v", n, stage, reviewtest.Stages(all))
+		if n := timeline.Count(all, stage); n != 0 {
+			t.Fatalf("%d %s events after the cancel: %v", n, stage, timeline.Stages(all))
 		}
 	}
-	if n := reviewtest.Count(all, "review."+review.ReasonAction); n != 1 {
-		t.Fatalf("%d action records, want exactly one: %v", n, reviewtest.Stages(all))
+	if n := timeline.Count(all, "review."+review.ReasonAction); n != 1 {
+		t.Fatalf("%d action records, want exactly one: %v", n, timeline.Stages(all))
 	}
 	tv, err := m.Review.TrustOf(bg, "bug_fix")
 	if err != nil {

@@ -211,3 +211,23 @@ func (e Entry) webhookSummary() string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// Stages lists the stages of entries, in order.
+func Stages(entries []Entry) []string {
+	out := make([]string, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, e.Stage)
+	}
+	return out
+}
+
+// Count counts the entries of stage.
+func Count(entries []Entry, stage string) int {
+	n := 0
+	for _, e := range entries {
+		if e.Stage == stage {
+			n++
+		}
+	}
+	return n
+}

@@ -164,7 +164,7 @@ func (m *Mesh) WaitStage(id, stage string, n int) []timeline.Entry {
 		return seen < n
 	})
 	if err != nil {
-		m.t.Fatalf("task %s: waiting for %d× %s: %v; events: %v", id, n, stage, err, Stages(all))
+		m.t.Fatalf("task %s: waiting for %d× %s: %v; events: %v", id, n, stage, err, timeline.Stages(all))
 	}
 	return all
 }
@@ -187,26 +187,6 @@ func (m *Mesh) State(id string) events.TaskState {
 		m.t.Fatalf("state of %s: %v", id, err)
 	}
 	return st
-}
-
-// Stages lists the stages of entries.
-func Stages(all []timeline.Entry) []string {
-	out := make([]string, 0, len(all))
-	for _, e := range all {
-		out = append(out, e.Stage)
-	}
-	return out
-}
-
-// Count counts the entries of a stage.
-func Count(all []timeline.Entry, stage string) int {
-	n := 0
-	for _, e := range all {
-		if e.Stage == stage {
-			n++
-		}
-	}
-	return n
 }
 
 // LastPrompt is the user message of the model's last request.
