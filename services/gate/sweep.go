@@ -216,7 +216,7 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	var marks map[string]string // what the last sweep saw of the types with passes waiting for canaries
 	for {
 		var outcome <-chan struct{}
-		if current && !soon && marks != nil {
+		if current && !soon && (marks != nil || x.waiting()) {
 			outcome = applied
 		}
 		select {
@@ -259,6 +259,18 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 			soon = true
 		}
 	}
+}
+
+// waiting reports whether any pass in x waits for its type's canaries.
+func (x *heldIndex) waiting() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for l := range x.lanes {
+		if l.hold == events.HoldCanary {
+			return true
+		}
+	}
+	return false
 }
 
 // canaryMarks is, for each type with passes in x waiting for its
@@ -446,6 +458,13 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			}
 		}
 	}
+	if l.hold == events.HoldTrust && j.limited {
+		for _, key := range keys { // trial places its passes woken lately are about to ask for
+			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
+				j.readmits--
+			}
+		}
+	}
 	if l.hold == events.HoldTrust {
 		keys = task.WakeOrder(keys, func(k string) time.Time { return entries[k].Since }, j.backlog.NewestFirst(), j.scoring.HoldTime, now)
 	}
@@ -494,8 +513,9 @@ type judgement struct {
 	first, retry trust.Verdict
 	probe        bool // a probe of the type is due
 	backlog      trust.Backlog
-	readmits     int // passes held for trust it wakes to re-admit
-	places       int // canary places free for passes waiting for canaries
+	readmits     int  // passes held for trust it wakes to re-admit
+	limited      bool // readmits is bounded by the type's free trial places
+	places       int  // canary places free for passes waiting for canaries
 	// room is how many more passes bound for the model the sweep may wake
 	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
 	// quota the part of it a lane of passes waiting their turn may take.
@@ -507,20 +527,42 @@ type judgement struct {
 }
 
 // full reports whether the sweep has no room left for a pass bound for
-// the model, noting that one was left asleep for want of it.
-func (j *judgement) full() bool {
+// the model; wants, whether the pass at hand would take some: then it is
+// left asleep for want of room, and the sweeper sweeps again soon.
+func (j *judgement) full(wants bool) bool {
 	if *j.room > 0 {
 		return false
 	}
-	if j.short != nil {
-		*j.short = true
+	if wants {
+		j.starve()
 	}
 	return true
 }
 
+// starve notes that a pass bound for the model was left asleep for want
+// of room (or of its lane's share of it).
+func (j *judgement) starve() {
+	if j.short != nil {
+		*j.short = true
+	}
+}
+
+// open reports whether a pass held for its type's trust may be
+// re-admitted: its type is over its threshold (for a retry, judged on its
+// settled tasks), or exempt, and its held backlog is not paused.
+func (j *judgement) open(e services.HeldEntry) bool {
+	if !j.exempt && j.backlog.Paused() {
+		return false // re-admitted held tasks fail: the rest go as probes
+	}
+	if e.Retry {
+		return j.exempt || !j.retry.Below
+	}
+	return j.exempt || !j.first.Below
+}
+
 // take takes one of the sweep's room for a pass bound for the model.
 func (j *judgement) take() bool {
-	if j.full() {
+	if j.full(true) {
 		return false
 	}
 	*j.room--
@@ -574,6 +616,7 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 	j.readmits = s.cfg.Readmit
 	if !j.exempt && j.scoring.ReadmitLimited(stats, j.first.Probation) { // the look admits no more than the free trial places
 		j.readmits = min(j.readmits, max(0, j.scoring.TrialPlaces(stats)-task.LiveHolders(stats, j.scoring, now, "")))
+		j.limited = true
 	}
 	if j.canaryRound() {
 		j.places = max(0, j.scoring.Canary-task.LiveHolders(stats, j.scoring, now, ""))
@@ -590,13 +633,17 @@ func (j *judgement) canaryRound() bool { return j.first.Unproven && !j.exempt }
 // TTL), and nothing is left to wake but passes that have.
 func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
 	if e.Hold == events.HoldQueued {
-		return j.full() || j.quota <= 0
+		if j.quota <= 0 { // the lane's share of the room is used up
+			j.starve()
+			return true
+		}
+		return j.full(true)
 	}
 	if e.Canary() {
 		bulk := !j.canaryRound() || now.Sub(e.Since) >= j.scoring.CanaryTTL
-		return (j.places <= 0 || !j.canaryRound()) && (!bulk || j.full())
+		return (j.places <= 0 || !j.canaryRound()) && (!bulk || j.full(true))
 	}
-	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || j.full()) && !j.probe
+	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || j.full(j.open(e))) && !j.probe
 }
 
 // due is why the sweep wakes e, "" when it leaves it asleep.
@@ -620,13 +667,7 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 		}
 		return ""
 	}
-	open := j.exempt || !j.first.Below
-	if e.Retry {
-		open = j.exempt || !j.retry.Below
-	}
-	if !j.exempt && j.backlog.Paused() {
-		open = false // re-admitted held tasks fail: the rest go as probes
-	}
+	open := j.open(e)
 	switch {
 	case open && j.readmits > 0:
 		if j.take() {

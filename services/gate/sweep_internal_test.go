@@ -151,6 +151,41 @@ func TestJudgementQuiet(t *testing.T) {
 	}
 }
 
+// A sweep is cut short — the sweeper sweeps again soon — only when a pass
+// that would go to the model is left asleep for want of room or of its
+// lane's share of it: not for a pass held for trust whose type is below
+// its threshold, however full the backlog.
+func TestJudgementShort(t *testing.T) {
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	p := trust.Policy{}.WithDefaults()
+	young := now.Add(-time.Second)
+	for _, tt := range []struct {
+		name  string
+		j     judgement
+		e     services.HeldEntry
+		short bool
+	}{
+		{"below, backlog full", judgement{first: trust.Verdict{Below: true}, readmits: 2, room: ptr(0)}, services.HeldEntry{Since: young}, false},
+		{"recovered, backlog full", judgement{readmits: 2, room: ptr(0)}, services.HeldEntry{Since: young}, true},
+		{"recovered, room left", judgement{readmits: 2, room: ptr(5)}, services.HeldEntry{Since: young}, false},
+		{"recovered, no trial place", judgement{readmits: 0, room: ptr(0)}, services.HeldEntry{Since: young}, false},
+		{"scored canary wait, backlog full", judgement{room: ptr(0)}, services.HeldEntry{Since: young, Hold: events.HoldCanary}, true},
+		{"unproven canary wait, backlog full", judgement{first: trust.Verdict{Unproven: true}, room: ptr(0)}, services.HeldEntry{Since: young, Hold: events.HoldCanary}, false},
+		{"queued, its share used", judgement{quota: 0, room: ptr(5)}, services.HeldEntry{Since: young, Hold: events.HoldQueued}, true},
+		{"queued, backlog full", judgement{quota: 3, room: ptr(0)}, services.HeldEntry{Since: young, Hold: events.HoldQueued}, true},
+	} {
+		short := false
+		j := tt.j
+		j.scoring, j.short = p, &short
+		if !j.quiet(tt.e, now) {
+			j.due(tt.e, now)
+		}
+		if short != tt.short {
+			t.Errorf("%s: cut short %v, want %v", tt.name, short, tt.short)
+		}
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // A type's admissions count over the last window or so: one to two
