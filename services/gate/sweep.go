@@ -261,7 +261,8 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	}
 }
 
-// waiting reports whether any pass in x waits for its type's canaries.
+// waiting reports whether any pass in x waits for its type's canaries
+// (without canaryTypes' list: it is asked at every update of the watch).
 func (x *heldIndex) waiting() bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -273,18 +274,24 @@ func (x *heldIndex) waiting() bool {
 	return false
 }
 
-// canaryMarks is, for each type with passes in x waiting for its
-// canaries, its newest outcome as the view holds it (nil when none
-// waits): an outcome that changes one may be the one that scores it.
-func (s *Service) canaryMarks(x *heldIndex) map[string]string {
+// canaryTypes lists the types with passes in x waiting for their canaries.
+func (x *heldIndex) canaryTypes() []string {
 	x.mu.Lock()
+	defer x.mu.Unlock()
 	var types []string
 	for l := range x.lanes {
 		if l.hold == events.HoldCanary {
 			types = append(types, l.typ)
 		}
 	}
-	x.mu.Unlock()
+	return types
+}
+
+// canaryMarks is, for each type with passes in x waiting for its
+// canaries, its newest outcome as the view holds it (nil when none
+// waits): an outcome that changes one may be the one that scores it.
+func (s *Service) canaryMarks(x *heldIndex) map[string]string {
+	types := x.canaryTypes()
 	if len(types) == 0 {
 		return nil
 	}
@@ -451,19 +458,13 @@ const WakeReaders = 16
 func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int, quota int, short *bool) []wake {
 	j := s.judge(l.typ, now)
 	j.room, j.quota, j.short = room, quota, short
-	if l.hold == events.HoldCanary {
-		for _, key := range keys { // places its passes woken lately are about to ask for
-			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
-				j.places--
-			}
-		}
-	}
-	if l.hold == events.HoldTrust && j.limited {
-		for _, key := range keys { // trial places its passes woken lately are about to ask for
-			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
-				j.readmits--
-			}
-		}
+	// The places its passes woken lately are about to ask for: canary
+	// places, or trial places.
+	switch {
+	case l.hold == events.HoldCanary:
+		j.places -= wokenLately(keys, woke, now)
+	case l.hold == events.HoldTrust && j.limited:
+		j.readmits -= wokenLately(keys, woke, now)
 	}
 	if l.hold == events.HoldTrust {
 		keys = task.WakeOrder(keys, func(k string) time.Time { return entries[k].Since }, j.backlog.NewestFirst(), j.scoring.HoldTime, now)
@@ -499,6 +500,17 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		}
 	}
 	return due
+}
+
+// wokenLately counts the keys woken less than Rewake before now.
+func wokenLately(keys []string, woke map[string]woken, now time.Time) int {
+	n := 0
+	for _, key := range keys {
+		if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
+			n++
+		}
+	}
+	return n
 }
 
 // CanaryCheck is how often, at most, the sweeper wakes the oldest pass of a
