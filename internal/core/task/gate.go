@@ -116,7 +116,7 @@ func Decide(in GateIn) GateOut {
 	// The block streak ends only with a trusted pass that goes on, as
 	// rebuild replays it (scoring.StreakStep): not with one the backlog's
 	// rules put back to sleep or let through as a probe.
-	out.ResetStreak = out.ResetStreak && out.Trust.Cause == events.CauseTrusted && (out.Act == ActAdmit || out.Act == ActPark)
+	out.ResetStreak = in.Stats.BlockStreak > 0 && out.Trust.Cause == events.CauseTrusted && (out.Act == ActAdmit || out.Act == ActPark)
 	return out
 }
 
@@ -173,9 +173,7 @@ func decide(in GateIn) GateOut {
 	case v.Unproven && in.Scoring.Threshold >= 0:
 		out.Trust.Cause = events.CauseUnproven
 	default:
-		out.Trust.Cause = events.CauseTrusted
-		step, _ := scoring.StreakStep(out.Trust.Cause, false, in.Run.Attempt, false)
-		out.ResetStreak = step && in.Stats.BlockStreak > 0 // the type recovered
+		out.Trust.Cause = events.CauseTrusted // the type recovered: its block streak ends (Decide)
 	}
 	var backlog scoring.Backlog // read only for a held pass or a re-admitted one's retry: not on every pass
 	if held || in.Run.Readmitted {
@@ -207,7 +205,7 @@ func decide(in GateIn) GateOut {
 			out.Trust.Reason = fmt.Sprintf("re-admitted at the probe pace: the last %d held tasks of %s re-admitted failed", backlog.Losses, t.Type)
 		}
 	}
-	if held && gated && !paced && in.Scoring.ReadmitLimited(in.Stats, v.Probation) && !out.Run.Probe {
+	if held && gated && !paced && (v.Probation || !backlog.Cleared(in.Scoring.MinOutcomes)) && !out.Run.Probe { // Policy.ReadmitLimited
 		// Re-admitted on a probe's word alone, or while the held backlog
 		// has not proved itself: a few at a time, more with every
 		// re-admitted success (a slow start); one at a time while the

@@ -310,7 +310,6 @@ func (e *engine) look(typ string, now time.Time, but *taskRun) {
 	e.looked[typ] = e.version[typ]
 	sc := e.o.Policy.For(typ).Scoring(e.o.Scoring).WithDefaults()
 	order := task.WakeOrder(held, func(tr *taskRun) time.Time { return tr.heldSince }, sc.BacklogOf(*e.statsOf(typ)).NewestFirst(), sc.HoldTime, now)
-	gone := map[*taskRun]bool{}
 look:
 	for _, tr := range order {
 		if tr.mode != holding || tr == but {
@@ -320,18 +319,16 @@ look:
 		switch actOf(out.Act) {
 		case "admit":
 			tr.wi.Cause, tr.wi.Reason = string(out.Trust.Cause), out.Trust.Reason
-			e.estimate(tr, out.Run, now)
-			gone[tr] = true
+			e.estimate(tr, out.Run, now) // no longer holding
 		case "hold":
 			if !full {
 				break look // the rest stays held as it is
 			}
 		default:
-			e.stopped(tr, out, tr.heldRun, now)
-			gone[tr] = true
+			e.stopped(tr, out, tr.heldRun, now) // no longer holding
 		}
 	}
-	e.holding[typ] = slices.DeleteFunc(held, func(tr *taskRun) bool { return gone[tr] || tr.mode != holding })
+	e.holding[typ] = slices.DeleteFunc(held, func(tr *taskRun) bool { return tr.mode != holding })
 }
 
 // record adds an outcome to a type's replayed trust.
