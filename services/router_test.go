@@ -300,6 +300,22 @@ func TestRouterShutdownFinishesInFlightWork(t *testing.T) {
 	waitConsumer(t, s.JS, "test", func(ci *jetstream.ConsumerInfo) bool { return ci.NumAckPending == 0 && ci.NumRedelivered == 0 })
 }
 
+// A router stopped before its consumer exists — its ctx done while the
+// consumer is created — stops cleanly: nothing was in flight, so Run
+// reports no error.
+func TestRouterStoppedBeforeItStarted(t *testing.T) {
+	s := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := &services.Router{JS: s.JS, Instance: "test@here", Log: quiet, Grace: time.Second}
+	if err := r.Run(ctx, spec(func(context.Context, *services.Msg) ([]services.Out, error) {
+		t.Error("a router stopped before it started handled a message")
+		return nil, nil
+	})); err != nil {
+		t.Fatalf("Run with its ctx done: %v, want a clean stop", err)
+	}
+}
+
 func TestExpBackoff(t *testing.T) {
 	b := services.ExpBackoff(time.Second, 5*time.Second)
 	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 5 * time.Second, 40: 5 * time.Second} {

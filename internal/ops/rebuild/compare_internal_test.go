@@ -61,7 +61,8 @@ func TestGateStepsAllowCommitOrder(t *testing.T) {
 		{"a mark no event records", trust.Stats{BlockStreak: 2, Gates: mark("a b c d e f")}, 0, false},
 		{"a mark twice", trust.Stats{BlockStreak: 2, Gates: mark("a b c d e e")[1:]}, 0, false},
 		{"another answer than the event's", trust.Stats{BlockStreak: 0, Gates: append(mark("a b c d"), trust.GateMark{Key: "e", Probe: true})}, 0, false},
-		{"tampered streak", trust.Stats{BlockStreak: 4}, 0, false},
+		{"tampered streak", trust.Stats{BlockStreak: 4, Gates: mark("a b c d e")}, 0, false},
+		{"a negative streak, a reset since", trust.Stats{BlockStreak: -1, Gates: mark("a b c d e")}, 1, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
