@@ -54,8 +54,11 @@ func (o Outcome) TaskID() string {
 // Tasks folds outcomes (in window order: Insert's, by time) into one
 // result per task, ordered by each task's newest outcome, oldest first.
 func Tasks(outcomes []Outcome) []TaskResult {
+	// The gate folds a window on every pass: one allocation for the
+	// results, one for the index, none for the order when (as usual) each
+	// task's outcomes are together.
 	idx := make(map[string]int, len(outcomes))
-	var rs []TaskResult
+	rs := make([]TaskResult, 0, len(outcomes))
 	last := make([]int, 0, len(outcomes)) // by result: its newest outcome's index
 	for n, o := range outcomes {
 		id := o.TaskID()
@@ -87,6 +90,9 @@ func Tasks(outcomes []Outcome) []TaskResult {
 		if !o.Success {
 			r.Failures++
 		}
+	}
+	if slices.IsSorted(last) {
+		return slices.Clip(rs)
 	}
 	order := make([]int, len(rs))
 	for i := range order {
