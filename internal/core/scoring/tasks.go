@@ -172,9 +172,15 @@ func openedByProbe(rs []TaskResult) bool {
 // shows in a few tasks
 // instead of the dozens the window's score needs, and a type whose tasks
 // sometimes fail is not stopped for a streak its rate explains.
-// The run is tested only once minBefore settled tasks precede it: a type
-// needs a known rate to change from.
-func failedRun(rs []TaskResult, alpha float64, minBefore int) (k int, stopped bool) {
+//
+// A type needs a known rate to change from: minBefore settled tasks
+// before the run, or the prior, whose weight counts as that many tasks of
+// the other types' mean rate ((successes + weight·mean + 1) / (tasks +
+// weight + 2)). So a new type unlike the others shows too: in a mesh whose
+// types nearly all succeed (weight 10) its first 3–4 settled tasks failing
+// stop it; where types differ (weight 0.5) it takes about ten. pooled
+// reports that the prior counted.
+func failedRun(rs []TaskResult, alpha float64, minBefore int, prior Prior) (k int, stopped, pooled bool) {
 	var settled []TaskResult
 	for _, r := range rs {
 		if r.Settled() && !r.backlog() { // the held backlog's failures are its own (BacklogOf)
@@ -185,20 +191,24 @@ func failedRun(rs []TaskResult, alpha float64, minBefore int) (k int, stopped bo
 		k++
 	}
 	if k == 0 || alpha <= 0 {
-		return k, false
+		return k, false, false
 	}
 	before := settled[:len(settled)-k]
-	if len(before) < max(minBefore, 1) {
-		return k, false
-	}
 	ok := 0
 	for _, r := range before {
 		if r.Success {
 			ok++
 		}
 	}
-	fail := 1 - float64(ok+1)/float64(len(before)+2)
-	return k, math.Pow(fail, float64(k)) < alpha
+	seen, won := float64(len(before)), float64(ok)
+	if len(before) < max(minBefore, 1) {
+		if !prior.Known() {
+			return k, false, false
+		}
+		seen, won, pooled = seen+prior.Weight, won+prior.Weight*prior.Mean, true
+	}
+	fail := 1 - (won+1)/(seen+2)
+	return k, math.Pow(fail, float64(k)) < alpha, pooled
 }
 
 // backlog reports whether r is a re-admitted held task that did not go

@@ -130,8 +130,10 @@ func TestEvaluateWith(t *testing.T) {
 		{"no prior: a new type is never gated on its own evidence", failed(5), scoring.Prior{}, false, false, ""},
 		{"types either healthy or hopeless: 2 failed tasks gate", failed(2), splitMesh, false, true, "pooled with 30 types' rate 0.70"},
 		{"  but 1 does not", failed(1), splitMesh, false, false, ""},
-		{"a healthy mesh presumes a new type healthy", failed(5), healthyMesh, false, false, ""},
-		{"  until its own evidence says otherwise (10 settled)", failed(10), healthyMesh, false, true, "trust score 0.00 below"},
+		{"a healthy mesh presumes a new type healthy", failed(3), healthyMesh, false, false, ""},
+		{"  until its first tasks all fail, a run unlikely at the mesh's rate", failed(4), healthyMesh, false, true, "its last 4 tasks failed, unlikely at 8 other types' rate 0.90"},
+		{"  and once its own 10 settled tasks speak, by its score", failed(10), healthyMesh, false, true, "trust score 0.00 below"},
+		{"a success among them: the run starts after it", append(ladder("s", 0, "S", true), failed(3)...), healthyMesh, false, false, ""},
 		{"a retry is judged on settled tasks: siblings climbing do not stop it", climbing(10), splitMesh, true, false, ""},
 		{"a new task counts them as failed so far", climbing(10), splitMesh, false, true, ""},
 	}
