@@ -151,7 +151,11 @@ func (p Policy) EvaluateWith(taskType string, s Stats, prior Prior, settledOnly 
 	if v.Unproven && prior.Known() && len(rs) > 0 {
 		v.Prior, v.Score, scored = prior, prior.Shrink(own, len(rs)), true
 	}
-	run, changed, pooled := failedRun(all, p.RunAlpha, p.MinOutcomes, prior)
+	runPrior := prior // the run test reads the prior only while the type is unproven
+	if !v.Unproven {
+		runPrior = Prior{}
+	}
+	run, changed, pooled := failedRun(all, p.RunAlpha, p.MinOutcomes, runPrior)
 	low := !v.Exempt && p.Threshold >= 0 && ((scored && v.Score < p.Threshold) || changed)
 	v.Below, v.Probation = low && !v.Opened, low && v.Opened
 	switch {
@@ -165,7 +169,7 @@ func (p Policy) EvaluateWith(taskType string, s Stats, prior Prior, settledOnly 
 		v.Run = run
 		v.Reason = fmt.Sprintf("Blocked: %s trust score %.2f: its last %d tasks failed, unlikely at its rate before (a regression?)", taskType, v.Score, run)
 		if pooled {
-			v.Reason = fmt.Sprintf("Blocked: %s trust score %.2f: its last %d tasks failed, unlikely at %d other types' rate %.2f", taskType, v.Score, run, prior.Types, prior.Mean)
+			v.Reason = fmt.Sprintf("Blocked: %s trust score %.2f: its last %d tasks failed, unlikely at its rate before pooled with %d other types' rate %.2f", taskType, v.Score, run, prior.Types, prior.Mean)
 		}
 	}
 	return v

@@ -59,6 +59,20 @@ func TestTasksFoldAttempts(t *testing.T) {
 	}
 }
 
+// Tasks are ordered by their newest outcome: a task retried after
+// another began comes after it.
+func TestTasksOrderByNewestOutcome(t *testing.T) {
+	all := []scoring.Outcome{
+		{Key: "a:1:outcome", Task: "a", At: t0},
+		{Key: "b:1:outcome", Task: "b", At: t0.Add(time.Second)},
+		{Key: "a:2:outcome", Task: "a", At: t0.Add(2 * time.Second), Retry: true},
+	}
+	got := scoring.Tasks(window(all))
+	if len(got) != 2 || got[0].Task != "b" || got[1].Task != "a" || got[1].Failures != 2 {
+		t.Fatalf("Tasks = %+v, want b then a (2 failures)", got)
+	}
+}
+
 // The SPEC §4 rule that motivated task weighing: one hard task climbing 7
 // rungs is one failure of its type, not seven.
 func TestAHardTaskIsOneFailure(t *testing.T) {
@@ -119,6 +133,22 @@ func TestEvaluateWith(t *testing.T) {
 		}
 		return out
 	}
+	// 1 of 5 tasks succeeded, then 4 failed: at the prior's 0.9 alone the
+	// run would hold the type, at its own 1 in 5 it is no surprise.
+	weakThenFailed := append(append(failed(4), ladder("s", 45, "S", true)...), prefixed("r", 50, failed(4))...)
+	// 30 held tasks re-admitted and succeeded, then 3 of 6 of its own, then
+	// 6 failed: 39 settled, no longer unproven, so the run is read against
+	// its own tasks (too few to test), not the prior (0.28^6 would hold it).
+	var provenThenFailed []scoring.Outcome
+	for i := range 30 {
+		o := ladder(fmt.Sprintf("b%d", i), i, "S", true)
+		o[0].Held = true
+		provenThenFailed = append(provenThenFailed, o...)
+	}
+	for i := range 6 {
+		provenThenFailed = append(provenThenFailed, ladder(fmt.Sprintf("h%d", i), 100+i*10, map[bool]string{true: "S", false: "FF"}[i%2 == 1], true)...)
+	}
+	provenThenFailed = append(provenThenFailed, prefixed("r", 200, failed(6))...)
 	tests := []struct {
 		name     string
 		outcomes []scoring.Outcome
@@ -131,9 +161,10 @@ func TestEvaluateWith(t *testing.T) {
 		{"types either healthy or hopeless: 2 failed tasks gate", failed(2), splitMesh, false, true, "pooled with 30 types' rate 0.70"},
 		{"  but 1 does not", failed(1), splitMesh, false, false, ""},
 		{"a healthy mesh presumes a new type healthy", failed(3), healthyMesh, false, false, ""},
-		{"  until its first tasks all fail, a run unlikely at the mesh's rate", failed(4), healthyMesh, false, true, "its last 4 tasks failed, unlikely at 8 other types' rate 0.90"},
+		{"  until its first tasks all fail, a run unlikely at the mesh's rate", failed(4), healthyMesh, false, true, "its last 4 tasks failed, unlikely at its rate before pooled with 8 other types' rate 0.90"},
 		{"  and once its own 10 settled tasks speak, by its score", failed(10), healthyMesh, false, true, "trust score 0.00 below"},
-		{"a success among them: the run starts after it", append(ladder("s", 0, "S", true), failed(3)...), healthyMesh, false, false, ""},
+		{"its own tasks before the run count with the prior", weakThenFailed, healthyMesh, false, false, ""},
+		{"a proven type's run is read without the prior", provenThenFailed, healthyMesh, false, false, ""},
 		{"a retry is judged on settled tasks: siblings climbing do not stop it", climbing(10), splitMesh, true, false, ""},
 		{"a new task counts them as failed so far", climbing(10), splitMesh, false, true, ""},
 	}
@@ -145,6 +176,19 @@ func TestEvaluateWith(t *testing.T) {
 			}
 		})
 	}
+}
+
+// prefixed renames outcomes' tasks with prefix and moves them start
+// seconds later, so one helper's tasks can follow another's.
+func prefixed(prefix string, start int, os []scoring.Outcome) []scoring.Outcome {
+	out := make([]scoring.Outcome, len(os))
+	for i, o := range os {
+		o.Task = prefix + o.Task
+		o.Key = prefix + o.Key
+		o.At = o.At.Add(time.Duration(start) * time.Second)
+		out[i] = o
+	}
+	return out
 }
 
 // A run of failures a type's history makes unlikely stops it at once: a
