@@ -46,19 +46,34 @@ func TestUpExportsTraces(t *testing.T) {
 	if p, err := os.FindProcess(pid); err != nil || p.Signal(syscall.SIGTERM) != nil {
 		t.Fatalf("SIGTERM: %v", err)
 	}
-	for !strings.Contains(out.String(), "stopped cleanly") && ctx.Err() == nil {
+	// The last spans are flushed after "stopped cleanly", as the process
+	// exits: wait for them, not for the line.
+	want := []string{services.ConsumerIntake, services.ConsumerGate, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder}
+	stages := map[string]bool{}
+	received := func() bool {
+		clear(stages)
+		for _, s := range rcv.Spans() {
+			if s.Attrs[services.AttrTaskID] == sub.ID && s.Service == "dispatch-test" {
+				stages[s.Name] = true
+			}
+		}
+		for _, w := range want {
+			if !stages[w] {
+				return false
+			}
+		}
+		return true
+	}
+	for !received() && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
 	kill()
-	stages := map[string]bool{}
-	for _, s := range rcv.Spans() {
-		if s.Attrs[services.AttrTaskID] == sub.ID && s.Service == "dispatch-test" {
-			stages[s.Name] = true
-		}
+	if !strings.Contains(out.String(), "stopped cleanly") {
+		t.Errorf("up did not stop cleanly:\n%s", out.String())
 	}
-	for _, want := range []string{services.ConsumerIntake, services.ConsumerGate, services.ConsumerPrompt, services.ConsumerExecutor, services.ConsumerRecorder} {
-		if !stages[want] {
-			t.Errorf("no %s span of the task received (got %v)", want, stages)
+	for _, w := range want {
+		if !stages[w] {
+			t.Errorf("no %s span of the task received (got %v)", w, stages)
 		}
 	}
 }
