@@ -626,7 +626,7 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 	j.backlog = j.scoring.BacklogOf(stats)
 	j.probe = probe && !j.exempt && (j.first.Below || j.retry.Below || j.backlog.Paused())
 	j.readmits = s.cfg.Readmit
-	if !j.exempt && j.scoring.ReadmitLimited(stats, j.first.Probation) { // the look admits no more than the free trial places
+	if !j.exempt && j.scoring.ReadmitLimited(j.backlog, j.first.Probation) { // the look admits no more than the free trial places
 		j.readmits = min(j.readmits, max(0, j.scoring.TrialPlaces(stats)-task.LiveHolders(stats, j.scoring, now, "")))
 		j.limited = true
 	}

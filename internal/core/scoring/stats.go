@@ -227,12 +227,12 @@ func (p Policy) TrialPlaces(s Stats) int {
 }
 
 // ReadmitLimited reports whether the type's held tasks come back only
-// through its trial places (TrialPlaces): its held backlog has not
-// Cleared. probation is the verdict's: a type a probe alone keeps open is
-// limited too.
-func (p Policy) ReadmitLimited(s Stats, probation bool) bool {
+// through its trial places (TrialPlaces): its held backlog b (BacklogOf)
+// has not Cleared. probation is the verdict's: a type a probe alone keeps
+// open is limited too.
+func (p Policy) ReadmitLimited(b Backlog, probation bool) bool {
 	p = p.WithDefaults()
-	return probation || !p.BacklogOf(s).Cleared(p.MinOutcomes)
+	return probation || !b.Cleared(p.MinOutcomes)
 }
 
 // Release returns s without the canary place of key; changed is false when

@@ -499,13 +499,13 @@ func TestBacklogOf(t *testing.T) {
 		all = append(all, readmitted(fmt.Sprintf("h%d", i), i, "S", false)...)
 	}
 	s := scoring.Stats{Outcomes: all}
-	if !p.BacklogOf(s).Cleared(scoring.DefaultMinOutcomes) || p.ReadmitLimited(s, false) {
+	if !p.BacklogOf(s).Cleared(scoring.DefaultMinOutcomes) || p.ReadmitLimited(p.BacklogOf(s), false) {
 		t.Errorf("%d re-admitted wins: %+v, still limited", scoring.DefaultMinOutcomes, p.BacklogOf(s))
 	}
-	if !p.ReadmitLimited(s, true) {
+	if !p.ReadmitLimited(p.BacklogOf(s), true) {
 		t.Error("on probation: not limited")
 	}
-	if !p.ReadmitLimited(scoring.Stats{Outcomes: all[1:]}, false) {
+	if !p.ReadmitLimited(p.BacklogOf(scoring.Stats{Outcomes: all[1:]}), false) {
 		t.Error("one win short: not limited")
 	}
 }

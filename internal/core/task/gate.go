@@ -205,7 +205,7 @@ func decide(in GateIn) GateOut {
 			out.Trust.Reason = fmt.Sprintf("re-admitted at the probe pace: the last %d held tasks of %s re-admitted failed", backlog.Losses, t.Type)
 		}
 	}
-	if held && gated && !paced && (v.Probation || !backlog.Cleared(in.Scoring.MinOutcomes)) && !out.Run.Probe { // Policy.ReadmitLimited
+	if held && gated && !paced && in.Scoring.ReadmitLimited(backlog, v.Probation) && !out.Run.Probe {
 		// Re-admitted on a probe's word alone, or while the held backlog
 		// has not proved itself: a few at a time, more with every
 		// re-admitted success (a slow start); one at a time while the
