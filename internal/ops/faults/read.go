@@ -62,7 +62,8 @@ type taskEvents struct {
 	// last is the stage of the task's latest event and when it was stored.
 	last     string
 	lastTime time.Time
-	// trail is every event of the task: stage, pass and stream sequence.
+	// trail is every event of the task: stage, pass.attempt, stream
+	// sequence and the instance that published it.
 	trail []string
 }
 
@@ -116,7 +117,7 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		te := v.task(id)
 		te.last, te.lastTime = stage, md.Timestamp
 		_ = json.Unmarshal(data, &base)
-		te.trail = append(te.trail, fmt.Sprintf("%s/%d#%d", stage, base.Run.Pass, md.Sequence.Stream))
+		te.trail = append(te.trail, fmt.Sprintf("%s/%d.%d#%d@%s", stage, base.Run.Pass, base.Run.Attempt, md.Sequence.Stream, base.By))
 		switch stage {
 		case events.StageQueued:
 			te.queued++
