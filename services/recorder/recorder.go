@@ -155,25 +155,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
 	e := task.Emit(st, b, res, pol, s.score(t.Type, st, pol, counted))
-	// A retry carries the state as recorded, sealed: the next executor's
-	// write starts from it.
-	switch ev := e.Event.(type) {
-	case events.Retry:
-		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadowed
-		e.Event = ev
-	case events.Verified:
-		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadowed
-		e.Event = ev
-	case events.Succeeded:
-		ev.Shadow = shadowed
-		e.Event = ev
-	case events.Escalated:
-		ev.Shadow = shadowed
-		e.Event = ev
-	case events.Stuck:
-		ev.Shadow = shadowed
-		e.Event = ev
-	}
+	e.Event = carry(e.Event, shadowed, func() *events.Sealed { return s.cfg.Tasks.Seal(at) })
 	var out services.Out
 	switch {
 	case e.Review == "":
@@ -243,4 +225,28 @@ func shadowRecord(shadow *policy.Snapshot, st events.TaskState, found bool, b ev
 		return nil
 	}
 	return &events.ShadowDecision{Act: string(next.Decision), Reason: next.Reason, PolicyRev: shadow.Rev}
+}
+
+// carry puts on the recorder's next event what it carries besides the
+// outcome: the shadow policy's decision, and on a retry or the next step
+// the state as recorded, sealed (the next executor's write starts from it).
+func carry(ev any, shadow *events.ShadowDecision, seal func() *events.Sealed) any {
+	switch ev := ev.(type) {
+	case events.Retry:
+		ev.Sealed, ev.Shadow = seal(), shadow
+		return ev
+	case events.Verified:
+		ev.Sealed, ev.Shadow = seal(), shadow
+		return ev
+	case events.Succeeded:
+		ev.Shadow = shadow
+		return ev
+	case events.Escalated:
+		ev.Shadow = shadow
+		return ev
+	case events.Stuck:
+		ev.Shadow = shadow
+		return ev
+	}
+	return ev
 }

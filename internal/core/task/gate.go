@@ -175,62 +175,11 @@ func decide(in GateIn) GateOut {
 	default:
 		out.Trust.Cause = events.CauseTrusted // the type recovered: its block streak ends (Decide)
 	}
-	var backlog scoring.Backlog // read only for a held pass or a re-admitted one's retry: not on every pass
-	if held || in.Run.Readmitted {
-		backlog = in.Scoring.BacklogOf(in.Stats)
+	out, backlog, done := readmit(out, in)
+	if done {
+		return out
 	}
 	gated := !in.Exempt && in.Scoring.Threshold >= 0
-	expired := held && in.Now.Sub(in.Since) >= in.Scoring.HoldTime
-	paced := false // re-admitted at the held-probe pace
-	if held && gated && backlog.Doubt() && !out.Run.Probe {
-		// Re-admitted held tasks of the type fail while its new tasks do
-		// not: the few places left go to the newest held, not to one past
-		// its hold time.
-		if expired {
-			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
-			out.Trust.Reason = fmt.Sprintf("held %s: the last held tasks of %s re-admitted failed", in.Scoring.HoldTime, t.Type)
-			return act(out, ActBlock)
-		}
-		if backlog.Paused() {
-			ok, asked := in.Claimed[ClaimProbe]
-			if !asked {
-				return ask(out, ClaimProbe)
-			}
-			if !ok {
-				out.Trust.Cause = events.CauseTrust
-				out.Trust.Reason = fmt.Sprintf("held: the last %d held tasks of %s re-admitted failed; the rest come back at the probe pace", backlog.Losses, t.Type)
-				return act(out, ActSleep)
-			}
-			paced = true
-			out.Trust.Reason = fmt.Sprintf("re-admitted at the probe pace: the last %d held tasks of %s re-admitted failed", backlog.Losses, t.Type)
-		}
-	}
-	if held && gated && !paced && in.Scoring.ReadmitLimited(backlog, v.Probation) && !out.Run.Probe {
-		// Re-admitted on a probe's word alone, or while the held backlog
-		// has not proved itself: a few at a time, more with every
-		// re-admitted success (a slow start); one at a time while the
-		// newest re-admitted held task failed.
-		ok, asked := in.Claimed[ClaimTrial]
-		if !asked {
-			return ask(out, ClaimTrial)
-		}
-		if !ok && expired {
-			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
-			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s's held tasks prove themselves, and held %s without a place", t.Type, in.Scoring.HoldTime)
-			return act(out, ActBlock)
-		}
-		if !ok {
-			return act(out, ActSleep)
-		}
-		switch {
-		case backlog.Doubt():
-			out.Trust.Reason = fmt.Sprintf("re-admitted one at a time: the last held task of %s re-admitted failed", t.Type)
-		case v.Probation:
-			out.Trust.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, in.Scoring.TrialPlaces(in.Stats))
-		default:
-			out.Trust.Reason = fmt.Sprintf("re-admitted: %s recovered (%d held tasks at a time until %d re-admitted succeed in a row)", t.Type, in.Scoring.TrialPlaces(in.Stats), in.Scoring.MinOutcomes)
-		}
-	}
 	if in.Run.Readmitted && !in.Run.Probe && in.Run.Attempt > 1 && gated && backlog.HandsOff() {
 		// A held task re-admitted after its type recovered failed again,
 		// as the last re-admitted did: hard on its own, not for its type.
@@ -252,6 +201,72 @@ func decide(in GateIn) GateOut {
 		return queued(out, ActPark, t)
 	}
 	return act(out, ActAdmit)
+}
+
+// readmit paces the re-admission of a held pass (and reads the held
+// backlog a re-admitted pass's retry is judged by): while re-admitted
+// held tasks of the type fail, the few places left go to the newest held
+// at the probe pace; while the backlog has not proved itself, a few at a
+// time (ClaimTrial). done says the pass stops here, with out its decision.
+func readmit(out GateOut, in GateIn) (_ GateOut, backlog scoring.Backlog, done bool) {
+	t, v := in.Task, in.Verdict
+	held := in.Hold == events.HoldTrust
+	if held || in.Run.Readmitted { // not read on every pass
+		backlog = in.Scoring.BacklogOf(in.Stats)
+	}
+	gated := !in.Exempt && in.Scoring.Threshold >= 0
+	expired := held && in.Now.Sub(in.Since) >= in.Scoring.HoldTime
+	paced := false // re-admitted at the held-probe pace
+	if held && gated && backlog.Doubt() && !out.Run.Probe {
+		// Re-admitted held tasks of the type fail while its new tasks do
+		// not: the few places left go to the newest held, not to one past
+		// its hold time.
+		if expired {
+			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
+			out.Trust.Reason = fmt.Sprintf("held %s: the last held tasks of %s re-admitted failed", in.Scoring.HoldTime, t.Type)
+			return act(out, ActBlock), backlog, true
+		}
+		if backlog.Paused() {
+			ok, asked := in.Claimed[ClaimProbe]
+			if !asked {
+				return ask(out, ClaimProbe), backlog, true
+			}
+			if !ok {
+				out.Trust.Cause = events.CauseTrust
+				out.Trust.Reason = fmt.Sprintf("held: the last %d held tasks of %s re-admitted failed; the rest come back at the probe pace", backlog.Losses, t.Type)
+				return act(out, ActSleep), backlog, true
+			}
+			paced = true
+			out.Trust.Reason = fmt.Sprintf("re-admitted at the probe pace: the last %d held tasks of %s re-admitted failed", backlog.Losses, t.Type)
+		}
+	}
+	if held && gated && !paced && in.Scoring.ReadmitLimited(backlog, v.Probation) && !out.Run.Probe {
+		// Re-admitted on a probe's word alone, or while the held backlog
+		// has not proved itself: a few at a time, more with every
+		// re-admitted success (a slow start); one at a time while the
+		// newest re-admitted held task failed.
+		ok, asked := in.Claimed[ClaimTrial]
+		if !asked {
+			return ask(out, ClaimTrial), backlog, true
+		}
+		if !ok && expired {
+			out.Trust.Blocked, out.Trust.Cause = true, events.CauseTrust
+			out.Trust.Reason = fmt.Sprintf("re-admitted a few at a time while %s's held tasks prove themselves, and held %s without a place", t.Type, in.Scoring.HoldTime)
+			return act(out, ActBlock), backlog, true
+		}
+		if !ok {
+			return act(out, ActSleep), backlog, true
+		}
+		switch {
+		case backlog.Doubt():
+			out.Trust.Reason = fmt.Sprintf("re-admitted one at a time: the last held task of %s re-admitted failed", t.Type)
+		case v.Probation:
+			out.Trust.Reason = fmt.Sprintf("re-admitted: a probe of %s succeeded (%d at a time until its score recovers)", t.Type, in.Scoring.TrialPlaces(in.Stats))
+		default:
+			out.Trust.Reason = fmt.Sprintf("re-admitted: %s recovered (%d held tasks at a time until %d re-admitted succeed in a row)", t.Type, in.Scoring.TrialPlaces(in.Stats), in.Scoring.MinOutcomes)
+		}
+	}
+	return out, backlog, false
 }
 
 func queued(out GateOut, a GateAct, t events.Task) GateOut {
