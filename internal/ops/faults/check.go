@@ -127,7 +127,10 @@ type Report struct {
 	// RebuildDiffs counts the differences dispatch rebuild finds.
 	RebuildDiffs int
 	// Events is how many messages the stream holds.
-	Events   int
+	Events int
+	// Moved lists what moved during each earlier read of the mesh (Check
+	// read again): the last sequences of the streams that changed.
+	Moved    []string
 	Problems []Problem
 }
 
@@ -149,6 +152,9 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  model calls %d: repeated %d (a kill between the call and its publish), cut short %d (a kill mid-call), transient %d\n",
 		r.ModelCalls, r.Repeated, r.CutShort, r.Transient)
 	fmt.Fprintf(&b, "  counter drift %d, rebuild differences %d, problems %d\n", r.CounterDrift, r.RebuildDiffs, len(r.Problems))
+	for i, m := range r.Moved {
+		fmt.Fprintf(&b, "  read %d of the mesh discarded: it moved while read (%s)\n", i+1, m)
+	}
 	return b.String()
 }
 
@@ -209,6 +215,7 @@ func (c *checker) problem(task, kind, format string, args ...any) {
 // between would show as a difference no fault caused: Check reads again
 // until nothing moved while it read (see moved), as long as ctx lets it.
 func Check(ctx context.Context, in Input) (*Report, error) {
+	var discarded []string
 	for {
 		before, err := fingerprint(ctx, in.JS)
 		if err != nil {
@@ -224,8 +231,10 @@ func Check(ctx context.Context, in Input) (*Report, error) {
 		}
 		moved := moved(before, after)
 		if moved == "" {
+			rep.Moved = discarded
 			return rep, nil
 		}
+		discarded = append(discarded, moved)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("check: the mesh kept moving while it was read (%s): %w", moved, ctx.Err())
