@@ -59,8 +59,11 @@ type Input struct {
 	// Tasks are the tasks submitted (their publish acknowledged), with the
 	// plan the model followed for each.
 	Tasks map[string]Plan
-	// Calls are every request the model received.
-	Calls []Call
+	// Calls returns every request the model received so far: Check reads
+	// it with the stores.
+	Calls func() []Call
+	// Stopped says no service of the mesh runs: Check reads it once.
+	Stopped bool
 	// Disruptions are the faults caused, for explaining repeated calls.
 	Disruptions []Disruption
 	// Slack is how long before a call a disruption may have happened and
@@ -208,43 +211,63 @@ func (c *checker) problem(task, kind, format string, args ...any) {
 //     what its recorded outcomes imply;
 //   - dispatch rebuild, replaying the stream, agrees with the live stores.
 //
-// The mesh must be idle (see Idle) for the result to mean anything. An
-// idle mesh still moves now and then: the gate's sweeper re-admits a held
-// pass when its type recovers, and that pass runs to its end. Check reads
-// the stream and the stores one after the other, so a pass that moved in
-// between would show as a difference no fault caused: Check reads again
-// until nothing moved while it read (see moved), as long as ctx lets it.
+// A mesh that runs must be idle (see Idle) for the result to mean
+// anything, and an idle mesh still moves now and then: the gate's sweeper
+// re-admits a held pass when its type recovers, and that pass runs to its
+// end. Check reads the stream, the stores and the model's ledger one after
+// the other, so a pass that moved in between would show as a difference
+// no fault caused. Unless in.Stopped, a read counts only when the mesh was
+// idle as it began and nothing was written to what it reads until it
+// ended (see fingerprint); otherwise Check reads again, up to MaxReads
+// times, as long as ctx lets it.
 func Check(ctx context.Context, in Input) (*Report, error) {
+	if in.Stopped {
+		return check(ctx, in, in.Calls())
+	}
 	var discarded []string
-	for {
+	for reads := 0; ; {
 		before, err := fingerprint(ctx, in.JS)
 		if err != nil {
 			return nil, err
 		}
-		rep, err := check(ctx, in)
+		idle, busy, err := Idle(ctx, in.JS)
 		if err != nil {
 			return nil, err
 		}
-		after, err := fingerprint(ctx, in.JS)
-		if err != nil {
-			return nil, err
+		why := "busy: " + busy
+		if idle {
+			reads++
+			rep, err := check(ctx, in, in.Calls())
+			if err != nil {
+				return nil, err
+			}
+			after, err := fingerprint(ctx, in.JS)
+			if err != nil {
+				return nil, err
+			}
+			if why = moved(before, after); why == "" {
+				rep.Moved = discarded
+				return rep, nil
+			}
+			discarded = append(discarded, why)
+			if reads >= MaxReads {
+				return nil, fmt.Errorf("check: the mesh moved during each of %d reads (the last: %s)", reads, why)
+			}
 		}
-		moved := moved(before, after)
-		if moved == "" {
-			rep.Moved = discarded
-			return rep, nil
-		}
-		discarded = append(discarded, moved)
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("check: the mesh kept moving while it was read (%s): %w", moved, ctx.Err())
+			return nil, fmt.Errorf("check: the mesh did not stand still (%s): %w", why, ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}
 }
 
+// MaxReads is how many reads of a running mesh Check makes at most before
+// it gives up on the mesh standing still.
+const MaxReads = 20
+
 // check is one read of the mesh and the invariants held to it.
-func check(ctx context.Context, in Input) (*Report, error) {
+func check(ctx context.Context, in Input, calls []Call) (*Report, error) {
 	c := &checker{in: in, calls: map[string]map[int][]Call{}, r: &Report{
 		Submitted: len(in.Tasks), Ends: map[string]int{}, Faults: in.Faults,
 	}}
@@ -275,8 +298,8 @@ func check(ctx context.Context, in Input) (*Report, error) {
 			c.r.Kills += n
 		}
 	}
-	c.r.ModelCalls = len(in.Calls)
-	for _, call := range in.Calls {
+	c.r.ModelCalls = len(calls)
+	for _, call := range calls {
 		byPass := c.calls[call.Task]
 		if byPass == nil {
 			byPass = map[int][]Call{}

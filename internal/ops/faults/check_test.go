@@ -75,7 +75,7 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 		t.Fatalf("%d of %d tasks ended", n, len(tasks))
 	}
 	waitIdle(t, srv.JS, patience)
-	in := faults.Input{JS: srv.JS, Policy: pol, Tasks: tasks, Calls: model.ledger(), Slack: time.Second}
+	in := faults.Input{JS: srv.JS, Policy: pol, Tasks: tasks, Calls: model.ledger, Slack: time.Second}
 	rep, err := faults.Check(context.Background(), in)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +133,9 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 	publish(t, srv.JS, events.IndexSubject("triage_fix", "src/k1.go"), events.IndexEntry{ID: "k-04", Type: "triage_fix", Subject: "src/k1.go"})
 	in.Tasks["k-never-ends"] = faults.Plan{Answers: "S"}
 	in.Tasks["k-lost"] = faults.Plan{Answers: "S"}
-	in.Calls = append(in.Calls, faults.Call{Instance: "inproc", Task: "k-00", Pass: 7, Attempt: 7, Answer: 'S', Status: 200, Answered: true, Start: time.Now()})
+	calls := append(model.ledger(), faults.Call{Instance: "inproc", Task: "k-00", Pass: 7, Attempt: 7, Answer: 'S', Status: 200, Answered: true, Start: time.Now()})
+	in.Calls = func() []faults.Call { return calls }
+	in.Stopped = true
 
 	rep, err = faults.Check(ctx, in)
 	if err != nil {

@@ -173,9 +173,11 @@ func (c *checker) rebuild(ctx context.Context) error {
 			task = d.Key
 		}
 		if te := c.v.tasks[task]; te != nil && !traced[task] {
-			// What the stream holds of the task, to read the difference by.
+			// The task's first difference shows what the stream holds of
+			// it, to read the differences by.
 			traced[task] = true
-			c.problem(task, KindRebuild, "task %s: events %s", task, strings.Join(te.trail, " "))
+			c.problem(task, KindRebuild, "%s; the task's events: %s", d, strings.Join(te.trail, " "))
+			continue
 		}
 		c.problem(task, KindRebuild, "%s", d)
 	}

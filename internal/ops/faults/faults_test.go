@@ -165,7 +165,7 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 
 	r.pm.mu.Lock()
 	in := faults.Input{
-		JS: r.admin, Policy: r.policy, Tasks: tasks, Calls: r.model.ledger(),
+		JS: r.admin, Policy: r.policy, Tasks: tasks, Calls: r.model.ledger,
 		Disruptions: slices.Clone(r.pm.disruptions), Slack: slack, Faults: maps.Clone(r.pm.counts),
 	}
 	unplanned := slices.Clone(r.pm.unplanned)

@@ -165,9 +165,10 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 			Run   events.Run   `json:"run"`
 			Cause events.Cause `json:"cause"`
 			At    time.Time    `json:"at"`
+			By    string       `json:"by"`
 		}
 		_ = json.Unmarshal(data, &ev) // a poison or rejected record keeps the original bytes
-		te.trail = append(te.trail, fmt.Sprintf("review.%s/%d#%d", reason, ev.Run.Pass, md.Sequence.Stream))
+		te.trail = append(te.trail, fmt.Sprintf("review.%s/%d.%d#%d@%s", reason, ev.Run.Pass, ev.Run.Attempt, md.Sequence.Stream, ev.By))
 		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause, At: ev.At, Attempt: ev.Run.Attempt})
 		return nil
 	}
