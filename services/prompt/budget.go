@@ -42,7 +42,8 @@ type past struct {
 //  2. the last error, at most half of what is left — what the next attempt
 //     must fix, kept from its start and its end when it is long;
 //  3. on PIVOT and RESEARCH, the dead ends, newest first, one line each,
-//     the same approach once, at most the ladder.MaxDeadEnds a task keeps —
+//     the same approach once (without its reason when it is the last
+//     error), at most the ladder.MaxDeadEnds a task keeps —
 //     these, and only these, are the dead ends a PIVOT answer is judged
 //     against (past.enforced);
 //  4. the previous attempts on the subject, newest first, one line each:
@@ -68,6 +69,7 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 	p.lastError = take(run.Context, left/maxLastShare)
 
 	shown := map[string]bool{} // normalised approaches already in the prompt
+	lastErr := oneLine(run.Context)
 	if usesDeadEnds(run.Rung) {
 		// At most what a task keeps (ladder.CapDeadEnds), whatever the budget.
 		for _, d := range slices.Backward(ladder.CapDeadEnds(run.DeadEnds)) {
@@ -77,7 +79,11 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			}
 			whole := d
 			d.Approach = clip(d.Approach, maxLineChars/2)
-			d.Reason = clip(oneLine(d.Reason), maxLineChars-len(d.Approach))
+			d.Reason = oneLine(d.Reason)
+			if d.Reason == lastErr {
+				d.Reason = "" // the prompt carries it as the last error
+			}
+			d.Reason = clip(d.Reason, maxLineChars-len(d.Approach))
 			cost := len(FormatDeadEnds([]events.DeadEnd{d})) // wrapper included: an upper bound
 			if cost > left {
 				break
@@ -93,7 +99,6 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 	if !slices.ContainsFunc(previous, func(e history.Entry) bool { return e.Outcome != events.OutcomeSuccess }) {
 		return p
 	}
-	lastErr := oneLine(run.Context)
 	success := false
 	for _, e := range slices.Backward(previous) {
 		key := ladder.Normalize(e.Approach)
@@ -127,15 +132,26 @@ func usesDeadEnds(rung events.Rung) bool {
 	return rung != "" && !strings.EqualFold(string(rung), string(events.RungRefine))
 }
 
-// clipEntry shortens an entry to one line of at most maxLineChars.
+// clipEntry shortens an entry to one line of at most maxLineChars, each
+// text said once: a failure's summary is usually its error, and what one
+// of the two holds whole is not repeated by the other (compared before
+// either is clipped: a clipped text is nobody's substring). The default
+// step, like the <task> tag's, is not named.
 func clipEntry(e history.Entry) history.Entry {
 	e.TaskID = "" // which task tried it does not help the next attempt
-	e.Approach = clip(oneLine(e.Approach), maxLineChars/3)
-	e.Error = clip(oneLine(e.Error), maxLineChars-len(e.Approach))
-	e.Summary = clip(oneLine(e.Summary), maxLineChars-len(e.Approach)-len(e.Error))
-	if e.Error != "" && strings.Contains(e.Error, e.Summary) {
-		e.Summary = "" // a failure's summary is usually its error
+	if e.Step == events.StepExecute {
+		e.Step = ""
 	}
+	summary, errText := oneLine(e.Summary), oneLine(e.Error)
+	switch {
+	case errText != "" && strings.Contains(errText, summary):
+		summary = ""
+	case summary != "" && strings.Contains(summary, errText):
+		errText = ""
+	}
+	e.Approach = clip(oneLine(e.Approach), maxLineChars/3)
+	e.Error = clip(errText, maxLineChars-len(e.Approach))
+	e.Summary = clip(summary, maxLineChars-len(e.Approach)-len(e.Error))
 	return e
 }
 

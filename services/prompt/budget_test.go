@@ -75,6 +75,19 @@ func TestFitPast(t *testing.T) {
 			},
 		},
 		{
+			name: "a dead end's reason that is the last error is said once",
+			run: events.Run{Attempt: 3, Rung: events.RungPivot, Context: "the parser still rejects the input", DeadEnds: []events.DeadEnd{
+				{Approach: "patch the lexer", Reason: "tokens lost", Attempt: 1}, {Approach: "patch the parser", Reason: "the parser  still rejects\nthe input", Attempt: 2}}},
+			check: func(t *testing.T, p past) {
+				if len(p.deadEnds) != 2 || p.deadEnds[0].Reason != "tokens lost" || p.deadEnds[1].Reason != "" {
+					t.Errorf("dead ends = %+v", p.deadEnds)
+				}
+				if len(p.enforced) != 2 || p.enforced[1].Reason == "" { // judged whole
+					t.Errorf("enforced = %+v", p.enforced)
+				}
+			},
+		},
+		{
 			name:     "the last error is said once",
 			run:      events.Run{Attempt: 2, Rung: events.RungRefine, Context: "HTTP 400: bad selector"},
 			previous: []history.Entry{fail(1, "inline style", "HTTP 400:  bad selector")},
@@ -145,5 +158,34 @@ func TestClip(t *testing.T) {
 		if len(got) > max(tt.n, 0) && len(tt.s) > tt.n || !utf8.ValidString(got) {
 			t.Errorf("clip(%q, %d) = %q", tt.s, tt.n, got)
 		}
+	}
+}
+
+// TestClipEntry: an entry says each text once, even when the longer one
+// has to be clipped, and names no default step.
+func TestClipEntry(t *testing.T) {
+	long := "the handler was not the cause; the crash comes from a stale cache entry in the loader, look there first " +
+		strings.Repeat("(detail) ", 60)
+	tests := []struct {
+		name                   string
+		in                     history.Entry
+		summary, errText, step string
+	}{
+		{"summary is the error", history.Entry{Summary: "disk full", Error: "disk full"}, "", "disk full", ""},
+		{"summary is the error, too long to fit twice", history.Entry{Approach: strings.Repeat("a", maxLineChars/3), Summary: long[:maxLineChars/2], Error: long[:maxLineChars/2]},
+			"", strings.TrimSpace(long[:maxLineChars/2]), ""},
+		{"error inside the summary", history.Entry{Summary: "tests fail: disk full on /tmp", Error: "disk full"}, "tests fail: disk full on /tmp", "", ""},
+		{"both, different", history.Entry{Summary: "tried the cache", Error: "timeout"}, "tried the cache", "timeout", ""},
+		{"multi-line texts compared as one line", history.Entry{Summary: "a\n  b", Error: "x a b y"}, "", "x a b y", ""},
+		{"the default step is not named", history.Entry{Step: events.StepExecute, Error: "e"}, "", "e", ""},
+		{"a pipeline's step is", history.Entry{Step: "review", Error: "e"}, "", "e", "review"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := clipEntry(tt.in)
+			if got.Summary != tt.summary || got.Error != tt.errText || got.Step != tt.step {
+				t.Errorf("clipEntry = summary %q, error %q, step %q; want %q, %q, %q", got.Summary, got.Error, got.Step, tt.summary, tt.errText, tt.step)
+			}
+		})
 	}
 }

@@ -42,7 +42,7 @@ func Example() {
 	// <payload>{"selector":".btn","issue":"text overflows"}</payload>
 	// </task>
 	// <previous_attempts>
-	//   <attempt n="1" outcome="failure" at="2026-05-18T14:22:00Z" step="execute">
+	//   <attempt n="1" outcome="failure" at="2026-05-18T14:22:00Z">
 	//     set overflow: hidden -- clipped the text instead of wrapping it -- error: visual diff failed
 	//   </attempt>
 	// </previous_attempts>
