@@ -135,8 +135,17 @@ func TestCheckerFindsWhatIsBroken(t *testing.T) {
 	in.Tasks["k-lost"] = faults.Plan{Answers: "S"}
 	calls := append(model.ledger(), faults.Call{Instance: "inproc", Task: "k-00", Pass: 7, Attempt: 7, Answer: 'S', Status: 200, Answered: true, Start: time.Now()})
 	in.Calls = func() []faults.Call { return calls }
-	in.Stopped = true
 
+	// Read as a running mesh, the stopped one never stands still: the
+	// queued event nobody consumes keeps it busy, and Check reads nothing.
+	busyCtx, cancelBusy := context.WithTimeout(ctx, 3*time.Second)
+	_, err = faults.Check(busyCtx, in)
+	cancelBusy()
+	if err == nil || !strings.Contains(err.Error(), "did not stand still") {
+		t.Errorf("check of a busy mesh: err = %v, want it did not stand still", err)
+	}
+
+	in.Stopped = true
 	rep, err = faults.Check(ctx, in)
 	if err != nil {
 		t.Fatal(err)
