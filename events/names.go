@@ -19,6 +19,10 @@ const (
 	BucketHeld    = "dispatch_held"    // the passes the gate holds back (trust, canaries), by type, oldest first
 )
 
+// KVStream is the stream that holds a KV bucket (nats.go names it so): what
+// a consumer of the bucket's changes, or a read of its last sequence, names.
+func KVStream(bucket string) string { return "KV_" + bucket }
+
 // MsgID is the deterministic id (Nats-Msg-Id) of a task's event for one
 // pass: "<task id>:<pass>:<stage>". A redelivered input republishes the same
 // id; outcome history and trust stats key an attempt by it too.

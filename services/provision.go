@@ -260,7 +260,7 @@ func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamCon
 // js.KeyValue bind it), but keeping PolicyRevisions revisions of each key.
 func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:              "KV_" + BucketPolicy,
+		Name:              events.KVStream(BucketPolicy),
 		Description:       "dispatchmesh: the per-type policies (key current), every revision kept for dispatch rebuild",
 		Subjects:          []string{"$KV." + BucketPolicy + ".>"},
 		MaxMsgsPerSubject: PolicyRevisions,

@@ -68,7 +68,7 @@ func New(cfg Config) (*Service, error) {
 // durable consumer misses none, across restarts and crashes.
 func (s *Service) SettleSpec() services.Spec {
 	return services.Spec{
-		Name: ConsumerSettle, Stream: "KV_" + services.BucketTasks,
+		Name: ConsumerSettle, Stream: events.KVStream(services.BucketTasks),
 		Filters: []string{"$KV." + services.BucketTasks + ".>"},
 		Handler: s.Settle, Concurrency: 4, Prefetch: services.FastPrefetch, DeliverNew: true,
 	}

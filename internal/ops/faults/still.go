@@ -7,13 +7,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
 // checkedStreams are the streams Check reads, the KV buckets' included.
 var checkedStreams = []string{
 	services.Stream, services.SubmitStream, services.OutcomeStream, services.CounterStream,
-	"KV_" + services.BucketTasks, "KV_" + services.BucketHistory, "KV_" + services.BucketHeld, "KV_" + services.BucketTrust,
+	events.KVStream(services.BucketTasks), events.KVStream(services.BucketHistory), events.KVStream(services.BucketHeld), events.KVStream(services.BucketTrust),
 }
 
 // fingerprint is the last sequence of each stream Check reads: equal

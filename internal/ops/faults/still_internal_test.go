@@ -3,6 +3,7 @@ package faults
 import (
 	"testing"
 
+	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/services"
 )
 
@@ -24,7 +25,7 @@ func TestMoved(t *testing.T) {
 		after[k] = v
 	}
 	after[services.Stream]++
-	after["KV_"+services.BucketTasks] += 2
+	after[events.KVStream(services.BucketTasks)] += 2
 	want := "DISPATCH 10→11, KV_dispatch_tasks 50→52"
 	if got := moved(before, after); got != want {
 		t.Errorf("moved = %q, want %q", got, want)

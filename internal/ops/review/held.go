@@ -200,7 +200,7 @@ func (c *Client) listHeld(ctx context.Context, taskType string) (entries []servi
 	// Only what the listing's own consumer delivered reaches fn
 	// (follow.Stream), in stream order, on one goroutine.
 	f, err := follow.Stream(lctx, c.cfg.JS, follow.Config{
-		Stream:        "KV_" + services.BucketHeld,
+		Stream:        events.KVStream(services.BucketHeld),
 		Filters:       []string{filter},
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		FlowControl:   true,

@@ -173,7 +173,7 @@ func (c *Client) Live(ctx context.Context) (*Live, error) {
 	loaded := false // on the follower's goroutine only
 	prefix := "$KV." + services.BucketTasks + "."
 	states, err := follow.Stream(lctx, c.cfg.JS, follow.Config{
-		Stream: "KV_" + services.BucketTasks, Filters: []string{prefix + ">"},
+		Stream: events.KVStream(services.BucketTasks), Filters: []string{prefix + ">"},
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, FlowControl: true, Log: c.cfg.Log,
 		CaughtUp: func() { loaded = true; close(l.ready) },
 	}, func(m follow.Msg) { l.take(strings.TrimPrefix(m.Subject, prefix), m, loaded) })
@@ -257,7 +257,7 @@ const PruneEvery = 10 * time.Minute
 
 // taskTTL is the task bucket's MaxAge, 0 when it cannot be read.
 func (c *Client) taskTTL(ctx context.Context) time.Duration {
-	s, err := c.cfg.JS.Stream(ctx, "KV_"+services.BucketTasks)
+	s, err := c.cfg.JS.Stream(ctx, events.KVStream(services.BucketTasks))
 	if err != nil {
 		return 0
 	}
