@@ -120,11 +120,15 @@ func Decide(in GateIn) GateOut {
 	return out
 }
 
+// gated reports whether the type's trust may stop the pass: the type is
+// not exempt and its threshold is not switched off (negative).
+func (in *GateIn) gated() bool { return !in.Exempt && in.Scoring.Threshold >= 0 }
+
 func decide(in GateIn) GateOut {
 	t := in.Task
 	v := in.Verdict
 	out := GateOut{Run: in.Run, Trust: events.TrustDecision{Score: v.Score, Outcomes: v.Outcomes, Threshold: v.Threshold, Exempt: in.Exempt}}
-	canaryRound := v.Unproven && !in.Exempt && in.Scoring.Threshold >= 0
+	canaryRound := v.Unproven && in.gated()
 	// A flood of a new type: a verified pass that arrives while the view
 	// shows every canary place taken is parked at once.
 	if in.Hold == "" && in.Delivered == 1 && canaryRound && !in.Run.Probe && !in.Run.Reviewed && !v.Below &&
@@ -179,8 +183,7 @@ func decide(in GateIn) GateOut {
 	if done {
 		return out
 	}
-	gated := !in.Exempt && in.Scoring.Threshold >= 0
-	if in.Run.Readmitted && !in.Run.Probe && in.Run.Attempt > 1 && gated && backlog.HandsOff() {
+	if in.Run.Readmitted && !in.Run.Probe && in.Run.Attempt > 1 && in.gated() && backlog.HandsOff() {
 		// A held task re-admitted after its type recovered failed again,
 		// as the last re-admitted did: hard on its own, not for its type.
 		out.Trust.Cause = events.CauseRungRate
@@ -214,7 +217,7 @@ func readmit(out GateOut, in GateIn) (_ GateOut, backlog scoring.Backlog, done b
 	if held || in.Run.Readmitted { // not read on every pass
 		backlog = in.Scoring.BacklogOf(in.Stats)
 	}
-	gated := !in.Exempt && in.Scoring.Threshold >= 0
+	gated := in.gated()
 	expired := held && in.Now.Sub(in.Since) >= in.Scoring.HoldTime
 	paced := false // re-admitted at the held-probe pace
 	if held && gated && backlog.Doubt() && !out.Run.Probe {
