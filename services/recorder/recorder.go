@@ -155,7 +155,7 @@ func (s *Service) Handle(ctx context.Context, m *services.Msg) ([]services.Out, 
 
 	b.At, b.By, b.PolicyRev = now, s.cfg.Instance, snap.Rev
 	e := task.Emit(st, b, res, pol, s.score(t.Type, st, pol, counted))
-	e.Event = carry(e.Event, shadowed, func() *events.Sealed { return s.cfg.Tasks.Seal(at) })
+	e.Event = s.carry(e.Event, shadowed, at)
 	var out services.Out
 	switch {
 	case e.Review == "":
@@ -229,14 +229,14 @@ func shadowRecord(shadow *policy.Snapshot, st events.TaskState, found bool, b ev
 
 // carry puts on the recorder's next event what it carries besides the
 // outcome: the shadow policy's decision, and on a retry or the next step
-// the state as recorded, sealed (the next executor's write starts from it).
-func carry(ev any, shadow *events.ShadowDecision, seal func() *events.Sealed) any {
+// the state as recorded at, sealed (the next executor's write starts from it).
+func (s *Service) carry(ev any, shadow *events.ShadowDecision, at events.StateAt) any {
 	switch ev := ev.(type) {
 	case events.Retry:
-		ev.Sealed, ev.Shadow = seal(), shadow
+		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadow
 		return ev
 	case events.Verified:
-		ev.Sealed, ev.Shadow = seal(), shadow
+		ev.Sealed, ev.Shadow = s.cfg.Tasks.Seal(at), shadow
 		return ev
 	case events.Succeeded:
 		ev.Shadow = shadow
