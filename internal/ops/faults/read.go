@@ -117,7 +117,7 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		te := v.task(id)
 		te.last, te.lastTime = stage, md.Timestamp
 		_ = json.Unmarshal(data, &base)
-		te.trail = append(te.trail, fmt.Sprintf("%s/%d.%d#%d@%s", stage, base.Run.Pass, base.Run.Attempt, md.Sequence.Stream, base.By))
+		te.trail = append(te.trail, trailEntry(stage, base.Run, md.Sequence.Stream, base.By))
 		switch stage {
 		case events.StageQueued:
 			te.queued++
@@ -168,7 +168,7 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 			By    string       `json:"by"`
 		}
 		_ = json.Unmarshal(data, &ev) // a poison or rejected record keeps the original bytes
-		te.trail = append(te.trail, fmt.Sprintf("review.%s/%d.%d#%d@%s", reason, ev.Run.Pass, ev.Run.Attempt, md.Sequence.Stream, ev.By))
+		te.trail = append(te.trail, trailEntry("review."+reason, ev.Run, md.Sequence.Stream, ev.By))
 		te.endings = append(te.endings, ending{Kind: reason, Seq: md.Sequence.Stream, Pass: ev.Run.Pass, Cause: ev.Cause, At: ev.At, Attempt: ev.Run.Attempt})
 		return nil
 	}
@@ -188,6 +188,12 @@ func (v *streamView) add(subject, taskHeader string, data []byte, md *jetstream.
 		}
 	}
 	return nil
+}
+
+// trailEntry is one event in a task's trail:
+// "<stage>/<pass>.<attempt>#<stream sequence>@<publisher>".
+func trailEntry(stage string, run events.Run, seq uint64, by string) string {
+	return fmt.Sprintf("%s/%d.%d#%d@%s", stage, run.Pass, run.Attempt, seq, by)
 }
 
 // readAll delivers every message stored in stream now to fn, in order.
