@@ -3,6 +3,7 @@ package prompt
 import (
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/history"
@@ -69,7 +70,17 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 	p.lastError = take(run.Context, left/maxLastShare)
 
 	shown := map[string]bool{} // normalised approaches already in the prompt
+	said := map[string]bool{}  // the gist of every error and summary already in the prompt
+	say := func(text string) {
+		if g := gist(text); g != "" {
+			said[g] = true
+		}
+	}
+	// fresh: text is not empty and not said already, up to its numbers
+	// (the same error again at another try, line or count).
+	fresh := func(text string) bool { g := gist(text); return g != "" && !said[g] }
 	lastErr := oneLine(run.Context)
+	say(lastErr)
 	if usesDeadEnds(run.Rung) {
 		// At most what a task keeps (ladder.CapDeadEnds), whatever the budget.
 		for _, d := range slices.Backward(ladder.CapDeadEnds(run.DeadEnds)) {
@@ -80,9 +91,10 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			whole := d
 			d.Approach = clip(d.Approach, maxLineChars/2)
 			d.Reason = oneLine(d.Reason)
-			if d.Reason == lastErr {
-				d.Reason = "" // the prompt carries it as the last error
+			if !fresh(d.Reason) {
+				d.Reason = "" // the prompt carries it already: the last error, or a newer dead end's
 			}
+			reason := d.Reason
 			d.Reason = clip(d.Reason, maxLineChars-len(d.Approach))
 			cost := len(FormatDeadEnds([]events.DeadEnd{d})) // wrapper included: an upper bound
 			if cost > left {
@@ -90,6 +102,7 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 			}
 			left -= cost
 			shown[key] = true
+			say(reason)
 			p.deadEnds, p.enforced = append(p.deadEnds, d), append(p.enforced, whole)
 		}
 		slices.Reverse(p.deadEnds)
@@ -110,9 +123,13 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 		} else if key != "" && shown[key] {
 			continue // listed as a dead end
 		}
-		if lastErr != "" && oneLine(e.Error) == lastErr {
-			e.Error = "" // the prompt carries it as the last error
+		if !fresh(e.Summary) {
+			e.Summary = "" // a failure's summary is often its error
 		}
+		if !fresh(e.Error) {
+			e.Error = "" // the prompt carries it already: the last error, or a newer attempt's
+		}
+		texts := [2]string{e.Error, e.Summary}
 		e = clipEntry(e)
 		cost := len(history.Format([]history.Entry{e})) // wrapper included: an upper bound
 		if cost > left {
@@ -122,6 +139,8 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 		if key != "" {
 			shown[key] = true
 		}
+		say(texts[0])
+		say(texts[1])
 		p.previous = append(p.previous, e)
 	}
 	slices.Reverse(p.previous)
@@ -168,6 +187,18 @@ func clip(s string, n int) string {
 	head := (n - len(mark)) * 2 / 3
 	tail := n - len(mark) - head
 	return textcut.Start(s, head) + mark + textcut.End(s, tail)
+}
+
+// gist is what an error says, up to case, punctuation, spacing and
+// numbers (ladder.Normalize less its digits): the same failure at another
+// try, line or count has the same gist.
+func gist(s string) string {
+	return strings.Join(strings.Fields(strings.Map(func(r rune) rune {
+		if unicode.IsDigit(r) {
+			return ' '
+		}
+		return r
+	}, ladder.Normalize(s))), " ")
 }
 
 // oneLine collapses runs of white space to single spaces.

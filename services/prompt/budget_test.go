@@ -98,6 +98,32 @@ func TestFitPast(t *testing.T) {
 			},
 		},
 		{
+			name: "an error that recurs with another number is said once",
+			run: events.Run{Attempt: 4, Rung: events.RungResearch, Context: "the upstream dependency is broken (try 3)", DeadEnds: []events.DeadEnd{
+				{Approach: "rework, variant 1", Reason: "the upstream dependency is broken (try 1)", Attempt: 1},
+				{Approach: "lint first", Reason: "lint failed at line 4", Attempt: 2},
+				{Approach: "rework, variant 2", Reason: "The upstream dependency is broken! (try 2)", Attempt: 3}}},
+			check: func(t *testing.T, p past) {
+				var reasons []string
+				for _, d := range p.deadEnds {
+					reasons = append(reasons, d.Reason)
+				}
+				if got := strings.Join(reasons, "|"); got != "|lint failed at line 4|" {
+					t.Errorf("dead ends' reasons = %q", got)
+				}
+			},
+		},
+		{
+			name:     "a previous attempt says what is not said yet",
+			run:      events.Run{Attempt: 3, Rung: events.RungRefine, Context: "timeout after 30s"},
+			previous: []history.Entry{entry(1, events.OutcomeFailure, "a", "disk full", "disk full"), entry(2, events.OutcomeFailure, "b", "timeout after 12s", "timeout after 12s")},
+			check: func(t *testing.T, p past) {
+				if len(p.previous) != 2 || p.previous[1].Error != "" || p.previous[1].Summary != "" || p.previous[0].Error != "disk full" {
+					t.Errorf("previous = %+v", p.previous)
+				}
+			},
+		},
+		{
 			name:   "a long error is clipped at both ends within the budget",
 			run:    events.Run{Attempt: 2, Rung: events.RungRefine, Context: "panic: nil map\n" + long + "exit status 2"},
 			budget: 100,
