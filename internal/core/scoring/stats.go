@@ -285,7 +285,9 @@ func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, success
 // retries on every rung, pulled toward the other types' rate on the rung
 // (Pool.Rung, once two types measured the rung, else their retries on any
 // rung), each level worth RungMinSamples/2 retries: a type whose retries
-// fail on two rungs is not presumed to succeed on a third. With fewer than
+// fail on two rungs is not presumed to succeed on a third. Its retries
+// count there once they were made on two rungs or more: failures on
+// REFINE alone are what PIVOT is for. With fewer than
 // two types pooled, the type's own retries on every rung stand in once
 // there are RungMinSamples of them (pulled toward an even chance); fewer,
 // and the ladder applies as it is: max_retries is what a task may take
@@ -295,8 +297,11 @@ func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, success
 // keeps being measured — a floor on pooled evidence alone would otherwise
 // lock itself shut: the chance that the rung's rate is at the floor or
 // above given every retry measured on it (ExploreShare), at most one in
-// RungExplore. Thin evidence explores often, a rung that failed dozens of
-// times across the mesh almost never. A rung that stops being climbed gets
+// RungExplore, and at most the same chance read from the type's own
+// retries on every rung. Thin evidence explores often, a rung that failed
+// dozens of times across the mesh almost never, and so does a type whose
+// every retry failed, however well the rung pays for the others: what is
+// explored is this type's rung. A rung that stops being climbed gets
 // no new samples, so its old ones leave the window as the type's other
 // outcomes come in, and the rung is measured again.
 func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore string) (below bool, tries, successes int) {
@@ -309,13 +314,17 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 		return float64(successes) < p.RungFloor*float64(tries), tries, successes
 	}
 	k := float64(p.RungMinSamples) / 2
-	allTries, allSuccesses := p.retries(s)
+	allTries, allSuccesses, rungs := p.retries(s)
 	mean, types := pool.Rung(s.Type, rung)
 	if types < 2 {
 		if allTries < p.RungMinSamples {
 			return false, tries, successes // nothing to judge by: the ladder applies as it is
 		}
 		mean = 0.5
+	} else if rungs < 2 {
+		// Retries failing on one rung say little of the others: PIVOT
+		// is there for the tasks REFINE does not fix.
+		allTries, allSuccesses = 0, 0
 	}
 	mean = (k*mean + float64(allSuccesses)) / (k + float64(allTries))
 	est := (k*mean + float64(successes)) / (k + float64(tries))
@@ -324,7 +333,11 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 	}
 	if explore != "" && p.RungExplore > 0 {
 		pooled, pooledOK := pool.RungCounts(s.Type, rung)
-		if explores(explore, p.ExploreShare(allTries+pooled, allSuccesses+pooledOK)) {
+		share := p.ExploreShare(allTries+pooled, allSuccesses+pooledOK)
+		if rungs >= 2 {
+			share = min(share, p.ExploreShare(allTries, allSuccesses))
+		}
+		if explores(explore, share) {
 			return false, tries, successes
 		}
 	}
@@ -366,18 +379,23 @@ func betaAbove(a, b int, x float64) float64 {
 	return min(sum, 1)
 }
 
-// retries counts the retries on every rung among the window's outcomes
-// and how many of them succeeded.
-func (p Policy) retries(s Stats) (tries, successes int) {
+// retries counts the retries on every rung among the window's outcomes,
+// how many of them succeeded and on how many rungs they were made.
+func (p Policy) retries(s Stats) (tries, successes, rungs int) {
+	var on [3]events.Rung
 	for _, o := range p.windowOutcomes(s.Outcomes) {
 		if o.Retry && o.Rung != "" {
 			tries++
 			if o.Success {
 				successes++
 			}
+			if rungs < len(on) && !slices.Contains(on[:rungs], o.Rung) {
+				on[rungs] = o.Rung
+				rungs++
+			}
 		}
 	}
-	return tries, successes
+	return tries, successes, rungs
 }
 
 // settled counts the tasks of the window whose result is final.

@@ -380,6 +380,27 @@ func TestRungBelowWithPool(t *testing.T) {
 			t.Errorf("%s: %d of 1000 retries explored, want %d to %d", tt.name, explored, tt.min, tt.max)
 		}
 	}
+	// Retries that failed on one rung say little of the next: a type
+	// whose REFINE retries fail climbs onto PIVOT where it pays for the
+	// others (a third of the time, above the floor of a quarter).
+	pivots := scoring.NewPool([]scoring.Stats{retries("a", events.RungPivot, 0, 6), retries("b", events.RungPivot, 3, 6), retries("c", events.RungPivot, 3, 6)}, scoring.Policy{})
+	if below, _, _ := p.RungBelowWith(retries("new", events.RungRefine, 0, 4), events.RungPivot, pivots, ""); below {
+		t.Error("4 REFINE retries failed: the type was kept off PIVOT, which pays for the others")
+	}
+	// Explored as rarely as the type's own retries say: 12 failed on
+	// two rungs, however well retries pay for the others.
+	hopeless := retries("new", events.RungRefine, 0, 6)
+	hopeless.Outcomes = append(hopeless.Outcomes, retries("new2", events.RungPivot, 0, 6).Outcomes...)
+	explored := 0
+	for i := range 1000 {
+		below, _, _ := p.RungBelowWith(hopeless, events.RungResearch, often, fmt.Sprintf("t%d:2:explore", i))
+		if !below {
+			explored++
+		}
+	}
+	if explored < 10 || explored > 45 { // 0.75^13 ≈ 2.4%
+		t.Errorf("every own retry failed: %d of 1000 retries explored a rung, want 10 to 45", explored)
+	}
 	// Nothing pooled: the ladder applies as it is until the type has
 	// RungMinSamples retries of its own; then they stand in.
 	alone := scoring.Stats{Type: "new"}
