@@ -191,15 +191,26 @@ func clip(s string, n int) string {
 
 // gist is what an error says, up to case, punctuation, spacing and
 // numbers (ladder.Normalize less its digits): the same failure at another
-// try, line or count has the same gist.
+// try, line or count has the same gist. A text with fewer than minGist
+// characters besides its numbers is kept with them: "HTTP 404" and "HTTP
+// 500" say different things.
 func gist(s string) string {
-	return strings.Join(strings.Fields(strings.Map(func(r rune) rune {
+	n := ladder.Normalize(s)
+	g := strings.Join(strings.Fields(strings.Map(func(r rune) rune {
 		if unicode.IsDigit(r) {
 			return ' '
 		}
 		return r
-	}, ladder.Normalize(s))), " ")
+	}, n)), " ")
+	if len(g) < minGist {
+		return n
+	}
+	return g
 }
+
+// minGist: a text whose words besides its numbers are shorter than this
+// is compared with its numbers (gist).
+const minGist = 24
 
 // oneLine collapses runs of white space to single spaces.
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -101,24 +101,27 @@ func TestFitPast(t *testing.T) {
 			name: "an error that recurs with another number is said once",
 			run: events.Run{Attempt: 4, Rung: events.RungResearch, Context: "the upstream dependency is broken (try 3)", DeadEnds: []events.DeadEnd{
 				{Approach: "rework, variant 1", Reason: "the upstream dependency is broken (try 1)", Attempt: 1},
-				{Approach: "lint first", Reason: "lint failed at line 4", Attempt: 2},
+				{Approach: "lint first", Reason: "HTTP 404", Attempt: 2},
 				{Approach: "rework, variant 2", Reason: "The upstream dependency is broken! (try 2)", Attempt: 3}}},
 			check: func(t *testing.T, p past) {
 				var reasons []string
 				for _, d := range p.deadEnds {
 					reasons = append(reasons, d.Reason)
 				}
-				if got := strings.Join(reasons, "|"); got != "|lint failed at line 4|" {
+				if got := strings.Join(reasons, "|"); got != "|HTTP 404|" {
 					t.Errorf("dead ends' reasons = %q", got)
 				}
 			},
 		},
 		{
-			name:     "a previous attempt says what is not said yet",
-			run:      events.Run{Attempt: 3, Rung: events.RungRefine, Context: "timeout after 30s"},
-			previous: []history.Entry{entry(1, events.OutcomeFailure, "a", "disk full", "disk full"), entry(2, events.OutcomeFailure, "b", "timeout after 12s", "timeout after 12s")},
+			name: "a previous attempt says what is not said yet",
+			run:  events.Run{Attempt: 4, Rung: events.RungRefine, Context: "the request timed out after 30s"},
+			previous: []history.Entry{
+				entry(1, events.OutcomeFailure, "a", "exit status 1", "exit status 1"),
+				entry(2, events.OutcomeFailure, "b", "exit status 2", "exit status 2"),
+				entry(3, events.OutcomeFailure, "c", "the request timed out after 12s", "the request timed out after 12s")},
 			check: func(t *testing.T, p past) {
-				if len(p.previous) != 2 || p.previous[1].Error != "" || p.previous[1].Summary != "" || p.previous[0].Error != "disk full" {
+				if len(p.previous) != 3 || p.previous[2].Error != "" || p.previous[2].Summary != "" || p.previous[1].Error != "exit status 2" || p.previous[0].Error != "exit status 1" {
 					t.Errorf("previous = %+v", p.previous)
 				}
 			},
