@@ -175,6 +175,17 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	if out.Quick { // a flood's pass parked, or a look that waits on: nothing read
 		return s.act(ctx, m, b, sealed, held, in, out, "")
 	}
+	// A redelivered pass that an earlier delivery stopped stays stopped (a
+	// human's requeue too: the daily budget may have stopped it), settled
+	// from the task's state alone: nothing else the decision reads — a
+	// View that lags behind the outcomes, the spend counters — keeps its
+	// record from being published again.
+	if m.Delivered > 1 || held != nil {
+		d := events.TrustDecision{Score: in.Verdict.Score, Outcomes: in.Verdict.Outcomes, Threshold: in.Verdict.Threshold, Exempt: in.Exempt}
+		if outs, ok, err := s.stopped(ctx, b, d, read); ok || err != nil {
+			return outs, err
+		}
+	}
 	// A look at a pass waiting for canaries reads only what its claim
 	// needs: the view, not the server — one in FullLookEvery syncs.
 	quickLook := held != nil && held.Hold == events.HoldCanary && !in.Woken && m.Delivered%FullLookEvery != 0
@@ -205,14 +216,6 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 				return nil, err
 			}
 			in.OverBudget = !requeue
-		}
-	}
-	// A redelivered pass that an earlier delivery stopped stays stopped (a
-	// human's requeue too: the daily budget may have stopped it).
-	if m.Delivered > 1 || held != nil {
-		d := events.TrustDecision{Score: in.Verdict.Score, Outcomes: in.Verdict.Outcomes, Threshold: in.Verdict.Threshold, Exempt: in.Exempt}
-		if outs, ok, err := s.stopped(ctx, b, d, read); ok || err != nil {
-			return outs, err
 		}
 	}
 	// A canary that the gate stops gives up its place.

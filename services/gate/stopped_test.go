@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
@@ -108,5 +109,35 @@ func TestARedeliveredStopStands(t *testing.T) {
 				t.Fatalf("status %s, want %s", st.Status, tt.status)
 			}
 		})
+	}
+}
+
+// A pass the gate stopped whose record was lost stays stopped when its
+// message comes back to a gate whose View no longer follows the outcomes
+// (a server restart it did not recover from): the record goes out again
+// from the task's state, before anything the View would have to say. Once
+// the redelivery waited on the View first, it failed every time and the
+// pass went to the dead letters with its task stopped and no record (found
+// by the fault suite).
+func TestARedeliveredStopStandsWhileTheViewLags(t *testing.T) {
+	e := newEnv(t, nil)
+	e.outcomes("css_fix", 20, 20, "")
+	e.outcomes("css_fix", 9, 1, events.RungPivot)
+	e.outcomes("css_fix", 8, 0, events.RungResearch)
+	run := retry(events.RungPivot)
+	if to, _ := e.deliver("x", "css_fix", run, 1); to != events.ReviewEscalated {
+		t.Fatalf("first delivery went to %s, want %s", to, events.ReviewEscalated)
+	}
+	e.view.SyncWait = 50 * time.Millisecond
+	e.view.Stop()
+	m, err := trust.OutcomeMsg("css_fix", trust.Outcome{Key: "after-the-stop", Task: "after-the-stop", Success: true, At: now, End: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	if to, _ := e.deliver("x", "css_fix", run, 2); to != events.ReviewEscalated {
+		t.Fatalf("the redelivery went to %s, want %s", to, events.ReviewEscalated)
 	}
 }
