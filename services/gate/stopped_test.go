@@ -46,6 +46,14 @@ func (e *env) deliver(id, typ string, run events.Run, delivered int) (to string,
 // let it through: the record goes out as the state keeps it, with the same
 // Msg-Id. Deciding again left the state stopped and the pass admitted: the
 // executor skipped it and the task never ended (found by the fault suite).
+// pivotFails gives css_fix tasks that all succeed and retries that rarely
+// do on PIVOT and never on RESEARCH: a retry on PIVOT is handed off.
+func pivotFails(e *env) {
+	e.outcomes("css_fix", 20, 20, "")
+	e.outcomes("css_fix", 9, 1, events.RungPivot)
+	e.outcomes("css_fix", 8, 0, events.RungResearch)
+}
+
 func TestARedeliveredStopStands(t *testing.T) {
 	improve := func(e *env, rung events.Rung) {
 		var better []trust.Outcome
@@ -63,11 +71,7 @@ func TestARedeliveredStopStands(t *testing.T) {
 		status events.Status
 		later  func(e *env)
 	}{
-		{"a handoff before a retry", func(e *env) {
-			e.outcomes("css_fix", 20, 20, "")
-			e.outcomes("css_fix", 9, 1, events.RungPivot)
-			e.outcomes("css_fix", 8, 0, events.RungResearch)
-		}, retry(events.RungPivot), events.ReviewEscalated, events.CauseRungRate, events.StatusBlocked,
+		{"a handoff before a retry", pivotFails, retry(events.RungPivot), events.ReviewEscalated, events.CauseRungRate, events.StatusBlocked,
 			func(e *env) { improve(e, events.RungPivot) }},
 	}
 	for _, tt := range tests {
@@ -121,9 +125,7 @@ func TestARedeliveredStopStands(t *testing.T) {
 // by the fault suite).
 func TestARedeliveredStopStandsWhileTheViewLags(t *testing.T) {
 	e := newEnv(t, nil)
-	e.outcomes("css_fix", 20, 20, "")
-	e.outcomes("css_fix", 9, 1, events.RungPivot)
-	e.outcomes("css_fix", 8, 0, events.RungResearch)
+	pivotFails(e)
 	run := retry(events.RungPivot)
 	if to, _ := e.deliver("x", "css_fix", run, 1); to != events.ReviewEscalated {
 		t.Fatalf("first delivery went to %s, want %s", to, events.ReviewEscalated)

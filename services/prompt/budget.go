@@ -129,7 +129,7 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 		if !fresh(e.Error) {
 			e.Error = "" // the prompt carries it already: the last error, or a newer attempt's
 		}
-		texts := [2]string{e.Error, e.Summary}
+		errText, summary := e.Error, e.Summary // whole: clipEntry clips them
 		e = clipEntry(e)
 		cost := len(history.Format([]history.Entry{e})) // wrapper included: an upper bound
 		if cost > left {
@@ -139,8 +139,8 @@ func fitPast(run events.Run, previous []history.Entry, budget int) past {
 		if key != "" {
 			shown[key] = true
 		}
-		say(texts[0])
-		say(texts[1])
+		say(errText)
+		say(summary)
 		p.previous = append(p.previous, e)
 	}
 	slices.Reverse(p.previous)

@@ -314,14 +314,14 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 		return float64(successes) < p.RungFloor*float64(tries), tries, successes
 	}
 	k := float64(p.RungMinSamples) / 2
-	allTries, allSuccesses, rungs := p.retries(s)
+	allTries, allSuccesses, twoRungs := p.retries(s)
 	mean, types := pool.Rung(s.Type, rung)
 	if types < 2 {
 		if allTries < p.RungMinSamples {
 			return false, tries, successes // nothing to judge by: the ladder applies as it is
 		}
 		mean = 0.5
-	} else if rungs < 2 {
+	} else if !twoRungs {
 		// Retries failing on one rung say little of the others: PIVOT
 		// is there for the tasks REFINE does not fix.
 		allTries, allSuccesses = 0, 0
@@ -334,7 +334,7 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 	if explore != "" && p.RungExplore > 0 {
 		pooled, pooledOK := pool.RungCounts(s.Type, rung)
 		share := p.ExploreShare(allTries+pooled, allSuccesses+pooledOK)
-		if rungs >= 2 {
+		if twoRungs {
 			share = min(share, p.ExploreShare(allTries, allSuccesses))
 		}
 		if explores(explore, share) {
@@ -380,22 +380,24 @@ func betaAbove(a, b int, x float64) float64 {
 }
 
 // retries counts the retries on every rung among the window's outcomes,
-// how many of them succeeded and on how many rungs they were made.
-func (p Policy) retries(s Stats) (tries, successes, rungs int) {
-	var on [3]events.Rung
+// how many of them succeeded and whether they were made on two rungs or
+// more.
+func (p Policy) retries(s Stats) (tries, successes int, twoRungs bool) {
+	var first events.Rung
 	for _, o := range p.windowOutcomes(s.Outcomes) {
 		if o.Retry && o.Rung != "" {
 			tries++
 			if o.Success {
 				successes++
 			}
-			if rungs < len(on) && !slices.Contains(on[:rungs], o.Rung) {
-				on[rungs] = o.Rung
-				rungs++
+			if first == "" {
+				first = o.Rung
+			} else if o.Rung != first {
+				twoRungs = true
 			}
 		}
 	}
-	return tries, successes, rungs
+	return tries, successes, twoRungs
 }
 
 // settled counts the tasks of the window whose result is final.

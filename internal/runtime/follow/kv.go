@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
 // WatchOptions are Watch's options. The zero value passes on the current
@@ -77,7 +79,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, k
 		log = slog.Default()
 	}
 	bucket := kv.Bucket()
-	stream, err := js.Stream(ctx, "KV_"+bucket)
+	stream, err := js.Stream(ctx, events.KVStream(bucket))
 	if err != nil {
 		return nil, fmt.Errorf("follow: watch %s: %w", bucket, err)
 	}
@@ -91,7 +93,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, k
 		}
 	}
 	cfg := Config{
-		Stream:        "KV_" + bucket,
+		Stream:        events.KVStream(bucket),
 		Filters:       []string{r.pre + key},
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		FlowControl:   true,
