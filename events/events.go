@@ -357,6 +357,11 @@ const (
 	// its status unchanged, so a flood of one type does not fill the
 	// executor's queue ahead of every other type.
 	HoldQueued Hold = "queued"
+	// HoldRung: a retry climbs onto a rung its type has too few retries
+	// measured on, and as many of its retries as may measure that rung
+	// at once are in flight: it waits for their outcomes, its status
+	// unchanged, instead of paying for the same rung blind.
+	HoldRung Hold = "rung"
 )
 
 // Held is published by the gate on dispatch.task.<id>.held when it holds a

@@ -38,9 +38,11 @@ type HeldEntry struct {
 	// Reason is the gate's, as the task's state shows it.
 	Reason string `json:"reason,omitempty"`
 	// Hold is what the pass waits for: its type's trust (written "", read
-	// as events.HoldTrust too), its type's canaries (events.HoldCanary) or
-	// its turn (events.HoldQueued).
+	// as events.HoldTrust too), its type's canaries (events.HoldCanary),
+	// a place on a rung (events.HoldRung) or its turn (events.HoldQueued).
 	Hold events.Hold `json:"hold,omitempty"`
+	// Rung is the rung a retry waits to climb onto (events.HoldRung).
+	Rung events.Rung `json:"rung,omitempty"`
 }
 
 // Canary reports whether the pass waits for its type's canaries.

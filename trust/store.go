@@ -107,6 +107,22 @@ func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time,
 	return admit, err
 }
 
+// Rung asks for a place on rung for the retry of task key (its id) under
+// p (Policy.AdmitRung), given the type's outcomes (View.Stats), and
+// reports whether the retry may climb onto the rung now.
+func (s *Store) Rung(ctx context.Context, taskType, key string, rung events.Rung, now time.Time, p Policy, outcomes []Outcome) (admit bool, err error) {
+	if key == "" || rung == "" {
+		return false, fmt.Errorf("%w: rung call without a key or a rung", ErrInvalid)
+	}
+	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
+		cur.Outcomes = outcomes
+		next, a, changed := p.AdmitRung(cur, key, rung, now)
+		admit = a
+		return next, changed
+	})
+	return admit, err
+}
+
 // Trial asks for one of places trial places for task key (Policy.AdmitTrial):
 // a held task re-admitted while its type is on probation.
 func (s *Store) Trial(ctx context.Context, taskType, key string, now time.Time, p Policy, places int) (admit bool, err error) {
@@ -121,8 +137,8 @@ func (s *Store) Trial(ctx context.Context, taskType, key string, now time.Time, 
 	return admit, err
 }
 
-// Release gives up the canary place of task key, if it holds one: the task
-// ended, or the gate stopped it.
+// Release gives up the canary place and the rung places of task key, if it
+// holds any: the task ended, or the gate stopped it.
 func (s *Store) Release(ctx context.Context, taskType, key string) (Stats, error) {
 	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) { return Release(cur, key) })
 }

@@ -188,7 +188,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	}
 	// A look at a pass waiting for canaries reads only what its claim
 	// needs: the view, not the server — one in FullLookEvery syncs.
-	quickLook := held != nil && held.Hold == events.HoldCanary && !in.Woken && m.Delivered%FullLookEvery != 0
+	quickLook := held != nil && (held.Hold == events.HoldCanary || held.Hold == events.HoldRung) && !in.Woken && m.Delivered%FullLookEvery != 0
 	if !quickLook && mayHinge(b.Run, in.Verdict, in.Scoring, in.Exempt) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
@@ -218,13 +218,14 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 			in.OverBudget = !requeue
 		}
 	}
-	// A canary that the gate stops gives up its place.
+	// A canary, or a retry measuring a rung, that the gate stops gives up
+	// its place.
 	release := ""
-	if slices.ContainsFunc(in.Stats.Canaries, func(c trust.Canary) bool { return c.Key == t.ID }) {
+	if in.Stats.Holds(t.ID) {
 		release = t.ID
 	}
 	for out = task.Decide(in); out.Act == task.ActAsk; out = task.Decide(in) {
-		granted, ended, err := s.claim(ctx, out.Ask, b, in, held)
+		granted, ended, err := s.claim(ctx, out.Ask, b, out.Run.Rung, in, held)
 		if ended || err != nil {
 			return nil, err // a human ended the task: it takes nothing
 		}
@@ -246,12 +247,14 @@ func (s *Service) evaluate(in *task.GateIn) {
 	in.Verdict = in.Scoring.EvaluateWith(t.Type, in.Stats, prior, in.Run.Attempt > 1)
 }
 
-// claim takes what the decision asked for of the type's gate facts and
-// reports whether it was granted. A task a human ended takes nothing
-// (ended): the verified pass's state is read first.
-func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, in task.GateIn, held *events.Held) (granted, ended bool, err error) {
+// claim takes what the decision asked for of the type's gate facts (for
+// ClaimRung, a place on rung) and reports whether it was granted. A task a
+// human ended takes nothing (ended): the verified pass's state is read
+// first.
+func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, rung events.Rung, in task.GateIn, held *events.Held) (granted, ended bool, err error) {
 	t := b.Task
-	if c != task.ClaimTrial && (c != task.ClaimCanary || held == nil) { // a held look read the state already (HandleHeld)
+	place := c == task.ClaimCanary || c == task.ClaimRung
+	if c != task.ClaimTrial && (!place || held == nil) { // a held look read the state already (HandleHeld)
 		if ended, err := s.endedByHuman(ctx, b); ended || err != nil {
 			return false, ended, err
 		}
@@ -280,6 +283,16 @@ func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, in tas
 		}
 		admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
 		return admit, false, err
+	case task.ClaimRung:
+		admit, err := s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats.Outcomes)
+		if admit || err != nil {
+			return admit, false, err
+		}
+		if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil || !freed {
+			return false, false, err
+		}
+		admit, err = s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats.Outcomes)
+		return admit, false, err
 	}
 	return false, false, fmt.Errorf("gate: unknown claim %q", c)
 }
@@ -307,18 +320,18 @@ func (s *Service) act(ctx context.Context, m *services.Msg, b events.Base, seale
 	case task.ActHold:
 		return s.hold(ctx, m, in.Scoring, b, d, sealed, held, release)
 	case task.ActSleep:
-		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldTrust)
+		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldTrust, "")
 	case task.ActPark:
-		if out.Hold == events.HoldCanary {
+		if out.Hold == events.HoldCanary || out.Hold == events.HoldRung {
 			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 		}
 		return s.park(b, out.Hold, d, sealed)
 	case task.ActWait:
-		if out.Hold == events.HoldCanary {
+		if out.Hold == events.HoldCanary || out.Hold == events.HoldRung {
 			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 		}
 		s.log.Debug("waiting", "task", t.ID, "type", t.Type, "for", out.Hold, "outcomes", in.Verdict.Outcomes)
-		return nil, s.sleep(ctx, m, in.Scoring, held, out.Hold)
+		return nil, s.sleep(ctx, m, in.Scoring, held, out.Hold, out.Run.Rung)
 	case task.ActBlock:
 		return s.block(ctx, b, d, release)
 	case task.ActHandoff:
@@ -420,9 +433,9 @@ func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error)
 	return false, nil
 }
 
-// releaseEnded gives up the canary places of taskType held by tasks that
-// have ended — with their outcomes recorded, or cancelled or resolved by a
-// human — and reports whether it freed any. A canary's place is given back
+// releaseEnded gives up the canary and rung places of taskType held by
+// tasks that have ended — with their outcomes recorded, or cancelled or
+// resolved by a human — and reports whether it freed any. A canary's place is given back
 // here, by the next pass that asks for one, not by whoever ended it: the
 // recorder writes no gate facts. It reads the holders' states only when a
 // pass is refused a place, at most Policy.Canary reads.
@@ -434,11 +447,12 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 	if err != nil {
 		return false, err
 	}
-	freed := false
-	for _, c := range stats.Canaries {
-		if c.Key == self {
+	freed, seen := false, map[string]bool{self: true}
+	for _, c := range slices.Concat(stats.Canaries, stats.Rungs) {
+		if seen[c.Key] {
 			continue
 		}
+		seen[c.Key] = true
 		st, err := s.cfg.Tasks.Get(ctx, c.Key)
 		if errors.Is(err, services.ErrTaskNotFound) {
 			continue

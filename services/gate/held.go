@@ -111,10 +111,10 @@ func heldKey(ev events.Held) string {
 }
 
 // sleep ends a look at a held pass that must go on waiting, for hold (its
-// type's trust, its canaries, or its turn): with the held index, the pass sleeps
+// type's trust, its canaries, a place on rung, or its turn): with the held index, the pass sleeps
 // there until the sweeper wakes it (errAsleep: HandleHeld acks the
 // message); without one, the message is snoozed in the held consumer.
-func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held, hold events.Hold) error {
+func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, held *events.Held, hold events.Hold, rung events.Rung) error {
 	if s.cfg.Held == nil {
 		if hold != events.HoldTrust {
 			return services.Snooze(canaryDelay(m.Delivered, p.CanaryTTL), ErrCanaryWait)
@@ -126,6 +126,9 @@ func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, he
 	}
 	e := services.HeldEntry{Task: held.Task.ID, Type: held.Task.Type, Pass: held.Run.Pass, Retry: held.Run.Attempt > 1,
 		Since: held.At, Seq: m.Seq, Reason: held.Reason, Hold: hold}
+	if hold == events.HoldRung {
+		e.Rung = rung
+	}
 	if err := s.cfg.Held.Put(ctx, e); err != nil {
 		return err
 	}
@@ -176,7 +179,7 @@ func (s *Service) hold(ctx context.Context, m *services.Msg, p trust.Policy, b e
 	if held == nil || held.Hold != events.HoldTrust { // a new hold: its event, and this message is done
 		return s.park(b, events.HoldTrust, d, sealed)
 	}
-	return nil, s.sleep(ctx, m, p, held, events.HoldTrust)
+	return nil, s.sleep(ctx, m, p, held, events.HoldTrust, "")
 }
 
 // park hands a pass to the held consumer, held for hold: one held event

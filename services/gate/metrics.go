@@ -15,7 +15,7 @@ import (
 //	  (handed off); a probe is cause="probe". Counted once per pass: when
 //	  the event carrying the decision is stored, not again when a
 //	  redelivered pass republishes it (services.OnStored)
-//	dispatch_gate_waits_total{type}            looks of a pass waiting for its type's canaries
+//	dispatch_gate_waits_total{type}            looks of a pass waiting for its type's canaries or a rung's
 //	dispatch_gate_held_total{type}             tasks held for their type's trust (status held)
 //	dispatch_gate_wakes_total{type,why}        held passes the sweeper woke: readmit, probe, expired
 //	dispatch_gate_asleep{type}                 passes asleep in the held index, as this
@@ -45,7 +45,7 @@ func newMetrics(cfg Config, s *Service) *metrics {
 		}, []string{"type", "cause"}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_gate_waits_total",
-			Help: "Looks of a pass held back while its type's canaries decide, by type (each is a snooze: no tokens, not an attempt).",
+			Help: "Looks of a pass held back while its type's canaries, or the retries measuring its rung, decide, by type (each is a snooze: no tokens, not an attempt).",
 		}, []string{"type"}),
 		held: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_gate_held_total",

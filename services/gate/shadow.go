@@ -37,7 +37,7 @@ func (s *Service) shadow(in task.GateIn) *events.ShadowDecision {
 			break // answered already: Decide never asks twice
 		}
 		var granted bool
-		facts, granted = task.ClaimIn(out.Ask, facts, sc, t.ID, in.Run.Pass, in.Now)
+		facts, granted = task.ClaimIn(out.Ask, facts, sc, t.ID, out.Run, in.Now)
 		in.Claimed[out.Ask] = granted
 		out = task.Decide(in)
 	}

@@ -37,11 +37,13 @@ const (
 )
 
 // woken is when a sweeper last woke a pass, and how many times it has;
-// place, whether for a canary place while its type was still unproven.
+// place, whether for a canary place while its type was still unproven;
+// rung, the rung a retry waited to climb onto (events.HoldRung).
 type woken struct {
 	at    time.Time
 	n     int
 	place bool
+	rung  events.Rung
 }
 
 // due reports whether a pass woken as w may be woken again at now; round,
@@ -75,6 +77,7 @@ const (
 	WakeExpired = "expired" // held for its hold time: its look hands it to a human
 	WakeCanary  = "canary"  // waiting for canaries: a place is free, the type is scored, or it waited the canary TTL
 	WakeQueued  = "queued"  // waiting its turn: the queue before the model has room
+	WakeRung    = "rung"    // a retry waiting to climb a rung: a place on it is free, it is measured, or it waited the canary TTL
 )
 
 // Sweep wakes the passes asleep in the held index until ctx ends: every
@@ -261,26 +264,35 @@ func (s *Service) sweepIndex(ctx context.Context) error {
 	}
 }
 
-// waiting reports whether any pass in x waits for its type's canaries
-// (without canaryTypes' list: it is asked at every update of the watch).
+// waiting reports whether any pass in x waits for its type's canaries or
+// a rung's (without canaryTypes' list: it is asked at every update of
+// the watch).
 func (x *heldIndex) waiting() bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for l := range x.lanes {
-		if l.hold == events.HoldCanary {
+		if l.waitsForOutcomes() {
 			return true
 		}
 	}
 	return false
 }
 
-// canaryTypes lists the types with passes in x waiting for their canaries.
+// waitsForOutcomes reports whether the lane's passes wait for outcomes of
+// their type: its canaries' (events.HoldCanary), or those of the retries
+// measuring a rung (events.HoldRung).
+func (l lane) waitsForOutcomes() bool {
+	return l.hold == events.HoldCanary || l.hold == events.HoldRung
+}
+
+// canaryTypes lists the types with passes in x waiting for their
+// canaries or a rung's.
 func (x *heldIndex) canaryTypes() []string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	var types []string
 	for l := range x.lanes {
-		if l.hold == events.HoldCanary {
+		if l.waitsForOutcomes() && !slices.Contains(types, l.typ) {
 			types = append(types, l.typ)
 		}
 	}
@@ -288,8 +300,9 @@ func (x *heldIndex) canaryTypes() []string {
 }
 
 // canaryMarks is, for each type with passes in x waiting for its
-// canaries, its newest outcome as the view holds it (nil when none
-// waits): an outcome that changes one may be the one that scores it.
+// canaries or a rung's, its newest outcome as the view holds it (nil when
+// none waits): an outcome that changes one may be the one that scores it,
+// or measures the rung.
 func (s *Service) canaryMarks(x *heldIndex) map[string]string {
 	types := x.canaryTypes()
 	if len(types) == 0 {
@@ -422,7 +435,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			}
 			continue
 		}
-		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place}
+		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place, rung: w.entry.Rung}
 	}
 	for i, w := range due {
 		if sends[i].ack == nil {
@@ -478,22 +491,26 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		if j.quiet(e, now) {
 			break // nothing younger can be due
 		}
-		if w, ok := woke[key]; ok && !w.due(now, j.canaryRound()) {
+		if w, ok := woke[key]; ok && !w.due(now, j.canaryRound()) && !j.rungMoved(e, w) {
 			continue
 		}
 		if why := j.due(e, now); why != "" {
 			due = append(due, wake{e, why, e.Canary() && j.canaryRound()})
 		}
 	}
-	if l.hold == events.HoldCanary && len(due) == 0 && limit > 0 && j.canaryRound() && now.Sub(s.checked[l]) >= CanaryCheck {
-		// Every place looks taken, but a canary that ended with no outcome
-		// (cancelled as stale, stopped by a human or the gate) keeps its
-		// place in the view until the canary TTL: the oldest waiting pass
-		// that was not woken lately looks in full, which frees such places
-		// (releaseEnded) and takes one.
+	if (l.hold == events.HoldCanary && j.canaryRound() || l.hold == events.HoldRung) && len(due) == 0 && limit > 0 && now.Sub(s.checked[l]) >= CanaryCheck {
+		// Every place looks taken, but a canary (or a retry measuring a
+		// rung) that ended with no outcome (cancelled as stale, stopped by
+		// a human or the gate) keeps its place in the view until the canary
+		// TTL: the oldest waiting pass that was not woken lately looks in
+		// full, which frees such places (releaseEnded) and takes one.
+		why := WakeCanary
+		if l.hold == events.HoldRung {
+			why = WakeRung
+		}
 		for _, key := range keys {
 			if w, ok := woke[key]; !ok || now.Sub(w.at) >= Rewake {
-				due = append(due, wake{entries[key], WakeCanary, true})
+				due = append(due, wake{entries[key], why, l.hold == events.HoldCanary})
 				s.checked[l] = now
 				break
 			}
@@ -525,9 +542,11 @@ type judgement struct {
 	first, retry trust.Verdict
 	probe        bool // a probe of the type is due
 	backlog      trust.Backlog
-	readmits     int  // passes held for trust it wakes to re-admit
-	limited      bool // readmits is bounded by the type's free trial places
-	places       int  // canary places free for passes waiting for canaries
+	readmits     int                 // passes held for trust it wakes to re-admit
+	limited      bool                // readmits is bounded by the type's free trial places
+	places       int                 // canary places free for passes waiting for canaries
+	stats        trust.Stats         // the type's evidence and gate facts, as the view holds them
+	rungsTaken   map[events.Rung]int // rung places this sweep's wakes are about to ask for
 	// room is how many more passes bound for the model the sweep may wake
 	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
 	// quota the part of it a lane of passes waiting their turn may take.
@@ -617,6 +636,7 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 	pol := s.cfg.Policy.Snapshot().For(typ)
 	j := &judgement{scoring: pol.Scoring(s.cfg.Scoring).WithDefaults()}
 	stats := s.cfg.View.Stats(typ)
+	j.stats = stats
 	pool := s.pool()
 	prior := j.scoring.PriorOf(pool, typ)
 	j.scoring.Canary = j.scoring.CanariesWith(prior)
@@ -634,6 +654,13 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 		j.places = max(0, j.scoring.Canary-task.LiveHolders(stats, j.scoring, now, ""))
 	}
 	return j
+}
+
+// rungMoved reports whether e, a retry waiting for a rung when the sweeper
+// woke it as w, may go before w's rewake: it waits for another rung now,
+// or its rung has been measured since.
+func (j *judgement) rungMoved(e services.HeldEntry, w woken) bool {
+	return e.Hold == events.HoldRung && (e.Rung != w.rung || !j.scoring.RungThin(j.stats, e.Rung))
 }
 
 // canaryRound reports whether the type still sends canaries: unproven,
@@ -655,6 +682,9 @@ func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
 		bulk := !j.canaryRound() || now.Sub(e.Since) >= j.scoring.CanaryTTL
 		return (j.places <= 0 || !j.canaryRound()) && (!bulk || j.full(true))
 	}
+	if e.Hold == events.HoldRung {
+		return j.full(true) // its lane's passes wait for different rungs
+	}
 	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || j.full(j.open(e))) && !j.probe
 }
 
@@ -664,6 +694,24 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 		if j.quota > 0 && j.take() {
 			j.quota--
 			return WakeQueued
+		}
+		return ""
+	}
+	if e.Hold == events.HoldRung {
+		p := j.scoring
+		switch {
+		case !p.RungThin(j.stats, e.Rung), now.Sub(e.Since) >= p.CanaryTTL:
+			if j.take() { // its look climbs on the rung's evidence, or lets it go
+				return WakeRung
+			}
+		case p.RungPlaces(j.stats, e.Rung, now, "")+j.rungsTaken[e.Rung] < p.RungCanary:
+			if j.take() {
+				if j.rungsTaken == nil {
+					j.rungsTaken = map[events.Rung]int{}
+				}
+				j.rungsTaken[e.Rung]++
+				return WakeRung
+			}
 		}
 		return ""
 	}

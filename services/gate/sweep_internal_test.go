@@ -43,6 +43,7 @@ func TestAPlaceWakeDoesNotDelayTheBulkWake(t *testing.T) {
 	if (woken{at: at, n: 1}).due(at.Add(time.Second), false) {
 		t.Error("a bulk wake: due again within Rewake")
 	}
+
 	e := services.HeldEntry{Task: "t1", Type: "fresh", Pass: 1, Hold: events.HoldCanary}
 	if wakeID(wake{entry: e, place: true}, at) == wakeID(wake{entry: e}, at) {
 		t.Error("a place wake and a bulk wake of one period share a Msg-Id: the stream keeps one")
@@ -52,9 +53,32 @@ func TestAPlaceWakeDoesNotDelayTheBulkWake(t *testing.T) {
 	}
 }
 
+// A retry woken to climb a rung is due again at once, not after Rewake,
+// when it waits for another rung now or its rung has been measured since.
+func TestARungWaitIsDueWhenItsRungMoves(t *testing.T) {
+	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	p := trust.Policy{}.WithDefaults()
+	w := woken{at: at, n: 1, rung: events.RungRefine}
+	waits := func(r events.Rung) services.HeldEntry {
+		return services.HeldEntry{Hold: events.HoldRung, Rung: r}
+	}
+	if (&judgement{scoring: p}).rungMoved(waits(events.RungRefine), w) {
+		t.Error("a retry still waiting for the same unmeasured rung: due again within Rewake")
+	}
+	if !(&judgement{scoring: p}).rungMoved(waits(events.RungPivot), w) {
+		t.Error("a retry now waiting for another rung: not due again at once")
+	}
+	measured := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: at}}}
+	if !(&judgement{scoring: p, stats: measured}).rungMoved(waits(events.RungRefine), w) {
+		t.Error("a retry whose rung was measured: not due again at once")
+	}
+}
+
 // A sweep's judgement of one type wakes, of the passes waiting for its
 // canaries, as many as there are free places, each that waited the canary
-// TTL, and all once the type is scored; of the passes held for trust, the
+// TTL, and all once the type is scored; of the retries waiting for a rung,
+// as many as the rung has free places, each that waited the canary TTL,
+// and all once the rung is measured; of the passes held for trust, the
 // readmits while it is open, the expired, and one probe when due.
 func TestJudgementDue(t *testing.T) {
 	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
@@ -68,6 +92,11 @@ func TestJudgementDue(t *testing.T) {
 	}
 	unproven := trust.Verdict{Unproven: true}
 	below := trust.Verdict{Below: true}
+	rung := func(r events.Rung, age time.Duration) services.HeldEntry {
+		return services.HeldEntry{Since: now.Add(-age), Hold: events.HoldRung, Rung: r, Retry: true}
+	}
+	refineTaken := trust.Stats{Rungs: []trust.Canary{{Key: "t0", Rung: events.RungRefine, At: now.Add(-time.Second)}}}
+	refineMeasured := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: now}}}
 	tests := []struct {
 		name    string
 		j       judgement
@@ -106,6 +135,18 @@ func TestJudgementDue(t *testing.T) {
 			[]services.HeldEntry{queued(time.Minute), queued(time.Second), queued(0)}, []string{WakeQueued, WakeQueued, ""}},
 		{"waiting their turn, no room: asleep", judgement{first: trust.Verdict{}, quota: 2, room: ptr(0)},
 			[]services.HeldEntry{queued(time.Minute)}, []string{""}},
+		{"waiting for a rung, its place taken: asleep", judgement{stats: refineTaken},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{"", ""}},
+		{"waiting for a rung, its place free: the oldest wakes", judgement{},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, ""}},
+		{"waiting for two rungs: one wake per free rung", judgement{stats: refineTaken},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungPivot, time.Second), rung(events.RungPivot, 0)}, []string{"", WakeRung, ""}},
+		{"the rung measured: every wait on it wakes", judgement{stats: refineMeasured},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, WakeRung}},
+		{"waited the canary TTL for a rung: it wakes to go anyway", judgement{stats: refineTaken},
+			[]services.HeldEntry{rung(events.RungRefine, p.CanaryTTL)}, []string{WakeRung}},
+		{"the rung measured, no room: asleep", judgement{stats: refineMeasured, room: ptr(0)},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute)}, []string{""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -568,3 +568,64 @@ func TestCanaryPlacesOfCancelledTasksAreFreed(t *testing.T) {
 		return len(m.stageOf(events.StageAdmitted, waiting)) == len(waiting)
 	})
 }
+
+// A burst of retries climbing onto a rung their type has no retry
+// measured on: one climbs, the others wait asleep in the held index
+// (status unchanged) for its outcome, then go on the rung's evidence.
+func TestRetriesWaitForTheFirstOntoAnUnmeasuredRung(t *testing.T) {
+	m := startGate(t, trust.Policy{PriorWeight: -1}, 100)
+	m.outcomes("burst", 10, true, "before") // scored and trusted: no canaries
+	eventually(t, "the view scores the type", func() bool { return len(m.view.Stats("burst").Outcomes) == 10 })
+	all := ids("retry", 3)
+	for _, id := range all {
+		m.submitRun(id, "burst", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine})
+	}
+	var climbed string
+	eventually(t, "one retry admitted, the others asleep waiting for its rung", func() bool {
+		admitted := m.stageOf(events.StageAdmitted, all)
+		asleep := m.asleep()
+		if len(admitted) != 1 || len(asleep) != 2 {
+			return false
+		}
+		for _, e := range asleep {
+			if e.Hold != events.HoldRung || e.Rung != events.RungRefine || !e.Retry {
+				t.Fatalf("asleep %+v, want a retry waiting for REFINE", e)
+			}
+		}
+		climbed = admitted[0]
+		return true
+	})
+	for _, id := range all {
+		if st, err := m.tasks.Get(context.Background(), id); err != nil || st.Status != events.StatusPending {
+			t.Fatalf("task %s: status %q (%v), want it unchanged", id, st.Status, err)
+		}
+	}
+	// Its outcome measures the rung: the others go.
+	msg, err := trust.OutcomeMsg("burst", trust.Outcome{Key: climbed + ":2:outcome", Task: climbed, Rung: events.RungRefine, Retry: true, At: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the waiting retries admitted", func() bool {
+		return len(m.stageOf(events.StageAdmitted, all)) == len(all) && len(m.asleep()) == 0
+	})
+}
+
+// submitRun publishes a verified pass run of task id of typ, its state
+// created, as the verifier would.
+func (m *meshGate) submitRun(id, typ string, run events.Run) {
+	m.t.Helper()
+	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: run}
+	if _, _, err := m.tasks.Create(context.Background(), task.New(b.Task)); err != nil {
+		m.t.Fatal(err)
+	}
+	out, err := services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if _, err := m.js.PublishMsg(context.Background(), services.NatsMsg(out), jetstream.WithMsgID(out.MsgID)); err != nil {
+		m.t.Fatal(err)
+	}
+}

@@ -48,6 +48,7 @@ func (f *File) For(taskType string) Type {
 	fill(&t.RunAlpha, d.RunAlpha)
 	fill(&t.RungFloor, d.RungFloor)
 	fill(&t.RungMinSamples, d.RungMinSamples)
+	fill(&t.RungCanary, d.RungCanary)
 	fill(&t.TrustWindow, d.TrustWindow)
 	fill(&t.MinOutcomes, d.MinOutcomes)
 	fill(&t.ProbeAfter, d.ProbeAfter)
@@ -116,7 +117,8 @@ func (t Type) withDefaults(taskType string) Type {
 
 // Scoring returns the trust scoring and gating policy p with this type's
 // overrides: threshold (an explicit 0 never gates), canary (0: no canaries),
-// rung_floor (0: never hand off for it) and rung_min_samples.
+// rung_floor (0: never hand off for it), rung_min_samples and rung_canary
+// (0: every retry climbs at once).
 func (t Type) Scoring(p scoring.Policy) scoring.Policy {
 	if t.Threshold != nil {
 		p.Threshold = *t.Threshold
@@ -138,6 +140,12 @@ func (t Type) Scoring(p scoring.Policy) scoring.Policy {
 	}
 	if t.RungMinSamples > 0 {
 		p.RungMinSamples = t.RungMinSamples
+	}
+	if t.RungCanary != nil {
+		p.RungCanary = *t.RungCanary
+		if p.RungCanary == 0 {
+			p.RungCanary = -1
+		}
 	}
 	if t.HoldTime > 0 {
 		p.HoldTime = time.Duration(t.HoldTime)

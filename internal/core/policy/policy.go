@@ -137,6 +137,11 @@ type Type struct {
 	// RungMinSamples is how many retries on a rung must be measured before
 	// RungFloor applies. Default 8.
 	RungMinSamples int `json:"rung_min_samples,omitempty"`
+	// RungCanary: while the type has fewer than rung_canary retries
+	// measured on a rung, at most that many climb onto it at once; the
+	// others wait (status unchanged, no tokens) for their outcomes, at
+	// most the canary TTL (10m). Default 1; 0 lets every retry climb at once.
+	RungCanary *int `json:"rung_canary,omitempty"`
 	// TrustWindow is how many of the type's newest outcomes are scored.
 	// Default 50, at most scoring.MaxWindow (100).
 	TrustWindow int `json:"trust_window,omitempty"`

@@ -93,18 +93,23 @@ func TestTrustAndLadderNumbersPerType(t *testing.T) {
 	  "defaults": {"trust_window": 20, "probe_after": 3, "refine_attempts": 1},
 	  "types": {
 	    "strict": {"trust_window": 5, "min_outcomes": 3, "overall_weight": 1, "recency_weight": 0, "decay": 0.5,
-	               "pivot_attempts": 3, "recurring_failures": 2, "recurring_window": "24h", "previous_attempts": 2}
+	               "pivot_attempts": 3, "recurring_failures": 2, "recurring_window": "24h", "previous_attempts": 2, "rung_canary": 2},
+	    "blind": {"rung_canary": 0}
 	  }}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := f.For("strict").Scoring(scoring.Policy{}).WithDefaults()
-	if s.Window != 5 || s.MinOutcomes != 3 || s.ProbeAfter != 3 || s.OverallWeight != 1 || s.RecencyWeight != 0 || s.Decay != 0.5 {
+	if s.Window != 5 || s.MinOutcomes != 3 || s.ProbeAfter != 3 || s.OverallWeight != 1 || s.RecencyWeight != 0 || s.Decay != 0.5 || s.RungCanary != 2 {
 		t.Errorf("strict scoring %+v", s)
 	}
 	o := f.For("other").Scoring(scoring.Policy{}).WithDefaults()
-	if o.Window != 20 || o.MinOutcomes != scoring.DefaultMinOutcomes || o.ProbeAfter != 3 || o.OverallWeight != scoring.DefaultOverallWeight || o.Decay != scoring.DefaultDecay {
+	if o.Window != 20 || o.MinOutcomes != scoring.DefaultMinOutcomes || o.ProbeAfter != 3 || o.OverallWeight != scoring.DefaultOverallWeight || o.Decay != scoring.DefaultDecay ||
+		o.RungCanary != scoring.DefaultRungCanary {
 		t.Errorf("other scoring %+v", o)
+	}
+	if b := f.For("blind").Scoring(scoring.Policy{}).WithDefaults(); b.RungCanary >= 0 {
+		t.Errorf("rung_canary 0 leaves the rung places on: %d", b.RungCanary)
 	}
 	if st := f.For("strict"); st.RefineAttempts != 1 || st.PivotAttempts != 3 || st.RecurringFailures != 2 ||
 		st.RecurringWindow != policy.Duration(24*time.Hour) || st.PreviousAttempts != 2 {
@@ -113,11 +118,12 @@ func TestTrustAndLadderNumbersPerType(t *testing.T) {
 	_, err = policy.Parse([]byte(`{"types": {
 	  "a": {"trust_window": 101, "decay": 0, "recurring_failures": 6, "previous_attempts": 9, "probe_after": -1},
 	  "b": {"overall_weight": 0.7},
-	  "c": {"trust_window": 5}
+	  "c": {"trust_window": 5},
+	  "d": {"rung_canary": -1}
 	}}`))
 	for _, want := range []string{"types.a: trust_window must be within [1, 100]", "types.a: decay must be within (0, 1]",
 		"types.a: recurring_failures must be at most 5", "types.a: previous_attempts must be at most 5", "types.a: probe_after must not be negative",
-		"types.b: overall_weight 0.7 + recency_weight 0.4 must be 1", "types.c: min_outcomes 10 exceeds trust_window 5"} {
+		"types.b: overall_weight 0.7 + recency_weight 0.4 must be 1", "types.c: min_outcomes 10 exceeds trust_window 5", "types.d: rung_canary must not be negative"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

@@ -69,6 +69,9 @@ func boundProblems(where string, t Type) []error {
 	if t.Canary != nil && *t.Canary < 0 {
 		errs = append(errs, fmt.Errorf("%s: canary must not be negative", where))
 	}
+	if t.RungCanary != nil && *t.RungCanary < 0 {
+		errs = append(errs, fmt.Errorf("%s: rung_canary must not be negative", where))
+	}
 	if t.HoldTime < 0 || t.ProbeInterval < 0 {
 		errs = append(errs, fmt.Errorf("%s: hold_time and probe_interval must not be negative", where))
 	}

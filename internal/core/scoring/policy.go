@@ -33,6 +33,9 @@ const (
 	// the pooled evidence (not yet the type's own) advises against, fewer
 	// as that evidence grows (ExploreShare).
 	DefaultRungExplore = 5
+	// DefaultRungCanary: while a type has no retry measured on a rung, one
+	// of its retries climbs onto it and the others wait for its outcome.
+	DefaultRungCanary = 1
 	// DefaultHoldTime is how long a task the gate holds for low trust
 	// waits to be re-admitted before it goes to a human.
 	DefaultHoldTime = 24 * time.Hour
@@ -105,6 +108,12 @@ type Policy struct {
 	// measuring it — fewer as the evidence grows (ExploreShare); 1 leaves
 	// the share uncapped. Default 5; negative never.
 	RungExplore int
+	// RungCanary: while the type's window holds fewer than RungCanary of
+	// its retries on a rung, at most RungCanary of them run on that rung at
+	// once and the others wait for their outcomes (each at most CanaryTTL),
+	// so a burst of failures measures a rung before it pays for it many
+	// times over. Default 1; negative lets every retry climb at once.
+	RungCanary int
 	// PriorWeight is how many of a type's own tasks the mesh's pooled
 	// evidence counts for while the type has fewer than MinOutcomes
 	// settled tasks. 0 (default): fitted from how alike the types are
@@ -161,6 +170,9 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.RungExplore == 0 {
 		p.RungExplore = DefaultRungExplore
+	}
+	if p.RungCanary == 0 {
+		p.RungCanary = DefaultRungCanary
 	}
 	if p.HoldTime == 0 {
 		p.HoldTime = DefaultHoldTime

@@ -27,16 +27,20 @@ type Stats struct {
 	// tasks to score and not ended yet (at most Policy.Canary); cleared
 	// once the window holds MinOutcomes settled tasks.
 	Canaries []Canary `json:"canaries,omitempty"`
+	// Rungs are the retries climbing onto a rung the type has too few
+	// retries measured on (Policy.RungCanary), each until its outcome.
+	Rungs []Canary `json:"rungs,omitempty"`
 	// ProbeAt is when the newest probe was taken from the type's held
 	// tasks (Policy.HeldProbe).
 	ProbeAt time.Time `json:"probe_at,omitzero"`
 }
 
-// Canary is one admitted task of an unproven type: Key is the task's id, At
-// when it was first admitted.
+// Canary is one admitted task of an unproven type, or one retry measuring
+// a rung (Rung set): Key is the task's id, At when it was first admitted.
 type Canary struct {
-	Key string    `json:"key"`
-	At  time.Time `json:"at"`
+	Key  string      `json:"key"`
+	At   time.Time   `json:"at"`
+	Rung events.Rung `json:"rung,omitempty"`
 }
 
 // Clone returns a copy of s that shares no slice with it.
@@ -44,6 +48,7 @@ func (s Stats) Clone() Stats {
 	s.Outcomes = slices.Clone(s.Outcomes)
 	s.Gates = slices.Clone(s.Gates)
 	s.Canaries = slices.Clone(s.Canaries)
+	s.Rungs = slices.Clone(s.Rungs)
 	return s
 }
 
@@ -235,19 +240,29 @@ func (p Policy) ReadmitLimited(b Backlog, probation bool) bool {
 	return probation || !b.Cleared(p.MinOutcomes)
 }
 
-// Release returns s without the canary place of key; changed is false when
-// key held none. s is not modified.
+// Release returns s without the canary place and the rung places of task
+// key; changed is false when key held none. s is not modified.
 func Release(s Stats, key string) (next Stats, changed bool) {
-	i := slices.IndexFunc(s.Canaries, func(c Canary) bool { return c.Key == key })
-	if i < 0 {
+	mine := func(c Canary) bool { return c.Key == key }
+	if !slices.ContainsFunc(s.Canaries, mine) && !slices.ContainsFunc(s.Rungs, mine) {
 		return s, false
 	}
 	next = s
-	next.Canaries = slices.Delete(slices.Clone(s.Canaries), i, i+1)
+	next.Canaries = slices.DeleteFunc(slices.Clone(s.Canaries), mine)
+	next.Rungs = slices.DeleteFunc(slices.Clone(s.Rungs), mine)
 	if len(next.Canaries) == 0 {
 		next.Canaries = nil
 	}
+	if len(next.Rungs) == 0 {
+		next.Rungs = nil
+	}
 	return next, true
+}
+
+// Holds reports whether task key holds a canary place or a rung place.
+func (s Stats) Holds(key string) bool {
+	mine := func(c Canary) bool { return c.Key == key }
+	return slices.ContainsFunc(s.Canaries, mine) || slices.ContainsFunc(s.Rungs, mine)
 }
 
 // RungRate counts the retries made on rung among the window's outcomes and

@@ -133,13 +133,14 @@ func TestStatsClone(t *testing.T) {
 		Outcomes: []scoring.Outcome{{Key: "a:1", Success: true, At: at, Tokens: 10, Rung: events.RungRefine}, {Key: "b:1", At: at, Retry: true}},
 		Gates:    []scoring.GateMark{{Key: "c:1", Probe: true}},
 		Canaries: []scoring.Canary{{Key: "d", At: at}},
+		Rungs:    []scoring.Canary{{Key: "e", At: at, Rung: events.RungPivot}},
 	}
 	before, _ := json.Marshal(st)
 	c := st.Clone()
 	if after, _ := json.Marshal(c); string(after) != string(before) {
 		t.Fatalf("clone %s, want %s", after, before)
 	}
-	c.Outcomes[0].Key, c.Gates[0].Key, c.Canaries[0].Key = "x", "x", "x"
+	c.Outcomes[0].Key, c.Gates[0].Key, c.Canaries[0].Key, c.Rungs[0].Key = "x", "x", "x", "x"
 	c.Outcomes = append(c.Outcomes[:1], scoring.Outcome{Key: "y"})
 	if after, _ := json.Marshal(st); string(after) != string(before) {
 		t.Fatalf("changing the clone changed the original: %s, want %s", after, before)

@@ -60,6 +60,7 @@ const (
 	ClaimProbe  Claim = "probe"  // a held pass's probe (scoring.Policy.HeldProbe)
 	ClaimTrial  Claim = "trial"  // a trial place while the type is on probation
 	ClaimCanary Claim = "canary" // a canary place while the type is unproven
+	ClaimRung   Claim = "rung"   // a place on a rung its type has too few retries measured on
 )
 
 // GateAct is what the gate does with the pass.
@@ -70,7 +71,7 @@ const (
 	ActAdmit   GateAct = "admit"   // to the prompt builder
 	ActHold    GateAct = "hold"    // held for its type's trust (status held)
 	ActSleep   GateAct = "sleep"   // a held pass stays held (refused a trial place)
-	ActPark    GateAct = "park"    // to the held consumer, waiting (GateOut.Hold: for its type's canaries, or its turn)
+	ActPark    GateAct = "park"    // to the held consumer, waiting (GateOut.Hold: for its type's canaries, a rung's, or its turn)
 	ActWait    GateAct = "wait"    // a look at a waiting pass: wait on (GateOut.Hold)
 	ActBlock   GateAct = "block"   // to a human (needs_human_review)
 	ActHandoff GateAct = "handoff" // the ladder ends here (blocked, rung_rate)
@@ -92,7 +93,8 @@ type GateOut struct {
 	// a pass that waits while every canary place is taken).
 	Quick bool
 	// Hold is what a parked or waiting pass waits for: its type's
-	// canaries (events.HoldCanary) or its turn (events.HoldQueued).
+	// canaries (events.HoldCanary), the retries measuring its rung
+	// (events.HoldRung) or its turn (events.HoldQueued).
 	Hold events.Hold
 }
 
@@ -193,6 +195,12 @@ func decide(in GateIn) GateOut {
 	if in.Run.Attempt > 1 && in.Run.Rung != "" {
 		if climb(&out, in) {
 			return act(out, ActHandoff)
+		}
+		if !out.Run.Probe && in.gated() && in.Scoring.RungThin(in.Stats, out.Run.Rung) {
+			var stop bool
+			if out, stop = rungCanary(out, in); stop {
+				return out
+			}
 		}
 	}
 	if canaryRound && !out.Run.Probe {
@@ -351,6 +359,41 @@ func canaries(out GateOut, in GateIn) GateOut {
 	return act(out, ActAdmit)
 }
 
+// rungCanary lets a retry climb onto a rung its type has too few retries
+// measured on (scoring.Policy.RungThin) when it gets one of the rung's
+// places; otherwise it waits (parked, or looked at again) for the
+// outcomes of the retries holding them, up to the canary TTL, after
+// which it goes anyway. stop is false when the retry goes on.
+func rungCanary(out GateOut, in GateIn) (_ GateOut, stop bool) {
+	t, p, rung := in.Task, in.Scoring, out.Run.Rung
+	waited := in.Now.Sub(in.Arrived)
+	if in.Hold == events.HoldRung {
+		waited = in.Now.Sub(in.Since)
+	}
+	if in.Hold == events.HoldRung && !in.Woken && in.Delivered%FullLookEvery != 0 && waited < p.CanaryTTL && p.RungPlaces(in.Stats, rung, in.Now, t.ID) >= p.RungCanary {
+		return rungWait(out, ActWait, t, rung, true), true
+	}
+	admit, asked := in.Claimed[ClaimRung]
+	switch {
+	case !asked:
+		return ask(out, ClaimRung), true
+	case admit:
+		return out, false
+	case waited < p.CanaryTTL && in.Hold != events.HoldRung:
+		return rungWait(out, ActPark, t, rung, false), true
+	case waited < p.CanaryTTL:
+		return rungWait(out, ActWait, t, rung, false), true
+	}
+	out.Trust.Reason = fmt.Sprintf("waited %s for the %s retries of %s being measured: let through", waited.Round(time.Second), rung, t.Type)
+	return out, false
+}
+
+func rungWait(out GateOut, a GateAct, t events.Task, rung events.Rung, quick bool) GateOut {
+	out.Trust.Reason = fmt.Sprintf("waiting for the %s retries of %s being measured", rung, t.Type)
+	out.Quick, out.Hold = quick, events.HoldRung
+	return act(out, a)
+}
+
 func waiting(out GateOut, a GateAct, t events.Task, quick bool) GateOut {
 	out.Trust.Cause, out.Trust.Reason = events.CauseUnproven, fmt.Sprintf("waiting for the canaries of %s", t.Type)
 	out.Quick, out.Hold = quick, events.HoldCanary
@@ -403,15 +446,16 @@ func (a GateAct) Kind() string {
 	return ""
 }
 
-// ClaimIn answers claim c of task id's pass as the trust store's
+// ClaimIn answers claim c of task id's pass run (as the decision that
+// asked moved it: ClaimRung takes a place on run.Rung) as the trust store's
 // compare-and-set would, on gate facts st held in memory: what a replay
 // (dispatch whatif) or a shadow policy's decision takes instead of
 // writing the type's gate facts. It returns the facts as the claim leaves
 // them.
-func ClaimIn(c Claim, st scoring.Stats, p scoring.Policy, id string, pass int, now time.Time) (scoring.Stats, bool) {
+func ClaimIn(c Claim, st scoring.Stats, p scoring.Policy, id string, run events.Run, now time.Time) (scoring.Stats, bool) {
 	switch c {
 	case ClaimStreak:
-		next, probe, _ := p.Gate(st, events.MsgID(id, pass, "gate"), true)
+		next, probe, _ := p.Gate(st, events.MsgID(id, run.Pass, "gate"), true)
 		return next, probe
 	case ClaimProbe:
 		return p.HeldProbe(st, now)
@@ -420,6 +464,9 @@ func ClaimIn(c Claim, st scoring.Stats, p scoring.Policy, id string, pass int, n
 		return next, ok
 	case ClaimCanary:
 		next, ok, _ := p.AdmitCanary(st, id, now)
+		return next, ok
+	case ClaimRung:
+		next, ok, _ := p.AdmitRung(st, id, run.Rung, now)
 		return next, ok
 	}
 	return st, false

@@ -36,6 +36,18 @@ func TestDecide(t *testing.T) {
 		}
 	}
 	claimed := func(c task.Claim, granted bool) map[task.Claim]bool { return map[task.Claim]bool{c: granted} }
+	// A retry climbing onto REFINE, which its type has no retry measured
+	// on; refineTaken: the one place on it held by another task's retry.
+	refine := events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}
+	refineTaken := scoring.Stats{Rungs: []scoring.Canary{{Key: "t0", Rung: events.RungRefine, At: gateNow.Add(-time.Second)}}}
+	refineMeasured := scoring.Stats{Outcomes: []scoring.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: gateNow.Add(-time.Second)}}}
+	rungWait := func(quick bool) func(t *testing.T, out task.GateOut) {
+		return func(t *testing.T, out task.GateOut) {
+			if out.Hold != events.HoldRung || out.Quick != quick {
+				t.Errorf("hold %q, quick %v; want a wait for the rung, quick %v", out.Hold, out.Quick, quick)
+			}
+		}
+	}
 	// backlog is the type's re-admitted held tasks, oldest first: S
 	// succeeded, F failed.
 	backlog := func(pattern string) scoring.Stats {
@@ -132,7 +144,7 @@ func TestDecide(t *testing.T) {
 		{name: "a re-admitted task's retry, its siblings still climbing: goes on",
 			in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Readmitted: true}, Verdict: trusted, Stats: scoring.Stats{Outcomes: []scoring.Outcome{
 				{Key: "h1:1:outcome", Task: "h1", Held: true, At: gateNow.Add(-2 * time.Second)},
-				{Key: "h2:1:outcome", Task: "h2", Held: true, At: gateNow.Add(-time.Second)}}}},
+				{Key: "h2:1:outcome", Task: "h2", Held: true, At: gateNow.Add(-time.Second)}}}, Claimed: claimed(task.ClaimRung, true)},
 			act: task.ActAdmit, cause: events.CauseTrusted},
 		{name: "a probe's retry, the backlog's ended failures before it: goes on",
 			in:  task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Readmitted: true, Probe: true}, Verdict: below, Stats: backlog("FF")},
@@ -144,7 +156,7 @@ func TestDecide(t *testing.T) {
 					t.Error("the streak is reset by a pass that did not go")
 				}
 			}},
-		{name: "a new task's retry, the backlog paused: goes on", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, Verdict: trusted, Stats: backlog("FF")},
+		{name: "a new task's retry, the backlog paused: goes on", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}, Verdict: trusted, Stats: backlog("FF"), Claimed: claimed(task.ClaimRung, true)},
 			act: task.ActAdmit, cause: events.CauseTrusted},
 		{name: "a verified pass is not re-admitted", in: task.GateIn{Run: first, Verdict: trusted, Stats: backlog("FF")},
 			act: task.ActAdmit, check: func(t *testing.T, out task.GateOut) {
@@ -154,6 +166,23 @@ func TestDecide(t *testing.T) {
 			}},
 		{name: "a retry whose rungs rarely pay: handed off", in: task.GateIn{Run: retry, Verdict: trusted, Stats: scoring.Stats{Outcomes: failedRetries}},
 			act: task.ActHandoff, cause: events.CauseRungRate, reason: "HANDOFF before attempt 3"},
+		{name: "a retry onto a rung its type never measured: asks for a place", in: task.GateIn{Run: refine, Verdict: trusted}, act: task.ActAsk, ask: task.ClaimRung},
+		{name: "a retry onto an unmeasured rung, a place: goes", in: task.GateIn{Run: refine, Verdict: trusted, Claimed: claimed(task.ClaimRung, true)},
+			act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "a retry onto an unmeasured rung, no place: parked", in: task.GateIn{Run: refine, Verdict: trusted, Arrived: gateNow, Claimed: claimed(task.ClaimRung, false)},
+			act: task.ActPark, cause: events.CauseTrusted, reason: "waiting for the REFINE retries of css_fix being measured", check: rungWait(false)},
+		{name: "a look at a retry waiting for its rung, every place taken: waits on, quick",
+			in:  task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldRung, Since: gateNow, Delivered: 3, Stats: refineTaken},
+			act: task.ActWait, check: rungWait(true)},
+		{name: "a woken look at a retry waiting for its rung: asks", in: task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldRung, Since: gateNow, Delivered: 3, Woken: true, Stats: refineTaken},
+			act: task.ActAsk, ask: task.ClaimRung},
+		{name: "a look at a retry waiting for its rung, refused: waits on", in: task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldRung, Since: gateNow, Woken: true, Claimed: claimed(task.ClaimRung, false)},
+			act: task.ActWait, check: rungWait(false)},
+		{name: "waited the canary TTL for its rung: goes", in: task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldRung, Since: gateNow.Add(-p.CanaryTTL), Woken: true, Claimed: claimed(task.ClaimRung, false)},
+			act: task.ActAdmit, cause: events.CauseTrusted, reason: "waited 10m0s for the REFINE retries"},
+		{name: "a retry onto a measured rung: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Stats: refineMeasured}, act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "an exempt type's retry: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Exempt: true}, act: task.ActAdmit, cause: events.CauseExempt},
+		{name: "a probe's retry: no place asked", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Probe: true}, Verdict: below}, act: task.ActAdmit, cause: events.CauseProbe},
 		{name: "unproven: asks for a canary place", in: task.GateIn{Run: first, Verdict: unproven}, act: task.ActAsk, ask: task.ClaimCanary},
 		{name: "unproven, a place: a canary", in: task.GateIn{Run: first, Verdict: unproven, Claimed: claimed(task.ClaimCanary, true)},
 			act: task.ActAdmit, cause: events.CauseUnproven},
@@ -171,7 +200,7 @@ func TestDecide(t *testing.T) {
 					t.Errorf("parked for %q, want queued", out.Hold)
 				}
 			}},
-		{name: "crowded: a retry goes on", in: task.GateIn{Run: retry, Verdict: trusted, Crowded: true, Stats: scoring.Stats{}},
+		{name: "crowded: a retry goes on", in: task.GateIn{Run: retry, Verdict: trusted, Crowded: true, Stats: scoring.Stats{}, Claimed: claimed(task.ClaimRung, true)},
 			act: task.ActAdmit, cause: events.CauseTrusted},
 		{name: "crowded: an exempt type goes", in: task.GateIn{Run: first, Verdict: trusted, Exempt: true, Crowded: true},
 			act: task.ActAdmit, cause: events.CauseExempt},

@@ -62,7 +62,7 @@ func (e *engine) decide(tr *taskRun, run events.Run, now time.Time, hold events.
 	}
 	out := task.Decide(in)
 	for out.Act == task.ActAsk {
-		in.Claimed[out.Ask] = e.claim(out.Ask, tr, run, st, sc, in.Stats, now)
+		in.Claimed[out.Ask] = e.claim(out.Ask, tr, out.Run, st, sc, in.Stats, now)
 		out = task.Decide(in)
 	}
 	key := events.MsgID(t.ID, run.Pass, "gate")
@@ -76,11 +76,12 @@ func (e *engine) decide(tr *taskRun, run events.Run, now time.Time, hold events.
 	return out
 }
 
-// claim answers a claim as the trust store's compare-and-set would, on
-// the in-memory gate facts st (task.ClaimIn); trial places are counted on
+// claim answers a claim of run (as the decision moved it) as the trust
+// store's compare-and-set would, on the in-memory gate facts st
+// (task.ClaimIn); trial places are counted on
 // the facts the decision read (view), as the gate counts them.
 func (e *engine) claim(c task.Claim, tr *taskRun, run events.Run, st *scoring.Stats, sc scoring.Policy, view scoring.Stats, now time.Time) bool {
-	if c == task.ClaimTrial || c == task.ClaimCanary {
+	if c == task.ClaimTrial || c == task.ClaimCanary || c == task.ClaimRung {
 		e.releaseEnded(st, tr.t.ID)
 	}
 	if c == task.ClaimTrial {
@@ -88,7 +89,7 @@ func (e *engine) claim(c task.Claim, tr *taskRun, run events.Run, st *scoring.St
 		*st = next
 		return ok
 	}
-	next, ok := task.ClaimIn(c, *st, sc, tr.t.ID, run.Pass, now)
+	next, ok := task.ClaimIn(c, *st, sc, tr.t.ID, run, now)
 	*st = next
 	return ok
 }
@@ -96,7 +97,9 @@ func (e *engine) claim(c task.Claim, tr *taskRun, run events.Run, st *scoring.St
 // releaseEnded frees the places of tasks the what-if ended (the gate
 // frees those of tasks that ended when a claim is refused).
 func (e *engine) releaseEnded(st *scoring.Stats, self string) {
-	st.Canaries = slices.DeleteFunc(slices.Clone(st.Canaries), func(c scoring.Canary) bool { return c.Key != self && e.ended[c.Key] })
+	over := func(c scoring.Canary) bool { return c.Key != self && e.ended[c.Key] }
+	st.Canaries = slices.DeleteFunc(slices.Clone(st.Canaries), over)
+	st.Rungs = slices.DeleteFunc(slices.Clone(st.Rungs), over)
 }
 
 // describe says a gate decision in a few words.

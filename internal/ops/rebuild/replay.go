@@ -382,8 +382,12 @@ func (r *replayer) apply(m stored) error {
 			// Waiting for canaries: neither the state nor the streak
 			// changes; the pass sleeps in the held index until it goes.
 			if p := (passKey{ev.Task.ID, ev.Run.Pass}); !hasKey(r.waits, p) {
-				r.waits[p] = services.HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
+				e := services.HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
 					Since: ev.At, Seq: m.seq, Reason: ev.Reason, Hold: ev.Hold}
+				if ev.Hold == events.HoldRung {
+					e.Rung = ev.Run.Rung // the rung it waits to climb onto
+				}
+				r.waits[p] = e
 			}
 			return nil
 		}

@@ -1,0 +1,76 @@
+package scoring
+
+import (
+	"slices"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+)
+
+// RungThin reports whether the type's window holds fewer than
+// p.RungCanary of its retries on rung: its retries then climb onto the
+// rung a few at a time (AdmitRung).
+func (p Policy) RungThin(s Stats, rung events.Rung) bool {
+	p = p.WithDefaults()
+	if p.RungCanary < 0 || rung == "" {
+		return false
+	}
+	tries, _ := p.RungRate(s, rung)
+	return tries < p.RungCanary
+}
+
+// AdmitRung decides whether task key's retry may climb onto rung now: it
+// may when the rung is not thin (RungThin), when the task holds a place on
+// it already (a redelivery), or when fewer than p.RungCanary places on it
+// are held by retries still in flight; places older than p.CanaryTTL, and
+// those of tasks whose retry on the rung has an outcome in the window, are
+// given up first. s is not modified.
+func (p Policy) AdmitRung(s Stats, key string, rung events.Rung, now time.Time) (next Stats, admit, changed bool) {
+	p = p.WithDefaults()
+	if !p.RungThin(s, rung) {
+		return s, true, false
+	}
+	if slices.ContainsFunc(s.Rungs, func(c Canary) bool { return c.Key == key && c.Rung == rung }) {
+		return s, true, false
+	}
+	live := slices.DeleteFunc(slices.Clone(s.Rungs), func(c Canary) bool { return p.rungPlaceOver(s, c, now) })
+	if len(live) == 0 {
+		live = nil
+	}
+	if p.RungPlaces(Stats{Rungs: live}, rung, now, "") >= p.RungCanary {
+		if len(live) == len(s.Rungs) {
+			return s, false, false
+		}
+		next = s
+		next.Rungs = live
+		return next, false, true
+	}
+	next = s
+	next.Rungs = append(live, Canary{Key: key, At: now, Rung: rung})
+	return next, true, true
+}
+
+// RungPlaces counts the places on rung held by a retry other than self's
+// that is still in flight: its place unexpired, its outcome on the rung
+// not in the window.
+func (p Policy) RungPlaces(s Stats, rung events.Rung, now time.Time, self string) int {
+	p = p.WithDefaults()
+	n := 0
+	for _, c := range s.Rungs {
+		if c.Rung == rung && c.Key != self && !p.rungPlaceOver(s, c, now) {
+			n++
+		}
+	}
+	return n
+}
+
+// rungPlaceOver reports whether place c is free again: expired, or its
+// retry's outcome on the rung is in the window.
+func (p Policy) rungPlaceOver(s Stats, c Canary, now time.Time) bool {
+	if now.Sub(c.At) >= p.CanaryTTL {
+		return true
+	}
+	return slices.ContainsFunc(s.Outcomes, func(o Outcome) bool {
+		return o.Retry && o.Rung == c.Rung && o.Task == c.Key
+	})
+}

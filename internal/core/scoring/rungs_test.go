@@ -1,0 +1,78 @@
+package scoring_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dispatchmesh/dispatchmesh/events"
+	"github.com/dispatchmesh/dispatchmesh/internal/core/scoring"
+)
+
+// A retry climbs onto a rung its type has measured too few retries on
+// only through one of the rung's places; a place is free again once its
+// retry's outcome is in the window or it expired.
+func TestPolicyAdmitRung(t *testing.T) {
+	now := time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
+	const refine, pivot = events.RungRefine, events.RungPivot
+	place := func(key string, rung events.Rung, age time.Duration) scoring.Canary {
+		return scoring.Canary{Key: key, Rung: rung, At: now.Add(-age)}
+	}
+	retried := func(task string, rung events.Rung) scoring.Outcome {
+		return scoring.Outcome{Key: task + ":2:outcome", Task: task, Rung: rung, Retry: true, At: now.Add(-time.Second)}
+	}
+	tests := []struct {
+		name          string
+		p             scoring.Policy
+		s             scoring.Stats
+		key           string
+		rung          events.Rung
+		admit, change bool
+		left          int // places held afterwards
+	}{
+		{"the first retry onto the rung takes its place", scoring.Policy{}, scoring.Stats{}, "t1", refine, true, true, 1},
+		{"the place is taken", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, false, false, 1},
+		{"a redelivery keeps its place", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t1", refine, true, false, 1},
+		{"another rung has places of its own", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", pivot, true, true, 2},
+		{"the rung is measured: no place needed", scoring.Policy{}, scoring.Stats{Outcomes: []scoring.Outcome{retried("t0", refine)}}, "t2", refine, true, false, 0},
+		{"a first attempt measures no rung", scoring.Policy{}, scoring.Stats{Outcomes: []scoring.Outcome{{Key: "t0:1:outcome", Task: "t0", Rung: refine}}, Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, false, false, 1},
+		{"an expired place is given up", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, scoring.DefaultCanaryTTL)}}, "t2", refine, true, true, 1},
+		{"two places", scoring.Policy{RungCanary: 2}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, true, true, 2},
+		{"two places, one retry measured: still thin", scoring.Policy{RungCanary: 2},
+			scoring.Stats{Outcomes: []scoring.Outcome{retried("t1", refine)}, Rungs: []scoring.Canary{place("t1", refine, time.Second), place("t3", refine, time.Second)}}, "t2", refine, true, true, 2},
+		{"off", scoring.Policy{RungCanary: -1}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, true, false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := len(tt.s.Rungs)
+			next, admit, changed := tt.p.AdmitRung(tt.s, tt.key, tt.rung, now)
+			if admit != tt.admit || changed != tt.change || len(next.Rungs) != tt.left {
+				t.Fatalf("admit=%v changed=%v places=%d, want %v %v %d", admit, changed, len(next.Rungs), tt.admit, tt.change, tt.left)
+			}
+			if len(tt.s.Rungs) != before {
+				t.Fatal("the input was modified")
+			}
+		})
+	}
+}
+
+// Release gives up a task's canary place and its rung places together.
+func TestReleaseRungPlaces(t *testing.T) {
+	now := time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
+	s := scoring.Stats{
+		Canaries: []scoring.Canary{{Key: "t1", At: now}},
+		Rungs:    []scoring.Canary{{Key: "t1", Rung: events.RungRefine, At: now}, {Key: "t2", Rung: events.RungRefine, At: now}},
+	}
+	if !s.Holds("t1") || !s.Holds("t2") || s.Holds("t3") {
+		t.Fatal("Holds does not see the places")
+	}
+	next, changed := scoring.Release(s, "t1")
+	if !changed || next.Canaries != nil || len(next.Rungs) != 1 || next.Rungs[0].Key != "t2" {
+		t.Fatalf("release: changed=%v canaries %+v rungs %+v", changed, next.Canaries, next.Rungs)
+	}
+	if len(s.Rungs) != 2 {
+		t.Fatal("the input was modified")
+	}
+	if _, changed := scoring.Release(next, "t1"); changed {
+		t.Fatal("releasing a task without places changed the stats")
+	}
+}
