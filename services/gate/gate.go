@@ -438,7 +438,7 @@ func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error)
 // resolved by a human — and reports whether it freed any. A canary's place is given back
 // here, by the next pass that asks for one, not by whoever ended it: the
 // recorder writes no gate facts. It reads the holders' states only when a
-// pass is refused a place, at most Policy.Canary reads.
+// pass is refused a place, one read per task holding a place.
 func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool, error) {
 	if s.cfg.Tasks == nil {
 		return false, nil

@@ -17,7 +17,7 @@ import (
 //	  redelivered pass republishes it (services.OnStored)
 //	dispatch_gate_waits_total{type}            looks of a pass waiting for its type's canaries or a rung's
 //	dispatch_gate_held_total{type}             tasks held for their type's trust (status held)
-//	dispatch_gate_wakes_total{type,why}        held passes the sweeper woke: readmit, probe, expired
+//	dispatch_gate_wakes_total{type,why}        held passes the sweeper woke: readmit, probe, expired, canary, queued, rung
 //	dispatch_gate_asleep{type}                 passes asleep in the held index, as this
 //	  gate's sweeper sees it (read at each scrape)
 //	dispatch_trust_score{type}                 the type's trust score now, read at each
@@ -53,7 +53,7 @@ func newMetrics(cfg Config, s *Service) *metrics {
 		}, []string{"type"}),
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispatch_gate_wakes_total",
-			Help: "Held passes the gate's sweeper woke from the held index, by type and why (readmit, probe, expired).",
+			Help: "Held passes the gate's sweeper woke from the held index, by type and why (readmit, probe, expired, canary, queued, rung).",
 		}, []string{"type", "why"}),
 		tasks:  services.NewTaskMetrics(reg, cfg.TypeLabels),
 		types:  cfg.TypeLabels,

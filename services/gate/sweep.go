@@ -20,7 +20,6 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/internal/core/task"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/follow"
 	"github.com/dispatchmesh/dispatchmesh/services"
-	"github.com/dispatchmesh/dispatchmesh/trust"
 )
 
 // Rewake is how long the sweeper leaves a pass it woke before it wakes it
@@ -38,12 +37,14 @@ const (
 
 // woken is when a sweeper last woke a pass, and how many times it has;
 // place, whether for a canary place while its type was still unproven;
-// rung, the rung a retry waited to climb onto (events.HoldRung).
+// rung, the rung a retry waited to climb onto (events.HoldRung), and
+// measured, whether that rung had been measured.
 type woken struct {
-	at    time.Time
-	n     int
-	place bool
-	rung  events.Rung
+	at       time.Time
+	n        int
+	place    bool
+	rung     events.Rung
+	measured bool
 }
 
 // due reports whether a pass woken as w may be woken again at now; round,
@@ -90,7 +91,10 @@ const (
 // (the look admits them, a few at a time while the type is on probation);
 // of the passes waiting for the type's canaries, as many of the oldest as
 // there are free places, every one once the canaries scored the type, and
-// each that waited the canary TTL (dueOf). A woken pass's look decides as any look does, and either ends the hold
+// each that waited the canary TTL; of the retries waiting for the first
+// retries onto their rung, as many as the rung has free places, every one
+// once the rung is measured, and each that waited the canary TTL (dueOf).
+// A woken pass's look decides as any look does, and either ends the hold
 // (its entry goes) or leaves it asleep. A sweep reads nothing from the
 // server but the events it republishes, so the gate's cost of a held pass
 // is one entry, not a look every few seconds.
@@ -341,11 +345,14 @@ func drain(updates <-chan jetstream.KeyValueEntry, x *heldIndex, log *slog.Logge
 }
 
 // wake is one pass a sweep wakes, and why; place, whether for a free
-// canary place (its look may find it taken and leave it asleep).
+// canary place (its look may find it taken and leave it asleep); for a
+// retry waiting for a rung, measured, whether its rung has been measured
+// (a wake of its own, not one a place wake of the same period stands for).
 type wake struct {
-	entry services.HeldEntry
-	why   string
-	place bool
+	entry    services.HeldEntry
+	why      string
+	place    bool
+	measured bool
 }
 
 // sweep wakes what is due in x; woke holds when this sweeper last woke
@@ -435,7 +442,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			}
 			continue
 		}
-		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place, rung: w.entry.Rung}
+		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place, rung: w.entry.Rung, measured: w.measured}
 	}
 	for i, w := range due {
 		if sends[i].ack == nil {
@@ -467,7 +474,10 @@ const WakeReaders = 16
 // oldest one when a probe is due. Of the passes waiting for canaries: as
 // many of the oldest as there are free canary places, each that waited
 // the canary TTL, and every one once the canaries' results scored the
-// type. A pass woken lately (woken.due) is left to its look.
+// type. Of the retries waiting for a rung: as many as the rung has free
+// places, each that waited the canary TTL, and every one once the rung is
+// measured. A pass woken lately (woken.due) is left to its look, unless
+// its rung moved since (rungMoved).
 func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldEntry, now time.Time, woke map[string]woken, limit int, room *int, quota int, short *bool) []wake {
 	j := s.judge(l.typ, now)
 	j.room, j.quota, j.short = room, quota, short
@@ -476,6 +486,13 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 	switch {
 	case l.hold == events.HoldCanary:
 		j.places -= wokenLately(keys, woke, now)
+	case l.hold == events.HoldRung:
+		j.rungsTaken = map[events.Rung]int{}
+		for _, key := range keys {
+			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
+				j.rungsTaken[entries[key].Rung]++
+			}
+		}
 	case l.hold == events.HoldTrust && j.limited:
 		j.readmits -= wokenLately(keys, woke, now)
 	}
@@ -495,7 +512,8 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			continue
 		}
 		if why := j.due(e, now); why != "" {
-			due = append(due, wake{e, why, e.Canary() && j.canaryRound()})
+			due = append(due, wake{entry: e, why: why, place: e.Canary() && j.canaryRound(),
+				measured: e.Hold == events.HoldRung && !j.scoring.RungThin(j.stats, e.Rung)})
 		}
 	}
 	if (l.hold == events.HoldCanary && j.canaryRound() || l.hold == events.HoldRung) && len(due) == 0 && limit > 0 && now.Sub(s.checked[l]) >= CanaryCheck {
@@ -510,7 +528,7 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		}
 		for _, key := range keys {
 			if w, ok := woke[key]; !ok || now.Sub(w.at) >= Rewake {
-				due = append(due, wake{entries[key], why, l.hold == events.HoldCanary})
+				due = append(due, wake{entry: entries[key], why: why, place: l.hold == events.HoldCanary})
 				s.checked[l] = now
 				break
 			}
@@ -533,218 +551,6 @@ func wokenLately(keys []string, woke map[string]woken, now time.Time) int {
 // CanaryCheck is how often, at most, the sweeper wakes the oldest pass of a
 // type waiting for canaries while every canary place looks taken (dueOf).
 const CanaryCheck = 5 * time.Second
-
-// judgement is what a sweep judges of one type: whether its held passes
-// may go, and how many more it wakes.
-type judgement struct {
-	scoring      trust.Policy
-	exempt       bool
-	first, retry trust.Verdict
-	probe        bool // a probe of the type is due
-	backlog      trust.Backlog
-	readmits     int                 // passes held for trust it wakes to re-admit
-	limited      bool                // readmits is bounded by the type's free trial places
-	places       int                 // canary places free for passes waiting for canaries
-	stats        trust.Stats         // the type's evidence and gate facts, as the view holds them
-	rungsTaken   map[events.Rung]int // rung places this sweep's wakes are about to ask for
-	// room is how many more passes bound for the model the sweep may wake
-	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
-	// quota the part of it a lane of passes waiting their turn may take.
-	room *int
-	// short is set when a pass bound for the model was left asleep for
-	// want of room: the sweeper sweeps again soon.
-	short *bool
-	quota int
-}
-
-// full reports whether the sweep has no room left for a pass bound for
-// the model; wants, whether the pass at hand would take some: then it is
-// left asleep for want of room, and the sweeper sweeps again soon.
-func (j *judgement) full(wants bool) bool {
-	if *j.room > 0 {
-		return false
-	}
-	if wants {
-		j.starve()
-	}
-	return true
-}
-
-// starve notes that a pass bound for the model was left asleep for want
-// of room (or of its lane's share of it).
-func (j *judgement) starve() {
-	if j.short != nil {
-		*j.short = true
-	}
-}
-
-// open reports whether a pass held for its type's trust may be
-// re-admitted: its type is over its threshold (for a retry, judged on its
-// settled tasks), or exempt, and its held backlog is not paused.
-func (j *judgement) open(e services.HeldEntry) bool {
-	if !j.exempt && j.backlog.Paused() {
-		return false // re-admitted held tasks fail: the rest go as probes
-	}
-	if e.Retry {
-		return j.exempt || !j.retry.Below
-	}
-	return j.exempt || !j.first.Below
-}
-
-// take takes one of the sweep's room for a pass bound for the model.
-func (j *judgement) take() bool {
-	if j.full(true) {
-		return false
-	}
-	*j.room--
-	return true
-}
-
-// room is how many passes bound for the model a sweep may wake in bulk:
-// Config.MaxBacklog less the messages waiting, not yet delivered, on the
-// way to the model — at the prompt builder's consumer and the executor's.
-// Unbounded when MaxBacklog is negative, or when a consumer cannot be read
-// (none yet, or no grant): the sweep then wakes as it would without the
-// bound, and says why once.
-func (s *Service) room(ctx context.Context, stream jetstream.Stream) int {
-	if s.cfg.MaxBacklog < 0 {
-		return math.MaxInt
-	}
-	waiting := 0
-	for _, name := range []string{services.ConsumerPrompt, services.ConsumerExecutor} {
-		c, err := stream.Consumer(ctx, name)
-		var info *jetstream.ConsumerInfo
-		if err == nil {
-			info, err = c.Info(ctx)
-		}
-		if err != nil {
-			s.full.Store(false)
-			if !s.unbounded.Swap(true) && ctx.Err() == nil {
-				s.log.Warn("the backlog before the model cannot be read: the sweeper wakes passes without bounding it", "consumer", name, "err", err)
-			}
-			return math.MaxInt
-		}
-		waiting += int(info.NumPending)
-	}
-	s.unbounded.Store(false)
-	s.full.Store(waiting >= s.cfg.MaxBacklog)
-	return max(0, s.cfg.MaxBacklog-waiting)
-}
-
-// judge judges typ as the sweeper's view holds it at now.
-func (s *Service) judge(typ string, now time.Time) *judgement {
-	pol := s.cfg.Policy.Snapshot().For(typ)
-	j := &judgement{scoring: pol.Scoring(s.cfg.Scoring).WithDefaults()}
-	stats := s.cfg.View.Stats(typ)
-	j.stats = stats
-	pool := s.pool()
-	prior := j.scoring.PriorOf(pool, typ)
-	j.scoring.Canary = j.scoring.CanariesWith(prior)
-	j.first, j.retry = j.scoring.EvaluateWith(typ, stats, prior, false), j.scoring.EvaluateWith(typ, stats, prior, true)
-	j.exempt = pol.IsExempt() || j.scoring.Threshold < 0
-	_, probe := j.scoring.HeldProbe(stats, now)
-	j.backlog = j.scoring.BacklogOf(stats)
-	j.probe = probe && !j.exempt && (j.first.Below || j.retry.Below || j.backlog.Paused())
-	j.readmits = s.cfg.Readmit
-	if !j.exempt && j.scoring.ReadmitLimited(j.backlog, j.first.Probation) { // the look admits no more than the free trial places
-		j.readmits = min(j.readmits, max(0, j.scoring.TrialPlaces(stats)-task.LiveHolders(stats, j.scoring, now, "")))
-		j.limited = true
-	}
-	if j.canaryRound() {
-		j.places = max(0, j.scoring.Canary-task.LiveHolders(stats, j.scoring, now, ""))
-	}
-	return j
-}
-
-// rungMoved reports whether e, a retry waiting for a rung when the sweeper
-// woke it as w, may go before w's rewake: it waits for another rung now,
-// or its rung has been measured since.
-func (j *judgement) rungMoved(e services.HeldEntry, w woken) bool {
-	return e.Hold == events.HoldRung && (e.Rung != w.rung || !j.scoring.RungThin(j.stats, e.Rung))
-}
-
-// canaryRound reports whether the type still sends canaries: unproven,
-// neither exempt nor ungated.
-func (j *judgement) canaryRound() bool { return j.first.Unproven && !j.exempt }
-
-// quiet reports whether neither e nor any pass of its lane held after it
-// can be due: e has not waited its time (the hold time, or the canary
-// TTL), and nothing is left to wake but passes that have.
-func (j *judgement) quiet(e services.HeldEntry, now time.Time) bool {
-	if e.Hold == events.HoldQueued {
-		if j.quota <= 0 { // the lane's share of the room is used up
-			j.starve()
-			return true
-		}
-		return j.full(true)
-	}
-	if e.Canary() {
-		bulk := !j.canaryRound() || now.Sub(e.Since) >= j.scoring.CanaryTTL
-		return (j.places <= 0 || !j.canaryRound()) && (!bulk || j.full(true))
-	}
-	if e.Hold == events.HoldRung {
-		return j.full(true) // its lane's passes wait for different rungs
-	}
-	return now.Sub(e.Since) < j.scoring.HoldTime && (j.readmits <= 0 || j.full(j.open(e))) && !j.probe
-}
-
-// due is why the sweep wakes e, "" when it leaves it asleep.
-func (j *judgement) due(e services.HeldEntry, now time.Time) string {
-	if e.Hold == events.HoldQueued {
-		if j.quota > 0 && j.take() {
-			j.quota--
-			return WakeQueued
-		}
-		return ""
-	}
-	if e.Hold == events.HoldRung {
-		p := j.scoring
-		switch {
-		case !p.RungThin(j.stats, e.Rung), now.Sub(e.Since) >= p.CanaryTTL:
-			if j.take() { // its look climbs on the rung's evidence, or lets it go
-				return WakeRung
-			}
-		case p.RungPlaces(j.stats, e.Rung, now, "")+j.rungsTaken[e.Rung] < p.RungCanary:
-			if j.take() {
-				if j.rungsTaken == nil {
-					j.rungsTaken = map[events.Rung]int{}
-				}
-				j.rungsTaken[e.Rung]++
-				return WakeRung
-			}
-		}
-		return ""
-	}
-	if e.Canary() {
-		switch {
-		case j.canaryRound() && j.places > 0:
-			j.places--
-			return WakeCanary
-		case !j.canaryRound(), now.Sub(e.Since) >= j.scoring.CanaryTTL:
-			if j.take() { // its look admits it, or holds it for trust
-				return WakeCanary
-			}
-		}
-		return ""
-	}
-	open := j.open(e)
-	switch {
-	case open && j.readmits > 0:
-		if j.take() {
-			j.readmits--
-			return WakeReadmit
-		}
-	case open:
-		// Re-admitted in turn, even past its hold time: its look admits
-		// it, or hands it to a human.
-	case now.Sub(e.Since) >= j.scoring.HoldTime:
-		return WakeExpired
-	case j.probe:
-		j.probe = false
-		return WakeProbe
-	}
-	return ""
-}
 
 // wakeMsg is the wake of the pass entry w names: its held event,
 // republished on dispatch.task.<id>.wake for the held consumer to look at;
@@ -785,8 +591,11 @@ func (s *Service) wakeMsg(ctx context.Context, stream jetstream.Stream, w wake) 
 // score its type may follow within the period.
 func wakeID(w wake, now time.Time) string {
 	suffix := "wake-"
-	if w.place {
+	switch {
+	case w.place:
 		suffix = "wake-place-"
+	case w.measured:
+		suffix = "wake-measured-" + string(w.entry.Rung) + "-"
 	}
 	period := now.Truncate(Rewake).Unix()
 	return services.MsgID(w.entry.Task, w.entry.Pass, suffix+strconv.FormatInt(period, 10))

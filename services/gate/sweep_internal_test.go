@@ -72,6 +72,18 @@ func TestARungWaitIsDueWhenItsRungMoves(t *testing.T) {
 	if !(&judgement{scoring: p, stats: measured}).rungMoved(waits(events.RungRefine), w) {
 		t.Error("a retry whose rung was measured: not due again at once")
 	}
+	// Woken once its rung was measured, it is not woken again every sweep
+	// while its look is under way; that wake has a Msg-Id of its own, so a
+	// place wake earlier in the period does not stand for it.
+	again := woken{at: at, n: 1, rung: events.RungRefine, measured: true}
+	if (&judgement{scoring: p, stats: measured}).rungMoved(waits(events.RungRefine), again) {
+		t.Error("woken for its measured rung: due again before Rewake")
+	}
+	e := waits(events.RungRefine)
+	e.Task, e.Pass = "t1", 2
+	if wakeID(wake{entry: e}, at) == wakeID(wake{entry: e, measured: true}, at) {
+		t.Error("a place wake and a measured-rung wake of one period share a Msg-Id: the stream keeps one")
+	}
 }
 
 // A sweep's judgement of one type wakes, of the passes waiting for its
@@ -214,6 +226,9 @@ func TestJudgementShort(t *testing.T) {
 		{"unproven canary wait, backlog full", judgement{first: trust.Verdict{Unproven: true}, room: ptr(0)}, services.HeldEntry{Since: young, Hold: events.HoldCanary}, false},
 		{"queued, its share used", judgement{quota: 0, room: ptr(5)}, services.HeldEntry{Since: young, Hold: events.HoldQueued}, true},
 		{"queued, backlog full", judgement{quota: 3, room: ptr(0)}, services.HeldEntry{Since: young, Hold: events.HoldQueued}, true},
+		{"rung wait, its place taken, backlog full", judgement{room: ptr(0), stats: trust.Stats{Rungs: []trust.Canary{{Key: "t0", Rung: events.RungRefine, At: young}}}},
+			services.HeldEntry{Since: young, Hold: events.HoldRung, Rung: events.RungRefine}, false},
+		{"rung wait, its place free, backlog full", judgement{room: ptr(0)}, services.HeldEntry{Since: young, Hold: events.HoldRung, Rung: events.RungRefine}, true},
 	} {
 		short := false
 		j := tt.j

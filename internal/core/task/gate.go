@@ -117,8 +117,10 @@ func Decide(in GateIn) GateOut {
 	}
 	// The block streak ends only with a trusted pass that goes on, as
 	// rebuild replays it (scoring.StreakStep): not with one the backlog's
-	// rules put back to sleep or let through as a probe.
-	out.ResetStreak = in.Stats.BlockStreak > 0 && out.Trust.Cause == events.CauseTrusted && (out.Act == ActAdmit || out.Act == ActPark)
+	// rules put back to sleep or let through as a probe, nor with a retry
+	// parked for its rung (its look may still hand it off).
+	goes := out.Act == ActAdmit || out.Act == ActPark && out.Hold != events.HoldRung
+	out.ResetStreak = in.Stats.BlockStreak > 0 && out.Trust.Cause == events.CauseTrusted && goes
 	return out
 }
 
@@ -192,19 +194,23 @@ func decide(in GateIn) GateOut {
 		out.Trust.Reason = fmt.Sprintf("HANDOFF before attempt %d: the last %d held tasks of %s re-admitted ended failed, while its new tasks do not", in.Run.Attempt, backlog.Ended, t.Type)
 		return act(out, ActHandoff)
 	}
-	if in.Run.Attempt > 1 && in.Run.Rung != "" {
-		if climb(&out, in) {
-			return act(out, ActHandoff)
-		}
-		if !out.Run.Probe && in.gated() && in.Scoring.RungThin(in.Stats, out.Run.Rung) {
-			var stop bool
-			if out, stop = rungCanary(out, in); stop {
-				return out
-			}
-		}
+	retry := in.Run.Attempt > 1 && in.Run.Rung != ""
+	if retry && climb(&out, in) {
+		return act(out, ActHandoff)
 	}
 	if canaryRound && !out.Run.Probe {
-		return canaries(out, in)
+		if out = canaries(out, in); out.Act != ActAdmit {
+			return out
+		}
+	}
+	// A retry waits for its rung's first retries only while no other hold
+	// holds it: a pass held for its type's trust, its canaries or its turn
+	// goes on when that hold ends (one held event per hold of a pass).
+	if retry && !out.Run.Probe && in.gated() && (in.Hold == "" || in.Hold == events.HoldRung) && in.Scoring.RungThin(in.Stats, out.Run.Rung) {
+		var stop bool
+		if out, stop = rungCanary(out, in); stop {
+			return out
+		}
 	}
 	if in.Crowded && in.Hold == "" && out.Trust.Cause == events.CauseTrusted && in.Run.Attempt <= 1 {
 		// A flood of a trusted type takes its turn with every other type's

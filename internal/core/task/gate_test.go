@@ -182,6 +182,17 @@ func TestDecide(t *testing.T) {
 			act: task.ActAdmit, cause: events.CauseTrusted, reason: "waited 10m0s for the REFINE retries"},
 		{name: "a retry onto a measured rung: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Stats: refineMeasured}, act: task.ActAdmit, cause: events.CauseTrusted},
 		{name: "an exempt type's retry: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Exempt: true}, act: task.ActAdmit, cause: events.CauseExempt},
+		{name: "a retry held for trust, re-admitted: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Stats: backlog(cleared)},
+			act: task.ActAdmit, cause: events.CauseTrusted, check: readmitted},
+		{name: "a canary's retry: its canary place first, then a rung place", in: task.GateIn{Run: refine, Verdict: unproven}, act: task.ActAsk, ask: task.ClaimCanary},
+		{name: "a canary's retry, its canary place held: asks for a rung place", in: task.GateIn{Run: refine, Verdict: unproven, Claimed: claimed(task.ClaimCanary, true)},
+			act: task.ActAsk, ask: task.ClaimRung},
+		{name: "a retry parked for its rung after blocks: the streak stays", in: task.GateIn{Run: refine, Verdict: trusted, Arrived: gateNow, Stats: withStreak(scoring.Stats{}, 3), Claimed: claimed(task.ClaimRung, false)},
+			act: task.ActPark, check: func(t *testing.T, out task.GateOut) {
+				if out.ResetStreak {
+					t.Error("the streak is reset by a retry its look may still hand off")
+				}
+			}},
 		{name: "a probe's retry: no place asked", in: task.GateIn{Run: events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine, Probe: true}, Verdict: below}, act: task.ActAdmit, cause: events.CauseProbe},
 		{name: "unproven: asks for a canary place", in: task.GateIn{Run: first, Verdict: unproven}, act: task.ActAsk, ask: task.ClaimCanary},
 		{name: "unproven, a place: a canary", in: task.GateIn{Run: first, Verdict: unproven, Claimed: claimed(task.ClaimCanary, true)},

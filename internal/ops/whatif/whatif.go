@@ -82,7 +82,7 @@ func Decode(m rebuild.Message) (ev core.Event, ok bool, err error) {
 		var h events.Held
 		err := json.Unmarshal(m.Data, &h)
 		ev.Kind, ev.Base, ev.Trust, ev.Hold, ev.Reason = core.KindHeld, h.Base, h.Trust, h.Hold, h.Reason
-		return ev, err == nil && h.Hold == events.HoldTrust || err != nil, err // a canary wait changes no fate
+		return ev, err == nil && h.Hold == events.HoldTrust || err != nil, err // a wait for canaries, a turn or a rung changes no fate: the look that ends it is another event
 	case events.StageExecuted:
 		var x events.Executed
 		err := json.Unmarshal(m.Data, &x)
