@@ -79,17 +79,7 @@ func startGateWith(t *testing.T, scoring trust.Policy, maxAckPending, readmit, m
 // created, as the verifier would.
 func (m *meshGate) submit(id, typ string) {
 	m.t.Helper()
-	b := events.Base{Task: events.Task{ID: id, Type: typ, Subject: id + ".go"}, Run: first()}
-	if _, _, err := m.tasks.Create(context.Background(), task.New(b.Task)); err != nil {
-		m.t.Fatal(err)
-	}
-	out, err := services.Next(b, events.StageVerified, events.EventVerified, events.Verified{Base: b})
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	if _, err := m.js.PublishMsg(context.Background(), services.NatsMsg(out), jetstream.WithMsgID(out.MsgID)); err != nil {
-		m.t.Fatal(err)
-	}
+	m.submitRun(id, typ, first())
 }
 
 // outcomes publishes n ended tasks of typ, successes or failures, now.
