@@ -299,8 +299,9 @@ func (p Policy) RungBelow(s Stats, rung events.Rung) (below bool, tries, success
 // shrunk toward a prior is below the floor. The prior is the type's
 // retries on every rung, pulled toward the other types' rate on the rung
 // (Pool.Rung, once two types measured the rung, else their retries on any
-// rung), each level worth RungMinSamples/2 retries: a type whose retries
-// fail on two rungs is not presumed to succeed on a third. Its retries
+// rung; itself pulled toward an even chance against the pooled retries
+// behind it), each level worth RungMinSamples/2 retries: a type whose
+// retries fail on two rungs is not presumed to succeed on a third. Its retries
 // count there once they were made on two rungs or more: failures on
 // REFINE alone are what PIVOT is for. With fewer than
 // two types pooled, the type's own retries on every rung stand in once
@@ -336,10 +337,19 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 			return false, tries, successes // nothing to judge by: the ladder applies as it is
 		}
 		mean = 0.5
-	} else if !twoRungs {
-		// Retries failing on one rung say little of the others: PIVOT
-		// is there for the tasks REFINE does not fix.
-		allTries, allSuccesses = 0, 0
+	} else {
+		// The other types' mean counts as much as the retries behind it:
+		// pulled toward an even chance by a prior worth RungMinSamples/2
+		// retries, so a few other types' first retries on the rung (a
+		// burst, each type's one retry) do not shut it on this type.
+		pooled, _ := pool.RungCounts(s.Type, rung)
+		m0 := float64(p.RungMinSamples) / 2
+		mean = (float64(pooled)*mean + m0*0.5) / (float64(pooled) + m0)
+		if !twoRungs {
+			// Retries failing on one rung say little of the others: PIVOT
+			// is there for the tasks REFINE does not fix.
+			allTries, allSuccesses = 0, 0
+		}
 	}
 	mean = (k*mean + float64(allSuccesses)) / (k + float64(allTries))
 	est := (k*mean + float64(successes)) / (k + float64(tries))

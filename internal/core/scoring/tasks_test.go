@@ -366,7 +366,7 @@ func TestRungBelowWithPool(t *testing.T) {
 		pool     *scoring.Pool
 		min, max int // of 1,000 retries
 	}{
-		{"2 failed retries pooled: one in RungExplore", thin, 150, 250},
+		{"2 failed retries pooled: too few to shut the rung", thin, 1000, 1000},
 		{"12 failed: 0.75^13 ≈ 2.4%", never, 10, 45},
 		{"50 failed: almost none", deep, 0, 2},
 	} {
@@ -412,6 +412,26 @@ func TestRungBelowWithPool(t *testing.T) {
 	}
 	if below, _, _ := p.RungBelowWith(alone, events.RungResearch, nil, ""); !below {
 		t.Error("nothing pooled, 8 failed retries of its own: went on")
+	}
+	// A few other types' first retries failing (a burst delivered at once,
+	// each type's first retry on the rung) do not shut the rung on a type
+	// whose own retry on it succeeded, nor on one whose own failed once:
+	// the pooled mean counts as much as the retries behind it.
+	three := scoring.NewPool([]scoring.Stats{retries("a", events.RungRefine, 0, 1), retries("b", events.RungRefine, 0, 1), retries("c", events.RungRefine, 0, 1)}, scoring.Policy{})
+	two := scoring.NewPool([]scoring.Stats{retries("a", events.RungRefine, 0, 1), retries("b", events.RungRefine, 0, 1)}, scoring.Policy{})
+	for _, tt := range []struct {
+		name string
+		own  scoring.Stats
+		rung events.Rung
+		pool *scoring.Pool
+	}{
+		{"its own REFINE retry paid, 3 other types' first failed", retries("new", events.RungRefine, 1, 1), events.RungRefine, three},
+		{"its own REFINE retry failed, 2 other types' first failed", retries("new", events.RungRefine, 0, 1), events.RungRefine, two},
+		{"PIVOT it never tried, 3 other types' first retries failed", fresh, events.RungPivot, three},
+	} {
+		if below, _, _ := p.RungBelowWith(tt.own, tt.rung, tt.pool, ""); below {
+			t.Errorf("%s: stopped", tt.name)
+		}
 	}
 	// The type's own evidence, once it has enough, decides alone.
 	own := retries("new", events.RungRefine, 8, 8)
