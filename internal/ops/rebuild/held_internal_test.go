@@ -74,11 +74,12 @@ func replayOf(msgs []stored) *Stores {
 
 // The held index a replay rebuilds: an entry for a pass held for its
 // type's trust, from its first held event (its time, its sequence, its
-// reason); one for a pass waiting for canaries, from its held event
-// waiting for them; none once the gate admitted the pass or stopped it; a
+// reason); one for a pass waiting for canaries (or a retry for its rung),
+// from its held event waiting for them; none once the gate admitted the pass or stopped it; a
 // wake changes no store.
 func TestReplayedHeldIndex(t *testing.T) {
 	const wait = "waiting for the canaries of css_fix"
+	const rungWait = "waiting for the REFINE retries of css_fix being measured"
 	t0 := time.Date(2026, 5, 18, 12, 0, 0, 123456789, time.UTC)
 	entry := func(id string, pass int, after time.Duration, seq uint64, reason string) services.HeldEntry {
 		return services.HeldEntry{Task: id, Type: "css_fix", Pass: pass, Retry: pass > 1, Since: t0.Add(after), Seq: seq, Reason: reason}
@@ -153,6 +154,16 @@ func TestReplayedHeldIndex(t *testing.T) {
 			s.held("t1", 1, events.HoldTrust, time.Second, low)
 			s.held("t1", 1, events.HoldTrust, time.Hour, "another look")
 		}, []services.HeldEntry{entry("t1", 1, time.Second, 2, low)}},
+		{"a retry waiting for its rung: the rung it waits to climb onto", func(s *heldStream) {
+			s.queued("t1")
+			ev := events.Held{Base: s.base("t1", 1, 2, time.Second), Hold: events.HoldRung, Reason: rungWait}
+			ev.Run.Rung = events.RungRefine // pass 1: the stream has no retry event to move the state on
+			s.add(events.TaskSubject("t1", events.StageHeld), ev)
+		}, []services.HeldEntry{func() services.HeldEntry {
+			e := entry("t1", 1, time.Second, 2, rungWait)
+			e.Retry, e.Hold, e.Rung = true, events.HoldRung, events.RungRefine
+			return e
+		}()}},
 		{"a retry held", func(s *heldStream) {
 			s.queued("t1")
 			s.held("t1", 2, events.HoldTrust, time.Second, low)
