@@ -364,6 +364,11 @@ const (
 	HoldRung Hold = "rung"
 )
 
+// ForOutcomes reports whether a pass held for h waits for outcomes of its
+// type: its canaries' (HoldCanary), or those of the retries measuring its
+// rung (HoldRung).
+func (h Hold) ForOutcomes() bool { return h == HoldCanary || h == HoldRung }
+
 // Held is published by the gate on dispatch.task.<id>.held when it holds a
 // pass back — for its type's trust or for its canaries' results — instead
 // of keeping it in its own consumer: the gate's held consumer looks at it

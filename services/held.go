@@ -45,6 +45,23 @@ type HeldEntry struct {
 	Rung events.Rung `json:"rung,omitempty"`
 }
 
+// HeldEntryOf is the entry of the pass ev holds, asleep for hold (its
+// type's trust is written "") from the message at stream sequence seq;
+// rung is the rung a retry waiting for one (events.HoldRung) waits to
+// climb onto.
+func HeldEntryOf(ev events.Held, seq uint64, hold events.Hold, rung events.Rung) HeldEntry {
+	e := HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
+		Since: ev.At, Seq: seq, Reason: ev.Reason}
+	switch hold {
+	case events.HoldTrust:
+	case events.HoldRung:
+		e.Hold, e.Rung = hold, rung
+	default:
+		e.Hold = hold
+	}
+	return e
+}
+
 // Canary reports whether the pass waits for its type's canaries.
 func (e HeldEntry) Canary() bool { return e.Hold == events.HoldCanary }
 

@@ -98,13 +98,7 @@ func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time,
 	if key == "" {
 		return false, fmt.Errorf("%w: canary call without a key", ErrInvalid)
 	}
-	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		cur.Outcomes = outcomes
-		next, a, changed := p.AdmitCanary(cur, key, now)
-		admit = a
-		return next, changed
-	})
-	return admit, err
+	return s.place(ctx, taskType, outcomes, func(cur Stats) (Stats, bool, bool) { return p.AdmitCanary(cur, key, now) })
 }
 
 // Rung asks for a place on rung for the retry of task key (its id) under
@@ -114,13 +108,7 @@ func (s *Store) Rung(ctx context.Context, taskType, key string, rung events.Rung
 	if key == "" || rung == "" {
 		return false, fmt.Errorf("%w: rung call without a key or a rung", ErrInvalid)
 	}
-	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		cur.Outcomes = outcomes
-		next, a, changed := p.AdmitRung(cur, key, rung, now)
-		admit = a
-		return next, changed
-	})
-	return admit, err
+	return s.place(ctx, taskType, outcomes, func(cur Stats) (Stats, bool, bool) { return p.AdmitRung(cur, key, rung, now) })
 }
 
 // Trial asks for one of places trial places for task key (Policy.AdmitTrial):
@@ -129,12 +117,21 @@ func (s *Store) Trial(ctx context.Context, taskType, key string, now time.Time, 
 	if key == "" {
 		return false, fmt.Errorf("%w: trial call without a key", ErrInvalid)
 	}
+	return s.place(ctx, taskType, nil, func(cur Stats) (Stats, bool, bool) { return p.AdmitTrial(cur, key, now, places) })
+}
+
+// place takes a place in taskType's gate facts under compare-and-set:
+// admit decides on the facts with the type's outcomes (View.Stats; nil
+// when admit reads none) and says whether the place was given and whether
+// the facts changed.
+func (s *Store) place(ctx context.Context, taskType string, outcomes []Outcome, admit func(Stats) (next Stats, ok, changed bool)) (ok bool, err error) {
 	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		next, a, changed := p.AdmitTrial(cur, key, now, places)
-		admit = a
+		cur.Outcomes = outcomes // the store keeps none
+		next, a, changed := admit(cur)
+		ok = a
 		return next, changed
 	})
-	return admit, err
+	return ok, err
 }
 
 // Release gives up the canary place and the rung places of task key, if it

@@ -188,7 +188,7 @@ func (s *Service) decide(ctx context.Context, m *services.Msg, b events.Base, se
 	}
 	// A look at a pass waiting for canaries reads only what its claim
 	// needs: the view, not the server — one in FullLookEvery syncs.
-	quickLook := held != nil && (held.Hold == events.HoldCanary || held.Hold == events.HoldRung) && !in.Woken && m.Delivered%FullLookEvery != 0
+	quickLook := held != nil && held.Hold.ForOutcomes() && !in.Woken && m.Delivered%FullLookEvery != 0
 	if !quickLook && mayHinge(b.Run, in.Verdict, in.Scoring, in.Exempt) {
 		// Every outcome of the type stored before this pass reached the
 		// gate must count — a retry's own previous one, those a client saw
@@ -270,29 +270,21 @@ func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, rung e
 		probe, err := s.cfg.Trust.HeldProbe(ctx, in.Scoring, t.Type, b.At, in.Stats.Outcomes)
 		return probe, false, err
 	case task.ClaimTrial:
-		ok, err := s.trial(ctx, t, b.At, in.Scoring, in.Stats)
+		places := in.Scoring.TrialPlaces(in.Stats)
+		ok, err := s.placeFreeing(ctx, t, func() (bool, error) {
+			return s.cfg.Trust.Trial(ctx, t.Type, t.ID, b.At, in.Scoring, places)
+		})
 		return ok, false, err
 	case task.ClaimCanary:
-		admit, err := s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
-		if admit || err != nil {
-			return admit, false, err
-		}
-		// Places held by tasks that ended are free.
-		if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil || !freed {
-			return false, false, err
-		}
-		admit, err = s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
-		return admit, false, err
+		ok, err := s.placeFreeing(ctx, t, func() (bool, error) {
+			return s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
+		})
+		return ok, false, err
 	case task.ClaimRung:
-		admit, err := s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats.Outcomes)
-		if admit || err != nil {
-			return admit, false, err
-		}
-		if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil || !freed {
-			return false, false, err
-		}
-		admit, err = s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats.Outcomes)
-		return admit, false, err
+		ok, err := s.placeFreeing(ctx, t, func() (bool, error) {
+			return s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats.Outcomes)
+		})
+		return ok, false, err
 	}
 	return false, false, fmt.Errorf("gate: unknown claim %q", c)
 }
@@ -322,12 +314,12 @@ func (s *Service) act(ctx context.Context, m *services.Msg, b events.Base, seale
 	case task.ActSleep:
 		return nil, s.sleep(ctx, m, in.Scoring, held, events.HoldTrust, "")
 	case task.ActPark:
-		if out.Hold == events.HoldCanary || out.Hold == events.HoldRung {
+		if out.Hold.ForOutcomes() {
 			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 		}
 		return s.park(b, out.Hold, d, sealed)
 	case task.ActWait:
-		if out.Hold == events.HoldCanary || out.Hold == events.HoldRung {
+		if out.Hold.ForOutcomes() {
 			s.metrics.waits.WithLabelValues(s.metrics.types.Label(t.Type)).Inc()
 		}
 		s.log.Debug("waiting", "task", t.ID, "type", t.Type, "for", out.Hold, "outcomes", in.Verdict.Outcomes)
@@ -472,18 +464,18 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 	return freed, nil
 }
 
-// trial asks for a trial place for a held task of a type on probation,
-// freeing the places of tasks that ended when every place is taken.
-func (s *Service) trial(ctx context.Context, t events.Task, now time.Time, p trust.Policy, stats trust.Stats) (bool, error) {
-	places := p.TrialPlaces(stats)
-	ok, err := s.cfg.Trust.Trial(ctx, t.Type, t.ID, now, p, places)
+// placeFreeing asks for a place (a trial, canary or rung place of task
+// t's type) with ask; refused, it frees the places of tasks that ended
+// (releaseEnded) and, when it freed any, asks once more.
+func (s *Service) placeFreeing(ctx context.Context, t events.Task, ask func() (bool, error)) (bool, error) {
+	ok, err := ask()
 	if ok || err != nil {
 		return ok, err
 	}
 	if freed, err := s.releaseEnded(ctx, t.Type, t.ID); err != nil || !freed {
 		return false, err
 	}
-	return s.cfg.Trust.Trial(ctx, t.Type, t.ID, now, p, places)
+	return ask()
 }
 
 // canaryDelay is how long a waiting pass sleeps before it looks again:

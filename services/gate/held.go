@@ -121,15 +121,7 @@ func (s *Service) sleep(ctx context.Context, m *services.Msg, p trust.Policy, he
 		}
 		return services.Snooze(heldDelay(m.Delivered, p.HoldTime), ErrHeld)
 	}
-	if hold == events.HoldTrust {
-		hold = "" // an entry held for trust names no hold (as before canaries slept here)
-	}
-	e := services.HeldEntry{Task: held.Task.ID, Type: held.Task.Type, Pass: held.Run.Pass, Retry: held.Run.Attempt > 1,
-		Since: held.At, Seq: m.Seq, Reason: held.Reason, Hold: hold}
-	if hold == events.HoldRung {
-		e.Rung = rung
-	}
-	if err := s.cfg.Held.Put(ctx, e); err != nil {
+	if err := s.cfg.Held.Put(ctx, services.HeldEntryOf(*held, m.Seq, hold, rung)); err != nil {
 		return err
 	}
 	return errAsleep

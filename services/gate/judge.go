@@ -115,7 +115,7 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 	pol := s.cfg.Policy.Snapshot().For(typ)
 	j := &judgement{scoring: pol.Scoring(s.cfg.Scoring).WithDefaults()}
 	stats := s.cfg.View.Stats(typ)
-	j.stats = stats
+	j.stats = stats // the rung waits' evidence and places
 	pool := s.pool()
 	prior := j.scoring.PriorOf(pool, typ)
 	j.scoring.Canary = j.scoring.CanariesWith(prior)
@@ -140,6 +140,14 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 // or its rung has been measured since.
 func (j *judgement) rungMoved(e services.HeldEntry, w woken) bool {
 	return e.Hold == events.HoldRung && (e.Rung != w.rung || !w.measured && !j.scoring.RungThin(j.stats, e.Rung))
+}
+
+// tookRung counts a place on rung a woken pass's look is about to ask for.
+func (j *judgement) tookRung(rung events.Rung) {
+	if j.rungsTaken == nil {
+		j.rungsTaken = map[events.Rung]int{}
+	}
+	j.rungsTaken[rung]++
 }
 
 // canaryRound reports whether the type still sends canaries: unproven,
@@ -185,10 +193,7 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 			}
 		case p.RungPlaces(j.stats, e.Rung, now, "")+j.rungsTaken[e.Rung] < p.RungCanary:
 			if j.take() {
-				if j.rungsTaken == nil {
-					j.rungsTaken = map[events.Rung]int{}
-				}
-				j.rungsTaken[e.Rung]++ // its look is about to ask for the place
+				j.tookRung(e.Rung) // its look is about to ask for the place
 				return WakeRung
 			}
 		}

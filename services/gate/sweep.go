@@ -275,18 +275,11 @@ func (x *heldIndex) waiting() bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for l := range x.lanes {
-		if l.waitsForOutcomes() {
+		if l.hold.ForOutcomes() {
 			return true
 		}
 	}
 	return false
-}
-
-// waitsForOutcomes reports whether the lane's passes wait for outcomes of
-// their type: its canaries' (events.HoldCanary), or those of the retries
-// measuring a rung (events.HoldRung).
-func (l lane) waitsForOutcomes() bool {
-	return l.hold == events.HoldCanary || l.hold == events.HoldRung
 }
 
 // canaryTypes lists the types with passes in x waiting for their
@@ -296,7 +289,7 @@ func (x *heldIndex) canaryTypes() []string {
 	defer x.mu.Unlock()
 	var types []string
 	for l := range x.lanes {
-		if l.waitsForOutcomes() && !slices.Contains(types, l.typ) {
+		if l.hold.ForOutcomes() && !slices.Contains(types, l.typ) {
 			types = append(types, l.typ)
 		}
 	}
@@ -487,10 +480,9 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 	case l.hold == events.HoldCanary:
 		j.places -= wokenLately(keys, woke, now)
 	case l.hold == events.HoldRung:
-		j.rungsTaken = map[events.Rung]int{}
 		for _, key := range keys {
 			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
-				j.rungsTaken[entries[key].Rung]++
+				j.tookRung(entries[key].Rung)
 			}
 		}
 	case l.hold == events.HoldTrust && j.limited:

@@ -33,20 +33,12 @@ func (p Policy) AdmitRung(s Stats, key string, rung events.Rung, now time.Time) 
 	if slices.ContainsFunc(s.Rungs, func(c Canary) bool { return c.Key == key && c.Rung == rung }) {
 		return s, true, false
 	}
-	live := slices.DeleteFunc(slices.Clone(s.Rungs), func(c Canary) bool { return p.rungPlaceOver(s, c, now) })
-	if len(live) == 0 {
-		live = nil
+	next = s // places free again (expired, or their outcome in) are given up
+	next.Rungs = slices.DeleteFunc(slices.Clone(s.Rungs), func(c Canary) bool { return p.rungPlaceOver(s, c, now) })
+	if p.RungPlaces(s, rung, now, "") >= p.RungCanary {
+		return next, false, len(next.Rungs) != len(s.Rungs)
 	}
-	if p.RungPlaces(Stats{Rungs: live}, rung, now, "") >= p.RungCanary {
-		if len(live) == len(s.Rungs) {
-			return s, false, false
-		}
-		next = s
-		next.Rungs = live
-		return next, false, true
-	}
-	next = s
-	next.Rungs = append(live, Canary{Key: key, At: now, Rung: rung})
+	next.Rungs = append(next.Rungs, Canary{Key: key, At: now, Rung: rung})
 	return next, true, true
 }
 

@@ -332,19 +332,18 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 	k := float64(p.RungMinSamples) / 2
 	allTries, allSuccesses, twoRungs := p.retries(s)
 	mean, types := pool.Rung(s.Type, rung)
+	if types < 2 && allTries < p.RungMinSamples {
+		return false, tries, successes // nothing to judge by: the ladder applies as it is
+	}
+	pooled, pooledOK := pool.RungCounts(s.Type, rung)
 	if types < 2 {
-		if allTries < p.RungMinSamples {
-			return false, tries, successes // nothing to judge by: the ladder applies as it is
-		}
 		mean = 0.5
 	} else {
 		// The other types' mean counts as much as the retries behind it:
 		// pulled toward an even chance by a prior worth RungMinSamples/2
 		// retries, so a few other types' first retries on the rung (a
 		// burst, each type's one retry) do not shut it on this type.
-		pooled, _ := pool.RungCounts(s.Type, rung)
-		m0 := float64(p.RungMinSamples) / 2
-		mean = (float64(pooled)*mean + m0*0.5) / (float64(pooled) + m0)
+		mean = (float64(pooled)*mean + k*0.5) / (float64(pooled) + k)
 		if !twoRungs {
 			// Retries failing on one rung say little of the others: PIVOT
 			// is there for the tasks REFINE does not fix.
@@ -357,7 +356,6 @@ func (p Policy) RungBelowWith(s Stats, rung events.Rung, pool *Pool, explore str
 		return false, tries, successes
 	}
 	if explore != "" && p.RungExplore > 0 {
-		pooled, pooledOK := pool.RungCounts(s.Type, rung)
 		share := p.ExploreShare(allTries+pooled, allSuccesses+pooledOK)
 		if twoRungs {
 			share = min(share, p.ExploreShare(allTries, allSuccesses))

@@ -382,12 +382,7 @@ func (r *replayer) apply(m stored) error {
 			// Waiting for canaries: neither the state nor the streak
 			// changes; the pass sleeps in the held index until it goes.
 			if p := (passKey{ev.Task.ID, ev.Run.Pass}); !hasKey(r.waits, p) {
-				e := services.HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
-					Since: ev.At, Seq: m.seq, Reason: ev.Reason, Hold: ev.Hold}
-				if ev.Hold == events.HoldRung {
-					e.Rung = ev.Run.Rung // the rung it waits to climb onto
-				}
-				r.waits[p] = e
+				r.waits[p] = services.HeldEntryOf(ev, m.seq, ev.Hold, ev.Run.Rung)
 			}
 			return nil
 		}
@@ -396,8 +391,7 @@ func (r *replayer) apply(m stored) error {
 			return task.Hold(st, found, ev.Base, ev.Reason)
 		})
 		if p := (passKey{ev.Task.ID, ev.Run.Pass}); !hasKey(r.held, p) {
-			r.held[p] = services.HeldEntry{Task: ev.Task.ID, Type: ev.Task.Type, Pass: ev.Run.Pass, Retry: ev.Run.Attempt > 1,
-				Since: ev.At, Seq: m.seq, Reason: ev.Reason}
+			r.held[p] = services.HeldEntryOf(ev, m.seq, events.HoldTrust, "")
 		}
 	case events.StageExecuted:
 		var ev events.Executed
