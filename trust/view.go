@@ -257,6 +257,7 @@ func (v *View) Sync(ctx context.Context, taskType string) error {
 // a copy.
 type window struct {
 	outcomes []Outcome
+	fold     *scoring.Fold // of outcomes: folded once for every reader
 	keys     map[string]struct{}
 	seq      uint64 // the stream sequence of the newest message applied
 }
@@ -279,6 +280,7 @@ func (w *window) insert(o Outcome, limit int) {
 		delete(w.keys, w.outcomes[0].Key)
 		w.outcomes = w.outcomes[1:]
 	}
+	w.fold = scoring.NewFold(w.outcomes)
 }
 
 // Stats is taskType's trust: its outcomes, oldest first (the newest Keep;
@@ -291,6 +293,7 @@ func (v *View) Stats(taskType string) Stats {
 	st.Type = taskType
 	if w := v.windows[taskType]; w != nil {
 		st.Outcomes = w.outcomes[:len(w.outcomes):len(w.outcomes)] // appends by the caller copy
+		st.Fold = w.fold
 	}
 	return st
 }

@@ -120,7 +120,7 @@ func (p Policy) Evaluate(taskType string, s Stats) Verdict {
 // as failed so far: a regression shows at once.
 func (p Policy) EvaluateWith(taskType string, s Stats, prior Prior, settledOnly bool) Verdict {
 	p = p.WithDefaults()
-	folded := Tasks(s.Outcomes) // once: the window, its settled tasks and the run test read it
+	folded := s.Folded() // the window, its settled tasks and the run test read it
 	all := p.window(folded, false)
 	rs := all
 	if settledOnly {

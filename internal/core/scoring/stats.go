@@ -33,6 +33,9 @@ type Stats struct {
 	// ProbeAt is when the newest probe was taken from the type's held
 	// tasks (Policy.HeldProbe).
 	ProbeAt time.Time `json:"probe_at,omitzero"`
+	// Fold, when made for Outcomes (NewFold), folds them once for every
+	// reader (Folded); nil folds on each use.
+	Fold *Fold `json:"-"`
 }
 
 // Canary is one admitted task of an unproven type, or one retry measuring
@@ -46,6 +49,7 @@ type Canary struct {
 // Clone returns a copy of s that shares no slice with it.
 func (s Stats) Clone() Stats {
 	s.Outcomes = slices.Clone(s.Outcomes)
+	s.Fold = NewFold(s.Outcomes)
 	s.Gates = slices.Clone(s.Gates)
 	s.Canaries = slices.Clone(s.Canaries)
 	s.Rungs = slices.Clone(s.Rungs)
@@ -94,8 +98,8 @@ func (p Policy) Record(s Stats, o Outcome) (next Stats, changed bool) {
 		return s, false
 	}
 	next = s
-	next.Outcomes = window
-	if p.settled(next.Outcomes) >= p.MinOutcomes {
+	next.Outcomes, next.Fold = window, NewFold(window)
+	if p.settled(next) >= p.MinOutcomes {
 		next.Canaries = nil // scored from now on: the canary phase is over
 	}
 	return next, true
@@ -175,7 +179,7 @@ func StreakStep(cause events.Cause, probe bool, attempt int, heldForTrust bool) 
 // not modified.
 func (p Policy) AdmitCanary(s Stats, key string, now time.Time) (next Stats, admit, changed bool) {
 	p = p.WithDefaults()
-	if p.Canary < 0 || p.settled(s.Outcomes) >= p.MinOutcomes {
+	if p.Canary < 0 || p.settled(s) >= p.MinOutcomes {
 		return s, true, false
 	}
 	return p.AdmitTrial(s, key, now, p.Canary)
@@ -269,7 +273,7 @@ func (s Stats) Holds(key string) bool {
 // how many of them succeeded.
 func (p Policy) RungRate(s Stats, rung events.Rung) (tries, successes int) {
 	p = p.WithDefaults()
-	for _, o := range p.windowOutcomes(s.Outcomes) {
+	for o := range p.windowOutcomes(s) {
 		if o.Retry && o.Rung == rung {
 			tries++
 			if o.Success {
@@ -407,7 +411,7 @@ func betaAbove(a, b int, x float64) float64 {
 // more.
 func (p Policy) retries(s Stats) (tries, successes int, twoRungs bool) {
 	var first events.Rung
-	for _, o := range p.windowOutcomes(s.Outcomes) {
+	for o := range p.windowOutcomes(s) {
 		if o.Retry && o.Rung != "" {
 			tries++
 			if o.Success {
@@ -424,8 +428,8 @@ func (p Policy) retries(s Stats) (tries, successes int, twoRungs bool) {
 }
 
 // settled counts the tasks of the window whose result is final.
-func (p Policy) settled(outcomes []Outcome) int {
-	return len(p.tasks(outcomes, true))
+func (p Policy) settled(s Stats) int {
+	return len(p.tasksOf(s, true))
 }
 
 // HeldProbe decides whether a held task of the type goes through as a
@@ -439,7 +443,7 @@ func (p Policy) settled(outcomes []Outcome) int {
 // re-admitted task that failed past BacklogStop. s is not modified.
 func (p Policy) HeldProbe(s Stats, now time.Time) (next Stats, probe bool) {
 	p = p.WithDefaults()
-	rs := p.tasks(s.Outcomes, false)
+	rs := p.tasksOf(s, false)
 	wait := p.ProbeInterval
 	for range min(failedProbes(rs)+max(0, backlogOf(rs).Losses-BacklogStop), 16) {
 		wait = min(2*wait, MaxProbeInterval)

@@ -2,9 +2,11 @@ package scoring
 
 import (
 	"hash/fnv"
+	"iter"
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
@@ -54,21 +56,26 @@ func (o Outcome) TaskID() string {
 // Tasks folds outcomes (in window order: Insert's, by time) into one
 // result per task, ordered by each task's newest outcome, oldest first.
 func Tasks(outcomes []Outcome) []TaskResult {
-	// The gate folds a window on every pass: one allocation for the
-	// results, one for the index, none for the order when (as usual) each
-	// task's outcomes are together.
-	idx := make(map[string]int, len(outcomes))
-	rs := make([]TaskResult, 0, len(outcomes))
+	rs, _ := fold(outcomes)
+	return rs
+}
+
+// fold is Tasks, with the index in rs of each outcome's task.
+func fold(outcomes []Outcome) (rs []TaskResult, of []int32) {
+	idx := make(map[string]int32, len(outcomes))
+	rs = make([]TaskResult, 0, len(outcomes))
+	of = make([]int32, len(outcomes))
 	last := make([]int, 0, len(outcomes)) // by result: its newest outcome's index
 	for n, o := range outcomes {
 		id := o.TaskID()
 		i, ok := idx[id]
 		if !ok {
-			i = len(rs)
+			i = int32(len(rs))
 			idx[id] = i
 			rs = append(rs, TaskResult{Task: id})
 			last = append(last, n)
 		}
+		of[n] = i
 		r := &rs[i]
 		if !o.At.Before(r.At) {
 			r.At = o.At
@@ -91,25 +98,75 @@ func Tasks(outcomes []Outcome) []TaskResult {
 			r.Failures++
 		}
 	}
-	if slices.IsSorted(last) {
-		return slices.Clip(rs)
+	if slices.IsSorted(last) { // as usual: each task's outcomes are together
+		return slices.Clip(rs), of
 	}
-	order := make([]int, len(rs))
+	order := make([]int32, len(rs))
 	for i := range order {
-		order[i] = i
+		order[i] = int32(i)
 	}
-	slices.SortFunc(order, func(a, b int) int { return last[a] - last[b] })
+	slices.SortFunc(order, func(a, b int32) int { return last[a] - last[b] })
 	sorted := make([]TaskResult, len(rs))
+	at := make([]int32, len(rs)) // by old index: the new one
 	for i, j := range order {
-		sorted[i] = rs[j]
+		sorted[i], at[j] = rs[j], int32(i)
 	}
-	return sorted
+	for n, i := range of {
+		of[n] = at[i]
+	}
+	return sorted, of
+}
+
+// Fold is the fold of one outcome slice (Tasks), made on first use and
+// shared by everyone who reads that slice. A View hands the same window
+// to the gate's score, its canary count, its rung rates and the mesh-wide
+// pool many times between two outcomes of the type; folding it afresh each
+// time was a fifth of the mesh's allocations. A Fold answers only for the
+// slice it was made for (the same first element and length), whose
+// elements must not change: Stats whose Outcomes were replaced or appended
+// to fold them afresh.
+type Fold struct {
+	outcomes []Outcome
+	once     sync.Once
+	rs       []TaskResult
+	of       []int32
+}
+
+// NewFold returns the Fold of outcomes, not yet folded.
+func NewFold(outcomes []Outcome) *Fold { return &Fold{outcomes: outcomes} }
+
+// get is the fold of outcomes when f was made for them.
+func (f *Fold) get(outcomes []Outcome) (rs []TaskResult, of []int32, ok bool) {
+	if f == nil || len(outcomes) != len(f.outcomes) || len(outcomes) > 0 && &outcomes[0] != &f.outcomes[0] {
+		return nil, nil, false
+	}
+	f.once.Do(func() { f.rs, f.of = fold(f.outcomes) })
+	return f.rs, f.of, true
+}
+
+// Folded is Tasks(s.Outcomes), from s.Fold when it was made for them. The
+// results are shared and must not be modified.
+func (s Stats) Folded() []TaskResult {
+	rs, _ := s.folded()
+	return rs
+}
+
+func (s Stats) folded() ([]TaskResult, []int32) {
+	if rs, of, ok := s.Fold.get(s.Outcomes); ok {
+		return rs, of
+	}
+	return fold(s.Outcomes)
 }
 
 // tasks is the newest p.Window tasks of outcomes; settled keeps only
 // those whose result is final.
 func (p Policy) tasks(outcomes []Outcome, settled bool) []TaskResult {
 	return p.window(Tasks(outcomes), settled)
+}
+
+// tasksOf is p.tasks of s's outcomes, folded once (Stats.Folded).
+func (p Policy) tasksOf(s Stats, settled bool) []TaskResult {
+	return p.window(s.Folded(), settled)
 }
 
 // window is the newest p.Window of the folded tasks rs; settled keeps only
@@ -181,27 +238,28 @@ func openedByProbe(rs []TaskResult) bool {
 // stop it; where types differ (weight 0.5) it takes about ten. pooled
 // reports that the prior counted.
 func failedRun(rs []TaskResult, alpha float64, minBefore int, prior Prior) (k int, stopped, pooled bool) {
-	var settled []TaskResult
-	for _, r := range rs {
-		if r.Settled() && !r.backlog() { // the held backlog's failures are its own (BacklogOf)
-			settled = append(settled, r)
+	// Newest first, over the settled tasks but the held backlog's (whose
+	// failures are its own: BacklogOf): the run, then the tasks before it.
+	inRun, before, ok := true, 0, 0
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
+		switch {
+		case !r.Settled() || r.backlog():
+		case inRun && !r.Success:
+			k++
+		default:
+			inRun = false
+			before++
+			if r.Success {
+				ok++
+			}
 		}
-	}
-	for k < len(settled) && !settled[len(settled)-1-k].Success {
-		k++
 	}
 	if k == 0 || alpha <= 0 {
 		return k, false, false
 	}
-	before := settled[:len(settled)-k]
-	ok := 0
-	for _, r := range before {
-		if r.Success {
-			ok++
-		}
-	}
-	seen, won := float64(len(before)), float64(ok)
-	if len(before) < max(minBefore, 1) {
+	seen, won := float64(before), float64(ok)
+	if before < max(minBefore, 1) {
 		if !prior.Known() {
 			return k, false, false
 		}
@@ -272,7 +330,7 @@ func (b Backlog) NewestFirst() bool { return b.Failed }
 // BacklogOf is the held backlog's record among the window's tasks of s.
 func (p Policy) BacklogOf(s Stats) Backlog {
 	p = p.WithDefaults()
-	return backlogOf(p.tasks(s.Outcomes, false))
+	return backlogOf(p.tasksOf(s, false))
 }
 
 // backlogOf is BacklogOf over the window's folded tasks rs.
@@ -377,7 +435,7 @@ func NewPool(all []Stats, p Policy) *Pool {
 	p = p.WithDefaults()
 	pool := &Pool{tasks: map[string]float64{}, rungs: map[events.Rung]map[string]rate{}}
 	for _, s := range all {
-		rs := p.tasks(s.Outcomes, true)
+		rs := p.tasksOf(s, true)
 		if len(rs) >= PoolMinTasks {
 			ok := 0
 			for _, r := range rs {
@@ -387,7 +445,7 @@ func NewPool(all []Stats, p Policy) *Pool {
 			}
 			pool.tasks[s.Type] = float64(ok) / float64(len(rs))
 		}
-		for _, o := range p.windowOutcomes(s.Outcomes) {
+		for o := range p.windowOutcomes(s) {
 			if !o.Retry || o.Rung == "" {
 				continue
 			}
@@ -505,23 +563,18 @@ func (pool *Pool) rate(taskType string, rungs func(events.Rung) bool) (mean floa
 	return total / float64(types), types
 }
 
-// windowOutcomes is the outcomes of the newest p.Window tasks.
-func (p Policy) windowOutcomes(outcomes []Outcome) []Outcome {
-	folded := Tasks(outcomes)
-	if len(folded) <= p.Window {
-		return outcomes
-	}
-	keep := make(map[string]struct{}, p.Window)
-	for _, r := range lastN(folded, p.Window) {
-		keep[r.Task] = struct{}{}
-	}
-	out := make([]Outcome, 0, len(outcomes))
-	for _, o := range outcomes {
-		if _, ok := keep[o.TaskID()]; ok {
-			out = append(out, o)
+// windowOutcomes is the outcomes of s of the newest p.Window tasks, in
+// order.
+func (p Policy) windowOutcomes(s Stats) iter.Seq[Outcome] {
+	rs, of := s.folded()
+	cut := int32(len(rs) - p.Window)
+	return func(yield func(Outcome) bool) {
+		for n, o := range s.Outcomes {
+			if of[n] >= cut && !yield(o) {
+				return
+			}
 		}
 	}
-	return out
 }
 
 // explores reports whether the retry named key is among the share of

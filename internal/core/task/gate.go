@@ -422,7 +422,7 @@ func PlacesTaken(stats scoring.Stats, p scoring.Policy, now time.Time, self stri
 // final result among the type's outcomes.
 func LiveHolders(stats scoring.Stats, p scoring.Policy, now time.Time, self string) int {
 	ended := map[string]bool{}
-	for _, r := range scoring.Tasks(stats.Outcomes) {
+	for _, r := range stats.Folded() {
 		if r.Settled() {
 			ended[r.Task] = true
 		}
