@@ -144,3 +144,24 @@ func failedRunBefore(rs []TaskResult, alpha float64, minBefore int, prior Prior)
 	fail := 1 - (won+1)/(seen+2)
 	return k, math.Pow(fail, float64(k)) < alpha, pooled
 }
+
+// Readers share a Fold without a lock (a View hands it to every gate
+// worker): it folds once, and each sees the whole result (run with -race).
+func TestFoldSharedByReaders(t *testing.T) {
+	os := randomWindow(rand.New(rand.NewPCG(7, 8)), 100, 40)
+	s := Stats{Outcomes: os, Fold: NewFold(os)}
+	want := Tasks(os)
+	got := make(chan []TaskResult, 8)
+	for range cap(got) {
+		go func() { got <- s.Folded() }()
+	}
+	first := <-got
+	for range cap(got) - 1 {
+		if rs := <-got; &rs[0] != &first[0] {
+			t.Fatal("readers folded the window more than once")
+		}
+	}
+	if !slices.Equal(first, want) {
+		t.Fatal("the shared fold differs from Tasks")
+	}
+}
