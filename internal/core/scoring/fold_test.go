@@ -63,7 +63,7 @@ func TestFoldAnswersOnlyForItsSlice(t *testing.T) {
 	if !slices.Equal(a, Tasks(os[:19])) {
 		t.Fatal("a Fold's results differ from Tasks")
 	}
-	for name, other := range map[string][]Outcome{"appended": append(s.Outcomes, os[19]), "shorter": os[:18], "moved": os[1:19], "copied": slices.Clone(os[:19]), "empty": nil} {
+	for name, other := range map[string][]Outcome{"appended": append(s.Outcomes, os[19]), "shorter": os[:18], "moved": os[1:20], "copied": slices.Clone(os[:19]), "empty": nil} {
 		s2 := s
 		s2.Outcomes = other
 		if got := s2.Folded(); !slices.Equal(got, Tasks(other)) {

@@ -49,7 +49,7 @@ type Canary struct {
 // Clone returns a copy of s that shares no slice with it.
 func (s Stats) Clone() Stats {
 	s.Outcomes = slices.Clone(s.Outcomes)
-	s.Fold = NewFold(s.Outcomes)
+	s.Fold = nil // the copy may be changed in place: it folds on each use
 	s.Gates = slices.Clone(s.Gates)
 	s.Canaries = slices.Clone(s.Canaries)
 	s.Rungs = slices.Clone(s.Rungs)

@@ -107,12 +107,12 @@ func fold(outcomes []Outcome) (rs []TaskResult, of []int32) {
 	}
 	slices.SortFunc(order, func(a, b int32) int { return last[a] - last[b] })
 	sorted := make([]TaskResult, len(rs))
-	at := make([]int32, len(rs)) // by old index: the new one
+	moved := make([]int32, len(rs)) // by old index: the new one
 	for i, j := range order {
-		sorted[i], at[j] = rs[j], int32(i)
+		sorted[i], moved[j] = rs[j], int32(i)
 	}
 	for n, i := range of {
-		of[n] = at[i]
+		of[n] = moved[i]
 	}
 	return sorted, of
 }
@@ -240,7 +240,7 @@ func openedByProbe(rs []TaskResult) bool {
 func failedRun(rs []TaskResult, alpha float64, minBefore int, prior Prior) (k int, stopped, pooled bool) {
 	// Newest first, over the settled tasks but the held backlog's (whose
 	// failures are its own: BacklogOf): the run, then the tasks before it.
-	inRun, before, ok := true, 0, 0
+	inRun, before, wins := true, 0, 0
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]
 		switch {
@@ -251,14 +251,14 @@ func failedRun(rs []TaskResult, alpha float64, minBefore int, prior Prior) (k in
 			inRun = false
 			before++
 			if r.Success {
-				ok++
+				wins++
 			}
 		}
 	}
 	if k == 0 || alpha <= 0 {
 		return k, false, false
 	}
-	seen, won := float64(before), float64(ok)
+	seen, won := float64(before), float64(wins)
 	if before < max(minBefore, 1) {
 		if !prior.Known() {
 			return k, false, false
