@@ -122,7 +122,7 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
-			ok, err := store.Canary(ctx, "css_fix", fmt.Sprintf("t%d", i), time.Now(), trust.Policy{}, nil)
+			ok, err := store.Canary(ctx, "css_fix", fmt.Sprintf("t%d", i), time.Now(), trust.Policy{}, trust.Stats{})
 			if err != nil {
 				t.Error(err)
 			}
@@ -145,7 +145,7 @@ func TestStoreCanaryConcurrent(t *testing.T) {
 	if _, err := store.Release(ctx, "css_fix", st.Canaries[0].Key); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := store.Canary(ctx, "css_fix", "late", time.Now(), trust.Policy{}, nil); err != nil || !ok {
+	if ok, err := store.Canary(ctx, "css_fix", "late", time.Now(), trust.Policy{}, trust.Stats{}); err != nil || !ok {
 		t.Fatalf("a freed place was not given: %v %v", ok, err)
 	}
 }

@@ -79,10 +79,10 @@ func (s *Store) GateUnder(ctx context.Context, p Policy, taskType, key string, b
 // as a probe now (Policy.HeldProbe), and records the probe's time when it
 // does. A look redelivered after it decided a probe finds the time taken
 // and waits: a probe is delayed by a crash, never doubled.
-// outcomes are the type's (View.Stats): how many probes failed in a row.
-func (s *Store) HeldProbe(ctx context.Context, p Policy, taskType string, now time.Time, outcomes []Outcome) (probe bool, err error) {
+// seen is the type's View.Stats: how many probes failed in a row.
+func (s *Store) HeldProbe(ctx context.Context, p Policy, taskType string, now time.Time, seen Stats) (probe bool, err error) {
 	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		cur.Outcomes = outcomes
+		cur.Outcomes, cur.Fold = seen.Outcomes, seen.Fold
 		next, pr := p.HeldProbe(cur, now)
 		probe = pr
 		return next, pr
@@ -92,23 +92,23 @@ func (s *Store) HeldProbe(ctx context.Context, p Policy, taskType string, now ti
 
 // Canary asks for a canary place for task key (its id) under p, the
 // policy of its type (see Policy.AdmitCanary: a type may set its own number
-// of canaries, or none), given the type's outcomes (View.Stats), and
-// reports whether its pass may go.
-func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time, p Policy, outcomes []Outcome) (admit bool, err error) {
+// of canaries, or none), given the type's outcomes (seen: its View.Stats),
+// and reports whether its pass may go.
+func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time, p Policy, seen Stats) (admit bool, err error) {
 	if key == "" {
 		return false, fmt.Errorf("%w: canary call without a key", ErrInvalid)
 	}
-	return s.place(ctx, taskType, outcomes, func(cur Stats) (Stats, bool, bool) { return p.AdmitCanary(cur, key, now) })
+	return s.place(ctx, taskType, seen, func(cur Stats) (Stats, bool, bool) { return p.AdmitCanary(cur, key, now) })
 }
 
 // Rung asks for a place on rung for the retry of task key (its id) under
-// p (Policy.AdmitRung), given the type's outcomes (View.Stats), and
-// reports whether the retry may climb onto the rung now.
-func (s *Store) Rung(ctx context.Context, taskType, key string, rung events.Rung, now time.Time, p Policy, outcomes []Outcome) (admit bool, err error) {
+// p (Policy.AdmitRung), given the type's outcomes (seen: its View.Stats),
+// and reports whether the retry may climb onto the rung now.
+func (s *Store) Rung(ctx context.Context, taskType, key string, rung events.Rung, now time.Time, p Policy, seen Stats) (admit bool, err error) {
 	if key == "" || rung == "" {
 		return false, fmt.Errorf("%w: rung call without a key or a rung", ErrInvalid)
 	}
-	return s.place(ctx, taskType, outcomes, func(cur Stats) (Stats, bool, bool) { return p.AdmitRung(cur, key, rung, now) })
+	return s.place(ctx, taskType, seen, func(cur Stats) (Stats, bool, bool) { return p.AdmitRung(cur, key, rung, now) })
 }
 
 // Trial asks for one of places trial places for task key (Policy.AdmitTrial):
@@ -117,16 +117,16 @@ func (s *Store) Trial(ctx context.Context, taskType, key string, now time.Time, 
 	if key == "" {
 		return false, fmt.Errorf("%w: trial call without a key", ErrInvalid)
 	}
-	return s.place(ctx, taskType, nil, func(cur Stats) (Stats, bool, bool) { return p.AdmitTrial(cur, key, now, places) })
+	return s.place(ctx, taskType, Stats{}, func(cur Stats) (Stats, bool, bool) { return p.AdmitTrial(cur, key, now, places) })
 }
 
 // place takes a place in taskType's gate facts under compare-and-set:
-// admit decides on the facts with the type's outcomes (View.Stats; nil
-// when admit reads none) and says whether the place was given and whether
-// the facts changed.
-func (s *Store) place(ctx context.Context, taskType string, outcomes []Outcome, admit func(Stats) (next Stats, ok, changed bool)) (ok bool, err error) {
+// admit decides on the facts with the type's outcomes, folded once (seen:
+// its View.Stats; none when admit reads none) and says whether the place
+// was given and whether the facts changed.
+func (s *Store) place(ctx context.Context, taskType string, seen Stats, admit func(Stats) (next Stats, ok, changed bool)) (ok bool, err error) {
 	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		cur.Outcomes = outcomes // the store keeps none
+		cur.Outcomes, cur.Fold = seen.Outcomes, seen.Fold // the store keeps no outcomes
 		next, a, changed := admit(cur)
 		ok = a
 		return next, changed

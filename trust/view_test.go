@@ -239,7 +239,7 @@ func TestViewFacts(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the second block in the view", func() bool { return v.Stats("css_fix").BlockStreak == 2 })
-	if ok, err := store.Canary(ctx, "new_fix", "c", time.Now(), trust.Policy{}, nil); err != nil || !ok {
+	if ok, err := store.Canary(ctx, "new_fix", "c", time.Now(), trust.Policy{}, trust.Stats{}); err != nil || !ok {
 		t.Fatalf("canary: %v %v", ok, err)
 	}
 	eventually(t, "the canary place in the view", func() bool { return len(v.Stats("new_fix").Canaries) == 1 })

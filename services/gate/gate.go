@@ -267,7 +267,7 @@ func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, rung e
 		}
 		return probe, false, err
 	case task.ClaimProbe:
-		probe, err := s.cfg.Trust.HeldProbe(ctx, in.Scoring, t.Type, b.At, in.Stats.Outcomes)
+		probe, err := s.cfg.Trust.HeldProbe(ctx, in.Scoring, t.Type, b.At, in.Stats)
 		return probe, false, err
 	case task.ClaimTrial:
 		places := in.Scoring.TrialPlaces(in.Stats)
@@ -277,12 +277,12 @@ func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, rung e
 		return ok, false, err
 	case task.ClaimCanary:
 		ok, err := s.placeFreeing(ctx, t, func() (bool, error) {
-			return s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats.Outcomes)
+			return s.cfg.Trust.Canary(ctx, t.Type, t.ID, b.At, in.Scoring, in.Stats)
 		})
 		return ok, false, err
 	case task.ClaimRung:
 		ok, err := s.placeFreeing(ctx, t, func() (bool, error) {
-			return s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats.Outcomes)
+			return s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats)
 		})
 		return ok, false, err
 	}

@@ -35,7 +35,7 @@ func TestTrustGaugesAreReadAtEachScrape(t *testing.T) {
 	e.outcomes("css_fix", 12, 9, "")    // scored
 	e.outcomes("new_fix", 9, 9, "")     // one short of being scored
 	e.outcomes("triage_fix", 10, 0, "") // exempt: still scored
-	if _, err := e.trust.Canary(context.Background(), "idle_fix", "c0", now, trust.Policy{}.WithDefaults(), nil); err != nil {
+	if _, err := e.trust.Canary(context.Background(), "idle_fix", "c0", now, trust.Policy{}.WithDefaults(), trust.Stats{}); err != nil {
 		t.Fatal(err) // gate facts only: a canary place, no outcome
 	}
 	waitFacts(t, e.view, "idle_fix")
