@@ -26,6 +26,7 @@ type judgement struct {
 	places       int                 // canary places free for passes waiting for canaries
 	stats        trust.Stats         // the type's evidence and gate facts, as the view holds them
 	rungsTaken   map[events.Rung]int // rung places this sweep's wakes are about to ask for
+	tries        map[events.Rung]int // the type's retries measured on a rung (rungTries)
 	// room is how many more passes bound for the model the sweep may wake
 	// in bulk (Config.MaxBacklog), shared by every lane of the sweep;
 	// quota the part of it a lane of passes waiting their turn may take.
@@ -137,9 +138,25 @@ func (s *Service) judge(typ string, now time.Time) *judgement {
 
 // rungMoved reports whether e, a retry waiting for a rung when the sweeper
 // woke it as w, may go before w's rewake: it waits for another rung now,
-// or its rung has been measured since.
+// its rung has been measured since, or a retry on it has an outcome since
+// (the place its look found taken may be free: a rung whose retries fail
+// is climbed one canary at a time, and each waits for the one before).
 func (j *judgement) rungMoved(e services.HeldEntry, w woken) bool {
-	return e.Hold == events.HoldRung && (e.Rung != w.rung || !w.measured && !j.scoring.RungThin(j.stats, e.Rung))
+	return e.Hold == events.HoldRung && (e.Rung != w.rung || !w.measured && !j.scoring.RungThin(j.stats, e.Rung) || j.rungTries(e.Rung) > w.tries)
+}
+
+// rungTries is how many of the type's retries on rung the view has
+// measured (scoring.Policy.RungRate), read once per judgement.
+func (j *judgement) rungTries(rung events.Rung) int {
+	if n, ok := j.tries[rung]; ok {
+		return n
+	}
+	if j.tries == nil {
+		j.tries = map[events.Rung]int{}
+	}
+	n, _ := j.scoring.RungRate(j.stats, rung)
+	j.tries[rung] = n
+	return n
 }
 
 // tookRung counts a place on rung a woken pass's look is about to ask for.

@@ -45,6 +45,7 @@ type woken struct {
 	place    bool
 	rung     events.Rung
 	measured bool
+	tries    int // the retries measured on rung when it was woken
 }
 
 // due reports whether a pass woken as w may be woken again at now; round,
@@ -346,6 +347,7 @@ type wake struct {
 	why      string
 	place    bool
 	measured bool
+	tries    int // for a retry waiting for a rung: the retries measured on it
 }
 
 // sweep wakes what is due in x; woke holds when this sweeper last woke
@@ -435,7 +437,7 @@ func (s *Service) sweep(ctx context.Context, stream jetstream.Stream, x *heldInd
 			}
 			continue
 		}
-		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place, rung: w.entry.Rung, measured: w.measured}
+		woke[w.entry.Key()] = woken{at: now, n: woke[w.entry.Key()].n + 1, place: w.place, rung: w.entry.Rung, measured: w.measured, tries: w.tries}
 	}
 	for i, w := range due {
 		if sends[i].ack == nil {
@@ -480,8 +482,9 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 	case l.hold == events.HoldCanary:
 		j.places -= wokenLately(keys, woke, now)
 	case l.hold == events.HoldRung:
+		// Not those whose rung moved since: their looks are over.
 		for _, key := range keys {
-			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake {
+			if w, ok := woke[key]; ok && now.Sub(w.at) < Rewake && !j.rungMoved(entries[key], w) {
 				j.tookRung(entries[key].Rung)
 			}
 		}
@@ -504,8 +507,11 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			continue
 		}
 		if why := j.due(e, now); why != "" {
-			due = append(due, wake{entry: e, why: why, place: e.Canary() && j.canaryRound(),
-				measured: e.Hold == events.HoldRung && !j.scoring.RungThin(j.stats, e.Rung)})
+			w := wake{entry: e, why: why, place: e.Canary() && j.canaryRound()}
+			if e.Hold == events.HoldRung {
+				w.measured, w.tries = !j.scoring.RungThin(j.stats, e.Rung), j.rungTries(e.Rung)
+			}
+			due = append(due, w)
 		}
 	}
 	if (l.hold == events.HoldCanary && j.canaryRound() || l.hold == events.HoldRung) && len(due) == 0 && limit > 0 && now.Sub(s.checked[l]) >= CanaryCheck {
@@ -520,7 +526,11 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		}
 		for _, key := range keys {
 			if w, ok := woke[key]; !ok || now.Sub(w.at) >= Rewake {
-				due = append(due, wake{entry: entries[key], why: why, place: l.hold == events.HoldCanary})
+				w := wake{entry: entries[key], why: why, place: l.hold == events.HoldCanary}
+				if l.hold == events.HoldRung {
+					w.tries = j.rungTries(w.entry.Rung)
+				}
+				due = append(due, w)
 				s.checked[l] = now
 				break
 			}
@@ -588,6 +598,10 @@ func wakeID(w wake, now time.Time) string {
 		suffix = "wake-place-"
 	case w.measured:
 		suffix = "wake-measured-" + string(w.entry.Rung) + "-"
+	case w.entry.Hold == events.HoldRung:
+		// One wake per outcome on the rung: a wake after the next canary's
+		// outcome, within the same period, is not the one before it.
+		suffix = "wake-" + string(w.entry.Rung) + "-" + strconv.Itoa(w.tries) + "-"
 	}
 	period := now.Truncate(Rewake).Unix()
 	return services.MsgID(w.entry.Task, w.entry.Pass, suffix+strconv.FormatInt(period, 10))

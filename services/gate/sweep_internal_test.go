@@ -54,7 +54,9 @@ func TestAPlaceWakeDoesNotDelayTheBulkWake(t *testing.T) {
 }
 
 // A retry woken to climb a rung is due again at once, not after Rewake,
-// when it waits for another rung now or its rung has been measured since.
+// when it waits for another rung now, its rung has been measured since
+// (RungThin: a retry on it succeeded, or enough failed to judge it), or a
+// retry on it has an outcome since (the place it found taken may be free).
 func TestARungWaitIsDueWhenItsRungMoves(t *testing.T) {
 	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	p := trust.Policy{}.WithDefaults()
@@ -68,14 +70,22 @@ func TestARungWaitIsDueWhenItsRungMoves(t *testing.T) {
 	if !(&judgement{scoring: p}).rungMoved(waits(events.RungPivot), w) {
 		t.Error("a retry now waiting for another rung: not due again at once")
 	}
-	measured := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: at}}}
+	measured := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, Success: true, At: at}}}
+	failed := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: at}}}
+	if !(&judgement{scoring: p, stats: failed}).rungMoved(waits(events.RungRefine), w) {
+		t.Error("a retry on its rung has an outcome since its wake (a place may be free): not due again at once")
+	}
+	seenFail := woken{at: at, n: 1, rung: events.RungRefine, tries: 1}
+	if (&judgement{scoring: p, stats: failed}).rungMoved(waits(events.RungRefine), seenFail) {
+		t.Error("woken after its rung's only retry failed (still thin), nothing since: due again within Rewake")
+	}
 	if !(&judgement{scoring: p, stats: measured}).rungMoved(waits(events.RungRefine), w) {
 		t.Error("a retry whose rung was measured: not due again at once")
 	}
 	// Woken once its rung was measured, it is not woken again every sweep
 	// while its look is under way; that wake has a Msg-Id of its own, so a
 	// place wake earlier in the period does not stand for it.
-	again := woken{at: at, n: 1, rung: events.RungRefine, measured: true}
+	again := woken{at: at, n: 1, rung: events.RungRefine, measured: true, tries: 1}
 	if (&judgement{scoring: p, stats: measured}).rungMoved(waits(events.RungRefine), again) {
 		t.Error("woken for its measured rung: due again before Rewake")
 	}
@@ -83,6 +93,9 @@ func TestARungWaitIsDueWhenItsRungMoves(t *testing.T) {
 	e.Task, e.Pass = "t1", 2
 	if wakeID(wake{entry: e}, at) == wakeID(wake{entry: e, measured: true}, at) {
 		t.Error("a place wake and a measured-rung wake of one period share a Msg-Id: the stream keeps one")
+	}
+	if wakeID(wake{entry: e, tries: 1}, at) == wakeID(wake{entry: e, tries: 2}, at) {
+		t.Error("wakes after two outcomes on the rung, in one period, share a Msg-Id: the stream keeps one")
 	}
 }
 
@@ -108,7 +121,8 @@ func TestJudgementDue(t *testing.T) {
 		return services.HeldEntry{Since: now.Add(-age), Hold: events.HoldRung, Rung: r, Retry: true}
 	}
 	refineTaken := trust.Stats{Rungs: []trust.Canary{{Key: "t0", Rung: events.RungRefine, At: now.Add(-time.Second)}}}
-	refineMeasured := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: now}}}
+	refineFailed := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: now}}}
+	refineMeasured := trust.Stats{Outcomes: []trust.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, Success: true, At: now}}}
 	tests := []struct {
 		name    string
 		j       judgement
@@ -155,6 +169,8 @@ func TestJudgementDue(t *testing.T) {
 			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungPivot, time.Second), rung(events.RungPivot, 0)}, []string{"", WakeRung, ""}},
 		{"the rung measured: every wait on it wakes", judgement{stats: refineMeasured},
 			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, WakeRung}},
+		{"the rung's only retry failed: one wait wakes for its free place", judgement{stats: refineFailed},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, ""}},
 		{"waited the canary TTL for a rung: it wakes to go anyway", judgement{stats: refineTaken},
 			[]services.HeldEntry{rung(events.RungRefine, p.CanaryTTL)}, []string{WakeRung}},
 		{"the rung measured, no room: asleep", judgement{stats: refineMeasured, room: ptr(0)},

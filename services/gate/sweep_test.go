@@ -590,14 +590,30 @@ func TestRetriesWaitForTheFirstOntoAnUnmeasuredRung(t *testing.T) {
 			t.Fatalf("task %s: status %q (%v), want it unchanged", id, st.Status, err)
 		}
 	}
-	// Its outcome measures the rung: the others go.
-	msg, err := trust.OutcomeMsg("burst", trust.Outcome{Key: climbed + ":2:outcome", Task: climbed, Rung: events.RungRefine, Retry: true, At: time.Now().UTC()})
-	if err != nil {
-		t.Fatal(err)
+	// It failed: the rung is still thin, and the next retry climbs as its
+	// canary while the last sleeps on.
+	outcome := func(id string, success bool) {
+		t.Helper()
+		msg, err := trust.OutcomeMsg("burst", trust.Outcome{Key: id + ":2:outcome", Task: id, Rung: events.RungRefine, Retry: true, Success: success, At: time.Now().UTC()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.js.PublishMsg(context.Background(), msg); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := m.js.PublishMsg(context.Background(), msg); err != nil {
-		t.Fatal(err)
-	}
+	outcome(climbed, false)
+	var second string
+	eventually(t, "a second retry admitted as the rung's canary, the last asleep", func() bool {
+		admitted := m.stageOf(events.StageAdmitted, all)
+		if len(admitted) != 2 || len(m.asleep()) != 1 {
+			return false
+		}
+		second = admitted[slices.IndexFunc(admitted, func(id string) bool { return id != climbed })]
+		return true
+	})
+	// It succeeded: the rung pays, and the last goes.
+	outcome(second, true)
 	eventually(t, "the waiting retries admitted", func() bool {
 		return len(m.stageOf(events.StageAdmitted, all)) == len(all) && len(m.asleep()) == 0
 	})

@@ -138,9 +138,11 @@ type Type struct {
 	// RungFloor applies. Default 8.
 	RungMinSamples int `json:"rung_min_samples,omitempty"`
 	// RungCanary: while the type has fewer than rung_canary retries
-	// measured on a rung, at most that many climb onto it at once; the
-	// others wait (status unchanged, no tokens) for their outcomes, at
-	// most the canary TTL (10m). Default 1; 0 lets every retry climb at once.
+	// measured on a rung (or, under a rung floor, fewer than
+	// rung_min_samples, none of them a success), at most that many climb
+	// onto it at once; the others wait (status unchanged, no tokens) for
+	// their outcomes, at most the canary TTL (10m). Default 1; 0 lets
+	// every retry climb at once.
 	RungCanary *int `json:"rung_canary,omitempty"`
 	// TrustWindow is how many of the type's newest outcomes are scored.
 	// Default 50, at most scoring.MaxWindow (100).

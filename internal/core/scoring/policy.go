@@ -33,8 +33,9 @@ const (
 	// the pooled evidence (not yet the type's own) advises against, fewer
 	// as that evidence grows (ExploreShare).
 	DefaultRungExplore = 5
-	// DefaultRungCanary: while a type has no retry measured on a rung, one
-	// of its retries climbs onto it and the others wait for its outcome.
+	// DefaultRungCanary: while a type has no retry measured on a rung (or
+	// only failed ones, fewer than RungMinSamples), one of its retries
+	// climbs onto it and the others wait for its outcome.
 	DefaultRungCanary = 1
 	// DefaultHoldTime is how long a task the gate holds for low trust
 	// waits to be re-admitted before it goes to a human.
@@ -108,11 +109,13 @@ type Policy struct {
 	// measuring it — fewer as the evidence grows (ExploreShare); 1 leaves
 	// the share uncapped. Default 5; negative never.
 	RungExplore int
-	// RungCanary: while the type's window holds fewer than RungCanary of
-	// its retries on a rung, at most RungCanary of them run on that rung at
-	// once and the others wait for their outcomes (each at most CanaryTTL),
-	// so a burst of failures measures a rung before it pays for it many
-	// times over. Default 1; negative lets every retry climb at once.
+	// RungCanary: while the type's window holds too few of its retries on
+	// a rung to judge it (RungThin: fewer than RungCanary, or fewer than
+	// RungMinSamples and none a success), at most RungCanary of them run
+	// on that rung at once and the others wait for their outcomes (each at
+	// most CanaryTTL), so a burst of failures measures a rung before it
+	// pays for it many times over. Default 1; negative lets every retry
+	// climb at once.
 	RungCanary int
 	// PriorWeight is how many of a type's own tasks the mesh's pooled
 	// evidence counts for while the type has fewer than MinOutcomes

@@ -7,16 +7,21 @@ import (
 	"github.com/dispatchmesh/dispatchmesh/events"
 )
 
-// RungThin reports whether the type's window holds fewer than
-// p.RungCanary of its retries on rung: its retries then climb onto the
-// rung a few at a time (AdmitRung).
+// RungThin reports whether the type's window holds too few of its
+// retries on rung to climb onto it more than p.RungCanary at a time
+// (AdmitRung): fewer than p.RungCanary, or — while none of them has
+// succeeded and a rung floor applies — fewer than p.RungMinSamples. A rung whose first retries
+// fail is climbed one canary at a time until one succeeds or it has the
+// samples to be judged on its own: meanwhile the evidence that stops the
+// rest (the rung floor, with the other types' retries on the rung)
+// arrives before they are paid for, not after.
 func (p Policy) RungThin(s Stats, rung events.Rung) bool {
 	p = p.WithDefaults()
 	if p.RungCanary < 0 || rung == "" {
 		return false
 	}
-	tries, _ := p.RungRate(s, rung)
-	return tries < p.RungCanary
+	tries, successes := p.RungRate(s, rung)
+	return tries < p.RungCanary || p.RungFloor >= 0 && successes == 0 && tries < p.RungMinSamples
 }
 
 // AdmitRung decides whether task key's retry may climb onto rung now: it

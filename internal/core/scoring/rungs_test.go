@@ -20,6 +20,11 @@ func TestPolicyAdmitRung(t *testing.T) {
 	retried := func(task string, rung events.Rung) scoring.Outcome {
 		return scoring.Outcome{Key: task + ":2:outcome", Task: task, Rung: rung, Retry: true, At: now.Add(-time.Second)}
 	}
+	won := func(task string, rung events.Rung) scoring.Outcome {
+		o := retried(task, rung)
+		o.Success = true
+		return o
+	}
 	tests := []struct {
 		name          string
 		p             scoring.Policy
@@ -33,7 +38,13 @@ func TestPolicyAdmitRung(t *testing.T) {
 		{"the place is taken", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, false, false, 1},
 		{"a redelivery keeps its place", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t1", refine, true, false, 1},
 		{"another rung has places of its own", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", pivot, true, true, 2},
-		{"the rung is measured: no place needed", scoring.Policy{}, scoring.Stats{Outcomes: []scoring.Outcome{retried("t0", refine)}}, "t2", refine, true, false, 0},
+		{"a retry on the rung succeeded: no place needed", scoring.Policy{}, scoring.Stats{Outcomes: []scoring.Outcome{won("t0", refine)}}, "t2", refine, true, false, 0},
+		{"its first retry failed: the next is a canary too", scoring.Policy{}, scoring.Stats{Outcomes: []scoring.Outcome{retried("t0", refine)}}, "t2", refine, true, true, 1},
+		{"its first retry failed: one canary at a time", scoring.Policy{},
+			scoring.Stats{Outcomes: []scoring.Outcome{retried("t0", refine)}, Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, false, false, 1},
+		{"as many failed retries as judge the rung: no place needed", scoring.Policy{RungMinSamples: 3},
+			scoring.Stats{Outcomes: []scoring.Outcome{retried("t0", refine), retried("t1", refine), retried("t3", refine)}, Rungs: []scoring.Canary{place("t4", refine, time.Second)}}, "t2", refine, true, false, 1},
+		{"no rung floor: one failed retry measures the rung", scoring.Policy{RungFloor: -1}, scoring.Stats{Outcomes: []scoring.Outcome{retried("t0", refine)}}, "t2", refine, true, false, 0},
 		{"a first attempt measures no rung", scoring.Policy{}, scoring.Stats{Outcomes: []scoring.Outcome{{Key: "t0:1:outcome", Task: "t0", Rung: refine}}, Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, false, false, 1},
 		{"an expired place is given up", scoring.Policy{}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, scoring.DefaultCanaryTTL)}}, "t2", refine, true, true, 1},
 		{"two places", scoring.Policy{RungCanary: 2}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, true, true, 2},

@@ -40,7 +40,9 @@ func TestDecide(t *testing.T) {
 	// on; refineTaken: the one place on it held by another task's retry.
 	refine := events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine}
 	refineTaken := scoring.Stats{Rungs: []scoring.Canary{{Key: "t0", Rung: events.RungRefine, At: gateNow.Add(-time.Second)}}}
-	refineMeasured := scoring.Stats{Outcomes: []scoring.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: gateNow.Add(-time.Second)}}}
+	refineFailed := scoring.Stats{Outcomes: []scoring.Outcome{{Key: "t0:2:outcome", Task: "t0", Rung: events.RungRefine, Retry: true, At: gateNow.Add(-time.Second)}}}
+	refineMeasured := refineFailed.Clone()
+	refineMeasured.Outcomes[0].Success = true
 	rungWait := func(quick bool) func(t *testing.T, out task.GateOut) {
 		return func(t *testing.T, out task.GateOut) {
 			if out.Hold != events.HoldRung || out.Quick != quick {
@@ -181,6 +183,7 @@ func TestDecide(t *testing.T) {
 		{name: "waited the canary TTL for its rung: goes", in: task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldRung, Since: gateNow.Add(-p.CanaryTTL), Woken: true, Claimed: claimed(task.ClaimRung, false)},
 			act: task.ActAdmit, cause: events.CauseTrusted, reason: "waited 10m0s for the REFINE retries"},
 		{name: "a retry onto a measured rung: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Stats: refineMeasured}, act: task.ActAdmit, cause: events.CauseTrusted},
+		{name: "a retry onto a rung whose only retry failed: a place asked", in: task.GateIn{Run: refine, Verdict: trusted, Stats: refineFailed}, act: task.ActAsk, ask: task.ClaimRung},
 		{name: "an exempt type's retry: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Exempt: true}, act: task.ActAdmit, cause: events.CauseExempt},
 		{name: "a retry held for trust, re-admitted: no place asked", in: task.GateIn{Run: refine, Verdict: trusted, Hold: events.HoldTrust, Since: gateNow.Add(-time.Hour), Stats: backlog(cleared)},
 			act: task.ActAdmit, cause: events.CauseTrusted, check: readmitted},
