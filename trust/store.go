@@ -81,13 +81,10 @@ func (s *Store) GateUnder(ctx context.Context, p Policy, taskType, key string, b
 // and waits: a probe is delayed by a crash, never doubled.
 // seen is the type's View.Stats: how many probes failed in a row.
 func (s *Store) HeldProbe(ctx context.Context, p Policy, taskType string, now time.Time, seen Stats) (probe bool, err error) {
-	_, err = s.update(ctx, taskType, func(cur Stats) (Stats, bool) {
-		cur.Outcomes, cur.Fold = seen.Outcomes, seen.Fold
-		next, pr := p.HeldProbe(cur, now)
-		probe = pr
-		return next, pr
+	return s.place(ctx, taskType, seen, func(cur Stats) (Stats, bool, bool) {
+		next, probe := p.HeldProbe(cur, now)
+		return next, probe, probe
 	})
-	return probe, err
 }
 
 // Canary asks for a canary place for task key (its id) under p, the

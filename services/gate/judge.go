@@ -145,6 +145,17 @@ func (j *judgement) rungMoved(e services.HeldEntry, w woken) bool {
 	return e.Hold == events.HoldRung && (e.Rung != w.rung || !w.measured && !j.scoring.RungThin(j.stats, e.Rung) || j.rungTries(e.Rung) > w.tries)
 }
 
+// wake is the sweeper's wake of e, for why: a place wake while e waits
+// for canaries of a type still sending them; for a retry waiting for a
+// rung, what the view had measured on the rung (rungMoved reads it back).
+func (j *judgement) wake(e services.HeldEntry, why string) wake {
+	w := wake{entry: e, why: why, place: e.Canary() && j.canaryRound()}
+	if e.Hold == events.HoldRung {
+		w.measured, w.tries = !j.scoring.RungThin(j.stats, e.Rung), j.rungTries(e.Rung)
+	}
+	return w
+}
+
 // rungTries is how many of the type's retries on rung the view has
 // measured (scoring.Policy.RungRate), read once per judgement.
 func (j *judgement) rungTries(rung events.Rung) int {

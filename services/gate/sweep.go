@@ -507,11 +507,7 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 			continue
 		}
 		if why := j.due(e, now); why != "" {
-			w := wake{entry: e, why: why, place: e.Canary() && j.canaryRound()}
-			if e.Hold == events.HoldRung {
-				w.measured, w.tries = !j.scoring.RungThin(j.stats, e.Rung), j.rungTries(e.Rung)
-			}
-			due = append(due, w)
+			due = append(due, j.wake(e, why))
 		}
 	}
 	if (l.hold == events.HoldCanary && j.canaryRound() || l.hold == events.HoldRung) && len(due) == 0 && limit > 0 && now.Sub(s.checked[l]) >= CanaryCheck {
@@ -526,11 +522,7 @@ func (s *Service) dueOf(l lane, keys []string, entries map[string]services.HeldE
 		}
 		for _, key := range keys {
 			if w, ok := woke[key]; !ok || now.Sub(w.at) >= Rewake {
-				w := wake{entry: entries[key], why: why, place: l.hold == events.HoldCanary}
-				if l.hold == events.HoldRung {
-					w.tries = j.rungTries(w.entry.Rung)
-				}
-				due = append(due, w)
+				due = append(due, j.wake(entries[key], why))
 				s.checked[l] = now
 				break
 			}
