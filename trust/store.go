@@ -98,14 +98,14 @@ func (s *Store) Canary(ctx context.Context, taskType, key string, now time.Time,
 	return s.place(ctx, taskType, seen, func(cur Stats) (Stats, bool, bool) { return p.AdmitCanary(cur, key, now) })
 }
 
-// Rung asks for a place on rung for the retry of task key (its id) under
-// p (Policy.AdmitRung), given the type's outcomes (seen: its View.Stats),
-// and reports whether the retry may climb onto the rung now.
-func (s *Store) Rung(ctx context.Context, taskType, key string, rung events.Rung, now time.Time, p Policy, seen Stats) (admit bool, err error) {
+// Rung asks for a place on rung for the retry of task key (its id) on its
+// pass under p (Policy.AdmitRung), given the type's outcomes (seen: its
+// View.Stats), and reports whether the retry may climb onto the rung now.
+func (s *Store) Rung(ctx context.Context, taskType, key string, pass int, rung events.Rung, now time.Time, p Policy, seen Stats) (admit bool, err error) {
 	if key == "" || rung == "" {
 		return false, fmt.Errorf("%w: rung call without a key or a rung", ErrInvalid)
 	}
-	return s.place(ctx, taskType, seen, func(cur Stats) (Stats, bool, bool) { return p.AdmitRung(cur, key, rung, now) })
+	return s.place(ctx, taskType, seen, func(cur Stats) (Stats, bool, bool) { return p.AdmitRung(cur, key, pass, rung, now) })
 }
 
 // Trial asks for one of places trial places for task key (Policy.AdmitTrial):

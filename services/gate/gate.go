@@ -282,7 +282,7 @@ func (s *Service) claim(ctx context.Context, c task.Claim, b events.Base, rung e
 		return ok, false, err
 	case task.ClaimRung:
 		ok, err := s.placeFreeing(ctx, t, func() (bool, error) {
-			return s.cfg.Trust.Rung(ctx, t.Type, t.ID, rung, b.At, in.Scoring, in.Stats)
+			return s.cfg.Trust.Rung(ctx, t.Type, t.ID, b.Run.Pass, rung, b.At, in.Scoring, in.Stats)
 		})
 		return ok, false, err
 	}

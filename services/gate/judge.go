@@ -215,7 +215,7 @@ func (j *judgement) due(e services.HeldEntry, now time.Time) string {
 	if e.Hold == events.HoldRung {
 		p := j.scoring
 		switch {
-		case !p.RungThin(j.stats, e.Rung), now.Sub(e.Since) >= p.CanaryTTL:
+		case j.exempt, !p.RungThin(j.stats, e.Rung), now.Sub(e.Since) >= p.CanaryTTL:
 			if j.take() { // its look climbs on the rung's evidence, or lets it go
 				return WakeRung
 			}

@@ -171,6 +171,8 @@ func TestJudgementDue(t *testing.T) {
 			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, WakeRung}},
 		{"the rung's only retry failed: one wait wakes for its free place", judgement{stats: refineFailed},
 			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, ""}},
+		{"the type became exempt: every wait on its rungs wakes (an exempt type's retries never wait)", judgement{stats: refineTaken, exempt: true},
+			[]services.HeldEntry{rung(events.RungRefine, time.Minute), rung(events.RungRefine, time.Second)}, []string{WakeRung, WakeRung}},
 		{"waited the canary TTL for a rung: it wakes to go anyway", judgement{stats: refineTaken},
 			[]services.HeldEntry{rung(events.RungRefine, p.CanaryTTL)}, []string{WakeRung}},
 		{"the rung measured, no room: asleep", judgement{stats: refineMeasured, room: ptr(0)},

@@ -33,9 +33,9 @@ const (
 	// the pooled evidence (not yet the type's own) advises against, fewer
 	// as that evidence grows (ExploreShare).
 	DefaultRungExplore = 5
-	// DefaultRungCanary: while a type has no retry measured on a rung (or
-	// only failed ones, fewer than RungMinSamples), one of its retries
-	// climbs onto it and the others wait for its outcome.
+	// DefaultRungCanary: while a type has no retry measured on a rung (or,
+	// under a rung floor, only failed ones, fewer than RungMinSamples), one
+	// of its retries climbs onto it and the others wait for its outcome.
 	DefaultRungCanary = 1
 	// DefaultHoldTime is how long a task the gate holds for low trust
 	// waits to be re-admitted before it goes to a human.

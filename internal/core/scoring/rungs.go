@@ -24,18 +24,18 @@ func (p Policy) RungThin(s Stats, rung events.Rung) bool {
 	return tries < p.RungCanary || p.RungFloor >= 0 && successes == 0 && tries < p.RungMinSamples
 }
 
-// AdmitRung decides whether task key's retry may climb onto rung now: it
-// may when the rung is not thin (RungThin), when the task holds a place on
-// it already (a redelivery), or when fewer than p.RungCanary places on it
-// are held by retries still in flight; places older than p.CanaryTTL, and
-// those of tasks whose retry on the rung has an outcome in the window, are
-// given up first. s is not modified.
-func (p Policy) AdmitRung(s Stats, key string, rung events.Rung, now time.Time) (next Stats, admit, changed bool) {
+// AdmitRung decides whether the retry of task key on its pass may climb
+// onto rung now: it may when the rung is not thin (RungThin), when that
+// pass holds a place on it already (a redelivery), or when fewer than
+// p.RungCanary places on it are held by retries still in flight; places
+// older than p.CanaryTTL, and those whose retry has an outcome in the
+// window, are given up first. s is not modified.
+func (p Policy) AdmitRung(s Stats, key string, pass int, rung events.Rung, now time.Time) (next Stats, admit, changed bool) {
 	p = p.WithDefaults()
 	if !p.RungThin(s, rung) {
 		return s, true, false
 	}
-	if slices.ContainsFunc(s.Rungs, func(c Canary) bool { return c.Key == key && c.Rung == rung }) {
+	if slices.ContainsFunc(s.Rungs, func(c Canary) bool { return c.Key == key && c.Rung == rung && c.Pass == pass }) {
 		return s, true, false
 	}
 	next = s // places free again (expired, or their outcome in) are given up
@@ -43,7 +43,7 @@ func (p Policy) AdmitRung(s Stats, key string, rung events.Rung, now time.Time) 
 	if p.RungPlaces(s, rung, now, "") >= p.RungCanary {
 		return next, false, len(next.Rungs) != len(s.Rungs)
 	}
-	next.Rungs = append(next.Rungs, Canary{Key: key, At: now, Rung: rung})
+	next.Rungs = append(next.Rungs, Canary{Key: key, At: now, Rung: rung, Pass: pass})
 	return next, true, true
 }
 
@@ -67,7 +67,8 @@ func (p Policy) rungPlaceOver(s Stats, c Canary, now time.Time) bool {
 	if now.Sub(c.At) >= p.CanaryTTL {
 		return true
 	}
+	key := events.MsgID(c.Key, c.Pass, "outcome") // the recorder's key for the pass's outcome
 	return slices.ContainsFunc(s.Outcomes, func(o Outcome) bool {
-		return o.Retry && o.Rung == c.Rung && o.Task == c.Key
+		return o.Retry && o.Rung == c.Rung && o.Task == c.Key && (c.Pass == 0 || o.Key == key)
 	})
 }

@@ -15,7 +15,7 @@ func TestPolicyAdmitRung(t *testing.T) {
 	now := time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
 	const refine, pivot = events.RungRefine, events.RungPivot
 	place := func(key string, rung events.Rung, age time.Duration) scoring.Canary {
-		return scoring.Canary{Key: key, Rung: rung, At: now.Add(-age)}
+		return scoring.Canary{Key: key, Rung: rung, At: now.Add(-age), Pass: 2} // the pass the table's claims are made on
 	}
 	retried := func(task string, rung events.Rung) scoring.Outcome {
 		return scoring.Outcome{Key: task + ":2:outcome", Task: task, Rung: rung, Retry: true, At: now.Add(-time.Second)}
@@ -50,12 +50,14 @@ func TestPolicyAdmitRung(t *testing.T) {
 		{"two places", scoring.Policy{RungCanary: 2}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, true, true, 2},
 		{"two places, one retry measured: still thin", scoring.Policy{RungCanary: 2},
 			scoring.Stats{Outcomes: []scoring.Outcome{retried("t1", refine)}, Rungs: []scoring.Canary{place("t1", refine, time.Second), place("t3", refine, time.Second)}}, "t2", refine, true, true, 2},
+		{"a place kept before passes were: freed by any retry of its task on the rung", scoring.Policy{},
+			scoring.Stats{Outcomes: []scoring.Outcome{retried("t1", refine)}, Rungs: []scoring.Canary{{Key: "t1", Rung: refine, At: now.Add(-time.Second)}}}, "t2", refine, true, true, 1},
 		{"off", scoring.Policy{RungCanary: -1}, scoring.Stats{Rungs: []scoring.Canary{place("t1", refine, time.Second)}}, "t2", refine, true, false, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := len(tt.s.Rungs)
-			next, admit, changed := tt.p.AdmitRung(tt.s, tt.key, tt.rung, now)
+			next, admit, changed := tt.p.AdmitRung(tt.s, tt.key, 2, tt.rung, now)
 			if admit != tt.admit || changed != tt.change || len(next.Rungs) != tt.left {
 				t.Fatalf("admit=%v changed=%v places=%d, want %v %v %d", admit, changed, len(next.Rungs), tt.admit, tt.change, tt.left)
 			}
@@ -63,6 +65,30 @@ func TestPolicyAdmitRung(t *testing.T) {
 				t.Fatal("the input was modified")
 			}
 		})
+	}
+}
+
+// A task's next retry on a rung its earlier retry failed on holds a place
+// of its own: the earlier retry's outcome does not free it, so the other
+// waiting retries still go one at a time.
+func TestAdmitRungATasksNextRetryHoldsItsOwnPlace(t *testing.T) {
+	now := time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
+	const pivot = events.RungPivot
+	p := scoring.Policy{}
+	s := scoring.Stats{Outcomes: []scoring.Outcome{{Key: "t1:3:outcome", Task: "t1", Rung: pivot, Retry: true, At: now.Add(-time.Second)}},
+		Rungs: []scoring.Canary{{Key: "t1", Rung: pivot, At: now.Add(-2 * time.Second), Pass: 3}}}
+	next, admit, changed := p.AdmitRung(s, "t1", 4, pivot, now)
+	if !admit || !changed || len(next.Rungs) != 1 || next.Rungs[0].Pass != 4 {
+		t.Fatalf("t1's pass 4: admit=%v changed=%v places %+v, want its own place (pass 4) in place of pass 3's", admit, changed, next.Rungs)
+	}
+	if n := p.RungPlaces(next, pivot, now, ""); n != 1 {
+		t.Fatalf("RungPlaces = %d, want 1: pass 4's place is in flight", n)
+	}
+	if _, admit, _ := p.AdmitRung(next, "t2", 2, pivot, now); admit {
+		t.Fatal("t2 climbed beside t1's pass 4: the rung is climbed more than one canary at a time")
+	}
+	if _, admit, changed := p.AdmitRung(next, "t1", 4, pivot, now); !admit || changed {
+		t.Fatalf("pass 4 redelivered: admit=%v changed=%v, want its place kept", admit, changed)
 	}
 }
 

@@ -44,6 +44,11 @@ type Canary struct {
 	Key  string      `json:"key"`
 	At   time.Time   `json:"at"`
 	Rung events.Rung `json:"rung,omitempty"`
+	// Pass is the retry's pass holding a place on Rung: its outcome, not
+	// one of the task's earlier retries on the rung, frees the place. 0 on
+	// places kept before passes were: any retry of the task on the rung
+	// frees them.
+	Pass int `json:"pass,omitempty"`
 }
 
 // Clone returns a copy of s that shares no slice with it.

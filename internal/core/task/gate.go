@@ -472,7 +472,7 @@ func ClaimIn(c Claim, st scoring.Stats, p scoring.Policy, id string, run events.
 		next, ok, _ := p.AdmitCanary(st, id, now)
 		return next, ok
 	case ClaimRung:
-		next, ok, _ := p.AdmitRung(st, id, run.Rung, now)
+		next, ok, _ := p.AdmitRung(st, id, run.Pass, run.Rung, now)
 		return next, ok
 	}
 	return st, false
