@@ -73,11 +73,12 @@ func bucketsOf(names []string) []string {
 type storesOf struct {
 	service string
 	kv      *services.Stores // only the service's buckets; the others nil
+	views   *views           // the outcome windows this process follows
 	err     error
 }
 
-func newStoresOf(service string, all *services.Stores) *storesOf {
-	return &storesOf{service: service, kv: all.Only(Buckets[service].All()...)}
+func newStoresOf(service string, all *services.Stores, vs *views) *storesOf {
+	return &storesOf{service: service, kv: all.Only(Buckets[service].All()...), views: vs}
 }
 
 func (s *storesOf) unlisted(bucket string) {
@@ -128,17 +129,46 @@ func (s *storesOf) follows(stream string) bool {
 	return true
 }
 
-// view follows the trust outcomes (and, for the gate, its facts) into
-// windows in memory; it is stopped when ctx ends.
+// view is the trust outcomes followed into windows in memory (and, for
+// the gate, its facts): one View for every service of this process that
+// follows them, so each outcome is delivered, decoded and folded once,
+// however many of them read it.
 func (s *storesOf) view(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*trust.View, error) {
 	if !s.follows(services.OutcomeStream) {
 		return nil, s.err
 	}
-	v, err := trust.NewView(ctx, js, s.kv.Trust, log)
+	return s.views.get(ctx, js, log)
+}
+
+// views makes the View the services of one build share, on first use; it
+// is stopped when the ctx of that use ends. facts is the trust bucket when
+// a service of the build reads the gate's facts (the gate), else nil.
+type views struct {
+	facts jetstream.KeyValue
+	view  *trust.View
+}
+
+func newViews(names []string, all *services.Stores) *views {
+	vs := &views{}
+	for _, name := range names {
+		a := Buckets[name]
+		if slices.Contains(a.Follows, services.OutcomeStream) && slices.Contains(a.All(), services.BucketTrust) {
+			vs.facts = all.Trust
+		}
+	}
+	return vs
+}
+
+func (vs *views) get(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*trust.View, error) {
+	if vs.view != nil {
+		return vs.view, nil
+	}
+	v, err := trust.NewView(ctx, js, vs.facts, log)
 	if err != nil {
 		return nil, err
 	}
 	context.AfterFunc(ctx, v.Stop)
+	vs.view = v
 	return v, nil
 }
 

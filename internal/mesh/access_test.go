@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispatchmesh/dispatchmesh/events"
 	"github.com/dispatchmesh/dispatchmesh/internal/mesh"
 	"github.com/dispatchmesh/dispatchmesh/internal/runtime/natsperm"
 	"github.com/dispatchmesh/dispatchmesh/services"
@@ -168,5 +169,29 @@ func TestStartBeforeProvisioning(t *testing.T) {
 	err := runAs(context.Background(), connectAs(t, ns, "admin"), mesh.Gate)
 	if !errors.Is(err, jetstream.ErrBucketNotFound) || !strings.Contains(err.Error(), "run `dispatch provision`") {
 		t.Fatalf("gate before provisioning: %v", err)
+	}
+}
+
+// The gate and the recorder of one process read the trust outcomes
+// through one View: each outcome is delivered to the process, decoded and
+// folded once (one consumer on the outcome stream, not one per service).
+func TestServicesOfOneProcessShareTheirView(t *testing.T) {
+	srv := startMesh(t, nil)
+	done := countOn(t, srv.NC, events.StageFilter(events.StageSucceeded))
+	if _, err := srv.JS.Publish(context.Background(), events.SubmitSubject("css_fix"),
+		[]byte(`{"id":"v1","subject":"src/app.css","payload":{"issue":"x"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	done.wait(t, 1) // the gate and the recorder are both up
+	stream, err := srv.JS.Stream(context.Background(), services.OutcomeStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 1 {
+		t.Fatalf("the outcome stream has %d consumers, want 1: one View for the process", info.State.Consumers)
 	}
 }

@@ -385,7 +385,7 @@ func (o Options) startOps(specs []services.Spec, owners []string, stats []*servi
 // startAPI starts intake's request-reply API; stop stops it (it is set on
 // an error too).
 func (o Options) startAPI(ctx context.Context, stores *services.Stores) (stop func(), err error) {
-	st := newStoresOf(Intake, stores)
+	st := newStoresOf(Intake, stores, nil)
 	api := &intake.API{JS: o.JS, Tasks: st.tasks(), Policy: o.Policy, KnownTypesOnly: o.KnownTypesOnly, Log: o.Log,
 		MaxRequests: o.APIMaxRequests, MaxWaits: o.APIMaxWaits, MaxClientWaits: o.APIMaxClientWaits}
 	if st.err != nil {
@@ -497,8 +497,9 @@ func orDefault[T comparable](v, def T) T {
 // build makes the router specs of every selected service, each with the
 // stores of its own buckets, and names the service of each (owners).
 func (o Options) build(ctx context.Context, all *services.Stores) (specs []services.Spec, owners []string, err error) {
+	vs := newViews(o.Services, all)
 	for _, name := range o.Services {
-		st := newStoresOf(name, all)
+		st := newStoresOf(name, all, vs)
 		var built []services.Spec
 		if name == Webhook { // two consumers: settlements seen, deliveries due
 			var w *webhook.Service
