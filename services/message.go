@@ -1,11 +1,11 @@
 package services
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
 
+	json "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/events"

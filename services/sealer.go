@@ -4,9 +4,10 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"strconv"
+
+	json "github.com/go-json-experiment/json/v1"
 
 	"github.com/dispatchmesh/dispatchmesh/events"
 )

@@ -1,9 +1,9 @@
 package trust
 
 import (
-	"encoding/json"
 	"fmt"
 
+	json "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispatchmesh/dispatchmesh/events"

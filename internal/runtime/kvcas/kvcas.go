@@ -4,10 +4,10 @@ package kvcas
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
+	json "github.com/go-json-experiment/json/v1"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
