@@ -155,7 +155,10 @@ func TaskOf(m *Msg) (id string, pass int) {
 }
 
 // Decode unmarshals a message body into v. Its error is permanent: the same
-// bytes will never decode, so the message goes to review as poison.
+// bytes will never decode, so the message goes to review as poison. It
+// decodes as encoding/json does, with the json/v2 implementation (the v1
+// API of github.com/go-json-experiment/json), whose error types are its
+// own: match the error as Dead, never as an encoding/json type.
 func Decode(m *Msg, v any) error {
 	if err := json.Unmarshal(m.Data, v); err != nil {
 		return Dead(events.ReviewPoison, fmt.Errorf("undecodable %s: %w", m.Subject, err))

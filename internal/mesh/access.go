@@ -77,7 +77,12 @@ type storesOf struct {
 	err     error
 }
 
+// newStoresOf: vs is the Views the services of the build share; nil, one
+// of the service's own.
 func newStoresOf(service string, all *services.Stores, vs *views) *storesOf {
+	if vs == nil {
+		vs = newViews([]string{service}, all)
+	}
 	return &storesOf{service: service, kv: all.Only(Buckets[service].All()...), views: vs}
 }
 
@@ -142,7 +147,8 @@ func (s *storesOf) view(ctx context.Context, js jetstream.JetStream, log *slog.L
 
 // views makes the View the services of one build share, on first use; it
 // is stopped when the ctx of that use ends. facts is the trust bucket when
-// a service of the build reads the gate's facts (the gate), else nil.
+// a service of the build reads the gate's facts (the gate), else nil. Not
+// safe for concurrent use: build makes its services one after another.
 type views struct {
 	facts jetstream.KeyValue
 	view  *trust.View
