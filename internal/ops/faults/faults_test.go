@@ -162,6 +162,9 @@ func (r *run) drive(ctx context.Context, load time.Duration, kills int, fs []fau
 	idle := waitIdle(t, r.admin, patience)
 	t.Logf("mesh idle %s after the load (%d of %d tasks ended; idle %v)",
 		time.Since(start.Add(load)).Round(time.Second), ends, len(tasks), idle)
+	if !idle { // the services' logs are quiet: say what the busy ones said
+		r.pm.logProblems(t)
+	}
 
 	r.pm.mu.Lock()
 	in := faults.Input{

@@ -176,6 +176,29 @@ func (pm *procMesh) byName(name string) *instance {
 	return nil
 }
 
+// logProblems logs the warnings and errors of every running instance's
+// output (its last 64 KiB): what a mesh that does not come to rest was
+// doing, where the instances are otherwise quiet.
+func (pm *procMesh) logProblems(t *testing.T) {
+	for _, in := range pm.instances {
+		in.mu.Lock()
+		p := in.proc
+		in.mu.Unlock()
+		if p == nil {
+			continue
+		}
+		var lines []string
+		for line := range strings.Lines(p.Tail(64 << 10)) {
+			if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+				lines = append(lines, line)
+			}
+		}
+		if len(lines) > 0 {
+			t.Logf("--- %s, warnings and errors (last %d):\n%s", in.name, min(len(lines), 40), strings.Join(lines[max(0, len(lines)-40):], ""))
+		}
+	}
+}
+
 // of returns the instances of service.
 func (pm *procMesh) of(service string) []*instance {
 	var out []*instance
