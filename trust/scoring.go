@@ -55,6 +55,7 @@ var (
 	Insert        = scoring.Insert
 	NewPool       = scoring.NewPool
 	Release       = scoring.Release
+	ReleaseBefore = scoring.ReleaseBefore
 	Score         = scoring.Score
 	StreakStep    = scoring.StreakStep
 	Tasks         = scoring.Tasks

@@ -137,6 +137,12 @@ func (s *Store) Release(ctx context.Context, taskType, key string) (Stats, error
 	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) { return Release(cur, key) })
 }
 
+// ReleaseBefore gives up the rung places task key holds for passes before
+// pass: the task went on without their outcomes.
+func (s *Store) ReleaseBefore(ctx context.Context, taskType, key string, pass int) (Stats, error) {
+	return s.update(ctx, taskType, func(cur Stats) (Stats, bool) { return ReleaseBefore(cur, key, pass) })
+}
+
 // Put writes st's gate facts unconditionally under st.Type (for
 // rebuilding the bucket); its Outcomes are not stored.
 func (s *Store) Put(ctx context.Context, st Stats) error {

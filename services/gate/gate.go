@@ -427,7 +427,8 @@ func (s *Service) endedByHuman(ctx context.Context, b events.Base) (bool, error)
 
 // releaseEnded gives up the canary and rung places of taskType held by
 // tasks that have ended — with their outcomes recorded, or cancelled or
-// resolved by a human — and reports whether it freed any. A canary's place is given back
+// resolved by a human — and the rung places of retries whose task went on
+// to a later pass, and reports whether it freed any. A canary's place is given back
 // here, by the next pass that asks for one, not by whoever ended it: the
 // recorder writes no gate facts. It reads the holders' states only when a
 // pass is refused a place, one read per task holding a place.
@@ -452,13 +453,22 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 		if err != nil {
 			return false, err
 		}
-		if !events.Terminal(st.Status) {
+		switch {
+		case events.Terminal(st.Status):
+			if _, err := s.cfg.Trust.Release(ctx, taskType, c.Key); err != nil {
+				return false, err
+			}
+			s.log.Info("canary place of an ended task released", "type", taskType, "task", c.Key, "status", st.Status)
+		case slices.ContainsFunc(stats.Rungs, func(r trust.Canary) bool { return r.Key == c.Key && r.Pass > 0 && r.Pass < st.Pass }):
+			// Its retry recorded no outcome that counts (refused, a
+			// deployment fault) and the task went on: that place is over.
+			if _, err := s.cfg.Trust.ReleaseBefore(ctx, taskType, c.Key, st.Pass); err != nil {
+				return false, err
+			}
+			s.log.Info("rung place of a retry that moved on released", "type", taskType, "task", c.Key, "pass", st.Pass)
+		default:
 			continue
 		}
-		if _, err := s.cfg.Trust.Release(ctx, taskType, c.Key); err != nil {
-			return false, err
-		}
-		s.log.Info("canary place of an ended task released", "type", taskType, "task", c.Key, "status", st.Status)
 		freed = true
 	}
 	return freed, nil

@@ -619,6 +619,43 @@ func TestRetriesWaitForTheFirstOntoAnUnmeasuredRung(t *testing.T) {
 	})
 }
 
+// A retry holding its rung's place whose pass ends without an outcome
+// that counts for trust (a refused request, a deployment fault) and whose
+// task moves on to its next pass gives the place up to the next retry
+// refused one: it waits for no outcome that will never come, nor for the
+// place to expire (the canary TTL, 10 minutes).
+func TestARungPlaceOfARetryThatMovedOnIsFreed(t *testing.T) {
+	m := startGate(t, trust.Policy{PriorWeight: -1}, 100)
+	m.outcomes("burst", 10, true, "before")
+	eventually(t, "the view scores the type", func() bool { return len(m.view.Stats("burst").Outcomes) == 10 })
+	all := ids("retry", 2)
+	for _, id := range all {
+		m.submitRun(id, "burst", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine})
+	}
+	var climbed string
+	eventually(t, "one retry admitted, the other asleep waiting for its rung", func() bool {
+		admitted := m.stageOf(events.StageAdmitted, all)
+		if len(admitted) != 1 || len(m.asleep()) != 1 {
+			return false
+		}
+		climbed = admitted[0]
+		return true
+	})
+	// Its pass 2 recorded no outcome: the task went on to pass 3.
+	if _, err := m.tasks.Update(context.Background(), climbed, func(st *events.TaskState, _ bool) error {
+		st.Pass, st.Status = 3, events.StatusPending
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the waiting retry admitted in the place its holder left", func() bool {
+		return len(m.stageOf(events.StageAdmitted, all)) == len(all) && len(m.asleep()) == 0
+	})
+	eventually(t, "the moved-on retry holds no place", func() bool {
+		return !slices.ContainsFunc(m.view.Stats("burst").Rungs, func(c trust.Canary) bool { return c.Key == climbed })
+	})
+}
+
 // submitRun publishes a verified pass run of task id of typ, its state
 // created, as the verifier would.
 func (m *meshGate) submitRun(id, typ string, run events.Run) {

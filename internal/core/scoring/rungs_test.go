@@ -1,6 +1,8 @@
 package scoring_test
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -111,5 +113,54 @@ func TestReleaseRungPlaces(t *testing.T) {
 	}
 	if _, changed := scoring.Release(next, "t1"); changed {
 		t.Fatal("releasing a task without places changed the stats")
+	}
+}
+
+// ReleaseBefore gives up only the rung places a task holds for passes
+// before the one it is on: its canary place, its place for the current
+// pass, places kept before passes were (pass 0) and other tasks' stay.
+func TestReleaseBeforeKeepsTheCurrentPass(t *testing.T) {
+	now := time.Date(2026, 5, 18, 12, 0, 0, 0, time.UTC)
+	s := scoring.Stats{
+		Canaries: []scoring.Canary{{Key: "t1", At: now}},
+		Rungs: []scoring.Canary{
+			{Key: "t1", Rung: events.RungRefine, Pass: 2, At: now},
+			{Key: "t1", Rung: events.RungPivot, Pass: 3, At: now},
+			{Key: "t1", Rung: events.RungResearch, At: now},
+			{Key: "t2", Rung: events.RungRefine, Pass: 2, At: now},
+		},
+	}
+	tests := []struct {
+		name    string
+		key     string
+		pass    int
+		changed bool
+		left    []string // the rung places left, as key/rung/pass
+	}{
+		{"a place of an earlier pass goes", "t1", 3, true, []string{"t1/PIVOT/3", "t1/RESEARCH/0", "t2/REFINE/2"}},
+		{"every earlier pass", "t1", 4, true, []string{"t1/RESEARCH/0", "t2/REFINE/2"}},
+		{"the current pass stays", "t1", 2, false, nil},
+		{"a task without places", "t3", 9, false, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			next, changed := scoring.ReleaseBefore(s, tc.key, tc.pass)
+			if changed != tc.changed {
+				t.Fatalf("changed = %v, want %v", changed, tc.changed)
+			}
+			if !changed {
+				return
+			}
+			var left []string
+			for _, c := range next.Rungs {
+				left = append(left, fmt.Sprintf("%s/%s/%d", c.Key, c.Rung, c.Pass))
+			}
+			if !slices.Equal(left, tc.left) || len(next.Canaries) != 1 {
+				t.Fatalf("left %v and %d canary places, want %v and 1", left, len(next.Canaries), tc.left)
+			}
+			if len(s.Rungs) != 4 {
+				t.Fatal("the input was modified")
+			}
+		})
 	}
 }

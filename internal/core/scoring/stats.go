@@ -268,6 +268,24 @@ func Release(s Stats, key string) (next Stats, changed bool) {
 	return next, true
 }
 
+// ReleaseBefore returns s without the rung places task key holds for
+// passes before pass: places of retries that ended with no outcome that
+// counts for trust (a refused request, a deployment fault), which nothing
+// else frees before the canary TTL, while the task went on. changed is
+// false when it held none. s is not modified.
+func ReleaseBefore(s Stats, key string, pass int) (next Stats, changed bool) {
+	stale := func(c Canary) bool { return c.Key == key && c.Pass > 0 && c.Pass < pass }
+	if !slices.ContainsFunc(s.Rungs, stale) {
+		return s, false
+	}
+	next = s
+	next.Rungs = slices.DeleteFunc(slices.Clone(s.Rungs), stale)
+	if len(next.Rungs) == 0 {
+		next.Rungs = nil
+	}
+	return next, true
+}
+
 // Holds reports whether task key holds a canary place or a rung place.
 func (s Stats) Holds(key string) bool {
 	mine := func(c Canary) bool { return c.Key == key }
