@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -152,7 +153,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 		if b.name == BucketHeld { // removed entries leave no marker for long (HeldIndex.Delete)
 			kc.LimitMarkerTTL = HeldMarkerTTL
 		}
-		kv, err := js.CreateOrUpdateKeyValue(ctx, kc)
+		kv, err := ensureBucket(ctx, js, kc)
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
@@ -168,7 +169,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (*
 // provisionStreams creates or updates the streams: the task events', the
 // submissions', the advisories', the spend counters' and the outcomes'.
 func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err := ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "dispatchmesh: every task event and review record, published by the services",
 		Subjects:    StreamSubjects,
@@ -186,7 +187,7 @@ func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamCon
 	}
 	// After Stream: a stream of an earlier version held the submissions
 	// too, and two streams cannot share subjects.
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err = ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        SubmitStream,
 		Description: "dispatchmesh: every submission, as clients published it",
 		Subjects:    SubmitSubjects,
@@ -202,7 +203,7 @@ func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamCon
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", SubmitStream, err)
 	}
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err = ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        AdvisoryStream,
 		Description: "max-delivery advisories of " + Stream + " and " + SubmitStream + " consumers, for the reaper",
 		Subjects:    AdvisorySubjects,
@@ -214,7 +215,7 @@ func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamCon
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", AdvisoryStream, err)
 	}
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err = ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        CounterStream,
 		Description: "dispatchmesh: what each task type spent per day, server-side counters deduplicated by outcome",
 		Subjects:    []string{CounterSubjects},
@@ -236,7 +237,7 @@ func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamCon
 	// The outcome stream: each type's newest outcomes, kept by its
 	// per-subject limit, for MaxAge at most, like the gate's facts of the
 	// type: a type clients made up once does not stay.
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err = ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:              trust.OutcomeStream,
 		Description:       "dispatchmesh: the outcomes that count for each task type's trust, the newest of each type",
 		Subjects:          []string{trust.OutcomeFilter},
@@ -259,7 +260,7 @@ func provisionStreams(ctx context.Context, js jetstream.JetStream, cfg StreamCon
 // bucket would have (what nats.go's CreateKeyValue makes, so `nats kv` and
 // js.KeyValue bind it), but keeping PolicyRevisions revisions of each key.
 func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err := ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:              events.KVStream(BucketPolicy),
 		Description:       "dispatchmesh: the per-type policies (key current), every revision kept for dispatch rebuild",
 		Subjects:          []string{"$KV." + BucketPolicy + ".>"},
@@ -280,6 +281,31 @@ func provisionPolicyBucket(ctx context.Context, js jetstream.JetStream, cfg Stre
 		return fmt.Errorf("bucket %s: %w", BucketPolicy, err)
 	}
 	return nil
+}
+
+// ensureStream creates the stream, or updates it when it exists with
+// another configuration. One that has cfg already is left as it is: every
+// start of a provisioning service runs Provision, and an update rewrites
+// the stream's configuration on the server even when nothing changed
+// (nats-server 2.15.2 also reads a file store's configuration unlocked
+// while it creates a consumer, which races such an update under -race).
+// The server answers a create with the configuration a stream has as a
+// success, and one with another as "already in use".
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.CreateStream(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.UpdateStream(ctx, cfg)
+	}
+	return s, err
+}
+
+// ensureBucket is ensureStream for a KV bucket.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.UpdateKeyValue(ctx, cfg)
+	}
+	return kv, err
 }
 
 // AllBuckets are the KV buckets Provision creates.

@@ -2,9 +2,12 @@ package services_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispatchmesh/dispatchmesh/internal/testkit/natstest"
@@ -61,5 +64,72 @@ func TestProvisionBoundsWhatClientsFill(t *testing.T) {
 	}
 	if c := s.CachedInfo().Config; c.MaxBytes != -1 {
 		t.Errorf("unset: max bytes %d", c.MaxBytes)
+	}
+}
+
+// Provisioning what is there already changes nothing on the server: no
+// stream or bucket is updated (every service start provisions). A changed
+// setting is still applied.
+func TestProvisionUpdatesOnlyWhatChanged(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := context.Background()
+	cfg := services.StreamConfig{MaxAge: 48 * time.Hour}
+	if _, err := services.Provision(ctx, srv.JS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	advisories := make(chan string, 256)
+	sub, err := srv.NC.Subscribe("$JS.EVENT.ADVISORY.STREAM.>", func(m *nats.Msg) { advisories <- m.Subject })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := srv.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// until reads the advisories up to want's, and returns the streams
+	// updated before it. The server sends them in the order it handled
+	// the requests.
+	until := func(want string) []string {
+		t.Helper()
+		var updated []string
+		for {
+			select {
+			case subject := <-advisories:
+				if subject == want {
+					return updated
+				}
+				if name, ok := strings.CutPrefix(subject, "$JS.EVENT.ADVISORY.STREAM.UPDATED."); ok {
+					updated = append(updated, name)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no advisory %s", want)
+			}
+		}
+	}
+	if _, err := services.Provision(ctx, srv.JS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "MARK", Subjects: []string{"mark"}}); err != nil {
+		t.Fatal(err)
+	}
+	if updated := until("$JS.EVENT.ADVISORY.STREAM.CREATED.MARK"); len(updated) != 0 {
+		t.Fatalf("provisioning again what is there updated %v", updated)
+	}
+	cfg.MaxBytes = 64 << 20 // the task events' stream only
+	if _, err := services.Provision(ctx, srv.JS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "MARK2", Subjects: []string{"mark2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if updated := until("$JS.EVENT.ADVISORY.STREAM.CREATED.MARK2"); !slices.Equal(updated, []string{services.Stream}) {
+		t.Fatalf("a changed size updated %v, want only %s", updated, services.Stream)
+	}
+	s, err := srv.JS.Stream(ctx, services.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.MaxBytes != cfg.MaxBytes {
+		t.Fatalf("%s: max bytes %d, want %d", services.Stream, c.MaxBytes, cfg.MaxBytes)
 	}
 }
