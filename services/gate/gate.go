@@ -459,7 +459,7 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 				return false, err
 			}
 			s.log.Info("canary place of an ended task released", "type", taskType, "task", c.Key, "status", st.Status)
-		case slices.ContainsFunc(stats.Rungs, func(r trust.Canary) bool { return r.Key == c.Key && r.Pass > 0 && r.Pass < st.Pass }):
+		case staleRung(stats, c.Key, st.Pass):
 			// Its retry recorded no outcome that counts (refused, a
 			// deployment fault) and the task went on: that place is over.
 			if _, err := s.cfg.Trust.ReleaseBefore(ctx, taskType, c.Key, st.Pass); err != nil {
@@ -472,6 +472,13 @@ func (s *Service) releaseEnded(ctx context.Context, taskType, self string) (bool
 		freed = true
 	}
 	return freed, nil
+}
+
+// staleRung reports whether task key holds a rung place for a pass before
+// pass (what trust.ReleaseBefore gives up).
+func staleRung(s trust.Stats, key string, pass int) bool {
+	_, stale := trust.ReleaseBefore(s, key, pass)
+	return stale
 }
 
 // placeFreeing asks for a place (a trial, canary or rung place of task

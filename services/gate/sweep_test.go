@@ -563,13 +563,7 @@ func TestCanaryPlacesOfCancelledTasksAreFreed(t *testing.T) {
 // measured on: one climbs, the others wait asleep in the held index
 // (status unchanged) for its outcome, then go on the rung's evidence.
 func TestRetriesWaitForTheFirstOntoAnUnmeasuredRung(t *testing.T) {
-	m := startGate(t, trust.Policy{PriorWeight: -1}, 100)
-	m.outcomes("burst", 10, true, "before") // scored and trusted: no canaries
-	eventually(t, "the view scores the type", func() bool { return len(m.view.Stats("burst").Outcomes) == 10 })
-	all := ids("retry", 3)
-	for _, id := range all {
-		m.submitRun(id, "burst", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine})
-	}
+	m, all := retriesOntoAnUnmeasuredRung(t, 3)
 	var climbed string
 	eventually(t, "one retry admitted, the others asleep waiting for its rung", func() bool {
 		admitted := m.stageOf(events.StageAdmitted, all)
@@ -625,13 +619,7 @@ func TestRetriesWaitForTheFirstOntoAnUnmeasuredRung(t *testing.T) {
 // refused one: it waits for no outcome that will never come, nor for the
 // place to expire (the canary TTL, 10 minutes).
 func TestARungPlaceOfARetryThatMovedOnIsFreed(t *testing.T) {
-	m := startGate(t, trust.Policy{PriorWeight: -1}, 100)
-	m.outcomes("burst", 10, true, "before")
-	eventually(t, "the view scores the type", func() bool { return len(m.view.Stats("burst").Outcomes) == 10 })
-	all := ids("retry", 2)
-	for _, id := range all {
-		m.submitRun(id, "burst", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine})
-	}
+	m, all := retriesOntoAnUnmeasuredRung(t, 2)
 	var climbed string
 	eventually(t, "one retry admitted, the other asleep waiting for its rung", func() bool {
 		admitted := m.stageOf(events.StageAdmitted, all)
@@ -654,6 +642,21 @@ func TestARungPlaceOfARetryThatMovedOnIsFreed(t *testing.T) {
 	eventually(t, "the moved-on retry holds no place", func() bool {
 		return !slices.ContainsFunc(m.view.Stats("burst").Rungs, func(c trust.Canary) bool { return c.Key == climbed })
 	})
+}
+
+// retriesOntoAnUnmeasuredRung runs the gate for type "burst", scored and
+// trusted (no canaries) with no retry measured on REFINE, and submits n
+// retries (pass 2) climbing onto REFINE.
+func retriesOntoAnUnmeasuredRung(t *testing.T, n int) (*meshGate, []string) {
+	t.Helper()
+	m := startGate(t, trust.Policy{PriorWeight: -1}, 100)
+	m.outcomes("burst", 10, true, "before")
+	eventually(t, "the view scores the type", func() bool { return len(m.view.Stats("burst").Outcomes) == 10 })
+	all := ids("retry", n)
+	for _, id := range all {
+		m.submitRun(id, "burst", events.Run{Pass: 2, Attempt: 2, Rung: events.RungRefine})
+	}
+	return m, all
 }
 
 // submitRun publishes a verified pass run of task id of typ, its state
